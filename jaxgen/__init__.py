@@ -1,0 +1,22 @@
+"""jaxgen: a JAX/XLA inference engine for LLMs (continuous batching over a paged KV pool)."""
+
+from jaxgen.config import ModelConfig
+from jaxgen.outputs import CompletionOutput, RequestOutput
+from jaxgen.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):  # lazy: importing jaxgen should not import jax
+    if name == "LLM":
+        from jaxgen.llm import LLM
+
+        return LLM
+    if name == "AsyncLLM":
+        from jaxgen.async_llm import AsyncLLM
+
+        return AsyncLLM
+    raise AttributeError(name)
+
+
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelConfig"]

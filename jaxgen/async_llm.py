@@ -1,0 +1,228 @@
+"""``AsyncLLM``: the engine on a background thread, for servers.
+
+``async for out in llm.generate(prompt, params, request_id=...)`` streams a request's progress;
+``await llm.abort(request_id)`` stops it and frees its pages within a step. The engine thread owns
+the engine; other threads talk to it through a command queue, so nothing is shared unlocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.loaders import load_model
+from jaxgen.outputs import CompletionOutput, RequestOutput
+from jaxgen.sampling_params import SamplingParams
+
+_FINISHED = object()
+
+
+class AsyncLLM:
+    """Asynchronous front end over one ``LLMEngine`` running on its own thread.
+
+    Args:
+        model, dtype, **engine_knobs: as for ``LLM``. Or pass ``engine=`` an existing engine.
+    """
+
+    def __init__(self, model: str | None = None, *, dtype: str = "float32",
+                 engine: LLMEngine | None = None, **engine_knobs):
+        if engine is None:
+            unknown = set(engine_knobs) - set(EngineConfig.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"unknown AsyncLLM argument(s): {', '.join(sorted(unknown))}")
+            config = EngineConfig(**engine_knobs)
+            engine = LLMEngine(load_model(model, dtype=dtype), config)
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.model_config = engine.loaded.config
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stopped = threading.Event()
+        self._stats: dict = engine.stats()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="jaxgen-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """Prompt text and token ids (a list of ids passes through)."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise ValueError("prompt must be a str or a list of token ids")
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                       request_id: str | None = None, delta: bool = True,
+                       prompt_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams a request: each item holds the new text/tokens (``delta=True``) or all so far.
+
+        The last item has ``finished=True``. Invalid input raises ``ValueError`` before anything
+        is queued. Cancelling the consumer (or leaving the loop) aborts the request.
+        """
+        if self._stopped.is_set():
+            raise RuntimeError("AsyncLLM is shut down")
+        params = params or SamplingParams()
+        request_id = request_id or f"req-{next(self._ids)}"
+        if prompt_token_ids is None:
+            text, prompt_token_ids = self.encode(prompt)
+        else:
+            text = prompt if isinstance(prompt, str) else None
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        self._streams[request_id] = (loop, stream)
+        done = concurrent_result(loop)
+        self._commands.put(("add", request_id, text, prompt_token_ids, params, time.monotonic(), done))
+        try:
+            await done  # raises the engine's ValueError for a bad request
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        sent = {}  # index -> (chars, tokens, logprobs) already yielded
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if item is _FINISHED:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield _delta(item, sent) if delta else item
+                if finished:
+                    break
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._commands.put(("abort", request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Stops a request and frees its pages (no-op if it already finished)."""
+        self._commands.put(("abort", request_id))
+        entry = self._streams.get(request_id)
+        if entry is not None:
+            entry[0].call_soon_threadsafe(entry[1].put_nowait, _FINISHED)
+
+    def stats(self) -> dict:
+        """The engine's counters as of its last step."""
+        return dict(self._stats)
+
+    @property
+    def num_unfinished(self) -> int:
+        return self._stats.get("num_running", 0) + self._stats.get("num_waiting", 0)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the engine thread (in-flight requests are aborted)."""
+        self._stopped.set()
+        self._commands.put(("wake",))
+        self._thread.join(timeout)
+
+    # -- engine thread ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        engine = self.engine
+        while not self._stopped.is_set():
+            block = not engine.has_unfinished()
+            try:
+                command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+            except queue.Empty:
+                command = None
+            while command is not None:
+                self._handle(command)
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if engine.has_unfinished():
+                try:
+                    outputs = engine.step()
+                except BaseException as e:  # a broken step fails its requests, not the server
+                    self._fail_all(e)
+                    continue
+                for out in outputs:
+                    self._deliver(out.request_id, out)
+                if not outputs and engine.has_unfinished():
+                    time.sleep(0.001)  # dynamic batching waiting for a batch to fill
+            self._stats = engine.stats()
+        for request_id in list(engine.requests):
+            engine.abort(request_id)
+        self._stats = engine.stats()
+
+    def _handle(self, command) -> None:
+        kind = command[0]
+        if kind == "add":
+            _, request_id, text, token_ids, params, arrival, done = command
+            try:
+                self.engine.add_request(request_id, text, token_ids, params, arrival_time=arrival)
+            except BaseException as e:
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+        elif kind == "abort":
+            self.engine.abort(command[1])
+
+    def _deliver(self, request_id: str, item) -> None:
+        entry = self._streams.get(request_id)
+        if entry is not None:
+            loop, stream = entry
+            try:
+                loop.call_soon_threadsafe(stream.put_nowait, item)
+            except RuntimeError:  # the consumer's loop closed
+                self.engine.abort(request_id)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+            self._deliver(request_id, RuntimeError(f"engine step failed: {error!r}"))
+
+
+class concurrent_result:  # noqa: N801 - awaitable set from another thread
+    """A future on ``loop`` that the engine thread resolves."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.future = loop.create_future()
+
+    def set_result(self, value) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, None, error)
+
+    def __await__(self):
+        return self.future.__await__()
+
+
+def _settle(future: asyncio.Future, value, error) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+def _delta(out: RequestOutput, sent: dict) -> RequestOutput:
+    outs = []
+    for c in out.outputs:
+        chars, tokens, logprobs = sent.get(c.index, (0, 0, 0))
+        outs.append(dataclasses.replace(
+            c, text=c.text[chars:], token_ids=c.token_ids[tokens:],
+            logprobs=None if c.logprobs is None else c.logprobs[logprobs:],
+        ))
+        sent[c.index] = (len(c.text), len(c.token_ids), len(c.logprobs or []))
+    return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, outs,
+                         finished=out.finished, metrics=out.metrics)
+
+
+__all__ = ["AsyncLLM", "CompletionOutput"]

@@ -1,0 +1,202 @@
+"""The engine: add requests, then ``step()`` = schedule -> run -> postprocess."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from jaxgen.engine import compile_counter
+from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
+from jaxgen.engine.request import Request
+from jaxgen.engine.runner import ModelRunner
+from jaxgen.engine.sampler import SamplingRow
+from jaxgen.engine.scheduler import Scheduler, SchedulerConfig
+from jaxgen.outputs import RequestOutput
+from jaxgen.sampling_params import SamplingParams
+
+CPU_DEFAULT_KV_BYTES = 2 << 30
+ACCELERATOR_KV_FRACTION = 0.9
+
+
+class LLMEngine:
+    """Continuous batching (or a simpler strategy) over a KV pool, driven one step at a time."""
+
+    def __init__(self, loaded, config: EngineConfig, *, kv_sharding=None):
+        self.loaded = loaded
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        model_config = loaded.config
+        self.max_model_len = config.max_model_len or min(model_config.max_position_embeddings, 2048)
+        itemsize = jax.numpy.dtype(loaded.dtype).itemsize
+        self.kv_bytes_per_token = model_config.kv_bytes_per_token(itemsize)
+        kv_bytes = self._kv_budget_bytes()
+        page_size = config.page_size
+        page_bytes = self.kv_bytes_per_token * page_size
+        slots = config.num_slots
+        if config.batching == "paged":
+            num_pages = int(kv_bytes // page_bytes) + 1
+            need = -(-self.max_model_len // page_size) + 1
+            if num_pages < need:
+                raise ValueError(
+                    f"kv_cache_memory ({kv_bytes} bytes) holds {num_pages - 1} pages, fewer than one "
+                    f"sequence of max_model_len={self.max_model_len} needs ({need - 1})"
+                )
+            allocator = PageAllocator(num_pages, page_size,
+                                      enable_prefix_caching=config.enable_prefix_caching)
+        else:
+            allocator = ContiguousAllocator(slots, self.max_model_len, page_size)
+            if (allocator.num_pages - 1) * page_bytes > kv_bytes:
+                raise ValueError(
+                    f"batching={config.batching!r} reserves max_model_len={self.max_model_len} tokens "
+                    f"for each of {slots} slots ({(allocator.num_pages - 1) * page_bytes} bytes), more "
+                    f"than kv_cache_memory ({kv_bytes} bytes); lower max_model_len or the batch size"
+                )
+            num_pages = allocator.num_pages
+        rolling = config.batching in ("paged", "continuous")
+        budget = config.max_rolling_batch_prefill_tokens if rolling else slots * self.max_model_len
+        if rolling and budget < slots:
+            raise ValueError(
+                f"max_rolling_batch_prefill_tokens ({budget}) must be >= max_rolling_batch_size ({slots})"
+            )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=slots, max_num_batched_tokens=budget, max_model_len=self.max_model_len,
+                batch_at_a_time=not rolling,
+                max_batch_delay=config.max_batch_delay if config.batching == "dynamic" else 0.0,
+            ),
+            allocator,
+        )
+        self.runner = ModelRunner(
+            loaded, num_pages=num_pages, page_size=page_size, max_num_seqs=slots,
+            max_num_batched_tokens=budget, max_model_len=self.max_model_len,
+            attention_backend=config.attention_backend,
+            min_decode_batch=slots if config.batching == "static" else 1,
+            kv_sharding=kv_sharding, seed=config.seed,
+        )
+        self.requests: dict[str, Request] = {}
+        self.seq_to_request: dict[int, Request] = {}
+        self.num_steps = 0
+        self.step_time = 0.0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.last_batch_size = 0
+
+    def _kv_budget_bytes(self) -> int:
+        kv = self.config.kv_cache_memory
+        if isinstance(kv, int):
+            return kv
+        device = jax.devices()[0]
+        if device.platform == "cpu":
+            return CPU_DEFAULT_KV_BYTES if kv is None else int(CPU_DEFAULT_KV_BYTES * kv)
+        stats = device.memory_stats() or {}
+        free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
+        return int(free * (ACCELERATOR_KV_FRACTION if kv is None else kv))
+
+    # -- requests --------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float | None = None) -> Request:
+        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[:5]}")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
+            )
+        request = Request(request_id, prompt, prompt_token_ids, params, self.tokenizer,
+                          self.loaded.config.eos_token_ids, self.max_model_len, arrival_time)
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+            self.seq_to_request[seq.seq_id] = request
+        self.requests[request_id] = request
+        self.prompt_tokens_total += len(prompt_token_ids)
+        return request
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stops a request and frees its pages; returns its final output (or None if unknown)."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+                request.finalize(seq)
+            self.seq_to_request.pop(seq.seq_id, None)
+        return request.output()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved."""
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            return []
+        start = time.perf_counter()
+        result = self.runner.run(scheduled, self._sampling_row)
+        self.step_time += time.perf_counter() - start
+        self.num_steps += 1
+        self.last_batch_size = len(scheduled.scheduled)
+        got_token = self.scheduler.postprocess(scheduled, result.token_ids)
+        return self._postprocess(got_token, result.logprobs)
+
+    def _sampling_row(self, seq) -> SamplingRow:
+        request = self.seq_to_request[seq.seq_id]
+        return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids,
+                           request.banned_token_ids(seq), seed_offset=seq.index)
+
+    def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
+        moved: dict[str, Request] = {}
+        for seq in got_token:
+            request = self.seq_to_request.get(seq.seq_id)
+            if request is None:
+                continue
+            self.generation_tokens_total += 1
+            reason = request.on_token(seq, logprobs.get(seq.seq_id))
+            if reason is None and seq.num_tokens >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                request.finalize(seq)
+            moved[request.request_id] = request
+        outputs = []
+        for request in moved.values():
+            outputs.append(request.output())
+            if request.finished:
+                self.requests.pop(request.request_id, None)
+                for seq in request.seqs:
+                    self.seq_to_request.pop(seq.seq_id, None)
+        return outputs
+
+    # -- introspection ----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Pool, queue and step counters."""
+        allocator = self.scheduler.allocator
+        return {
+            "batching": self.config.batching,
+            "kv_pages_total": allocator.num_usable_pages,
+            "kv_pages_used": allocator.num_used_pages,
+            "kv_pages_peak": self.scheduler.kv_pages_peak,
+            "kv_tokens_peak": self.scheduler.kv_tokens_peak,
+            "kv_cache_usage": allocator.num_used_pages / max(allocator.num_usable_pages, 1),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "page_size": self.config.page_size,
+            "max_model_len": self.max_model_len,
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hit_pages": allocator.prefix_hits,
+            "steps": self.num_steps,
+            "step_time_s": self.step_time,
+            "compiles": compile_counter.compile_count(),
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+        }

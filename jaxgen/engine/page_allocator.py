@@ -1,0 +1,204 @@
+"""Page allocators for the KV pool. Plain Python: never imports jax.
+
+``PageAllocator`` hands out pages just in time, reference-counts them, and reuses full pages whose
+token prefix was computed before (hash of the page's tokens chained with its parent's hash).
+``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
+covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
+Page 0 is never handed out: padding tokens write their K/V there.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from jaxgen.engine.sequence import Sequence
+
+SCRATCH_PAGE = 0
+
+
+class PageAllocator:
+    """Free list, per-sequence block tables, reference counts and prefix reuse."""
+
+    def __init__(self, num_pages: int, page_size: int, *, enable_prefix_caching: bool = True):
+        if num_pages < 2:
+            raise ValueError(f"num_pages must be >= 2 (page 0 is scratch), got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.enable_prefix_caching = enable_prefix_caching
+        # Free pages in LRU order; cached (hashed) free pages can still be revived by a prefix hit.
+        self.free_pages: collections.OrderedDict[int, None] = collections.OrderedDict(
+            (p, None) for p in range(1, num_pages)
+        )
+        self.ref_counts = [0] * num_pages
+        self.page_hash: dict[int, int] = {}  # page -> hash of its full token prefix
+        self.page_tokens: dict[int, tuple[int, ...]] = {}
+        self.hash_to_page: dict[int, int] = {}
+        self.prefix_hits = 0  # pages reused
+        self.peak_used = 0
+
+    @property
+    def num_usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.num_usable_pages - len(self.free_pages)
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether ``seq`` can grow to hold ``num_tokens`` tokens."""
+        return self.pages_needed(num_tokens) - len(seq.block_table) <= len(self.free_pages)
+
+    def _pop_free_page(self) -> int:
+        page, _ = self.free_pages.popitem(last=False)
+        old = self.page_hash.pop(page, None)
+        if old is not None and self.hash_to_page.get(old) == page:
+            del self.hash_to_page[old]
+            self.page_tokens.pop(page, None)
+        self.ref_counts[page] = 1
+        return page
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grows ``seq.block_table`` to hold ``num_tokens`` tokens; False (and no change) if full."""
+        need = self.pages_needed(num_tokens) - len(seq.block_table)
+        if need > len(self.free_pages):
+            return False
+        for _ in range(max(need, 0)):
+            seq.block_table.append(self._pop_free_page())
+        self.peak_used = max(self.peak_used, self.num_used_pages)
+        return True
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Shares cached full pages of ``seq``'s prefix (before it has pages); returns tokens reused.
+
+        At least one token is always left to compute, so the step that finishes the prompt has a
+        query to produce the next token's logits.
+        """
+        assert not seq.block_table, "match_prefix runs before a sequence owns pages"
+        if not self.enable_prefix_caching:
+            return 0
+        tokens = seq.token_ids
+        parent = None
+        matched = 0
+        for start in range(0, len(tokens) - 1 - self.page_size + 1, self.page_size):
+            chunk = tuple(tokens[start : start + self.page_size])
+            key = hash((parent, chunk))
+            page = self.hash_to_page.get(key)
+            if page is None or self.page_tokens.get(page) != chunk:
+                break
+            if self.ref_counts[page] == 0:
+                del self.free_pages[page]
+            self.ref_counts[page] += 1
+            seq.block_table.append(page)
+            parent = key
+            matched += self.page_size
+        self.prefix_hits += matched // self.page_size
+        self.peak_used = max(self.peak_used, self.num_used_pages)
+        return matched
+
+    def register_full_pages(self, seq: Sequence) -> None:
+        """Makes the full, computed pages of ``seq`` available for prefix reuse."""
+        if not self.enable_prefix_caching:
+            return
+        tokens = seq.token_ids
+        parent = None
+        num_full = min(seq.num_computed_tokens, len(tokens)) // self.page_size
+        for i in range(num_full):
+            page = seq.block_table[i]
+            chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
+            key = hash((parent, chunk))
+            if page not in self.page_hash:
+                if key not in self.hash_to_page:
+                    self.hash_to_page[key] = page
+                    self.page_tokens[page] = chunk
+                self.page_hash[page] = key
+            parent = key
+
+    def free(self, seq: Sequence) -> None:
+        """Releases ``seq``'s pages (shared pages stay until their last user frees them)."""
+        for page in reversed(seq.block_table):
+            self.ref_counts[page] -= 1
+            assert self.ref_counts[page] >= 0, f"page {page} freed twice"
+            if self.ref_counts[page] == 0:
+                if page in self.page_hash:
+                    self.free_pages[page] = None  # most recently used at the end
+                else:
+                    self.free_pages[page] = None
+                    self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
+        seq.block_table = []
+
+    def reset_prefix_cache(self) -> None:
+        self.page_hash.clear()
+        self.page_tokens.clear()
+        self.hash_to_page.clear()
+
+
+class ContiguousAllocator:
+    """Per-slot reservation of ``max_model_len`` tokens: continuous batching without paging."""
+
+    def __init__(self, num_slots: int, max_model_len: int, page_size: int):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.page_size = page_size
+        self.pages_per_slot = -(-max_model_len // page_size)
+        self.num_slots = num_slots
+        self.num_pages = 1 + num_slots * self.pages_per_slot
+        self.free_slots = list(range(num_slots))
+        self.slot_of: dict[int, int] = {}
+        self.prefix_hits = 0
+        self.peak_used = 0
+
+    @property
+    def num_usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_used_pages(self) -> int:
+        return len(self.slot_of) * self.pages_per_slot
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.num_usable_pages - self.num_used_pages
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        if self.pages_needed(num_tokens) > self.pages_per_slot:
+            return False
+        return seq.seq_id in self.slot_of or bool(self.free_slots)
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        if not self.can_allocate(seq, num_tokens):
+            return False
+        if seq.seq_id not in self.slot_of:
+            slot = self.free_slots.pop(0)
+            self.slot_of[seq.seq_id] = slot
+            first = 1 + slot * self.pages_per_slot
+            seq.block_table = list(range(first, first + self.pages_per_slot))
+        self.peak_used = max(self.peak_used, self.num_used_pages)
+        return True
+
+    def match_prefix(self, seq: Sequence) -> int:
+        return 0
+
+    def register_full_pages(self, seq: Sequence) -> None:
+        pass
+
+    def free(self, seq: Sequence) -> None:
+        slot = self.slot_of.pop(seq.seq_id, None)
+        if slot is not None:
+            self.free_slots.append(slot)
+            self.free_slots.sort()
+        seq.block_table = []
+
+    def reset_prefix_cache(self) -> None:
+        pass

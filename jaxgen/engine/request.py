@@ -1,0 +1,122 @@
+"""A request's host-side state: its sequences (``n`` samples), detokenizers, stop handling, metrics."""
+
+from __future__ import annotations
+
+import time
+
+from jaxgen.engine.sequence import Sequence
+from jaxgen.outputs import CompletionOutput, RequestOutput
+from jaxgen.sampling_params import SamplingParams
+from jaxgen.tokenizer import IncrementalDetokenizer
+
+
+class Request:
+    """Tracks text, logprobs and finish state for each of a request's sequences."""
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, tokenizer, eos_token_ids: tuple[int, ...],
+                 max_model_len: int, arrival_time: float | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.eos_token_ids = set() if params.ignore_eos else set(eos_token_ids)
+        self.stop_token_ids = set(params.stop_token_ids)
+        room = max_model_len - len(prompt_token_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        self.seqs: list[Sequence] = []
+        for i in range(params.n):
+            self.seqs.append(Sequence(
+                prompt_token_ids, max_tokens=max_tokens, request_id=request_id, index=i,
+                params=params, arrival_time=self.arrival_time,
+                depends_on=self.seqs[0] if i > 0 else None,
+            ))
+        self.detokenizers = [
+            IncrementalDetokenizer(tokenizer, prompt_token_ids,
+                                   skip_special_tokens=params.skip_special_tokens)
+            for _ in range(params.n)
+        ]
+        self.texts = [""] * params.n  # final-safe text (stop strings held back while streaming)
+        self.logprobs: list[list[dict[int, float]]] = [[] for _ in range(params.n)]
+        self.stop_reasons: list[str | int | None] = [None] * params.n
+        self._max_stop_len = max((len(s) for s in params.stop), default=0)
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.is_finished for seq in self.seqs)
+
+    def banned_token_ids(self, seq: Sequence) -> list[int]:
+        """Tokens that may not end the sequence yet (``min_tokens``)."""
+        if seq.num_generated >= self.params.min_tokens:
+            return []
+        return sorted(self.eos_token_ids | self.stop_token_ids)
+
+    def on_token(self, seq: Sequence, logprobs: dict[int, float] | None) -> str | None:
+        """Processes the token just appended to ``seq``; returns a finish reason or None."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        i = seq.index
+        token = seq.output_token_ids[-1]
+        if logprobs is not None:
+            self.logprobs[i].append(logprobs)
+        detok = self.detokenizers[i]
+        enough = seq.num_generated >= self.params.min_tokens
+        if enough and token in self.stop_token_ids:
+            self.stop_reasons[i] = token
+            detok.flush()
+            return "stop"
+        if enough and token in self.eos_token_ids:
+            detok.flush()
+            return "stop"
+        detok.add_tokens([token])
+        if self.params.stop and enough:
+            text = detok.text
+            search_from = max(0, len(self.texts[i]) - self._max_stop_len)
+            hits = [(text.find(s, search_from), s) for s in self.params.stop]
+            hits = [(pos, s) for pos, s in hits if pos >= 0]
+            if hits:
+                pos, stop = min(hits)
+                self.texts[i] = text[:pos]
+                self.stop_reasons[i] = stop
+                return "stop"
+        if seq.num_generated >= seq.max_tokens:
+            detok.flush()
+            self.texts[i] = detok.text
+            return "length"
+        # Hold back a possible partial stop string from streaming.
+        hold = self._max_stop_len - 1 if self.params.stop else 0
+        self.texts[i] = detok.text[: len(detok.text) - hold] if hold > 0 else detok.text
+        return None
+
+    def finalize(self, seq: Sequence) -> None:
+        """Fixes the text of a finished sequence (stop strings already cut)."""
+        i = seq.index
+        if self.stop_reasons[i] is None or isinstance(self.stop_reasons[i], int):
+            self.detokenizers[i].flush()
+            self.texts[i] = self.detokenizers[i].text
+        if all(s.is_finished for s in self.seqs):
+            self.finish_time = time.monotonic()
+
+    def output(self) -> RequestOutput:
+        """The cumulative output so far."""
+        outs = [
+            CompletionOutput(
+                index=seq.index, text=self.texts[seq.index], token_ids=list(seq.output_token_ids),
+                finish_reason=seq.finish_reason if seq.is_finished else None,
+                logprobs=list(self.logprobs[seq.index]) if self.params.logprobs is not None else None,
+                stop_reason=self.stop_reasons[seq.index],
+            )
+            for seq in self.seqs
+        ]
+        metrics = {
+            "arrival_time": self.arrival_time,
+            "first_scheduled_time": self.seqs[0].first_scheduled_time,
+            "first_token_time": self.first_token_time,
+            "finish_time": self.finish_time,
+            "num_cached_tokens": self.seqs[0].num_cached_tokens,
+        }
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
+                             finished=self.finished, metrics=metrics)

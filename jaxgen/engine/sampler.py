@@ -1,0 +1,647 @@
+"""Batched on-device sampling with per-request parameters (vLLM semantics).
+
+The host turns every running sequence into a row of :class:`SamplingTensors` plus static
+:class:`SamplingFlags` (:func:`build_sampling_tensors`); the engine's jitted step calls
+:func:`sample` on the logits of the last position, with the flags as a static argument.
+
+Per row, in vLLM's order: banned tokens -> -inf; repetition, frequency and presence penalties;
+greedy rows (temperature 0, or ``top_k == 1``) take the argmax; the others divide by their
+temperature, apply top_k, then top_p, then min_p, and sample with the key
+``fold_in(key(seed), step)``.
+
+Design notes:
+
+* Filters become one logit cutoff per row: a token is kept iff its scaled logit is >= the cutoff,
+  so tokens tied with the last kept one are kept too (like vLLM's threshold masking).
+* The cutoff is read from the ``MAX_CANDIDATES`` (256) largest scaled logits
+  (``jax.lax.top_k``; no full sort of the vocabulary). A row whose kept set may be larger
+  (``top_k > 256``, or a top_p nucleus that goes past the 256 most likely tokens) gets its cutoff
+  from an exact bisection over the whole vocabulary instead; that branch runs (``lax.cond``) only
+  in steps that have such a row. ``top_k`` is therefore not capped: large values are exact but
+  slower.
+* Sampling is exact two-level Gumbel-max: a block of the vocabulary is drawn with probability
+  equal to its mass, then a token within it, so a row needs about ``2 * sqrt(V)`` random numbers
+  instead of ``V`` (drawing ``V`` Gumbels at batch 64 costs ~10x the rest on CPU).
+* A row's token depends only on its own logits, parameters, seed and step: not on its position,
+  on the other rows, or on the batch's flags (every filter is an exact no-op when off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgen.sampling_params import SamplingParams
+
+MAX_CANDIDATES = 256  # top scaled logits looked at for top_k / top_p before the exact fallback
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+_BISECTION_STEPS = 32  # enough to pin one float32 exactly
+_MIN_HISTORY_BUCKET = 16
+_MIN_BANNED_BUCKET = 4
+_MAX_BANNED_BY_COMPARISON = 16  # wider ban lists use a scatter
+_UINT32_MASK = 0xFFFFFFFF
+_UINT64_MASK = (1 << 64) - 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingTensors:
+    """Per-row sampling parameters for a batch of B rows (padding rows are greedy).
+
+    Numpy arrays on the host (:func:`build_sampling_tensors`), jax arrays inside the jitted step.
+    """
+
+    temperature: jax.Array  # [B] f32; < GREEDY_TEMPERATURE means greedy
+    top_k: jax.Array  # [B] i32; 0 = off
+    top_p: jax.Array  # [B] f32; 1 = off
+    min_p: jax.Array  # [B] f32; 0 = off
+    repetition_penalty: jax.Array  # [B] f32; 1 = off
+    presence_penalty: jax.Array  # [B] f32; 0 = off
+    frequency_penalty: jax.Array  # [B] f32; 0 = off
+    seeds: jax.Array  # [B] uint32
+    has_seed: jax.Array  # [B] bool; False: the seed was derived on the host for this step
+    steps: jax.Array  # [B] i32; tokens generated so far by the row's sequence
+    banned_token_ids: jax.Array  # [B, K] i32, padded with -1
+    prompt_token_ids: jax.Array  # [B, Lp] i32, padded with -1; Lp = 0 without penalties
+    output_token_ids: jax.Array  # [B, Lo] i32, padded with -1; Lo = 0 without penalties
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingFlags:
+    """Static (hashable) facts about a batch, so the jitted step only does the needed work.
+
+    ``any_*`` only consider rows that sample (not greedy ones), except ``any_penalties``.
+    """
+
+    all_greedy: bool = True
+    any_top_k: bool = False
+    any_top_p: bool = False
+    any_min_p: bool = False
+    any_penalties: bool = False
+    num_logprobs: int = 0  # largest top-logprobs count requested in the batch; 0 if none
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplerOutput:
+    """Sampled tokens and their log-probabilities under the raw logits."""
+
+    token_ids: jax.Array  # [B] i32
+    logprobs: jax.Array  # [B] f32; log_softmax(raw logits) at token_ids
+    top_token_ids: jax.Array  # [B, num_logprobs] i32; most likely tokens under the raw logits
+    top_logprobs: jax.Array  # [B, num_logprobs] f32; descending
+
+
+@dataclasses.dataclass
+class SamplingRow:
+    """One running sequence as the host sees it at this step.
+
+    Args:
+        params: the request's sampling parameters.
+        prompt_token_ids: prompt tokens (only read when the row uses a penalty).
+        output_token_ids: tokens generated so far (their count is the row's step).
+        banned_token_ids: tokens forbidden at this step (see :func:`min_tokens_banned_ids`).
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    banned_token_ids: Sequence[int] = ()
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+def min_tokens_banned_ids(
+    params: SamplingParams, num_generated: int, eos_token_ids: Sequence[int]
+) -> list[int]:
+    """Tokens to ban while fewer than ``min_tokens`` were generated: stop ids, and EOS unless
+    ``ignore_eos`` (vLLM's min_tokens processor)."""
+    if num_generated >= params.min_tokens:
+        return []
+    banned = set(params.stop_token_ids or ())
+    if not params.ignore_eos:
+        banned.update(eos_token_ids)
+    return sorted(banned)
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    """Whether the request takes the argmax (temperature ~0 or top_k == 1)."""
+    return params.temperature < GREEDY_TEMPERATURE or params.top_k == 1
+
+
+def uses_penalties(params: SamplingParams) -> bool:
+    """Whether the request needs its token history on the device."""
+    return (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+
+
+def build_sampling_tensors(
+    rows: Sequence[SamplingRow | tuple],
+    batch_size: int,
+    *,
+    base_seed: int,
+    step_counter: int,
+) -> tuple[SamplingTensors, SamplingFlags]:
+    """Pack per-row parameters into numpy arrays padded to ``batch_size`` rows.
+
+    Args:
+        rows: one :class:`SamplingRow` (or a tuple of its fields) per running sequence.
+        batch_size: number of rows to pad to (padding rows are greedy and unpenalised).
+        base_seed: engine seed; rows without a seed get one derived from
+            ``(base_seed, step_counter, row index)`` so they differ between steps.
+        step_counter: engine step number.
+
+    Returns:
+        The tensors (numpy arrays, to ``device_put``) and the flags (a static jit argument).
+        History and banned-token widths are padded to powers of two to limit recompiles.
+    """
+    rows = [row if isinstance(row, SamplingRow) else SamplingRow(*row) for row in rows]
+    if len(rows) > batch_size:
+        raise ValueError(f"{len(rows)} rows do not fit in a batch of {batch_size}")
+
+    temperature = np.zeros(batch_size, np.float32)
+    top_k = np.zeros(batch_size, np.int32)
+    top_p = np.ones(batch_size, np.float32)
+    min_p = np.zeros(batch_size, np.float32)
+    repetition_penalty = np.ones(batch_size, np.float32)
+    presence_penalty = np.zeros(batch_size, np.float32)
+    frequency_penalty = np.zeros(batch_size, np.float32)
+    seeds = np.zeros(batch_size, np.uint32)
+    has_seed = np.zeros(batch_size, np.bool_)
+    steps = np.zeros(batch_size, np.int32)
+
+    greedy = [is_greedy(row.params) for row in rows]
+    penalised = [uses_penalties(row.params) for row in rows]
+    for index, row in enumerate(rows):
+        params = row.params
+        steps[index] = len(row.output_token_ids)
+        if params.seed is not None:
+            seeds[index] = _fold_seed(params.seed)
+            has_seed[index] = True
+        else:
+            seeds[index] = _derived_seed(base_seed, step_counter, index)
+        repetition_penalty[index] = params.repetition_penalty
+        presence_penalty[index] = params.presence_penalty
+        frequency_penalty[index] = params.frequency_penalty
+        if greedy[index]:
+            continue  # temperature 0 and every filter off, as vLLM does for greedy requests
+        temperature[index] = params.temperature
+        top_k[index] = min(params.top_k, np.iinfo(np.int32).max)
+        top_p[index] = params.top_p
+        min_p[index] = params.min_p
+
+    banned_width = max((len(row.banned_token_ids) for row in rows), default=0)
+    banned_width = _bucket(banned_width, _MIN_BANNED_BUCKET) if banned_width else 0
+    banned_token_ids = _pad_ids([row.banned_token_ids for row in rows], batch_size, banned_width)
+
+    history_rows = [row for row, uses in zip(rows, penalised) if uses]
+    prompt_width = output_width = 0
+    if history_rows:
+        prompt_width = _bucket(max(len(row.prompt_token_ids) for row in history_rows))
+        output_width = _bucket(max(len(row.output_token_ids) for row in history_rows))
+    prompt_token_ids = _pad_ids(
+        [row.prompt_token_ids if uses else () for row, uses in zip(rows, penalised)],
+        batch_size,
+        prompt_width,
+    )
+    output_token_ids = _pad_ids(
+        [row.output_token_ids if uses else () for row, uses in zip(rows, penalised)],
+        batch_size,
+        output_width,
+    )
+
+    sampling = [row.params for row, row_greedy in zip(rows, greedy) if not row_greedy]
+    flags = SamplingFlags(
+        all_greedy=not sampling,
+        any_top_k=any(params.top_k > 0 for params in sampling),
+        any_top_p=any(params.top_p < 1.0 for params in sampling),
+        any_min_p=any(params.min_p > 0.0 for params in sampling),
+        any_penalties=any(penalised),
+        num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
+    )
+    tensors = SamplingTensors(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seeds=seeds,
+        has_seed=has_seed,
+        steps=steps,
+        banned_token_ids=banned_token_ids,
+        prompt_token_ids=prompt_token_ids,
+        output_token_ids=output_token_ids,
+    )
+    return tensors, flags
+
+
+def _bucket(length: int, minimum: int = _MIN_HISTORY_BUCKET) -> int:
+    """Smallest power of two >= max(length, minimum)."""
+    return 1 << (max(length, minimum) - 1).bit_length()
+
+
+def _pad_ids(id_lists: Sequence[Sequence[int]], batch_size: int, width: int) -> np.ndarray:
+    """Stack id lists into a [batch_size, width] int32 array padded with -1."""
+    out = np.full((batch_size, width), -1, np.int32)
+    for index, ids in enumerate(id_lists):
+        if len(ids):
+            out[index, : len(ids)] = ids
+    return out
+
+
+def _splitmix64(value: int) -> int:
+    value = (value + 0x9E3779B97F4A7C15) & _UINT64_MASK
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _UINT64_MASK
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _UINT64_MASK
+    return value ^ (value >> 31)
+
+
+def _fold_seed(seed: int) -> int:
+    """A user seed (any Python int) folded into 32 bits."""
+    seed &= _UINT64_MASK
+    return (seed ^ (seed >> 32)) & _UINT32_MASK
+
+
+def _derived_seed(base_seed: int, step_counter: int, row: int) -> int:
+    """A 32-bit seed for an unseeded row, different for every (base_seed, step, row)."""
+    value = _splitmix64(base_seed & _UINT64_MASK)
+    value = _splitmix64(value ^ (step_counter & _UINT64_MASK))
+    value = _splitmix64(value ^ (row & _UINT64_MASK))
+    return _fold_seed(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Device side (jit-traceable; ``flags`` must be static)
+# --------------------------------------------------------------------------------------------
+
+
+def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) -> SamplerOutput:
+    """Sample one token per row.
+
+    Args:
+        logits: [B, V] raw logits (any float dtype; computed in float32).
+        tensors: per-row parameters (see :class:`SamplingTensors`).
+        flags: static facts about the batch (see :class:`SamplingFlags`).
+
+    Returns:
+        The sampled tokens, their raw-logit logprobs and the top ``flags.num_logprobs`` raw
+        logprobs per row.
+    """
+    logits = logits.astype(jnp.float32)  # [B, V]
+    batch_size, vocab_size = logits.shape
+
+    processed = ban_tokens(logits, tensors.banned_token_ids)
+    if flags.any_penalties:
+        processed = apply_penalties(
+            processed,
+            tensors.prompt_token_ids,
+            tensors.output_token_ids,
+            tensors.repetition_penalty,
+            tensors.presence_penalty,
+            tensors.frequency_penalty,
+        )
+    greedy_ids = jnp.argmax(processed, axis=-1).astype(jnp.int32)
+    if flags.all_greedy:
+        token_ids = greedy_ids
+    else:
+        greedy_rows = (tensors.temperature < GREEDY_TEMPERATURE) | (tensors.top_k == 1)
+        sampled_ids = _sample_random(processed, tensors, flags, greedy_rows)
+        token_ids = jnp.where(greedy_rows, greedy_ids, sampled_ids)
+
+    log_normalizer = _logsumexp(logits)  # [B]
+    token_logits = jnp.take_along_axis(logits, token_ids[:, None], axis=-1)[:, 0]
+    num_top = min(flags.num_logprobs, vocab_size)
+    if num_top > 0:
+        top_logits, top_token_ids = jax.lax.top_k(logits, num_top)
+        top_logprobs = top_logits - log_normalizer[:, None]
+    else:
+        top_token_ids = jnp.zeros((batch_size, 0), jnp.int32)
+        top_logprobs = jnp.zeros((batch_size, 0), jnp.float32)
+    return SamplerOutput(
+        token_ids=token_ids,
+        logprobs=token_logits - log_normalizer,
+        top_token_ids=top_token_ids.astype(jnp.int32),
+        top_logprobs=top_logprobs,
+    )
+
+
+def ban_tokens(logits: jax.Array, banned_token_ids: jax.Array) -> jax.Array:
+    """Set the banned tokens' logits to -inf.
+
+    Args:
+        logits: [B, V] float logits.
+        banned_token_ids: [B, K] token ids, padded with -1.
+    """
+    num_banned = banned_token_ids.shape[1]
+    if num_banned == 0:
+        return logits
+    if num_banned <= _MAX_BANNED_BY_COMPARISON:
+        # Elementwise comparisons fuse into the consumers; a scatter would copy [B, V] first.
+        token_index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+        banned = jnp.zeros(logits.shape, bool)
+        for column in range(num_banned):
+            banned = banned | (token_index == banned_token_ids[:, column : column + 1])
+        return jnp.where(banned, -jnp.inf, logits)
+    rows = jnp.arange(logits.shape[0])[:, None]
+    ids = _drop_padding(banned_token_ids, logits.shape[1])
+    return logits.at[rows, ids].set(-jnp.inf, mode="drop")
+
+
+def apply_penalties(
+    logits: jax.Array,
+    prompt_token_ids: jax.Array,
+    output_token_ids: jax.Array,
+    repetition_penalty: jax.Array,
+    presence_penalty: jax.Array,
+    frequency_penalty: jax.Array,
+) -> jax.Array:
+    """Apply vLLM's penalties without materialising [B, V] masks.
+
+    Repetition (HF semantics, once per distinct token of prompt or output): ``logit / penalty``
+    if ``logit > 0`` else ``logit * penalty``; then, for tokens of the output,
+    ``logit -= frequency * count + presence``.
+
+    Args:
+        logits: [B, V] float logits.
+        prompt_token_ids: [B, Lp] prompt tokens, padded with -1.
+        output_token_ids: [B, Lo] generated tokens, padded with -1.
+        repetition_penalty: [B] (1 = off).
+        presence_penalty: [B] (0 = off).
+        frequency_penalty: [B] (0 = off).
+    """
+    batch_size, vocab_size = logits.shape
+    rows = jnp.arange(batch_size)[:, None]
+    seen = jnp.concatenate([prompt_token_ids, output_token_ids], axis=1)  # [B, Lp + Lo]
+    if seen.shape[1]:
+        seen = _drop_padding(seen, vocab_size)
+        current = jnp.take_along_axis(logits, jnp.minimum(seen, vocab_size - 1), axis=-1)
+        penalty = repetition_penalty[:, None].astype(jnp.float32)
+        penalised = jnp.where(current > 0, current / penalty, current * penalty)
+        # Duplicate ids write the same value, so a token is penalised once however often it occurs.
+        logits = logits.at[rows, seen].set(penalised, mode="drop")
+    if output_token_ids.shape[1]:
+        output = jnp.sort(_drop_padding(output_token_ids, vocab_size), axis=-1)  # [B, Lo]
+        first = jnp.concatenate(
+            [jnp.ones((batch_size, 1), bool), output[:, 1:] != output[:, :-1]], axis=1
+        )
+        # Scatter-add sums duplicates: frequency once per occurrence, presence once per token.
+        delta = -(frequency_penalty[:, None] + presence_penalty[:, None] * first)
+        logits = logits.at[rows, output].add(delta.astype(jnp.float32), mode="drop")
+    return logits
+
+
+def _logsumexp(values: jax.Array) -> jax.Array:
+    """log(sum(exp(values))) over the last axis; -inf for all -inf rows.
+
+    Args:
+        values: [..., N] float32.
+    """
+    peak = jnp.max(values, axis=-1)
+    shift = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    return jnp.log(jnp.sum(jnp.exp(values - shift[..., None]), axis=-1)) + shift
+
+
+def _drop_padding(token_ids: jax.Array, vocab_size: int) -> jax.Array:
+    """Map padding (-1) and out-of-range ids to ``vocab_size`` so scatters with mode='drop'
+    ignore them (negative indices would otherwise wrap around)."""
+    valid = (token_ids >= 0) & (token_ids < vocab_size)
+    return jnp.where(valid, token_ids, vocab_size).astype(jnp.int32)
+
+
+def _sample_random(
+    processed: jax.Array, tensors: SamplingTensors, flags: SamplingFlags, greedy_rows: jax.Array
+) -> jax.Array:
+    """Temperature, top_k / top_p / min_p, then a seeded draw; [B] token ids.
+
+    Args:
+        processed: [B, V] logits after bans and penalties.
+        tensors: per-row parameters.
+        flags: static batch facts.
+        greedy_rows: [B] bool; these rows' results are discarded by the caller.
+    """
+    temperature = jnp.where(greedy_rows, 1.0, tensors.temperature).astype(jnp.float32)
+    scaled = processed / temperature[:, None]  # [B, V]
+    if flags.any_top_k or flags.any_top_p or flags.any_min_p:
+        cutoff = _filter_cutoff(scaled, tensors, flags, greedy_rows)  # [B]
+        scaled = jnp.where(scaled >= cutoff[:, None], scaled, -jnp.inf)
+    keys = jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(
+        tensors.seeds.astype(jnp.uint32), tensors.steps.astype(jnp.int32)
+    )
+    return _two_level_gumbel_max(scaled, keys)
+
+
+def _filter_cutoff(
+    scaled: jax.Array, tensors: SamplingTensors, flags: SamplingFlags, greedy_rows: jax.Array
+) -> jax.Array:
+    """Per-row logit cutoff implementing top_k, then top_p, then min_p; [B] f32.
+
+    Args:
+        scaled: [B, V] temperature-scaled logits.
+        tensors: per-row parameters.
+        flags: static batch facts.
+        greedy_rows: [B] bool; filters are off for these rows.
+    """
+    batch_size, vocab_size = scaled.shape
+    top_k = tensors.top_k.astype(jnp.int32)
+    top_p = tensors.top_p.astype(jnp.float32)
+    min_p = tensors.min_p.astype(jnp.float32)
+    cutoff = jnp.full((batch_size,), -jnp.inf, jnp.float32)
+
+    if flags.any_top_k or flags.any_top_p:
+        num_candidates = min(MAX_CANDIDATES, vocab_size)
+        values, _ = jax.lax.top_k(scaled, num_candidates)  # [B, C], descending
+        row_max = values[:, 0]
+
+        top_k_on = (top_k > 0) & (top_k < vocab_size) & ~greedy_rows
+        top_k_inside = top_k_on & (top_k <= num_candidates)
+        kth_value = jnp.take_along_axis(
+            values, jnp.clip(top_k - 1, 0, num_candidates - 1)[:, None], axis=-1
+        )[:, 0]
+        cutoff = jnp.where(top_k_inside, kth_value, cutoff)
+        covered = ~top_k_on | top_k_inside
+
+        exact_top_p_rows = None
+        if flags.any_top_p:
+            top_p_on = (top_p < 1.0) & ~greedy_rows
+            positions = jnp.arange(num_candidates)[None, :]
+            in_top_k = ~top_k_inside[:, None] | (positions < top_k[:, None])
+            candidates = jnp.where(in_top_k, values, -jnp.inf)  # [B, C]
+            # Top_p renormalises over the top_k set: the candidates when top_k fits in them,
+            # the whole vocabulary when top_k is off.
+            log_normalizer = jnp.where(
+                top_k_inside,
+                _logsumexp(candidates),
+                _logsumexp(scaled),
+            )
+            probs = jnp.exp(candidates - log_normalizer[:, None])
+            cumulative = jnp.cumsum(probs, axis=-1)
+            mass_before = jnp.concatenate(
+                [jnp.zeros((batch_size, 1), jnp.float32), cumulative[:, :-1]], axis=1
+            )
+            # Keep the smallest prefix reaching top_p: tokens whose preceding mass is < top_p.
+            num_kept = jnp.sum(mass_before < top_p[:, None], axis=-1)
+            nucleus_value = jnp.take_along_axis(
+                values, jnp.clip(num_kept - 1, 0, num_candidates - 1)[:, None], axis=-1
+            )[:, 0]
+            cutoff = jnp.where(top_p_on, jnp.maximum(cutoff, nucleus_value), cutoff)
+            nucleus_inside = top_k_inside | (~top_k_on & (cumulative[:, -1] >= top_p))
+            exact_top_p_rows = top_p_on & ~nucleus_inside
+            covered = covered & ~exact_top_p_rows
+        exact_top_k_rows = top_k_on & ~top_k_inside
+
+        def exact_cutoff(candidate_cutoff):
+            exact = _bisection_cutoff(scaled, top_k, top_p, exact_top_k_rows, exact_top_p_rows)
+            return jnp.where(covered, candidate_cutoff, exact)
+
+        cutoff = jax.lax.cond(jnp.all(covered), lambda c: c, exact_cutoff, cutoff)
+    else:
+        row_max = jnp.max(scaled, axis=-1)
+
+    if flags.any_min_p:
+        min_p_on = (min_p > 0.0) & ~greedy_rows
+        # prob >= min_p * max_prob  <=>  logit >= max_logit + log(min_p); invariant to top_k/top_p.
+        min_p_value = row_max + jnp.log(jnp.where(min_p_on, min_p, 1.0))
+        cutoff = jnp.where(min_p_on, jnp.maximum(cutoff, min_p_value), cutoff)
+    return cutoff
+
+
+def _bisection_cutoff(
+    scaled: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    exact_top_k_rows: jax.Array,
+    exact_top_p_rows: jax.Array | None,
+) -> jax.Array:
+    """Exact top_k-then-top_p cutoff over the whole vocabulary, without sorting; [B] f32.
+
+    Bisects over float32 values (as order-preserving uint32 keys): the top_k cutoff is the largest
+    value with at least top_k logits >= it; the top_p cutoff is the largest value whose logits
+    >= it hold at least top_p of the top_k set's mass. Each bisection (32 passes over [B, V])
+    only runs when some row needs it; other rows get -inf.
+
+    Args:
+        scaled: [B, V] temperature-scaled logits.
+        top_k: [B] i32.
+        top_p: [B] f32.
+        exact_top_k_rows: [B] bool; rows whose top_k cutoff is needed.
+        exact_top_p_rows: [B] bool, or None when no row uses top_p.
+    """
+    batch_size = scaled.shape[0]
+    no_cutoff = jnp.full((batch_size,), -jnp.inf, jnp.float32)
+    finite = jnp.isfinite(scaled)
+    row_max = jnp.max(scaled, axis=-1)  # [B]
+    row_min = jnp.min(jnp.where(finite, scaled, jnp.inf), axis=-1)  # [B]
+    low = _float_to_ordered(row_min)
+    high = _float_to_ordered(row_max)
+
+    def top_k_cutoff():
+        def at_least_k(threshold):
+            return jnp.sum(scaled >= threshold[:, None], axis=-1) >= top_k
+
+        kth_value = _ordered_to_float(_largest_satisfying(at_least_k, low, high))
+        enough = jnp.sum(finite, axis=-1) >= top_k
+        return jnp.where(exact_top_k_rows & enough, kth_value, -jnp.inf)
+
+    floor = jax.lax.cond(jnp.any(exact_top_k_rows), top_k_cutoff, lambda: no_cutoff)
+    if exact_top_p_rows is None:
+        return floor
+
+    def top_p_cutoff():
+        weights = jnp.exp(scaled - jnp.where(jnp.isfinite(row_max), row_max, 0.0)[:, None])
+
+        def mass_at_or_above(threshold):
+            kept = scaled >= jnp.maximum(threshold, floor)[:, None]
+            return jnp.sum(jnp.where(kept, weights, 0.0), axis=-1)
+
+        target = top_p * mass_at_or_above(no_cutoff)
+
+        def reaches_top_p(threshold):
+            return mass_at_or_above(threshold) >= target
+
+        nucleus_value = _ordered_to_float(_largest_satisfying(reaches_top_p, low, high))
+        return jnp.where(exact_top_p_rows, jnp.maximum(floor, nucleus_value), floor)
+
+    return jax.lax.cond(jnp.any(exact_top_p_rows), top_p_cutoff, lambda: floor)
+
+
+def _largest_satisfying(predicate, low: jax.Array, high: jax.Array) -> jax.Array:
+    """Largest uint32 key in [low, high] where ``predicate`` (monotone, true at ``low``) holds.
+
+    Args:
+        predicate: maps [B] float32 thresholds to [B] bool.
+        low: [B] uint32 ordered keys.
+        high: [B] uint32 ordered keys.
+    """
+
+    def step(_, bounds):
+        low, high = bounds
+        gap = high - low
+        middle = low + (gap >> 1) + (gap & 1)
+        ok = predicate(_ordered_to_float(middle))
+        return jnp.where(ok, middle, low), jnp.where(ok, high, middle - 1)
+
+    low, _ = jax.lax.fori_loop(0, _BISECTION_STEPS, step, (low, high))
+    return low
+
+
+def _float_to_ordered(values: jax.Array) -> jax.Array:
+    """float32 -> uint32 keys with the same order (for non-NaN values)."""
+    bits = jax.lax.bitcast_convert_type(values.astype(jnp.float32), jnp.uint32)
+    negative = (bits >> 31) == 1
+    return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _ordered_to_float(keys: jax.Array) -> jax.Array:
+    """Inverse of :func:`_float_to_ordered`."""
+    positive = (keys >> 31) == 1
+    bits = jnp.where(positive, keys & jnp.uint32(0x7FFFFFFF), ~keys)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _block_size(vocab_size: int) -> int:
+    """Vocabulary block width for two-level sampling (a divisor of V when one fits)."""
+    for size in (256, 512, 128):
+        if vocab_size % size == 0:
+            return size
+    return min(256, vocab_size)
+
+
+def _two_level_gumbel_max(values: jax.Array, keys: jax.Array) -> jax.Array:
+    """Draw token j with probability softmax(values)[j], exactly, per row; [B] i32.
+
+    A block is drawn by Gumbel-max over the blocks' log-masses, then a token within it by
+    Gumbel-max over its logits; -inf logits are never drawn.
+
+    Args:
+        values: [B, V] logits (-inf for removed tokens).
+        keys: [B] typed PRNG keys.
+    """
+    batch_size, vocab_size = values.shape
+    block = _block_size(vocab_size)
+    num_blocks = -(-vocab_size // block)
+    padding = num_blocks * block - vocab_size
+    if padding:
+        values = jnp.pad(values, ((0, 0), (0, padding)), constant_values=-jnp.inf)
+    blocks = values.reshape(batch_size, num_blocks, block)  # [B, N, S]
+    block_log_mass = _logsumexp(blocks)  # [B, N]
+
+    split_keys = jax.vmap(jax.random.split)(keys)  # [B, 2]
+    block_keys, token_keys = split_keys[:, 0], split_keys[:, 1]
+    block_noise = jax.vmap(lambda key: jax.random.gumbel(key, (num_blocks,)))(block_keys)
+    chosen_block = jnp.argmax(block_log_mass + block_noise, axis=-1)  # [B]
+    chosen = jnp.take_along_axis(blocks, chosen_block[:, None, None], axis=1)[:, 0]  # [B, S]
+    token_noise = jax.vmap(lambda key: jax.random.gumbel(key, (block,)))(token_keys)
+    within = jnp.argmax(chosen + token_noise, axis=-1)  # [B]
+    return (chosen_block * block + within).astype(jnp.int32)

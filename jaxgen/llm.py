@@ -1,0 +1,137 @@
+"""``LLM``: the offline Python API (vLLM-style ``generate`` and ``chat``)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence as Seq
+
+from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.loaders import load_model
+from jaxgen.outputs import RequestOutput
+from jaxgen.sampling_params import SamplingParams
+
+
+class LLM:
+    """Loads a model and generates with continuous batching over a paged KV pool (by default).
+
+    Args:
+        model: None or "smollm2" (the embedded default), an HF checkpoint directory, a ``.gguf``
+            file, or a directory written by ``jaxgen convert``.
+        dtype: "float32" (default), "bfloat16", "float16" or "auto".
+        **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
+            max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
+            max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed.
+    """
+
+    def __init__(self, model: str | None = None, *, dtype: str = "float32", **engine_knobs):
+        unknown = set(engine_knobs) - set(EngineConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
+        config = EngineConfig(**engine_knobs)  # validate knobs before the slow load
+        self.loaded = load_model(model, dtype=dtype)
+        self.engine = LLMEngine(self.loaded, config)
+        self._ids = itertools.count()
+
+    @property
+    def params(self):
+        """The placed parameter pytree (an ``nnx.State``) — inspect shapes and shardings here."""
+        return self.engine.runner.params
+
+    def get_tokenizer(self):
+        return self.loaded.tokenizer
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generates for each prompt (a str, a list of str, or a list of token-id lists)."""
+        items = _normalize_prompts(prompts)
+        params_list = _normalize_params(sampling_params, len(items))
+        tokenizer = self.loaded.tokenizer
+        order = []
+        for item, params in zip(items, params_list, strict=True):
+            if isinstance(item, str):
+                token_ids, text = tokenizer.encode(item, add_special_tokens=True), item
+            else:
+                token_ids, text = item, None
+            request_id = str(next(self._ids))
+            self.engine.add_request(request_id, text, token_ids, params)
+            order.append(request_id)
+        return self._run(order, use_tqdm)
+
+    def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None):
+        """Applies the chat template to one conversation or a list of them, then generates."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not conversations or not all(isinstance(c, list) and c for c in conversations):
+            raise ValueError("messages must be a conversation (list of dicts) or a list of them")
+        tokenizer = self.loaded.tokenizer
+        prompts = [
+            tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                          chat_template=chat_template)
+            for c in conversations
+        ]
+        token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        outs = self.generate(token_lists, sampling_params, use_tqdm=use_tqdm)
+        for out, prompt in zip(outs, prompts, strict=True):
+            out.prompt = prompt
+        return outs
+
+    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        pending = set(order)
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm and len(order) > 1:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), desc="generate", unit="req")
+        try:
+            while pending:
+                outputs = self.engine.step()
+                if not outputs and self.engine.has_unfinished():
+                    time.sleep(0.001)  # dynamic batching waiting for its batch to fill
+                for out in outputs:
+                    if out.finished and out.request_id in pending:
+                        pending.discard(out.request_id)
+                        done[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for request_id in pending:
+                self.engine.abort(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[r] for r in order]
+
+
+def _normalize_prompts(prompts) -> list:
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, Seq) or not prompts:
+        raise ValueError("prompts must be a str, a non-empty list of str, or a list of token-id lists")
+    if all(isinstance(p, str) for p in prompts):
+        return list(prompts)
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+        return [list(prompts)]
+    if all(isinstance(p, Seq) and not isinstance(p, str) for p in prompts):
+        lists = [list(p) for p in prompts]
+        if all(all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in lists):
+            return lists
+    raise ValueError("prompts must be a str, a list of str, or a list of token-id lists")
+
+
+def _normalize_params(params, count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    if isinstance(params, Seq) and all(isinstance(p, SamplingParams) for p in params):
+        if len(params) != count:
+            raise ValueError(f"sampling_params has {len(params)} entries for {count} prompts")
+        return list(params)
+    raise ValueError("sampling_params must be a SamplingParams or a list of them")

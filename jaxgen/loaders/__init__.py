@@ -1,0 +1,93 @@
+"""Loading a model by name or path: HF checkpoint directory, GGUF file, or the embedded default."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax.numpy as jnp
+
+from jaxgen.config import ModelConfig
+from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
+from jaxgen.loaders.gguf_loader import GGUFFile
+from jaxgen.loaders.hf_checkpoint import hf_tensor_getter, load_hf_config
+from jaxgen.models.weights import params_from_hf_tensors
+from jaxgen.tokenizer import load_tokenizer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model ready to run: config, graph, parameter state (device arrays) and tokenizer."""
+
+    config: ModelConfig
+    graphdef: object
+    params: object
+    tokenizer: object
+    source: str
+    dtype: object
+    load_seconds: float
+
+
+def resolve_dtype(dtype) -> object:
+    """``"float32"``/``"bfloat16"``/``"float16"`` (or ``"auto"``: bf16 on accelerators) to a dtype."""
+    if dtype == "auto":
+        import jax
+
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")
+        return DTYPES[dtype]
+    return jnp.dtype(dtype).type
+
+
+def resolve_model(model: str | None) -> str:
+    """The checkpoint path for a model argument (``None`` or an alias means the default model)."""
+    if model is None or (isinstance(model, str) and model.lower() in DEFAULT_MODEL_ALIASES):
+        return default_model_path()
+    if not isinstance(model, str):
+        raise ValueError(f"model must be a path or alias string, got {type(model).__name__}")
+    if not os.path.exists(model):
+        raise FileNotFoundError(
+            f"model {model!r} is neither a local checkpoint directory, a .gguf file, nor an alias "
+            f"({', '.join(DEFAULT_MODEL_ALIASES)}); jaxgen never downloads weights"
+        )
+    return model
+
+
+def load_model(model: str | None = None, *, dtype="float32", place=None) -> LoadedModel:
+    """Loads config, weights and tokenizer from an HF directory, a ``.gguf`` file or the default."""
+    start = time.perf_counter()
+    path = resolve_model(model)
+    jdtype = resolve_dtype(dtype)
+    if os.path.isdir(path) and _is_orbax_dir(path):
+        from jaxgen.loaders.orbax_checkpoint import load_orbax
+
+        return load_orbax(path, dtype=jdtype, place=place, start=start)
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ValueError(f"model file {path!r} is not a .gguf file")
+        gguf_file = GGUFFile(path)
+        config = ModelConfig.from_hf_dict(gguf_file.hf_config())
+        graphdef, params = params_from_hf_tensors(config, gguf_file.get_tensor, dtype=jdtype, place=place)
+        tokenizer = load_tokenizer(os.path.dirname(path), gguf_file=os.path.basename(path))
+    else:
+        config = load_hf_config(path)
+        graphdef, params = params_from_hf_tensors(config, hf_tensor_getter(path), dtype=jdtype, place=place)
+        tokenizer = load_tokenizer(path)
+    config = _with_tokenizer_eos(config, tokenizer)
+    return LoadedModel(config, graphdef, params, tokenizer, path, jdtype, time.perf_counter() - start)
+
+
+def _is_orbax_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "jaxgen_orbax.json"))
+
+
+def _with_tokenizer_eos(config: ModelConfig, tokenizer) -> ModelConfig:
+    eos = set(config.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(tokenizer.eos_token_id)
+    return dataclasses.replace(config, eos_token_ids=tuple(sorted(eos)))

@@ -1,0 +1,137 @@
+"""GGUF files (llama.cpp's format) through the ``gguf`` package: config, tensors, tokenizer.
+
+Quantised tensors are dequantised at load (Q4_0, Q4_1, Q8_0, F16, BF16, F32). llama.cpp's converter
+permutes Q and K rows into an interleaved rotary layout; we undo that to get HF's rotate-half layout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class GGUFFile:
+    """An opened GGUF file: metadata fields and lazily dequantised tensors under HF names."""
+
+    def __init__(self, path: str):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"GGUF file not found: {path!r}")
+        import gguf
+
+        try:
+            self.reader = gguf.GGUFReader(path)
+        except Exception as e:
+            raise ValueError(f"cannot read GGUF file {path!r} (truncated or corrupt?): {e}") from None
+        self.path = path
+        self.architecture = self.field("general.architecture")
+        if self.architecture not in SUPPORTED_GGUF_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported GGUF architecture {self.architecture!r}; supported: "
+                f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+            )
+        self.tensors = {}
+        for tensor in self.reader.tensors:
+            self.tensors[_hf_tensor_name(tensor.name)] = tensor
+
+    def field(self, key: str, default=None):
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def hf_config(self) -> dict:
+        """A HF ``config.json``-style dictionary from the GGUF metadata."""
+        arch = self.architecture
+        get = lambda k, d=None: self.field(f"{arch}.{k}", d)  # noqa: E731
+        num_heads = get("attention.head_count")
+        hidden = get("embedding_length")
+        vocab = get("vocab_size") or len(self.field("tokenizer.ggml.tokens", []))
+        config = {
+            "model_type": SUPPORTED_GGUF_ARCHITECTURES[arch],
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": get("feed_forward_length"),
+            "num_hidden_layers": get("block_count"),
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": get("attention.head_count_kv", num_heads),
+            "head_dim": get("attention.key_length") or get("rope.dimension_count") or hidden // num_heads,
+            "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
+            "rope_theta": get("rope.freq_base", 10000.0),
+            "max_position_embeddings": get("context_length", 4096),
+            "tie_word_embeddings": "lm_head.weight" not in self.tensors,
+            "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
+        }
+        scaling_type = get("rope.scaling.type")
+        if scaling_type == "linear":
+            config["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor", 1.0)}
+        sliding = get("attention.sliding_window")
+        if sliding:
+            config["sliding_window"] = sliding
+        if arch == "llama" and any(n.endswith("q_proj.bias") for n in self.tensors):
+            config["attention_bias"] = True
+        return config
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        """Dequantised float32 tensor in HF layout (``[out, in]`` for linear weights)."""
+        import gguf
+
+        if name not in self.tensors:
+            raise ValueError(f"GGUF file {self.path!r} has no tensor for {name!r}")
+        tensor = self.tensors[name]
+        qtype = tensor.tensor_type.name
+        if qtype not in SUPPORTED_QUANT_TYPES:
+            raise ValueError(
+                f"unsupported GGUF quantization type {qtype} for tensor {tensor.name!r}; "
+                f"supported: {', '.join(SUPPORTED_QUANT_TYPES)}"
+            )
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml order is innermost first
+        array = np.asarray(data, dtype=np.float32).reshape(shape)
+        if self.architecture == "llama" and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
+            kv = name.endswith("k_proj.weight")
+            heads = self.field(f"{self.architecture}.attention.head_count" + ("_kv" if kv else ""))
+            array = _unpermute_rotary(array, heads)
+        return array
+
+    def getter(self) -> Callable[[str], np.ndarray]:
+        return self.get_tensor
+
+
+def _hf_tensor_name(name: str) -> str:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    if name.startswith("blk."):
+        _, layer, kind, leaf = name.split(".", 3)
+        if kind in _LAYER_NAMES:
+            return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
+    return name
+
+
+def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's ``permute``: interleaved rotary pairs back to rotate-half halves."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )

@@ -1,0 +1,128 @@
+"""Llama-family decoder in Flax NNX (Llama 2/3, Mistral, SmolLM2, Qwen2).
+
+The model knows nothing about batching strategy or parallelism: it takes a flat batch of tokens,
+their positions, the per-layer KV pages and the step's attention metadata, and returns hidden
+states plus the updated pages. Parameter names follow Hugging Face's so loaders map 1:1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxgen.attention import AttentionMetadata, paged_attention_step, write_kv
+from jaxgen.config import ModelConfig
+from jaxgen.models.rope import apply_rope, inverse_frequencies
+
+KVCache = list[tuple[jax.Array, jax.Array]]  # per layer: k_pages, v_pages [Hkv, P, S, D]
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return xf.astype(x.dtype) * self.weight[...]
+
+
+def _linear(n_in: int, n_out: int, bias: bool, dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(n_in, n_out, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        d, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, hd
+        self.sliding_window = config.sliding_window
+        self.q_proj = _linear(d, config.num_heads * hd, config.qkv_bias, dtype, rngs)
+        self.k_proj = _linear(d, config.num_kv_heads * hd, config.qkv_bias, dtype, rngs)
+        self.v_proj = _linear(d, config.num_kv_heads * hd, config.qkv_bias, dtype, rngs)
+        self.o_proj = _linear(config.num_heads * hd, d, config.o_bias, dtype, rngs)
+
+    def __call__(self, x, positions, inv_freq, k_pages, v_pages, md, backend):
+        tokens = x.shape[0]
+        q = self.q_proj(x).reshape(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(tokens, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        k_pages, v_pages = write_kv(k_pages, v_pages, k, v, md.slot_mapping)
+        out = paged_attention_step(
+            q, k_pages, v_pages, md, backend=backend, scale=self.head_dim**-0.5,
+            sliding_window=self.sliding_window,
+        )
+        return self.o_proj(out.reshape(tokens, -1)), k_pages, v_pages
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        d, f, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = _linear(d, f, b, dtype, rngs)
+        self.up_proj = _linear(d, f, b, dtype, rngs)
+        self.down_proj = _linear(f, d, b, dtype, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, rngs=rngs)
+        self.self_attn = Attention(config, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, rngs=rngs)
+        self.mlp = MLP(config, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, positions, inv_freq, k_pages, v_pages, md, backend):
+        attn, k_pages, v_pages = self.self_attn(
+            self.input_layernorm(x), positions, inv_freq, k_pages, v_pages, md, backend
+        )
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_pages, v_pages
+
+
+class LlamaForCausalLM(nnx.Module):
+    """Decoder stack plus LM head (tied to the embedding when the config says so)."""
+
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs
+        )
+        self.layers = nnx.List(
+            [DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, rngs=rngs)
+        if not config.tie_word_embeddings:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
+        self.inv_freq = nnx.Variable(jnp.asarray(inverse_frequencies(config)))
+
+    def __call__(
+        self,
+        token_ids: jax.Array,  # [T]
+        positions: jax.Array,  # [T]
+        kv_cache: KVCache,
+        md: AttentionMetadata,
+        *,
+        backend: str = "reference",
+    ) -> tuple[jax.Array, KVCache]:  # hidden [T, D], updated pages
+        """Runs the decoder stack (layers unrolled: faster than a scan on XLA CPU)."""
+        x = self.embed_tokens(token_ids)
+        inv_freq = self.inv_freq[...]
+        new_cache = []
+        for layer, (k_pages, v_pages) in zip(self.layers, kv_cache, strict=True):
+            x, k_pages, v_pages = layer(x, positions, inv_freq, k_pages, v_pages, md, backend)
+            new_cache.append((k_pages, v_pages))
+        return self.norm(x), new_cache
+
+    def compute_logits(self, hidden: jax.Array) -> jax.Array:  # [N, D] -> [N, V] float32
+        if self.config.tie_word_embeddings:
+            logits = self.embed_tokens.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        return logits.astype(jnp.float32)

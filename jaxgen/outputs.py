@@ -1,0 +1,46 @@
+"""Results returned by ``LLM.generate`` and streamed by ``AsyncLLM.generate``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """One generated sequence (``n > 1`` gives several per request)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: str | int | None = None  # the stop string or token that ended it
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """A request's state: prompt plus its completions (cumulative; ``delta`` fields for streaming)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    metrics: dict | None = None
+
+    # Convenience accessors for the common n=1 case (vLLM-style single completion).
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[dict[int, float]] | None:
+        return self.outputs[0].logprobs

@@ -1,0 +1,92 @@
+"""Per-request sampling parameters (vLLM's names and meanings); validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(kw_only=True)
+class SamplingParams:
+    """How to sample one request. ``temperature=0`` means greedy.
+
+    Args:
+        n: parallel samples per prompt (they share the prompt's KV pages).
+        max_tokens: most tokens to generate.
+        min_tokens: EOS and stop tokens are suppressed until this many tokens were generated.
+        temperature, top_k (0 or -1 = off), top_p, min_p: the usual sampling filters.
+        repetition_penalty (1 = off), presence_penalty, frequency_penalty (0 = off).
+        seed: per-request seed; the same seed gives the same tokens whatever the batch.
+        stop: strings that end generation (matched on text, excluded from the output).
+        stop_token_ids: token ids that end generation (besides EOS unless ``ignore_eos``).
+        ignore_eos: keep generating past EOS.
+        logprobs: if an int k, return per generated token the sampled token's logprob plus the top k.
+        skip_special_tokens: drop special tokens from the text.
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
+        _check(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            "max_tokens", "must be an integer >= 1", self.max_tokens,
+        )
+        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               "must be an integer >= 0", self.min_tokens)
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens",
+                   self.min_tokens)
+        _check(_num(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature",
+               "must be in [0, 100]", self.temperature)
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
+               "must be an integer >= 0 (or -1 for off)", self.top_k)
+        _check(_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
+        _check(_num(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
+        _check(_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+               "must be > 0", self.repetition_penalty)
+        _check(_num(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+               "presence_penalty", "must be in [-2, 2]", self.presence_penalty)
+        _check(_num(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+               "frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
+        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+               "seed", "must be an integer or None", self.seed)
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
+               "must be non-empty strings", self.stop)
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "must be non-negative integers", self.stop_token_ids)
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+               "logprobs", "must be an integer in [0, 20] or None", self.logprobs)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+def _check(ok: bool, name: str, what: str, value) -> None:
+    if not ok:
+        raise ValueError(f"{name} {what}, got {value!r}")
