@@ -128,7 +128,13 @@ def time_call(fn, k_pages, v_pages, sets, *, reps: int, inner: int, use_do_bench
 
         # do_bench times with torch CUDA events on torch's stream; blocking on each JAX result
         # makes the measurement device-synchronised regardless of stream.
-        return do_bench(lambda: jax.block_until_ready(call_once()), return_mode="median") / 1e3
+        def synced():
+            jax.block_until_ready(call_once())
+
+        try:
+            return do_bench(synced, return_mode="median") / 1e3
+        except TypeError:  # older Triton: no return_mode
+            return do_bench(synced, quantiles=[0.5])[0] / 1e3
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -189,6 +195,7 @@ def main() -> None:
     inner = 1 if quick else 10
     max_sets = 2 if quick else 256
     try:
+        import torch  # noqa: F401  (do_bench needs torch's CUDA events)
         import triton.testing  # noqa: F401
 
         use_do_bench = on_gpu and not quick

@@ -8,7 +8,7 @@ from collections.abc import Sequence as Seq
 
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.loaders import load_model
+from jaxgen.loaders import LoadedModel, load_model
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -18,7 +18,8 @@ class LLM:
 
     Args:
         model: None or "smollm2" (the embedded default), an HF checkpoint directory, a ``.gguf``
-            file, or a directory written by ``jaxgen convert``.
+            file, a directory written by ``jaxgen convert``, or an already loaded ``LoadedModel``
+            (several engines can share one set of weights).
         dtype: "float32" (default), "bfloat16", "float16" or "auto".
         **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
             max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
@@ -30,7 +31,7 @@ class LLM:
         if unknown:
             raise ValueError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
         config = EngineConfig(**engine_knobs)  # validate knobs before the slow load
-        self.loaded = load_model(model, dtype=dtype)
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
         self.engine = LLMEngine(self.loaded, config)
         self._ids = itertools.count()
 

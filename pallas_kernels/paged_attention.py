@@ -132,7 +132,8 @@ def online_softmax_step(carry, q, k, v, mask, *, scale, soft_cap):
       scale: logit scale; soft_cap: optional logit cap applied after scaling.
     """
     acc, max_prev, sum_prev = carry
-    precision = dot_precision(q.dtype)
+    q = q.astype(k.dtype)  # Triton matmuls need matching operand dtypes
+    precision = dot_precision(k.dtype)
     scores = lax.dot_general(
         q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
     )

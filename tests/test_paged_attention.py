@@ -10,6 +10,8 @@ import pytest
 
 from pallas_kernels.paged_attention import paged_attention, paged_attention_reference
 
+# Compiled Triton kernels on a GPU, the Pallas interpreter everywhere else.
+INTERPRET = jax.default_backend() != "gpu"
 TOLERANCE = {jnp.float32: dict(rtol=1e-5, atol=2e-5), jnp.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
@@ -76,18 +78,18 @@ def test_reference_matches_dense_numpy(soft_cap, sliding_window):
 
 
 @pytest.mark.parametrize(
-    "group, head_dim, page_size, dtype",
+    "group, head_dim, page_size, dtype, soft_cap, sliding_window",
     [
-        (1, 64, 8, jnp.float32),
-        (2, 128, 16, jnp.float32),
-        (4, 64, 32, jnp.float32),
-        (8, 128, 8, jnp.float32),
-        (1, 128, 32, jnp.bfloat16),
-        (4, 128, 16, jnp.bfloat16),
-        (8, 64, 16, jnp.bfloat16),
+        (1, 64, 8, jnp.float32, None, None),
+        (2, 128, 16, jnp.float32, 30.0, None),
+        (4, 64, 32, jnp.float32, None, 13),
+        (8, 128, 8, jnp.float32, 2.0, 7),
+        (1, 128, 32, jnp.bfloat16, None, None),
+        (4, 128, 16, jnp.bfloat16, 5.0, 20),
+        (8, 64, 16, jnp.bfloat16, None, 1),
     ],
 )
-def test_kernel_matches_reference(group, head_dim, page_size, dtype):
+def test_kernel_matches_reference(group, head_dim, page_size, dtype, soft_cap, sliding_window):
     rng = np.random.default_rng(group * 1000 + head_dim + page_size)
     num_kv_heads = 2
     args = make_batch(
@@ -99,8 +101,9 @@ def test_kernel_matches_reference(group, head_dim, page_size, dtype):
         page_size=page_size,
         dtype=dtype,
     )
-    actual = paged_attention(*args, interpret=True)
-    expected = paged_attention_reference(*args)
+    opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
+    actual = paged_attention(*args, interpret=INTERPRET, **opts)
+    expected = paged_attention_reference(*args, **opts)
     assert actual.dtype == dtype and actual.shape == args[0].shape
     np.testing.assert_allclose(
         np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]
@@ -111,10 +114,8 @@ def test_kernel_matches_reference(group, head_dim, page_size, dtype):
 @pytest.mark.parametrize(
     "soft_cap, sliding_window, num_splits, pages_per_compute_block",
     [
-        (30.0, None, 1, None),
         (None, 13, 3, 1),
-        (2.0, 7, 2, 2),
-        (None, 1, None, 1),
+        (2.0, None, 2, 2),
     ],
 )
 def test_kernel_options(soft_cap, sliding_window, num_splits, pages_per_compute_block):
@@ -124,7 +125,7 @@ def test_kernel_options(soft_cap, sliding_window, num_splits, pages_per_compute_
     opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
     actual = paged_attention(
         *args,
-        interpret=True,
+        interpret=INTERPRET,
         num_splits=num_splits,
         pages_per_compute_block=pages_per_compute_block,
         **opts,
@@ -145,7 +146,9 @@ def test_inside_outer_jit_with_custom_scale():
 
     @jax.jit
     def step(q, k_pages, v_pages, lengths, block_tables):
-        out = paged_attention(q, k_pages, v_pages, lengths, block_tables, interpret=True, scale=0.2)
+        out = paged_attention(
+            q, k_pages, v_pages, lengths, block_tables, interpret=INTERPRET, scale=0.2
+        )
         return out * 2.0
 
     actual = step(*args)
@@ -178,7 +181,7 @@ def _bad_inputs():
 @pytest.mark.parametrize("name, inputs", _bad_inputs())
 def test_wrapper_rejects_bad_inputs(name, inputs):
     with pytest.raises(ValueError, match=name):
-        paged_attention(**inputs, interpret=True)
+        paged_attention(**inputs, interpret=INTERPRET)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +192,7 @@ def test_wrapper_rejects_bad_options(option):
     pages = jnp.zeros((1, 2, 8, 64), jnp.float32)
     lengths, tables = jnp.ones((1,), jnp.int32), jnp.zeros((1, 2), jnp.int32)
     with pytest.raises(ValueError, match=next(iter(option))):
-        paged_attention(q, pages, pages, lengths, tables, interpret=True, **option)
+        paged_attention(q, pages, pages, lengths, tables, interpret=INTERPRET, **option)
 
 
 @pytest.mark.slow
@@ -201,7 +204,7 @@ def test_kernel_long_contexts(dtype):
         rng, lengths, num_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=dtype
     )
     for num_splits in (1, 4):
-        actual = paged_attention(*args, interpret=True, num_splits=num_splits)
+        actual = paged_attention(*args, interpret=INTERPRET, num_splits=num_splits)
         np.testing.assert_allclose(
             np.asarray(actual, np.float32),
             np.asarray(paged_attention_reference(*args), np.float32),

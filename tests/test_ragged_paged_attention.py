@@ -13,6 +13,8 @@ from pallas_kernels.ragged_paged_attention import (
     ragged_paged_attention_reference,
 )
 
+# Compiled Triton kernels on a GPU, the Pallas interpreter everywhere else.
+INTERPRET = jax.default_backend() != "gpu"
 TOLERANCE = {jnp.float32: dict(rtol=1e-5, atol=2e-5), jnp.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
@@ -105,18 +107,18 @@ def test_reference_matches_dense_numpy(soft_cap, sliding_window):
 
 
 @pytest.mark.parametrize(
-    "group, head_dim, page_size, dtype",
+    "group, head_dim, page_size, dtype, soft_cap, sliding_window",
     [
-        (1, 64, 8, jnp.float32),
-        (2, 128, 16, jnp.float32),
-        (4, 64, 32, jnp.float32),
-        (8, 128, 8, jnp.float32),
-        (1, 128, 16, jnp.bfloat16),
-        (4, 64, 8, jnp.bfloat16),
-        (8, 128, 32, jnp.bfloat16),
+        (1, 64, 8, jnp.float32, None, None),
+        (2, 128, 16, jnp.float32, 30.0, None),
+        (4, 64, 32, jnp.float32, None, 6),
+        (8, 128, 8, jnp.float32, 2.0, 13),
+        (1, 128, 16, jnp.bfloat16, None, None),
+        (4, 64, 8, jnp.bfloat16, 3.0, 1),
+        (8, 128, 32, jnp.bfloat16, None, 10),
     ],
 )
-def test_kernel_matches_reference(group, head_dim, page_size, dtype):
+def test_kernel_matches_reference(group, head_dim, page_size, dtype, soft_cap, sliding_window):
     rng = np.random.default_rng(group * 1000 + head_dim + page_size)
     num_kv_heads = 2
     args = make_batch(
@@ -129,8 +131,9 @@ def test_kernel_matches_reference(group, head_dim, page_size, dtype):
         page_size=page_size,
         dtype=dtype,
     )
-    actual = ragged_paged_attention(*args, interpret=True)
-    expected = ragged_paged_attention_reference(*args)
+    opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
+    actual = ragged_paged_attention(*args, interpret=INTERPRET, **opts)
+    expected = ragged_paged_attention_reference(*args, **opts)
     assert actual.dtype == dtype and actual.shape == args[0].shape
     np.testing.assert_allclose(
         np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]
@@ -143,8 +146,6 @@ def test_kernel_matches_reference(group, head_dim, page_size, dtype):
     [
         (30.0, None, 4, 1),
         (None, 6, 2, 2),
-        (2.0, 1, None, 1),
-        (None, 13, 8, 4),
     ],
 )
 def test_kernel_options(soft_cap, sliding_window, block_q, pages_per_compute_block):
@@ -154,7 +155,7 @@ def test_kernel_options(soft_cap, sliding_window, block_q, pages_per_compute_blo
     opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
     actual = ragged_paged_attention(
         *args,
-        interpret=True,
+        interpret=INTERPRET,
         block_q=block_q,
         pages_per_compute_block=pages_per_compute_block,
         **opts,
@@ -175,7 +176,15 @@ def test_fewer_sequences_in_use_and_outer_jit():
     @jax.jit
     def step(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs):
         out = ragged_paged_attention(
-            q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs, interpret=True, scale=0.1
+            q,
+            k_pages,
+            v_pages,
+            kv_lens,
+            tables,
+            cu_q_lens,
+            num_seqs,
+            interpret=INTERPRET,
+            scale=0.1,
         )
         return out + 1.0
 
@@ -222,7 +231,7 @@ def _bad_inputs():
 @pytest.mark.parametrize("name, inputs", _bad_inputs())
 def test_wrapper_rejects_bad_inputs(name, inputs):
     with pytest.raises(ValueError, match=name):
-        ragged_paged_attention(**inputs, interpret=True)
+        ragged_paged_attention(**inputs, interpret=INTERPRET)
 
 
 @pytest.mark.slow
@@ -242,7 +251,7 @@ def test_kernel_long_prompts(dtype):
         dtype=dtype,
     )
     for sliding_window in (None, 100):
-        actual = ragged_paged_attention(*args, interpret=True, sliding_window=sliding_window)
+        actual = ragged_paged_attention(*args, interpret=INTERPRET, sliding_window=sliding_window)
         expected = ragged_paged_attention_reference(*args, sliding_window=sliding_window)
         np.testing.assert_allclose(
             np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]

@@ -151,7 +151,7 @@ class LLMEngine:
     def _sampling_row(self, seq) -> SamplingRow:
         request = self.seq_to_request[seq.seq_id]
         return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids,
-                           request.banned_token_ids(seq), seed_offset=seq.index)
+                           request.banned_token_ids(seq))
 
     def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
         moved: dict[str, Request] = {}

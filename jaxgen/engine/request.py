@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from jaxgen.engine.sequence import Sequence
@@ -29,9 +30,12 @@ class Request:
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         self.seqs: list[Sequence] = []
         for i in range(params.n):
+            # Seeded parallel samples must differ from each other: sample i uses seed + i.
+            seq_params = params if params.seed is None or i == 0 else dataclasses.replace(
+                params, seed=params.seed + i)
             self.seqs.append(Sequence(
                 prompt_token_ids, max_tokens=max_tokens, request_id=request_id, index=i,
-                params=params, arrival_time=self.arrival_time,
+                params=seq_params, arrival_time=self.arrival_time,
                 depends_on=self.seqs[0] if i > 0 else None,
             ))
         self.detokenizers = [

@@ -22,8 +22,10 @@ from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.sampler import SamplingFlags, SamplingRow, build_sampling_tensors, sample
 from jaxgen.engine.scheduler import SchedulerOutput
 from jaxgen.engine.sequence import Sequence
+from jaxgen.sampling_params import SamplingParams
 
 QUERY_BLOCK = 16  # query rows per prefill attention block (XLA path)
+_PADDING_ROW = SamplingRow(SamplingParams(temperature=0.0))
 
 
 @dataclasses.dataclass
@@ -163,7 +165,7 @@ class ModelRunner:
         """Runs one step; ``sampling_row_for(seq)`` gives a sequence's ``SamplingRow``."""
         token_ids, positions, md, logits_indices, rows = self.prepare(out)
         sampling_rows = [
-            sampling_row_for(item.seq) if item is not None and item.completes else None
+            sampling_row_for(item.seq) if item is not None and item.completes else _PADDING_ROW
             for item in rows
         ]
         tensors, flags = build_sampling_tensors(

@@ -204,23 +204,21 @@ def build_sampling_tensors(
     banned_width = _bucket(banned_width, _MIN_BANNED_BUCKET) if banned_width else 0
     banned_token_ids = _pad_ids([row.banned_token_ids for row in rows], batch_size, banned_width)
 
-    history_rows = [row for row, uses in zip(rows, penalised) if uses]
+    # Only rows that use a penalty carry their history; the others stay all -1.
+    prompts = [
+        row.prompt_token_ids if uses else () for row, uses in zip(rows, penalised, strict=True)
+    ]
+    outputs = [
+        row.output_token_ids if uses else () for row, uses in zip(rows, penalised, strict=True)
+    ]
     prompt_width = output_width = 0
-    if history_rows:
-        prompt_width = _bucket(max(len(row.prompt_token_ids) for row in history_rows))
-        output_width = _bucket(max(len(row.output_token_ids) for row in history_rows))
-    prompt_token_ids = _pad_ids(
-        [row.prompt_token_ids if uses else () for row, uses in zip(rows, penalised)],
-        batch_size,
-        prompt_width,
-    )
-    output_token_ids = _pad_ids(
-        [row.output_token_ids if uses else () for row, uses in zip(rows, penalised)],
-        batch_size,
-        output_width,
-    )
+    if any(penalised):
+        prompt_width = _bucket(max(len(ids) for ids in prompts))
+        output_width = _bucket(max(len(ids) for ids in outputs))
+    prompt_token_ids = _pad_ids(prompts, batch_size, prompt_width)
+    output_token_ids = _pad_ids(outputs, batch_size, output_width)
 
-    sampling = [row.params for row, row_greedy in zip(rows, greedy) if not row_greedy]
+    sampling = [row.params for row, row_greedy in zip(rows, greedy, strict=True) if not row_greedy]
     flags = SamplingFlags(
         all_greedy=not sampling,
         any_top_k=any(params.top_k > 0 for params in sampling),
@@ -637,11 +635,9 @@ def _two_level_gumbel_max(values: jax.Array, keys: jax.Array) -> jax.Array:
     blocks = values.reshape(batch_size, num_blocks, block)  # [B, N, S]
     block_log_mass = _logsumexp(blocks)  # [B, N]
 
-    split_keys = jax.vmap(jax.random.split)(keys)  # [B, 2]
-    block_keys, token_keys = split_keys[:, 0], split_keys[:, 1]
-    block_noise = jax.vmap(lambda key: jax.random.gumbel(key, (num_blocks,)))(block_keys)
-    chosen_block = jnp.argmax(block_log_mass + block_noise, axis=-1)  # [B]
+    # One draw per row for both levels (each threefry instance costs compile time).
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, (num_blocks + block,)))(keys)
+    chosen_block = jnp.argmax(block_log_mass + noise[:, :num_blocks], axis=-1)  # [B]
     chosen = jnp.take_along_axis(blocks, chosen_block[:, None, None], axis=1)[:, 0]  # [B, S]
-    token_noise = jax.vmap(lambda key: jax.random.gumbel(key, (block,)))(token_keys)
-    within = jnp.argmax(chosen + token_noise, axis=-1)  # [B]
+    within = jnp.argmax(chosen + noise[:, num_blocks:], axis=-1)  # [B]
     return (chosen_block * block + within).astype(jnp.int32)

@@ -1,0 +1,7 @@
+"""``python -m serving --model DIR ...``: the same server as ``jaxgen serve``."""
+
+import sys
+
+from serving.cli import main
+
+sys.exit(main())

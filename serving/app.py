@@ -1,0 +1,162 @@
+"""The Starlette app: routes, error handlers, and a lifespan that loads, serves and drains."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serving import openai_routes, tgi_routes
+from serving.metrics import ServerMetrics, watch_engine_steps
+from serving.settings import ServerSettings
+from serving.state import FAILED, LOADING, READY, ServerState
+from serving.streaming import ClientDisconnected
+from serving.validation import RequestError
+
+logger = logging.getLogger("serving")
+
+CLIENT_CLOSED_REQUEST = 499
+
+
+def create_app(
+    llm,
+    settings: ServerSettings | None = None,
+    *,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> Starlette:
+    """Builds the server app.
+
+    Args:
+        llm: a running ``AsyncLLM`` (the caller owns it), or a zero-argument callable that
+            builds one; it is then loaded on a thread at startup (``/health`` answers 503
+            meanwhile) and shut down with the app.
+        settings: limits and names (``ServerSettings()`` by default).
+        on_fatal: called if loading fails (the CLI uses it to exit).
+    """
+    settings = settings or ServerSettings()
+    metrics = ServerMetrics()
+    state = ServerState(settings, metrics)
+    owned = callable(llm) and not hasattr(llm, "generate")
+    unsubscribe: list[Callable[[], None]] = []
+
+    def attach(engine) -> None:
+        state.attach(engine)
+        metrics.stats_source = engine.stats
+        unsubscribe.append(watch_engine_steps(engine, metrics.batch_size.observe))
+
+    def loaded(engine) -> None:
+        if state.phase != LOADING:  # shut down while loading
+            engine.shutdown()
+            return
+        try:
+            attach(engine)
+        except Exception as error:
+            engine.shutdown()
+            failed(error)
+        else:
+            logger.info("model loaded; ready")
+
+    def failed(error: BaseException) -> None:
+        state.phase = FAILED
+        state.load_error = error
+        logger.error("model failed to load: %s", error)
+        if on_fatal is not None:
+            on_fatal(error)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.loop = asyncio.get_running_loop()
+        if owned:
+            start_loading(llm, state.loop, loaded, failed)
+        else:
+            attach(llm)
+        try:
+            yield
+        finally:
+            await state.drain(settings.drain_timeout)
+            for stop in unsubscribe:
+                stop()
+            if owned and state.llm is not None:
+                await asyncio.to_thread(state.llm.shutdown)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/ping", health, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+        *tgi_routes.ROUTES,
+        *openai_routes.ROUTES,
+    ]
+    handlers = {
+        HTTPException: http_error,
+        ClientDisconnected: client_gone,
+        RequestError: request_error,
+        Exception: internal_error,
+    }
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app.state.server = state
+    return app
+
+
+def start_loading(loader: Callable, loop: asyncio.AbstractEventLoop, loaded, failed) -> None:
+    """Runs ``loader()`` on a daemon thread and reports back on the event loop."""
+
+    def work() -> None:
+        try:
+            engine = loader()
+        except BaseException as error:  # noqa: BLE001 - reported to the app
+            loop.call_soon_threadsafe(failed, error)
+        else:
+            loop.call_soon_threadsafe(loaded, engine)
+
+    threading.Thread(target=work, name="jaxgen-load", daemon=True).start()
+
+
+async def health(request: Request) -> Response:
+    """``GET /health``: 200 when ready, 503 while loading, draining or failed."""
+    state: ServerState = request.app.state.server
+    body = {"status": "ok" if state.phase == READY else state.phase}
+    if state.load_error is not None:
+        body["error"] = str(state.load_error)
+    return JSONResponse(body, status_code=200 if state.phase == READY else 503)
+
+
+async def metrics_route(request: Request) -> Response:
+    """``GET /metrics``: Prometheus text format."""
+    state: ServerState = request.app.state.server
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def render_error(request: Request, error: RequestError) -> Response:
+    if request.url.path.startswith("/v1"):
+        return openai_routes.openai_error(error)
+    return tgi_routes.tgi_error(error)
+
+
+async def request_error(request: Request, error: RequestError) -> Response:
+    return render_error(request, error)
+
+
+async def http_error(request: Request, error: HTTPException) -> Response:
+    kind = "not_found" if error.status_code == 404 else "validation"
+    response = render_error(request, RequestError(str(error.detail), kind=kind))
+    response.status_code = error.status_code
+    if error.headers:
+        response.headers.update(error.headers)
+    return response
+
+
+async def client_gone(request: Request, error: ClientDisconnected) -> Response:
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def internal_error(request: Request, error: Exception) -> Response:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return render_error(request, RequestError("internal server error", kind="internal"))

@@ -1,0 +1,249 @@
+"""Running admitted prompts through ``AsyncLLM``: per-step deltas, final results, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import math
+from collections.abc import AsyncIterator
+
+from jaxgen.outputs import RequestOutput
+from jaxgen.sampling_params import SamplingParams
+from serving.validation import RequestError
+
+
+class TokenTexts:
+    """Cached per-token strings and the special-token set of one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", []) or [])
+        self.text = functools.lru_cache(maxsize=65536)(self._decode)
+
+    def _decode(self, token_id: int) -> str:
+        try:
+            return self.tokenizer.decode(
+                [token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        except Exception:  # an id the tokenizer does not know
+            return ""
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+
+def top_logprobs(entry: dict[int, float] | None, count: int) -> list[tuple[int, float | None]]:
+    """The ``count`` most likely (token, logprob) pairs of one step's logprob dict."""
+    if not entry or count <= 0:
+        return []
+    ranked = sorted(entry.items(), key=lambda item: -item[1] if math.isfinite(item[1]) else math.inf)
+    return [(token, finite(logprob)) for token, logprob in ranked[:count]]
+
+
+def token_logprob(entry: dict[int, float] | None, token_id: int) -> float | None:
+    """The sampled token's logprob from one step's dict (None if absent or not finite)."""
+    return finite(entry.get(token_id)) if entry else None
+
+
+def finite(value: float | None) -> float | None:
+    """JSON has no NaN or infinity: such values become null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+class GenerationAborted(Exception):
+    """The engine dropped the request (server draining) before it finished."""
+
+
+class GenerationFailed(Exception):
+    """The engine failed after the request was accepted."""
+
+
+@dataclasses.dataclass
+class Delta:
+    """What one completion gained in one engine step."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    token_texts: list[str]  # the step's text, attributed to its last token
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """One completion, accumulated."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    token_texts: list[str] = dataclasses.field(default_factory=list)
+    logprobs: list[dict[int, float]] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """A finished request: its prompt, completions and engine timings."""
+
+    prompt_token_ids: list[int]
+    completions: list[Completion]
+    metrics: dict | None = None
+
+
+class Generation:
+    """One prompt's engine request, streamed as deltas and accumulated as it goes.
+
+    Args:
+        state: the ``ServerState`` (engine, metrics).
+        ticket: the admitted request's ``Ticket`` (request ids are registered on it for draining).
+        prompt_token_ids: the checked prompt.
+        params: the request's ``SamplingParams``.
+    """
+
+    def __init__(self, state, ticket, prompt_token_ids: list[int], params: SamplingParams):
+        self.state = state
+        self.ticket = ticket
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.completions = [Completion(index=i) for i in range(params.n)]
+        self.metrics: dict | None = None
+        self.finished = False
+        self._pending_text = [""] * params.n
+
+    @property
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.prompt_token_ids, self.completions, self.metrics)
+
+    async def stream(self) -> AsyncIterator[list[Delta]]:
+        """Yields each step's deltas; raises ``GenerationAborted``/``GenerationFailed``."""
+        llm = self.state.llm
+        request_id = self.ticket.new_request_id()
+        outcome = "abort"
+        try:
+            async for output in llm.generate(
+                None,
+                self.params,
+                request_id=request_id,
+                delta=True,
+                prompt_token_ids=self.prompt_token_ids,
+            ):
+                deltas = self._add(output)
+                if output.finished:
+                    self._finish(output)
+                yield deltas
+                if output.finished:
+                    return
+        except ValueError as error:  # the engine refused the request (checks missed by validation)
+            outcome = "rejected"
+            raise RequestError(str(error)) from None
+        except RuntimeError as error:
+            outcome = "error"
+            if "shut down" in str(error):
+                raise GenerationAborted("the engine is shut down") from None
+            raise GenerationFailed(str(error)) from None
+        finally:
+            if not self.finished:
+                await llm.abort(request_id)
+                if outcome != "rejected":
+                    self.state.metrics.success.labels(finish_reason=outcome).inc()
+                for completion in self.completions:
+                    completion.finish_reason = completion.finish_reason or "abort"
+        raise GenerationAborted("the request was aborted before it finished")
+
+    async def run(self) -> GenerationResult:
+        """Runs to the end and returns the accumulated result."""
+        async for _ in self.stream():
+            pass
+        return self.result
+
+    def _add(self, output: RequestOutput) -> list[Delta]:
+        deltas = []
+        for piece in output.outputs:
+            completion = self.completions[piece.index]
+            text = self._pending_text[piece.index] + piece.text
+            tokens = list(piece.token_ids)
+            if tokens:
+                texts = [""] * (len(tokens) - 1) + [text]
+                self._pending_text[piece.index] = ""
+            else:
+                texts = []
+                self._pending_text[piece.index] = text
+                text = ""
+            logprobs = list(piece.logprobs) if piece.logprobs is not None else None
+            completion.text += text
+            completion.token_ids += tokens
+            completion.token_texts += texts
+            if logprobs:
+                completion.logprobs += logprobs
+            if piece.finish_reason is not None and completion.finish_reason is None:
+                completion.finish_reason = piece.finish_reason
+                completion.stop_reason = piece.stop_reason
+                leftover = self._pending_text[piece.index]
+                if leftover:  # text without a token at the very end: give it to the last token
+                    completion.text += leftover
+                    if completion.token_texts:
+                        completion.token_texts[-1] += leftover
+                    text += leftover
+                    self._pending_text[piece.index] = ""
+            elif piece.finish_reason is None and not tokens and not text:
+                continue
+            deltas.append(
+                Delta(
+                    piece.index,
+                    text,
+                    tokens,
+                    texts,
+                    logprobs,
+                    completion.finish_reason if piece.finish_reason else None,
+                    piece.stop_reason,
+                )
+            )
+        return deltas
+
+    def _finish(self, output: RequestOutput) -> None:
+        self.finished = True
+        self.metrics = output.metrics
+        reason = self.completions[0].finish_reason
+        generated = sum(len(c.token_ids) for c in self.completions)
+        self.state.metrics.observe_finished(output.metrics, reason, generated)
+
+
+async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
+    """Interleaves several async iterators as ``(index, item)``; errors propagate."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator) -> None:
+        try:
+            async for item in stream:
+                await queue.put((index, item))
+        except Exception as error:  # re-raised by the consumer
+            await queue.put((index, error))
+            return
+        await queue.put((index, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()

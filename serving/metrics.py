@@ -1,0 +1,194 @@
+"""Prometheus metrics: engine gauges read at scrape time plus per-request histograms.
+
+Each app has its own ``CollectorRegistry``, so several apps in one process do not clash.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+TOKEN_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class EngineStatsCollector:
+    """Exposes ``llm.stats()`` (read when scraped) as gauges and counters."""
+
+    def __init__(self, stats: Callable[[], dict | None]):
+        self.stats = stats
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        stats = self.stats() or {}
+        gauges = (
+            ("jaxgen_num_requests_running", "Requests the engine is running.", "num_running"),
+            ("jaxgen_num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
+            ("jaxgen_kv_cache_usage_ratio", "Fraction of KV pages in use.", "kv_cache_usage"),
+            ("jaxgen_kv_pages_used", "KV pages referenced by requests.", "kv_pages_used"),
+            ("jaxgen_kv_pages_total", "Usable KV pages in the pool.", "kv_pages_total"),
+        )
+        for name, documentation, key in gauges:
+            yield GaugeMetricFamily(name, documentation, value=float(stats.get(key, 0)))
+        counters = (
+            ("jaxgen_num_preemptions", "Sequences preempted for lack of KV pages.", "preemptions"),
+            ("jaxgen_prompt_tokens", "Prompt tokens admitted.", "prompt_tokens_total"),
+            ("jaxgen_generation_tokens", "Tokens generated.", "generation_tokens_total"),
+            ("jaxgen_engine_steps", "Engine steps run.", "steps"),
+        )
+        for name, documentation, key in counters:
+            yield CounterMetricFamily(name, documentation, value=float(stats.get(key, 0)))
+
+
+class ServerMetrics:
+    """The app's registry and the metrics the routes update."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.stats_source: Callable[[], dict | None] = lambda: None
+        self.registry.register(EngineStatsCollector(lambda: self.stats_source()))
+        registry = self.registry
+        self.success = Counter(
+            "jaxgen_request_success",
+            "Finished requests by finish reason.",
+            ["finish_reason"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "jaxgen_request_rejected",
+            "Requests refused before generation, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            "jaxgen_time_to_first_token_seconds",
+            "Arrival to first generated token.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.time_per_output_token = Histogram(
+            "jaxgen_time_per_output_token_seconds",
+            "Mean time between generated tokens.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.e2e_latency = Histogram(
+            "jaxgen_e2e_request_latency_seconds",
+            "Arrival to finish.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_time = Histogram(
+            "jaxgen_request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "jaxgen_batch_size",
+            "Sequences per engine step.",
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_finished(
+        self, metrics: dict | None, finish_reason: str | None, num_generated: int
+    ) -> None:
+        """Records one finished request from its ``RequestOutput.metrics``."""
+        self.success.labels(finish_reason=finish_reason or "unknown").inc()
+        if not metrics or finish_reason == "abort":
+            return
+        arrival = metrics.get("arrival_time")
+        scheduled = metrics.get("first_scheduled_time")
+        first_token = metrics.get("first_token_time")
+        finish = metrics.get("finish_time")
+        if arrival is None:
+            return
+        if scheduled is not None:
+            self.queue_time.observe(max(scheduled - arrival, 0.0))
+        if first_token is not None:
+            self.time_to_first_token.observe(max(first_token - arrival, 0.0))
+        if finish is not None:
+            self.e2e_latency.observe(max(finish - arrival, 0.0))
+            if first_token is not None and num_generated > 1:
+                per_token = (finish - first_token) / (num_generated - 1)
+                self.time_per_output_token.observe(max(per_token, 0.0))
+
+
+_HOOK_LOCK = threading.Lock()
+
+
+def watch_engine_steps(llm, callback: Callable[[int], None]) -> Callable[[], None]:
+    """Calls ``callback(batch_size)`` after each engine step that ran; returns an unsubscriber.
+
+    ``AsyncLLM`` has no step hook, so this wraps its engine's ``step`` once (on the instance);
+    several apps sharing one engine share the wrapper.
+    """
+    engine = getattr(llm, "engine", None)
+    if engine is None or not hasattr(engine, "step"):
+        return lambda: None
+    with _HOOK_LOCK:
+        callbacks = engine.__dict__.get("_serving_step_callbacks")
+        if callbacks is None:
+            callbacks = engine._serving_step_callbacks = []
+            original = engine.step
+
+            def step():
+                before = engine.num_steps
+                outputs = original()
+                if engine.num_steps != before:
+                    for observe in tuple(callbacks):
+                        try:
+                            observe(engine.last_batch_size)
+                        except Exception:  # a metrics failure must never break a step
+                            pass
+                return outputs
+
+            engine.step = step
+        callbacks.append(callback)
+
+    def unsubscribe() -> None:
+        with _HOOK_LOCK:
+            if callback in callbacks:
+                callbacks.remove(callback)
+
+    return unsubscribe

@@ -1,0 +1,208 @@
+"""OpenAI response and stream-chunk shapes for completions and chat completions."""
+
+from __future__ import annotations
+
+from serving.generation import GenerationResult, token_logprob, top_logprobs
+
+
+def usage(results: list[GenerationResult]) -> dict:
+    prompt = sum(len(r.prompt_token_ids) for r in results)
+    completion = sum(len(c.token_ids) for r in results for c in r.completions)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class _Format:
+    """Shared bookkeeping: ids, choice indices, usage chunks."""
+
+    prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(self, state, parsed, *, request_id: str, created: int):
+        self.state = state
+        self.texts = state.token_texts
+        self.parsed = parsed
+        self.request_id = request_id
+        self.created = created
+
+    def choice_index(self, prompt_index: int, completion_index: int) -> int:
+        return prompt_index * self.parsed.n + completion_index
+
+    def envelope(self, object_name: str, choices: list) -> dict:
+        return {
+            "id": self.request_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.parsed.model,
+            "choices": choices,
+        }
+
+    def chunk(self, choices: list) -> dict:
+        body = self.envelope(self.chunk_object_name, choices)
+        if self.parsed.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, results: list[GenerationResult]) -> dict:
+        body = self.envelope(self.chunk_object_name, [])
+        body["usage"] = usage(results)
+        return body
+
+    def response(self, results: list[GenerationResult]) -> dict:
+        choices = []
+        for p, result in enumerate(results):
+            for completion in result.completions:
+                choices.append(self.choice(p, completion))
+        body = self.envelope(self.object_name, choices)
+        body["usage"] = usage(results)
+        body["system_fingerprint"] = None
+        return body
+
+    def first_chunks(self) -> list[dict]:
+        return []
+
+
+class CompletionFormat(_Format):
+    """``/v1/completions``: ``text`` choices; logprobs as tokens/token_logprobs/top_logprobs."""
+
+    def logprobs(self, token_ids, entries, offset: int) -> dict | None:
+        if self.parsed.logprobs is None:
+            return None
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
+            text = self.texts.text(token_id)
+            tokens.append(text)
+            token_logprobs.append(token_logprob(entry, token_id))
+            tops.append(
+                {self.texts.text(t): lp for t, lp in top_logprobs(entry, self.parsed.logprobs)}
+                or None
+            )
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def prompt_text(self, prompt_index: int) -> str:
+        text = self.parsed.prompt_texts[prompt_index]
+        if text is None:
+            ids = self.parsed.prompts[prompt_index]
+            text = self.state.llm.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
+
+    def choice(self, prompt_index: int, completion) -> dict:
+        prefix = self.prompt_text(prompt_index) if self.parsed.echo else ""
+        return {
+            "index": self.choice_index(prompt_index, completion.index),
+            "text": prefix + completion.text,
+            "logprobs": self.logprobs(completion.token_ids, completion.logprobs, len(prefix)),
+            "finish_reason": completion.finish_reason,
+            "stop_reason": completion.stop_reason,
+        }
+
+    def first_chunks(self) -> list[dict]:
+        if not self.parsed.echo:
+            return []
+        return [
+            self.chunk(
+                [
+                    {
+                        "index": self.choice_index(p, i),
+                        "text": self.prompt_text(p),
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for p in range(len(self.parsed.prompts))
+            for i in range(self.parsed.n)
+        ]
+
+    def chunks(self, prompt_index: int, deltas) -> list[dict]:
+        choices = []
+        for delta in deltas:
+            if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
+                continue
+            choices.append(
+                {
+                    "index": self.choice_index(prompt_index, delta.index),
+                    "text": delta.text,
+                    "logprobs": self.logprobs(delta.token_ids, delta.logprobs, 0),
+                    "finish_reason": delta.finish_reason,
+                    "stop_reason": delta.stop_reason if delta.finish_reason else None,
+                }
+            )
+        return [self.chunk(choices)] if choices else []
+
+
+class ChatFormat(_Format):
+    """``/v1/chat/completions``: assistant messages; logprobs as ``content`` entries."""
+
+    prefix = "chatcmpl"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def entry(self, token_id: int, logprob: float | None) -> dict:
+        text = self.texts.text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def logprobs(self, token_ids, entries) -> dict | None:
+        if self.parsed.logprobs is None:
+            return None
+        content = []
+        for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
+            item = self.entry(token_id, token_logprob(entry, token_id))
+            item["top_logprobs"] = [
+                self.entry(t, lp) for t, lp in top_logprobs(entry, self.parsed.logprobs)
+            ]
+            content.append(item)
+        return {"content": content}
+
+    def choice(self, prompt_index: int, completion) -> dict:
+        return {
+            "index": self.choice_index(prompt_index, completion.index),
+            "message": {"role": "assistant", "content": completion.text},
+            "logprobs": self.logprobs(completion.token_ids, completion.logprobs),
+            "finish_reason": completion.finish_reason,
+            "stop_reason": completion.stop_reason,
+        }
+
+    def first_chunks(self) -> list[dict]:
+        return [
+            self.chunk(
+                [
+                    {
+                        "index": self.choice_index(0, i),
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for i in range(self.parsed.n)
+        ]
+
+    def chunks(self, prompt_index: int, deltas) -> list[dict]:
+        choices = []
+        for delta in deltas:
+            if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
+                continue
+            choices.append(
+                {
+                    "index": self.choice_index(prompt_index, delta.index),
+                    "delta": {"content": delta.text}
+                    if delta.text or not delta.finish_reason
+                    else {},
+                    "logprobs": self.logprobs(delta.token_ids, delta.logprobs),
+                    "finish_reason": delta.finish_reason,
+                    "stop_reason": delta.stop_reason if delta.finish_reason else None,
+                }
+            )
+        return [self.chunk(choices)] if choices else []

@@ -1,0 +1,383 @@
+"""Server settings from flags, TGI/LMI environment variables and an LMI ``serving.properties`` file.
+
+Precedence: command-line flags > environment > properties file > defaults. Every value is
+parsed and checked here, so a bad setting fails at startup with a message naming its source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+DEFAULT_DRAIN_TIMEOUT = 30.0
+DEFAULT_MAX_STOP_SEQUENCES = 4
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
+# Engine knobs the server passes to ``EngineConfig`` (only those that were set).
+ENGINE_KNOBS = (
+    "batching",
+    "max_rolling_batch_size",
+    "max_rolling_batch_prefill_tokens",
+    "batch_size",
+    "max_batch_delay",
+    "page_size",
+    "max_model_len",
+    "kv_cache_memory",
+    "attention_backend",
+    "enable_prefix_caching",
+    "seed",
+)
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "auto": "auto",
+}
+ROLLING_BATCH_PAGED = ("auto", "vllm", "lmi-dist", "lmi_dist", "scheduler", "paged", "true")
+BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
+
+# TGI / SageMaker environment variables -> setting names.
+ENV_VARS = {
+    "MODEL_ID": "model",
+    "HF_MODEL_ID": "model",
+    "PORT": "port",
+    "DTYPE": "dtype",
+    "MAX_CONCURRENT_REQUESTS": "max_concurrent_requests",
+    "MAX_INPUT_TOKENS": "max_input_tokens",
+    "MAX_INPUT_LENGTH": "max_input_tokens",
+    "MAX_TOTAL_TOKENS": "max_total_tokens",
+    "MAX_BATCH_PREFILL_TOKENS": "max_rolling_batch_prefill_tokens",
+    "MAX_BATCH_TOTAL_TOKENS": "kv_cache_tokens",
+    "MAX_BATCH_SIZE": "max_rolling_batch_size",
+    "NUM_SHARD": "tensor_parallel_degree",
+    "SM_NUM_GPUS": "tensor_parallel_degree",
+}
+# serving.properties keys (also read from OPTION_* environment variables, as LMI does).
+PROPERTY_KEYS = {
+    "option.model_id": "model",
+    "option.dtype": "dtype",
+    "option.tensor_parallel_degree": "tensor_parallel_degree",
+    "option.rolling_batch": "rolling_batch",
+    "option.max_rolling_batch_size": "max_rolling_batch_size",
+    "option.max_rolling_batch_prefill_tokens": "max_rolling_batch_prefill_tokens",
+    "option.max_model_len": "max_model_len",
+    "option.max_input_len": "max_input_tokens",
+    "option.max_concurrent_requests": "max_concurrent_requests",
+    "option.enable_prefix_caching": "enable_prefix_caching",
+    "batch_size": "batch_size",
+    "option.batch_size": "batch_size",
+    "max_batch_delay": "max_batch_delay_ms",
+    "option.max_batch_delay": "max_batch_delay_ms",
+}
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be parsed or is out of range; the message names its source."""
+
+
+@dataclasses.dataclass
+class ServerSettings:
+    """Everything ``jaxgen serve`` needs: where to listen, which model, limits and engine knobs.
+
+    ``None`` limits are derived from the engine once it is loaded (see ``Limits``).
+    """
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    dtype: str = "float32"
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    kv_cache_tokens: int | None = None
+    tensor_parallel_degree: int | None = None
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    log_level: str = "info"
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    ignored: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see in ``/info`` and ``/v1/models``."""
+        return self.served_model_name or self.model or "smollm2"
+
+
+# -- parsing helpers -------------------------------------------------------------------------------
+def parse_int(value: Any, name: str, source: str, minimum: int | None = None) -> int:
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise SettingsError(f"{name} from {source} must be an integer, got {value!r}") from None
+    if isinstance(number, bool) or (minimum is not None and number < minimum):
+        raise SettingsError(f"{name} from {source} must be an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def parse_float(value: Any, name: str, source: str, minimum: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name} from {source} must be a number, got {value!r}") from None
+    if not number >= minimum or number == float("inf"):
+        raise SettingsError(f"{name} from {source} must be a number >= {minimum}, got {value!r}")
+    return number
+
+
+def parse_bool(value: Any, name: str, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} from {source} must be true or false, got {value!r}")
+
+
+def parse_dtype(value: Any, source: str) -> str:
+    dtype = DTYPE_ALIASES.get(str(value).strip().lower())
+    if dtype is None:
+        raise SettingsError(
+            f"dtype from {source} must be one of {', '.join(sorted(DTYPE_ALIASES))}, got {value!r}"
+        )
+    return dtype
+
+
+def parse_kv_cache_memory(value: Any, source: str) -> int | float:
+    """Bytes (``"64MiB"``, ``"2GiB"``, ``67108864``) or a fraction of free memory (``"0.9"``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = repr(value)
+    else:
+        text = str(value).strip().lower()
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]?i?b?)", text)
+    if match is None:
+        raise SettingsError(
+            f"kv_cache_memory from {source} must be bytes (e.g. 64MiB) or a fraction in (0, 1], "
+            f"got {value!r}"
+        )
+    number, unit = float(match.group(1)), match.group(2)
+    if unit == "" and 0 < number <= 1:
+        return number
+    size = int(number * BYTE_UNITS[unit])
+    if size < 1 << 10:
+        raise SettingsError(f"kv_cache_memory from {source} must be at least 1KiB, got {value!r}")
+    return size
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """A Java-style ``.properties`` file (``key=value``, ``key: value``; ``#``/``!`` comments)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SettingsError(f"cannot read properties file {path!r}: {error}") from None
+    values: dict[str, str] = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
+        if match is None:
+            values[line] = ""
+        else:
+            values[match.group(1)] = match.group(2).strip()
+    return values
+
+
+# -- resolution -------------------------------------------------------------------------------------
+def resolve_settings(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    properties_path: str | None = None,
+) -> ServerSettings:
+    """Merges defaults < properties file < environment < flags into checked ``ServerSettings``.
+
+    Args:
+        flags: setting names to values for flags given on the command line (None = not given).
+        environ: the environment (``os.environ`` by default).
+        properties_path: an LMI ``serving.properties`` file.
+    """
+    environ = os.environ if environ is None else environ
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    layers: list[tuple[str, dict[str, Any]]] = []
+    ignored: list[str] = []
+    if properties_path:
+        properties = read_properties(properties_path)
+        layers.append((f"properties file {properties_path}", _from_properties(properties, ignored)))
+    layers.append(("environment", _from_environment(environ)))
+    layers.append(("flags", flags))
+
+    raw: dict[str, tuple[Any, str]] = {}
+    for source, values in layers:
+        for name, value in values.items():
+            raw[name] = (value, source)
+    settings = ServerSettings(ignored=ignored)
+    _apply(settings, raw)
+    return settings
+
+
+def _from_properties(properties: Mapping[str, str], ignored: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, value in properties.items():
+        name = PROPERTY_KEYS.get(key)
+        if name is None:
+            ignored.append(key)
+        elif value != "":
+            values[name] = value
+    return values
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    # LMI style OPTION_<KEY> first, then TGI names (which win); among aliases the first listed wins.
+    for key, name in PROPERTY_KEYS.items():
+        env_name = "OPTION_" + key.removeprefix("option.").upper()
+        if environ.get(env_name, "") != "":
+            values[name] = environ[env_name]
+    for env_name, name in reversed(ENV_VARS.items()):
+        if environ.get(env_name, "") != "":
+            values[name] = environ[env_name]
+    return values
+
+
+def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
+    def take(name: str):
+        value, source = raw.get(name, (None, "defaults"))
+        if value is not None:
+            settings.sources[name] = source
+        return value, source
+
+    value, source = take("model")
+    settings.model = str(value) if value is not None else None
+    value, _ = take("served_model_name")
+    settings.served_model_name = value
+    value, source = take("host")
+    if value is not None:
+        settings.host = str(value)
+    value, source = take("port")
+    if value is not None:
+        settings.port = parse_int(value, "port", source, minimum=0)
+        if settings.port > 65535:
+            raise SettingsError(f"port from {source} must be <= 65535, got {value!r}")
+    value, source = take("dtype")
+    if value is not None:
+        settings.dtype = parse_dtype(value, source)
+    for name, minimum in (
+        ("max_concurrent_requests", 1),
+        ("max_input_tokens", 1),
+        ("max_total_tokens", 2),
+        ("tensor_parallel_degree", 1),
+        ("kv_cache_tokens", 1),
+        ("max_stop_sequences", 0),
+        ("max_body_bytes", 1024),
+    ):
+        value, source = take(name)
+        if value is not None:
+            setattr(settings, name, parse_int(value, name, source, minimum=minimum))
+    value, source = take("drain_timeout")
+    if value is not None:
+        settings.drain_timeout = parse_float(value, "drain_timeout", source)
+    value, _ = take("log_level")
+    if value is not None:
+        settings.log_level = str(value).lower()
+    _apply_engine(settings, raw, take)
+    if settings.max_input_tokens is not None and settings.max_total_tokens is not None:
+        if settings.max_input_tokens >= settings.max_total_tokens:
+            raise SettingsError(
+                f"max_input_tokens ({settings.max_input_tokens}) must be < max_total_tokens "
+                f"({settings.max_total_tokens})"
+            )
+
+
+def _apply_engine(settings: ServerSettings, raw, take) -> None:
+    engine = settings.engine
+    for name in (
+        "max_rolling_batch_size",
+        "max_rolling_batch_prefill_tokens",
+        "batch_size",
+        "page_size",
+        "max_model_len",
+        "seed",
+    ):
+        value, source = take(name)
+        if value is not None:
+            engine[name] = parse_int(value, name, source, minimum=0 if name == "seed" else 1)
+    value, source = take("max_batch_delay")
+    delay_ms, ms_source = take("max_batch_delay_ms")
+    if delay_ms is not None and (value is None or _rank(ms_source) > _rank(source)):
+        engine["max_batch_delay"] = parse_float(delay_ms, "max_batch_delay (ms)", ms_source) / 1000
+    elif value is not None:
+        engine["max_batch_delay"] = parse_float(value, "max_batch_delay", source)
+    value, source = take("kv_cache_memory")
+    if value is not None:
+        engine["kv_cache_memory"] = parse_kv_cache_memory(value, source)
+    value, source = take("attention_backend")
+    if value is not None:
+        engine["attention_backend"] = str(value)
+    value, source = take("enable_prefix_caching")
+    if value is not None:
+        engine["enable_prefix_caching"] = parse_bool(value, "enable_prefix_caching", source)
+    batching, batching_source = take("batching")
+    rolling, rolling_source = take("rolling_batch")
+    if rolling is not None and (batching is None or _rank(rolling_source) > _rank(batching_source)):
+        engine["batching"] = _batching_from_rolling(rolling, rolling_source, engine)
+    elif batching is not None:
+        engine["batching"] = str(batching)
+    if settings.max_total_tokens is not None and "max_model_len" not in engine:
+        engine["max_model_len"] = settings.max_total_tokens
+
+
+def _batching_from_rolling(value: Any, source: str, engine: dict) -> str:
+    mode = str(value).strip().lower()
+    if mode in ROLLING_BATCH_PAGED:
+        return "paged"
+    if mode in ("disable", "disabled", "false", "none", "off"):
+        return "dynamic" if engine.get("batch_size", 1) > 1 else "static"
+    raise SettingsError(
+        f"rolling_batch from {source} must be auto, vllm, lmi-dist or disable, got {value!r}"
+    )
+
+
+def _rank(source: str) -> int:
+    if source == "flags":
+        return 3
+    if source == "environment":
+        return 2
+    if source.startswith("properties"):
+        return 1
+    return 0
+
+
+def engine_knobs(settings: ServerSettings, engine_fields: set[str]) -> dict[str, Any]:
+    """Keyword arguments for ``EngineConfig``: the knobs that were set and that it knows."""
+    knobs = {k: v for k, v in settings.engine.items() if k in engine_fields}
+    if settings.tensor_parallel_degree is not None and "tensor_parallel_degree" in engine_fields:
+        knobs["tensor_parallel_degree"] = settings.tensor_parallel_degree
+    return knobs

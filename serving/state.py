@@ -1,0 +1,155 @@
+"""The server's shared state: the engine, its limits, admission control and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+
+from serving.generation import TokenTexts
+from serving.metrics import ServerMetrics
+from serving.settings import ServerSettings, SettingsError
+from serving.validation import RequestError
+
+logger = logging.getLogger("serving")
+
+LOADING, READY, DRAINING, STOPPED, FAILED = "loading", "ready", "draining", "stopped", "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-request limits, resolved against the loaded engine."""
+
+    max_input_tokens: int
+    max_total_tokens: int
+    max_concurrent_requests: int
+    max_stop_sequences: int
+    max_body_bytes: int
+    vocab_size: int
+
+    @classmethod
+    def resolve(cls, settings: ServerSettings, llm) -> Limits:
+        """Defaults: ``max_total_tokens`` = the engine's max_model_len, input = total - 1."""
+        model_len = llm.max_model_len
+        total = settings.max_total_tokens or model_len
+        if total > model_len:
+            raise SettingsError(
+                f"max_total_tokens ({total}) exceeds the engine's max_model_len ({model_len})"
+            )
+        max_input = settings.max_input_tokens or total - 1
+        if max_input >= total:
+            raise SettingsError(
+                f"max_input_tokens ({max_input}) must be < max_total_tokens ({total})"
+            )
+        vocab = min(llm.model_config.vocab_size, len(llm.tokenizer))
+        return cls(
+            max_input,
+            total,
+            settings.max_concurrent_requests,
+            settings.max_stop_sequences,
+            settings.max_body_bytes,
+            vocab,
+        )
+
+
+class Ticket:
+    """One admitted HTTP request's slot; ``release()`` is idempotent."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+        self.released = False
+        self.request_ids: set[str] = set()
+
+    def new_request_id(self) -> str:
+        request_id = self.state.new_request_id()
+        self.request_ids.add(request_id)
+        self.state.active_request_ids.add(request_id)
+        return request_id
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.state.in_flight -= 1
+        self.state.active_request_ids.difference_update(self.request_ids)
+        if self.state.in_flight == 0:
+            self.state.idle.set()
+
+
+class ServerState:
+    """What every route needs: the engine, limits, metrics, admission and the server phase."""
+
+    def __init__(self, settings: ServerSettings, metrics: ServerMetrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.llm = None
+        self.limits: Limits | None = None
+        self.phase = LOADING
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.active_request_ids: set[str] = set()
+        self.load_error: BaseException | None = None
+        self.token_texts: TokenTexts | None = None
+        self.compute_type = "jaxgen"
+        self.started_at = time.time()
+        self._ids = itertools.count()
+        self._prefix = f"srv{id(self) & 0xFFFF:04x}"
+
+    def attach(self, llm) -> None:
+        """Makes the server ready around a loaded engine."""
+        import jax
+
+        self.limits = Limits.resolve(self.settings, llm)
+        self.token_texts = TokenTexts(llm.tokenizer)
+        self.compute_type = f"jaxgen-{jax.default_backend()}"
+        self.llm = llm
+        if self.phase == LOADING:
+            self.phase = READY
+
+    def new_request_id(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def engine_summary(self) -> dict:
+        """The engine's configuration, for ``/info``."""
+        engine = getattr(self.llm, "engine", None)
+        config = getattr(engine, "config", None)
+        summary = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+        if self.llm is not None:
+            summary["max_model_len"] = self.llm.max_model_len
+        return summary
+
+    def admit(self) -> Ticket:
+        """A slot for one request, or a ``RequestError`` (503 not ready, 429 overloaded)."""
+        if self.phase != READY:
+            self.metrics.rejected.labels(reason="unavailable").inc()
+            message = {LOADING: "Model is loading", FAILED: "Model failed to load"}.get(
+                self.phase, "Server is shutting down"
+            )
+            raise RequestError(message, kind="unavailable")
+        if self.in_flight >= self.limits.max_concurrent_requests:
+            self.metrics.rejected.labels(reason="overloaded").inc()
+            raise RequestError("Model is overloaded", kind="overloaded")
+        self.in_flight += 1
+        self.idle.clear()
+        return Ticket(self)
+
+    async def drain(self, timeout: float) -> None:
+        """Stops admitting, waits up to ``timeout`` s for in-flight requests, then aborts the rest."""
+        if self.phase in (READY, LOADING):
+            self.phase = DRAINING
+            logger.info("draining: %d request(s) in flight, up to %.1f s", self.in_flight, timeout)
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("drain timeout: aborting %d request(s)", len(self.active_request_ids))
+            if self.llm is not None:
+                for request_id in list(self.active_request_ids):
+                    await self.llm.abort(request_id)
+            try:  # aborted streams end at once; give their responses a moment to finish
+                await asyncio.wait_for(self.idle.wait(), 5.0)
+            except asyncio.TimeoutError:
+                logger.warning("%d response(s) still open after abort", self.in_flight)
+        self.phase = STOPPED
