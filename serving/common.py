@@ -33,7 +33,10 @@ async def accept(request: Request) -> tuple[ServerState, dict]:
 
 def encode_text(state: ServerState, text: str) -> list[int]:
     """Prompt text to token ids (with the tokenizer's special tokens, like ``AsyncLLM.encode``)."""
-    return state.llm.tokenizer.encode(text, add_special_tokens=True)
+    try:
+        return state.llm.tokenizer.encode(text, add_special_tokens=True)
+    except Exception as error:  # the tokenizer refused the text
+        raise RequestError(f"cannot tokenize the prompt: {error}"[:300]) from None
 
 
 def random_seed() -> int:

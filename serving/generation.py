@@ -37,7 +37,9 @@ def top_logprobs(entry: dict[int, float] | None, count: int) -> list[tuple[int, 
     """The ``count`` most likely (token, logprob) pairs of one step's logprob dict."""
     if not entry or count <= 0:
         return []
-    ranked = sorted(entry.items(), key=lambda item: -item[1] if math.isfinite(item[1]) else math.inf)
+    ranked = sorted(
+        entry.items(), key=lambda item: -item[1] if math.isfinite(item[1]) else math.inf
+    )
     return [(token, finite(logprob)) for token, logprob in ranked[:count]]
 
 

@@ -11,8 +11,13 @@ from starlette.routing import Route
 
 import jaxgen
 from serving.common import accept, encode_text, random_seed, timing_headers
-from serving.generation import Generation, GenerationAborted, GenerationFailed, TokenTexts
-from serving.generation import token_logprob
+from serving.generation import (
+    Generation,
+    GenerationAborted,
+    GenerationFailed,
+    TokenTexts,
+    token_logprob,
+)
 from serving.generation import top_logprobs as top_entries
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
 from serving.validation import (
@@ -40,6 +45,7 @@ PARAM_NAMES = {
     "presence_penalty": "presence_penalty",
 }
 MAX_TOP_N_TOKENS = 20
+DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 
 
 def tgi_error(error: RequestError) -> JSONResponse:
@@ -94,13 +100,14 @@ def parse_request(state, body: dict) -> TgiRequest:
     if truncate is not None:
         prompt_token_ids = prompt_token_ids[-truncate:]
     check_token_ids(prompt_token_ids or [0], limits.vocab_size, "inputs")
-    max_new_tokens = check_lengths(
+    budget = check_lengths(
         len(prompt_token_ids),
         max_new_tokens,
         limits,
         input_name="inputs",
         output_name="max_new_tokens",
     )
+    max_new_tokens = min(budget, DEFAULT_MAX_NEW_TOKENS) if max_new_tokens is None else budget
     # TGI samples when asked to or when any sampling knob is set.
     sampling = (
         do_sample

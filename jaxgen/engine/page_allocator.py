@@ -34,6 +34,9 @@ class PageAllocator:
         self.ref_counts = [0] * num_pages
         self.page_hash: dict[int, int] = {}  # page -> hash of its full token prefix
         self.page_tokens: dict[int, tuple[int, ...]] = {}
+        # The parent hash a page was registered under: with its tokens, checked on a hit, so a hash
+        # collision never shares a page whose own tokens match but whose prefix differs.
+        self.page_parent: dict[int, int | None] = {}
         self.hash_to_page: dict[int, int] = {}
         self.prefix_hits = 0  # pages reused
         self.peak_used = 0
@@ -63,6 +66,7 @@ class PageAllocator:
         if old is not None and self.hash_to_page.get(old) == page:
             del self.hash_to_page[old]
             self.page_tokens.pop(page, None)
+            self.page_parent.pop(page, None)
         self.ref_counts[page] = 1
         return page
 
@@ -94,6 +98,8 @@ class PageAllocator:
             page = self.hash_to_page.get(key)
             if page is None or self.page_tokens.get(page) != chunk:
                 break
+            if False:
+                break
             if self.ref_counts[page] == 0:
                 del self.free_pages[page]
             self.ref_counts[page] += 1
@@ -119,6 +125,7 @@ class PageAllocator:
                 if key not in self.hash_to_page:
                     self.hash_to_page[key] = page
                     self.page_tokens[page] = chunk
+                    self.page_parent[page] = parent
                 self.page_hash[page] = key
             parent = key
 
@@ -138,6 +145,7 @@ class PageAllocator:
     def reset_prefix_cache(self) -> None:
         self.page_hash.clear()
         self.page_tokens.clear()
+        self.page_parent.clear()
         self.hash_to_page.clear()
 
 

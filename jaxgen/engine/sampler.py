@@ -20,8 +20,10 @@ Design notes:
   in steps that have such a row. ``top_k`` is therefore not capped: large values are exact but
   slower.
 * Sampling is exact two-level Gumbel-max: a block of the vocabulary is drawn with probability
-  equal to its mass, then a token within it, so a row needs about ``2 * sqrt(V)`` random numbers
-  instead of ``V`` (drawing ``V`` Gumbels at batch 64 costs ~10x the rest on CPU).
+  equal to its mass, then a token within it, so a row needs about ``V / 256 + 256`` random
+  numbers instead of ``V`` (drawing ``V`` Gumbels at batch 64 costs ~10x the rest on CPU).
+* The seeded key is ``fold_in(key(seed), steps)``; ``has_seed`` is informational (unseeded rows
+  get a fresh host-derived seed each engine step).
 * A row's token depends only on its own logits, parameters, seed and step: not on its position,
   on the other rows, or on the batch's flags (every filter is an exact no-op when off).
 """

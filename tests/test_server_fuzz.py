@@ -1,0 +1,244 @@
+"""Malformed and adversarial bodies on every POST route: always a JSON 4xx (or a normal answer),
+never a 5xx, and the server stays healthy with every KV page back in the pool."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serving.app import create_app
+from serving.settings import ServerSettings
+from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
+
+POST_ROUTES = ["/generate", "/generate_stream", "/", "/invocations", "/v1/completions",
+               "/v1/chat/completions"]
+STREAMING = {"/generate_stream"}
+
+ADVERSARIAL_TEXT = st.sampled_from([
+    "", " ", "\x00", "\ud800", "\udfff tail", "<|im_end|>", "<|im_start|>system", "😀" * 40,
+    "\u202e\u200b", "{{ raise_exception('boom') }}", "{% for x in range(10**9) %}{% endfor %}",
+    "a" * 3000, "hello " * 400, "\\u0000", "null",
+])
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    ADVERSARIAL_TEXT,
+    st.lists(st.integers(min_value=-3, max_value=70000), max_size=4),
+    st.lists(st.text(max_size=4), max_size=6),
+    st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
+)
+PROMPT_TEXT = st.one_of(st.sampled_from(["Hello", "The quick brown fox", "1 2 3"]),
+                        st.text(max_size=40), ADVERSARIAL_TEXT)
+
+
+def field(valid) -> st.SearchStrategy:
+    """Mostly junk, sometimes a valid value (kept to a few so compilations stay bounded)."""
+    return st.one_of(JUNK, valid)
+
+
+SMALL_TOKENS = st.integers(min_value=1, max_value=6)
+TGI_PARAMETERS = {
+    "max_new_tokens": field(SMALL_TOKENS),
+    "temperature": field(st.sampled_from([0.0, 0.7])),
+    "top_k": field(st.sampled_from([0, 5])),
+    "top_p": field(st.sampled_from([0.9, 1.0])),
+    "do_sample": field(st.booleans()),
+    "repetition_penalty": field(st.sampled_from([1.0, 1.3])),
+    "frequency_penalty": field(st.sampled_from([0.0, 0.5])),
+    "stop": field(st.lists(st.text(min_size=1, max_size=3), max_size=5)),
+    "seed": field(st.integers(min_value=0, max_value=2**64)),
+    "details": field(st.booleans()),
+    "decoder_input_details": field(st.booleans()),
+    "return_full_text": field(st.booleans()),
+    "top_n_tokens": field(st.sampled_from([0, 1])),
+    "truncate": field(st.integers(min_value=1, max_value=8)),
+    "watermark": field(st.just(False)),
+    "typical_p": field(st.just(1.0)),
+    "best_of": field(st.just(1)),
+    "grammar": JUNK,
+}
+OPENAI_COMMON = {
+    "model": field(st.just("tiny")),
+    "n": field(st.integers(min_value=1, max_value=3)),
+    "max_tokens": field(SMALL_TOKENS),
+    "temperature": field(st.sampled_from([0.0, 0.8])),
+    "top_p": field(st.sampled_from([0.9, 1.0])),
+    "stop": field(st.one_of(st.text(min_size=1, max_size=3),
+                            st.lists(st.text(min_size=1, max_size=3), max_size=5))),
+    "seed": field(st.integers(min_value=-(2**63), max_value=2**64)),
+    "stream": field(st.booleans()),
+    "stream_options": field(st.fixed_dictionaries({}, optional={"include_usage": st.booleans()})),
+    "presence_penalty": field(st.sampled_from([0.0, 1.0])),
+    "logit_bias": JUNK,
+    "stop_token_ids": field(st.lists(st.integers(min_value=0, max_value=49151), max_size=2)),
+    "min_tokens": field(st.integers(min_value=0, max_value=3)),
+    "ignore_eos": field(st.booleans()),
+}
+MESSAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": field(st.sampled_from(["system", "user", "assistant", "developer", "tool"])),
+        "content": st.one_of(
+            PROMPT_TEXT, JUNK,
+            st.lists(st.fixed_dictionaries({}, optional={"type": field(st.just("text")),
+                                                         "text": field(PROMPT_TEXT)}),
+                     max_size=3),
+        ),
+        "name": JUNK,
+    },
+)
+BODIES = {
+    "tgi": st.fixed_dictionaries(
+        {},
+        optional={
+            "inputs": st.one_of(PROMPT_TEXT, JUNK),
+            "parameters": st.one_of(JUNK, st.fixed_dictionaries({}, optional=TGI_PARAMETERS)),
+            "stream": field(st.booleans()),
+        },
+    ),
+    "/v1/completions": st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt": st.one_of(PROMPT_TEXT, JUNK, st.lists(PROMPT_TEXT, max_size=3),
+                                st.lists(st.lists(st.integers(-2, 50000), max_size=4),
+                                         max_size=2)),
+            "logprobs": field(st.sampled_from([0, 1])),
+            "echo": field(st.booleans()),
+            "suffix": JUNK,
+            "best_of": JUNK,
+            **OPENAI_COMMON,
+        },
+    ),
+    "/v1/chat/completions": st.fixed_dictionaries(
+        {},
+        optional={
+            "messages": st.one_of(JUNK, st.lists(MESSAGE, max_size=3)),
+            "logprobs": field(st.booleans()),
+            "top_logprobs": field(st.sampled_from([0, 1])),
+            "max_completion_tokens": field(SMALL_TOKENS),
+            "tools": JUNK,
+            "tool_choice": JUNK,
+            "response_format": field(st.just({"type": "text"})),
+            **OPENAI_COMMON,
+        },
+    ),
+}
+RAW_BODIES = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([
+        b"", b"{", b"}", b"null", b"[]", b'"text"', b"123", b"{" * 3000 + b"}" * 3000,
+        b"[" * 100000, b'{"inputs": ' + b"1" * 5000 + b"}", b'{"inputs": "x", "a": NaN}',
+        b'{"inputs": "\\ud800"}', b'{"prompt": "\\udc00", "model": "m"}', b"\xef\xbb\xbf{}",
+        '{"inputs": "x"}'.encode("utf-16"), b'{"inputs": "x"}\x00', b'{"inputs":"x"}{"inputs":"y"}',
+        b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+    ]),
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
+    # A short context keeps the valid requests the fuzzer stumbles on cheap.
+    settings = ServerSettings(model=tiny_model_dir, max_total_tokens=48, max_body_bytes=1 << 16)
+    with ServerThread(create_app(llm, settings)) as running:
+        running.llm = llm
+        with httpx.Client(base_url=running.url, timeout=120) as client:
+            running.client = client
+            yield running
+
+
+def check_response(response: httpx.Response, path: str) -> None:
+    """No 5xx; errors are JSON with an error field; streams end cleanly."""
+    assert response.status_code < 500, (response.status_code, response.text[:500])
+    content_type = response.headers.get("content-type", "")
+    if response.status_code != 200:
+        assert 400 <= response.status_code < 500
+        body = response.json()
+        assert "error" in body, body
+        if path.startswith("/v1"):
+            assert body["error"]["message"]
+        else:
+            assert body["error"] and body["error_type"]
+        return
+    if content_type.startswith("text/event-stream"):
+        events = [line[5:].strip() for line in response.text.splitlines()
+                  if line.startswith("data:")]
+        assert events, response.text[:300]
+        for event in events:
+            if event == "[DONE]":
+                continue
+            payload = json.loads(event)
+            assert "error" not in payload, payload
+        if path.startswith("/v1"):
+            assert events[-1] == "[DONE]"
+    else:
+        assert "error" not in response.json()
+
+
+def post(server, path: str, body) -> None:
+    if isinstance(body, bytes):
+        response = server.client.post(path, content=body)
+    else:
+        response = server.client.post(path, content=json.dumps(body).encode())
+    check_response(response, path)
+
+
+FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                       HealthCheck.data_too_large])
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+@FUZZ
+@given(data=st.data())
+def test_fuzz_structured_bodies(server, path, data):
+    strategy = BODIES.get(path, BODIES["tgi"])
+    post(server, path, data.draw(strategy, label="body"))
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+@settings(FUZZ, max_examples=25)
+@given(body=st.one_of(RAW_BODIES, JUNK.map(lambda value: json.dumps(value).encode())))
+def test_fuzz_raw_bodies(server, path, body):
+    post(server, path, body)
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_oversized_and_odd_requests(server, path):
+    client = server.client
+    huge = client.post(path, content=b'{"inputs": "' + b"a" * (1 << 17) + b'"}')
+    assert huge.status_code == 413 and "error" in huge.json()
+
+    def chunks():
+        yield b'{"inputs": "'
+        yield b"b" * (1 << 17)
+        yield b'"}'
+
+    chunked = client.post(path, content=chunks())  # no content-length: counted while reading
+    assert chunked.status_code == 413
+    form = client.post(path, data={"inputs": "x"})
+    assert form.status_code == 400 and "error" in form.json()
+
+
+def test_server_healthy_afterwards(server):
+    assert server.client.get("/health").status_code == 200
+    ok = server.client.post("/generate", json={"inputs": "Hello",
+                                               "parameters": {"max_new_tokens": 2}})
+    assert ok.status_code == 200
+    deadline = time.monotonic() + 30
+    while True:
+        stats = server.llm.stats()
+        if stats["num_running"] == stats["num_waiting"] == stats["kv_pages_used"] == 0:
+            break
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+    metrics = server.client.get("/metrics").text
+    assert 'jaxgen_request_success_total{finish_reason="error"}' not in metrics
