@@ -276,7 +276,8 @@ async def compat_generate(request: Request) -> Response:
         state, body = await accept(request)
     except RequestError as error:
         return tgi_error(error)
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    stream = False if stream is None else stream
     if not isinstance(stream, bool):
         return tgi_error(Fields(body).error("stream", "must be a boolean"))
     return await (generate_stream(request) if stream else generate(request))

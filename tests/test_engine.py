@@ -64,12 +64,22 @@ def test_paged_arrival_order_and_concurrency(smollm2_loaded, prompts, reference)
     assert tokens == reference
 
 
-def test_tiny_pool_forces_preemption(smollm2_loaded, prompts, reference):
-    page_bytes = smollm2_loaded.config.kv_bytes_per_token(4) * 16
-    tokens, stats = generate(smollm2_loaded, prompts, kv_cache_memory=17 * page_bytes,
-                             enable_prefix_caching=False)
+def test_tiny_pool_forces_preemption(tiny_model_dir):
+    """A 2-layer model, 8 usable pages and long outputs: sequences must be preempted and recomputed."""
+    from jaxgen.loaders import load_model
+
+    loaded = load_model(tiny_model_dir)
+    rng = __import__("numpy").random.default_rng(1)
+    prompts = [rng.integers(0, 1000, int(n)).tolist() for n in (20, 25, 30, 18, 22)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    reference = LLM(loaded, batching="none", max_model_len=128).generate(prompts, params, use_tqdm=False)
+    page_bytes = loaded.config.kv_bytes_per_token(4) * 16
+    llm = LLM(loaded, max_model_len=128, kv_cache_memory=8 * page_bytes, enable_prefix_caching=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.stats()
     assert stats["preemptions"] > 0
-    assert tokens == reference
+    assert [o.token_ids for o in outs] == [r.token_ids for r in reference]
+    assert stats["kv_pages_used"] == 0
 
 
 def test_small_prefill_budget_chunks_prompts(smollm2_loaded, prompts, reference):

@@ -39,98 +39,102 @@ PROMPT_TEXT = st.one_of(st.sampled_from(["Hello", "The quick brown fox", "1 2 3"
                         st.text(max_size=40), ADVERSARIAL_TEXT)
 
 
-def field(valid) -> st.SearchStrategy:
-    """Mostly junk, sometimes a valid value (kept to a few so compilations stay bounded)."""
-    return st.one_of(JUNK, valid)
-
-
 SMALL_TOKENS = st.integers(min_value=1, max_value=6)
+# Valid values per field. Sampling knobs that change the engine's compiled program (filters,
+# penalties) stay at their defaults so the run compiles few programs; junk still hits them.
 TGI_PARAMETERS = {
-    "max_new_tokens": field(SMALL_TOKENS),
-    "temperature": field(st.sampled_from([0.0, 0.7])),
-    "top_k": field(st.sampled_from([0, 5])),
-    "top_p": field(st.sampled_from([0.9, 1.0])),
-    "do_sample": field(st.booleans()),
-    "repetition_penalty": field(st.sampled_from([1.0, 1.3])),
-    "frequency_penalty": field(st.sampled_from([0.0, 0.5])),
-    "stop": field(st.lists(st.text(min_size=1, max_size=3), max_size=5)),
-    "seed": field(st.integers(min_value=0, max_value=2**64)),
-    "details": field(st.booleans()),
-    "decoder_input_details": field(st.booleans()),
-    "return_full_text": field(st.booleans()),
-    "top_n_tokens": field(st.sampled_from([0, 1])),
-    "truncate": field(st.integers(min_value=1, max_value=8)),
-    "watermark": field(st.just(False)),
-    "typical_p": field(st.just(1.0)),
-    "best_of": field(st.just(1)),
-    "grammar": JUNK,
+    "max_new_tokens": SMALL_TOKENS,
+    "temperature": st.sampled_from([0.0, 0.7]),
+    "top_k": st.just(0),
+    "top_p": st.just(1.0),
+    "do_sample": st.booleans(),
+    "repetition_penalty": st.just(1.0),
+    "frequency_penalty": st.just(0.0),
+    "stop": st.lists(st.text(min_size=1, max_size=3), max_size=4),
+    "seed": st.integers(min_value=0, max_value=2**64 - 1),
+    "details": st.booleans(),
+    "decoder_input_details": st.booleans(),
+    "return_full_text": st.booleans(),
+    "top_n_tokens": st.sampled_from([0, 1]),
+    "truncate": st.integers(min_value=1, max_value=8),
+    "watermark": st.just(False),
+    "typical_p": st.just(1.0),
+    "best_of": st.just(1),
+    "grammar": st.none(),
 }
 OPENAI_COMMON = {
-    "model": field(st.just("tiny")),
-    "n": field(st.integers(min_value=1, max_value=3)),
-    "max_tokens": field(SMALL_TOKENS),
-    "temperature": field(st.sampled_from([0.0, 0.8])),
-    "top_p": field(st.sampled_from([0.9, 1.0])),
-    "stop": field(st.one_of(st.text(min_size=1, max_size=3),
-                            st.lists(st.text(min_size=1, max_size=3), max_size=5))),
-    "seed": field(st.integers(min_value=-(2**63), max_value=2**64)),
-    "stream": field(st.booleans()),
-    "stream_options": field(st.fixed_dictionaries({}, optional={"include_usage": st.booleans()})),
-    "presence_penalty": field(st.sampled_from([0.0, 1.0])),
-    "logit_bias": JUNK,
-    "stop_token_ids": field(st.lists(st.integers(min_value=0, max_value=49151), max_size=2)),
-    "min_tokens": field(st.integers(min_value=0, max_value=3)),
-    "ignore_eos": field(st.booleans()),
+    "model": st.just("tiny"),
+    "n": st.integers(min_value=1, max_value=3),
+    "max_tokens": SMALL_TOKENS,
+    "temperature": st.sampled_from([0.0, 0.8]),
+    "top_p": st.just(1.0),
+    "stop": st.one_of(st.text(min_size=1, max_size=3),
+                      st.lists(st.text(min_size=1, max_size=3), max_size=4)),
+    "seed": st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    "stream": st.booleans(),
+    "presence_penalty": st.just(0.0),
+    "stop_token_ids": st.lists(st.integers(min_value=0, max_value=49151), max_size=2),
+    "min_tokens": st.integers(min_value=0, max_value=1),
+    "ignore_eos": st.booleans(),
+    "user": st.text(max_size=5),
 }
-MESSAGE = st.fixed_dictionaries(
-    {},
-    optional={
-        "role": field(st.sampled_from(["system", "user", "assistant", "developer", "tool"])),
-        "content": st.one_of(
-            PROMPT_TEXT, JUNK,
-            st.lists(st.fixed_dictionaries({}, optional={"type": field(st.just("text")),
-                                                         "text": field(PROMPT_TEXT)}),
-                     max_size=3),
-        ),
-        "name": JUNK,
-    },
-)
-BODIES = {
-    "tgi": st.fixed_dictionaries(
-        {},
-        optional={
-            "inputs": st.one_of(PROMPT_TEXT, JUNK),
-            "parameters": st.one_of(JUNK, st.fixed_dictionaries({}, optional=TGI_PARAMETERS)),
-            "stream": field(st.booleans()),
-        },
+MESSAGE = st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "user", "assistant", "developer"]),
+    "content": st.one_of(
+        PROMPT_TEXT,
+        st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": PROMPT_TEXT}),
+                 max_size=2),
     ),
+})
+VALID = {
+    "tgi": st.fixed_dictionaries({
+        "inputs": PROMPT_TEXT,
+        "parameters": st.fixed_dictionaries({}, optional=TGI_PARAMETERS),
+    }),
     "/v1/completions": st.fixed_dictionaries(
-        {},
-        optional={
-            "prompt": st.one_of(PROMPT_TEXT, JUNK, st.lists(PROMPT_TEXT, max_size=3),
-                                st.lists(st.lists(st.integers(-2, 50000), max_size=4),
-                                         max_size=2)),
-            "logprobs": field(st.sampled_from([0, 1])),
-            "echo": field(st.booleans()),
-            "suffix": JUNK,
-            "best_of": JUNK,
-            **OPENAI_COMMON,
-        },
+        {"prompt": st.one_of(PROMPT_TEXT, st.lists(PROMPT_TEXT, min_size=1, max_size=2),
+                             st.lists(st.integers(0, 49151), min_size=1, max_size=4))},
+        optional={"logprobs": st.sampled_from([0, 1]), "echo": st.booleans(), **OPENAI_COMMON},
     ),
     "/v1/chat/completions": st.fixed_dictionaries(
-        {},
-        optional={
-            "messages": st.one_of(JUNK, st.lists(MESSAGE, max_size=3)),
-            "logprobs": field(st.booleans()),
-            "top_logprobs": field(st.sampled_from([0, 1])),
-            "max_completion_tokens": field(SMALL_TOKENS),
-            "tools": JUNK,
-            "tool_choice": JUNK,
-            "response_format": field(st.just({"type": "text"})),
-            **OPENAI_COMMON,
-        },
+        {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
+        optional={"logprobs": st.booleans(), "max_completion_tokens": SMALL_TOKENS,
+                  "response_format": st.just({"type": "text"}), **OPENAI_COMMON},
     ),
 }
+# Where junk may go: top-level keys, nested parameter keys, message fields.
+MUTABLE = {
+    "tgi": [("inputs",), ("parameters",), ("stream",), ("extra",),
+            *[("parameters", key) for key in TGI_PARAMETERS]],
+    "/v1/completions": [("prompt",), ("logprobs",), ("echo",), ("suffix",), ("best_of",),
+                        ("logit_bias",), ("stream_options",), ("extra",),
+                        *[(key,) for key in OPENAI_COMMON]],
+    "/v1/chat/completions": [("messages",), ("messages", 0), ("messages", 0, "role"),
+                             ("messages", 0, "content"), ("messages", 0, "content", 0),
+                             ("logprobs",), ("top_logprobs",), ("max_completion_tokens",),
+                             ("tools",), ("tool_choice",), ("response_format",),
+                             ("stream_options",), ("extra",),
+                             *[(key,) for key in OPENAI_COMMON]],
+}
+
+
+def mutate(body, path: tuple, value) -> None:
+    """Sets ``body[path] = value`` where the path exists (or its last key can be added)."""
+    target = body
+    for key in path[:-1]:
+        if isinstance(target, dict) and key in target:
+            target = target[key]
+        elif isinstance(target, list) and isinstance(key, int) and key < len(target):
+            target = target[key]
+        else:
+            return
+    last = path[-1]
+    if isinstance(target, dict):
+        target[last] = value
+    elif isinstance(target, list) and isinstance(last, int) and last < len(target):
+        target[last] = value
+
+
 RAW_BODIES = st.one_of(
     st.binary(max_size=64),
     st.sampled_from([
@@ -147,7 +151,7 @@ RAW_BODIES = st.one_of(
 def server(tiny_model_dir):
     llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
     # A short context keeps the valid requests the fuzzer stumbles on cheap.
-    settings = ServerSettings(model=tiny_model_dir, max_total_tokens=48, max_body_bytes=1 << 16)
+    settings = ServerSettings(model=tiny_model_dir, max_total_tokens=32, max_body_bytes=1 << 16)
     with ServerThread(create_app(llm, settings)) as running:
         running.llm = llm
         with httpx.Client(base_url=running.url, timeout=120) as client:
@@ -200,8 +204,12 @@ FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
 @FUZZ
 @given(data=st.data())
 def test_fuzz_structured_bodies(server, path, data):
-    strategy = BODIES.get(path, BODIES["tgi"])
-    post(server, path, data.draw(strategy, label="body"))
+    kind = path if path.startswith("/v1") else "tgi"
+    body = data.draw(VALID[kind], label="valid body")
+    for _ in range(data.draw(st.integers(min_value=0, max_value=3), label="mutations")):
+        where = data.draw(st.sampled_from(MUTABLE[kind]), label="path")
+        mutate(body, where, data.draw(JUNK, label="junk"))
+    post(server, path, body)
 
 
 @pytest.mark.parametrize("path", POST_ROUTES)

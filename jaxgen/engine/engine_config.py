@@ -24,6 +24,8 @@ class EngineConfig:
         attention_backend: "reference" (pure JAX), "pallas" or "auto".
         enable_prefix_caching: reuse full prompt pages between requests (paged only).
         seed: base seed for requests that set none.
+        tensor_parallel_degree: devices one model copy is sharded over (the mesh's "model" axis).
+        data_parallel_size: engine replicas on disjoint device groups, behind one front door.
     """
 
     batching: str = "paged"
@@ -37,6 +39,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     enable_prefix_caching: bool = True
     seed: int = 0
+    tensor_parallel_degree: int = 1
+    data_parallel_size: int = 1
 
     def __post_init__(self):
         def check(ok, name, what):
@@ -58,6 +62,10 @@ class EngineConfig:
         kv = self.kv_cache_memory
         check(kv is None or (_int(kv) and kv > 0) or (isinstance(kv, float) and 0 < kv <= 1),
               "kv_cache_memory", "must be bytes (int > 0) or a fraction of free memory in (0, 1]")
+        check(_int(self.tensor_parallel_degree) and self.tensor_parallel_degree >= 1,
+              "tensor_parallel_degree", "must be an integer >= 1")
+        check(_int(self.data_parallel_size) and self.data_parallel_size >= 1,
+              "data_parallel_size", "must be an integer >= 1")
         check(self.attention_backend in ("reference", "pallas", "auto"), "attention_backend",
               "must be 'reference', 'pallas' or 'auto'")
 

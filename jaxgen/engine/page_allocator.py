@@ -98,7 +98,7 @@ class PageAllocator:
             page = self.hash_to_page.get(key)
             if page is None or self.page_tokens.get(page) != chunk:
                 break
-            if False:
+            if self.page_parent.get(page) != parent:
                 break
             if self.ref_counts[page] == 0:
                 del self.free_pages[page]

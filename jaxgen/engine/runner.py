@@ -28,6 +28,20 @@ QUERY_BLOCK = 16  # query rows per prefill attention block (XLA path)
 _PADDING_ROW = SamplingRow(SamplingParams(temperature=0.0))
 
 
+@functools.lru_cache(maxsize=16)
+def jitted_step(graphdef, backend: str):
+    """The engine step, jitted once per model graph and backend: engines over the same model
+    share compiled executables. The KV pool (argument 1) is donated so its updates are in place."""
+
+    def step(params, kv_cache, token_ids, positions, md, logits_indices, sampling, flags):
+        model = nnx.merge(graphdef, params)
+        hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
+        logits = model.compute_logits(hidden[logits_indices])  # [N, V] only rows that sample
+        return kv_cache, sample(logits, sampling, flags)
+
+    return jax.jit(step, static_argnames=("flags",), donate_argnums=(1,))
+
+
 @dataclasses.dataclass
 class StepResult:
     """Host-side results of one step, for the sequences whose step completed them."""
@@ -63,17 +77,11 @@ class ModelRunner:
         if kv_sharding is not None:
             make = jax.jit(make, out_shardings=kv_sharding)
         self.kv_cache = [(make(), make()) for _ in range(cfg.num_layers)]
-        self._step = jax.jit(self._step_fn, static_argnames=("flags",), donate_argnums=(1,))
+        self._step = jitted_step(self.graphdef, self.backend)
 
     @property
     def kv_cache_bytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
-
-    def _step_fn(self, params, kv_cache, token_ids, positions, md, logits_indices, sampling, flags):
-        model = nnx.merge(self.graphdef, params)
-        hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=self.backend)
-        logits = model.compute_logits(hidden[logits_indices])
-        return kv_cache, sample(logits, sampling, flags)
 
     # -- host-side layout ----------------------------------------------------------------------
     def _width(self, seqs: list[Sequence], tokens: list[int]) -> int:

@@ -127,8 +127,11 @@ class Scheduler:
             skipped: list[Sequence] = []
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 seq = self.waiting[0]
-                if seq.depends_on is not None and not self._prefix_ready(seq.depends_on):
-                    skipped.append(self.waiting.popleft())  # n > 1: wait for the sibling's prompt
+                # n > 1: wait for the sibling's prompt to share its pages; not under a batch policy,
+                # where waiting would push this sample into the next batch.
+                if (seq.depends_on is not None and not self.config.batch_at_a_time
+                        and not self._prefix_ready(seq.depends_on)):
+                    skipped.append(self.waiting.popleft())
                     continue
                 if not seq.block_table:
                     seq.num_computed_tokens = self.allocator.match_prefix(seq)
