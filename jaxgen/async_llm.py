@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.loaders import load_model
 from jaxgen.outputs import CompletionOutput, RequestOutput
+from jaxgen.replicas import create_engine
 from jaxgen.sampling_params import SamplingParams
 
 _FINISHED = object()
@@ -38,7 +38,7 @@ class AsyncLLM:
             if unknown:
                 raise ValueError(f"unknown AsyncLLM argument(s): {', '.join(sorted(unknown))}")
             config = EngineConfig(**engine_knobs)
-            engine = LLMEngine(load_model(model, dtype=dtype), config)
+            engine = create_engine(model, dtype=dtype, config=config)  # TP mesh / replicas
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len

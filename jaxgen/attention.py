@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import paged_attention_reference
-from pallas_kernels.paged_attention import MASK_VALUE
+from pallas_kernels.paged_attention import MASK_VALUE, gather_pages
 
 BACKENDS = ("reference", "pallas", "auto")
 
@@ -89,8 +89,8 @@ def blocked_prefill_attention(
     length = block_tables.shape[1] * page_size
     q_padded = jnp.concatenate([q, jnp.zeros((1, num_heads, head_dim), q.dtype)], axis=0)
     qb = q_padded[query_index].reshape(num_blocks, block_q, num_kv_heads, group, head_dim)
-    k = k_pages[:, block_tables].reshape(num_kv_heads, num_blocks, length, head_dim)
-    v = v_pages[:, block_tables].reshape(num_kv_heads, num_blocks, length, head_dim)
+    k = gather_pages(k_pages, block_tables).reshape(num_kv_heads, num_blocks, length, head_dim)
+    v = gather_pages(v_pages, block_tables).reshape(num_kv_heads, num_blocks, length, head_dim)
     scores = jnp.einsum("nqhgd,hnld->nhgql", qb.astype(jnp.float32) * scale, k.astype(jnp.float32))
     if soft_cap is not None:
         scores = soft_cap * jnp.tanh(scores / soft_cap)

@@ -83,8 +83,7 @@ def _add_optional_commands(sub) -> None:
         serve = sub.add_parser("serve", help="start the HTTP server (TGI + OpenAI routes)")
         add_serve_arguments(serve)
         serve.set_defaults(func=run_serve)
-    for module, name in (("jaxgen.planner", "plan"), ("jaxgen.convert", "convert"),
-                         ("jaxgen.bench.cli", "bench")):
+    for module in ("jaxgen.planner", "jaxgen.convert", "jaxgen.bench.cli"):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ImportError:

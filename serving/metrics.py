@@ -90,6 +90,9 @@ class ServerMetrics:
             ["finish_reason"],
             registry=registry,
         )
+        self.failed = Counter(
+            "jaxgen_request_failure", "Accepted requests the engine failed.", registry=registry
+        )
         self.rejected = Counter(
             "jaxgen_request_rejected",
             "Requests refused before generation, by reason.",

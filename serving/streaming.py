@@ -38,12 +38,12 @@ async def run_until_disconnect(receive, work: Awaitable[Any]) -> Any:
     watcher = asyncio.ensure_future(wait_for_disconnect(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finished = task.done()
     finally:
-        if not task.done():
-            task.cancel()
+        task.cancel()
         watcher.cancel()
         await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.cancelled():
+    if not finished:
         raise ClientDisconnected()
     return task.result()
 

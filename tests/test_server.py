@@ -24,6 +24,9 @@ from serving.settings import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, free_port, shared_llm
 
 PROMPT = "The quick brown fox"
+# 151 tokens: with up to 100 new tokens a sequence stays within one block-table width bucket,
+# so long-running requests compile few programs.
+LONG_PROMPT = "hello " * 150
 METRIC_NAMES = [
     "jaxgen_num_requests_running",
     "jaxgen_num_requests_waiting",
@@ -185,7 +188,7 @@ def test_chat_matches_engine_and_streams(server, oai):
 def test_chat_max_completion_tokens_and_logprobs(oai):
     result = oai.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Hi"}], max_completion_tokens=5,
-        temperature=0, logprobs=True, top_logprobs=3,
+        temperature=0, logprobs=True, top_logprobs=2,
     )
     choice = result.choices[0]
     assert choice.finish_reason == "length" and result.usage.completion_tokens == 5
@@ -193,19 +196,19 @@ def test_chat_max_completion_tokens_and_logprobs(oai):
     assert len(content) == 5
     for entry in content:
         tops = entry.top_logprobs
-        assert len(tops) == 3
+        assert len(tops) == 2
         assert [t.logprob for t in tops] == sorted((t.logprob for t in tops), reverse=True)
         assert entry.logprob == pytest.approx(tops[0].logprob, abs=1e-4)  # greedy picks the top
         assert entry.logprob <= 0
 
 
 def test_completion_n_seed_logprobs(oai):
-    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, n=3, seed=1234,
+    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, n=2, seed=1234,
                   logprobs=2)
     first = oai.completions.create(**kwargs)
     second = oai.completions.create(**kwargs)
     assert [c.text for c in first.choices] == [c.text for c in second.choices]
-    assert sorted(c.index for c in first.choices) == [0, 1, 2]
+    assert sorted(c.index for c in first.choices) == [0, 1]
     assert first.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in first.choices)
     for choice in first.choices:
         assert len(choice.logprobs.token_logprobs) == len(choice.logprobs.tokens)
@@ -388,7 +391,7 @@ def test_metrics(http):
 # -- admission, disconnects, draining ------------------------------------------------------------------
 def test_overload_gives_429_while_admitted_complete(llm, tiny_model_dir):
     settings = ServerSettings(model=tiny_model_dir, max_concurrent_requests=2)
-    payload = {"model": "m", "prompt": PROMPT, "max_tokens": 120, "temperature": 0,
+    payload = {"model": "m", "prompt": LONG_PROMPT, "max_tokens": 100, "temperature": 0,
                "ignore_eos": True, "stream": True}
     with ServerThread(create_app(llm, settings)) as server:
         results: list = []
@@ -433,7 +436,7 @@ def test_stream_disconnect_aborts(server, http):
                           'jaxgen_request_success_total{finish_reason="abort"}')
     with httpx.Client(base_url=server.url, timeout=60) as client:
         with client.stream("POST", "/generate_stream", json={
-            "inputs": PROMPT, "parameters": {"max_new_tokens": 250}
+            "inputs": LONG_PROMPT, "parameters": {"max_new_tokens": 100}
         }) as response:
             for line in response.iter_lines():
                 if line.startswith("data:"):
@@ -448,7 +451,8 @@ def test_stream_disconnect_aborts(server, http):
 def test_non_stream_disconnect_aborts(server, http):
     before = metric_value(http.get("/metrics").text,
                           'jaxgen_request_success_total{finish_reason="abort"}')
-    body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 250, "ignore_eos": True})
+    body = json.dumps({"model": "m", "prompt": LONG_PROMPT, "max_tokens": 100,
+                       "ignore_eos": True})
     request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
@@ -465,7 +469,7 @@ def test_drain_aborts_after_timeout(llm, tiny_model_dir):
     settings = ServerSettings(model=tiny_model_dir)
     app = create_app(llm, settings)
     state = app.state.server
-    payload = {"inputs": PROMPT, "parameters": {"max_new_tokens": 250}}
+    payload = {"inputs": LONG_PROMPT, "parameters": {"max_new_tokens": 100}}
     with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         with client.stream("POST", "/generate_stream", json=payload) as response:
             lines = response.iter_lines()
@@ -478,6 +482,88 @@ def test_drain_aborts_after_timeout(llm, tiny_model_dir):
         refused = client.post("/generate", json=payload)
         assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable"
     wait_idle(llm)
+
+
+class BorrowedLLM:
+    """The shared engine, handed to an app as if it had loaded it (its shutdown is a no-op)."""
+
+    def __init__(self, llm):
+        self._llm = llm
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        pass
+
+
+def test_health_while_loading_and_after_load_failure(llm, tiny_model_dir):
+    release = threading.Event()
+
+    def slow_loader():
+        release.wait(30)
+        return BorrowedLLM(llm)
+
+    settings = ServerSettings(model=tiny_model_dir)
+    with ServerThread(create_app(slow_loader, settings)) as server:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            loading = client.get("/health")
+            assert loading.status_code == 503 and loading.json()["status"] == "loading"
+            refused = client.post("/v1/completions", json={"model": "m", "prompt": PROMPT})
+            assert refused.status_code == 503 and refused.json()["error"]["message"]
+            assert client.get("/info").json()["status"] == "loading"
+            release.set()
+            deadline = time.monotonic() + 30
+            while client.get("/health").status_code != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            ok = client.post("/generate", json={"inputs": PROMPT,
+                                                "parameters": {"max_new_tokens": 2}})
+            assert ok.status_code == 200
+
+    errors = []
+
+    def broken_loader():
+        raise FileNotFoundError("no such model")
+
+    app = create_app(broken_loader, settings, on_fatal=errors.append)
+    with ServerThread(app) as server:
+        deadline = time.monotonic() + 30
+        while not errors:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        failed = httpx.get(f"{server.url}/health")
+        assert failed.status_code == 503
+        assert failed.json() == {"status": "failed", "error": "no such model"}
+
+
+def test_engine_failure_ends_requests_with_errors(server, http):
+    engine = server.llm.engine
+    working_step = engine.__dict__.get("step", engine.step)
+
+    def broken_step():
+        engine.step = working_step  # fail once
+        raise RuntimeError("injected failure")
+
+    payload = {"inputs": PROMPT, "parameters": {"max_new_tokens": 50}}
+    engine.step = broken_step
+    try:
+        with http.stream("POST", "/generate_stream", json=payload) as response:
+            assert response.status_code == 200
+            events = sse_payloads(response.iter_lines())
+        assert events[-1]["error_type"] == "generation"
+        assert "injected failure" in events[-1]["error"]
+        engine.step = broken_step
+        failed = http.post("/v1/completions", json={"model": "m", "prompt": PROMPT,
+                                                    "max_tokens": 50})
+        assert failed.status_code == 500
+        assert "injected failure" in failed.json()["error"]["message"]
+    finally:
+        engine.step = working_step
+    wait_idle(server.llm)
+    assert http.get("/health").status_code == 200
+    again = http.post("/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 2}})
+    assert again.status_code == 200
 
 
 def test_sigterm_drains_and_exits_zero(tiny_model_dir):
@@ -502,23 +588,27 @@ def test_sigterm_drains_and_exits_zero(tiny_model_dir):
                 pass
             assert time.monotonic() < deadline, "server did not become healthy"
             time.sleep(0.2)
-        payload = {"model": "m", "prompt": PROMPT, "max_tokens": 600, "temperature": 0,
+        # ~600 prompt tokens + 300 new ones stay in one block-table width bucket.
+        payload = {"model": "m", "prompt": "hello " * 600, "max_tokens": 300, "temperature": 0,
                    "ignore_eos": True, "stream": True}
         with httpx.Client(base_url=url, timeout=120) as client:
             with client.stream("POST", "/v1/completions", json=payload) as response:
                 lines = response.iter_lines()
                 first = next(line for line in lines if line.startswith("data:"))
                 process.send_signal(signal.SIGTERM)
-                time.sleep(0.2)
                 with httpx.Client(base_url=url, timeout=10) as other:
-                    assert other.get("/health").status_code == 503
+                    deadline = time.monotonic() + 10
+                    while other.get("/health").status_code != 503:
+                        assert time.monotonic() < deadline, "health never turned 503"
+                        time.sleep(0.01)
                     refused = other.post("/generate", json={"inputs": PROMPT})
                     assert refused.status_code == 503
+                    assert refused.json()["error_type"] == "unavailable"
                 events = sse_payloads([first, *lines])
         assert events[-1] == "[DONE]"
         assert events[-2]["choices"][0]["finish_reason"] == "length"
         text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
-        assert text
+        assert len(events) >= 300 and text
         assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:

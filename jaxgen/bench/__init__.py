@@ -1,0 +1,4 @@
+"""Benchmarks: offline throughput, latency/throughput sweeps, batching strategies, peer engines.
+
+Run them with ``jaxgen bench {offline,sweep,compare,peers}`` (see ``docs/benchmarks.md``).
+"""

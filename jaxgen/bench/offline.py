@@ -1,0 +1,143 @@
+"""Offline throughput of ``LLM.generate``: a cold pass (compiles included), then a warm pass."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import jax
+
+from jaxgen.bench import metrics
+from jaxgen.bench.workloads import Workload
+
+COUNTERS = ("steps", "step_time_s", "compiles", "preemptions", "prefix_cache_hit_pages",
+            "generation_tokens_total", "prompt_tokens_total")
+
+
+class DeviceTimer:
+    """Wraps a runner's jitted step to time it until its results are ready.
+
+    ``device_s`` is time inside the jitted call (dispatch + device work); the rest of the
+    engine's ``step_time_s`` is host work (batch layout, sampling tensors, transfers).
+    """
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.device_s = 0.0
+        self._original = None
+
+    def __enter__(self) -> DeviceTimer:
+        self._original = original = self.runner._step
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = jax.block_until_ready(original(*args, **kwargs))
+            self.device_s += time.perf_counter() - start
+            return out
+
+        self.runner._step = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner._step = self._original
+
+
+def _pass(llm, workload: Workload, name: str, use_tqdm: bool) -> dict:
+    prompts, params = workload.prompts(), workload.sampling_params()
+    before = llm.stats()
+    timer = DeviceTimer(llm.engine.runner)
+    with timer:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
+        seconds = time.perf_counter() - start
+    after = llm.stats()
+    delta = {key: after[key] - before[key] for key in COUNTERS}
+    output_tokens = sum(len(o.token_ids) for o in outputs)
+    mismatches = sum(len(o.token_ids) != r.output_len
+                     for o, r in zip(outputs, workload.requests, strict=True))
+    step_time = delta["step_time_s"]
+    capacity = after["kv_pages_peak"] * after["page_size"]
+    latencies = _request_latencies(outputs)
+    return {
+        "pass": name,
+        "seconds": seconds,
+        "output_tokens": output_tokens,
+        "output_tok_s": output_tokens / seconds,
+        "total_tok_s": (output_tokens + workload.input_tokens) / seconds,
+        "steps": delta["steps"],
+        "mean_step_ms": 1000.0 * step_time / max(delta["steps"], 1),
+        "output_tokens_per_step": output_tokens / max(delta["steps"], 1),
+        "compiles": delta["compiles"],
+        "preemptions": delta["preemptions"],
+        "prefix_cache_hit_pages": delta["prefix_cache_hit_pages"],
+        "kv_pages_peak": after["kv_pages_peak"],
+        "kv_tokens_peak": after["kv_tokens_peak"],
+        "kv_pages_total": after["kv_pages_total"],
+        "page_size": after["page_size"],
+        "kv_waste": 1.0 - after["kv_tokens_peak"] / capacity if capacity else None,
+        "step_time_s": step_time,
+        "device_time_s": timer.device_s,
+        "host_share_of_step": (step_time - timer.device_s) / step_time if step_time else None,
+        "host_share_of_wall": (seconds - timer.device_s) / seconds,
+        "length_mismatches": mismatches,
+        **latencies,
+    }
+
+
+def _request_latencies(outputs) -> dict:
+    """TTFT and e2e percentiles from the engine's per-request metrics (all arrive at once)."""
+    ttft, e2e = [], []
+    for out in outputs:
+        m = out.metrics or {}
+        if m.get("arrival_time") is not None and m.get("finish_time") is not None:
+            e2e.append(m["finish_time"] - m["arrival_time"])
+            if m.get("first_token_time") is not None:
+                ttft.append(m["first_token_time"] - m["arrival_time"])
+    row = {}
+    for name, values in (("ttft", ttft), ("e2e", e2e)):
+        for q in (50, 99):
+            row[f"{name}_p{q}_ms"] = 1000.0 * metrics.percentile(values, q)
+    return row
+
+
+def run_offline(llm, workload: Workload, *, warmup: bool = True, use_tqdm: bool = True,
+                warmup_workload: Workload | None = None) -> dict:
+    """Cold pass, then (``warmup``) the same workload again with the prefix cache emptied first,
+    so the warm pass measures steady-state speed, not reuse of the cold pass's prompt pages.
+    ``warmup_workload`` (e.g. a few prompts of the same shape) replaces the cold pass.
+
+    Returns ``{"cold": row, "warm": row or None}``.
+    """
+    first = warmup_workload if warmup and warmup_workload is not None else workload
+    cold = _pass(llm, first, "cold", use_tqdm)
+    warm = None
+    if warmup:
+        allocator = llm.engine.scheduler.allocator
+        with contextlib.suppress(AttributeError):
+            allocator.reset_prefix_cache()
+        warm = _pass(llm, workload, "warm", use_tqdm)
+    return {"cold": cold, "warm": warm}
+
+
+def headline(result: dict) -> dict:
+    """One row: the warm pass (or the cold one) plus the cold pass's throughput and compiles."""
+    main = dict(result["warm"] or result["cold"])
+    main["cold_output_tok_s"] = result["cold"]["output_tok_s"]
+    main["cold_compiles"] = result["cold"]["compiles"]
+    return main
+
+
+OFFLINE_COLUMNS = {
+    "pass": "pass",
+    "seconds": "seconds",
+    "output_tok_s": "output tok/s",
+    "total_tok_s": "in+out tok/s",
+    "steps": "steps",
+    "mean_step_ms": "ms/step",
+    "compiles": "compiles",
+    "kv_pages_peak": "KV pages peak",
+    "kv_waste": "KV waste",
+    "preemptions": "preemptions",
+    "host_share_of_step": "host share of step",
+    "host_share_of_wall": "host share of wall",
+}

@@ -1,0 +1,151 @@
+"""Capacity planning: KV bytes per token, how many pages and sequences fit, and the critical batch
+size where decode turns compute-bound. ``jaxgen plan`` prints it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from jaxgen.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """Datasheet numbers of one accelerator (dense peak, no sparsity)."""
+
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    peak_flops: dict  # dtype name -> FLOP/s
+
+
+GB = 10**9
+DEVICES = {
+    "h100": DeviceSpec(name="NVIDIA H100 SXM 80GB", memory_bytes=80 * GB,
+                       bandwidth_bytes_per_s=3.35e12,
+                       peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
+    "h200": DeviceSpec(name="NVIDIA H200 141GB", memory_bytes=141 * GB,
+                       bandwidth_bytes_per_s=4.8e12,
+                       peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
+    "a100": DeviceSpec(name="NVIDIA A100 SXM 80GB", memory_bytes=80 * GB,
+                       bandwidth_bytes_per_s=2.04e12,
+                       peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
+    "l4": DeviceSpec(name="NVIDIA L4 24GB", memory_bytes=24 * GB, bandwidth_bytes_per_s=300e9,
+                     peak_flops={"bfloat16": 121e12, "float16": 121e12, "float32": 30e12}),
+    "tpu-v5e": DeviceSpec(name="TPU v5e", memory_bytes=16 * GB, bandwidth_bytes_per_s=819e9,
+                          peak_flops={"bfloat16": 197e12, "float32": 197e12 / 4}),
+    "tpu-v5p": DeviceSpec(name="TPU v5p", memory_bytes=95 * GB, bandwidth_bytes_per_s=2.76e12,
+                          peak_flops={"bfloat16": 459e12, "float32": 459e12 / 4}),
+    # Measured on this project's 2-core CI machine (XLA fp32 matmul rate at decode shapes).
+    "cpu-2core": DeviceSpec(name="2-core x86 CPU (CI machine)", memory_bytes=24 * 2**30,
+                            bandwidth_bytes_per_s=10e9, peak_flops={"float32": 140e9}),
+}
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    num_params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int
+    num_pages: int
+    tokens_that_fit: int
+    sequences_at_context: int
+    critical_batch_size: float
+    decode_floor_ms_batch1: float
+
+    def lines(self, context: int, page_size: int) -> list[str]:
+        gib = 2**30
+        return [
+            f"parameters                  {self.num_params / 1e6:,.1f} M",
+            f"weight bytes                {self.weight_bytes / gib:,.3f} GiB",
+            f"KV bytes per token          {self.kv_bytes_per_token:,} B",
+            f"KV budget                   {self.kv_budget_bytes / gib:,.2f} GiB",
+            f"pages of {page_size} tokens          {self.num_pages:,}",
+            f"tokens that fit             {self.tokens_that_fit:,}",
+            f"sequences of {context} tokens     {self.sequences_at_context:,}",
+            f"critical batch size         {self.critical_batch_size:,.0f}"
+            "  (decode turns compute-bound above this)",
+            f"batch-1 decode floor        {self.decode_floor_ms_batch1:.3f} ms/token"
+            " (weight bytes / bandwidth)",
+        ]
+
+
+def make_plan(config: ModelConfig, *, device: DeviceSpec, dtype: str = "bfloat16",
+              context: int = 4096, page_size: int = 16, memory_utilization: float = 0.9,
+              tensor_parallel_degree: int = 1) -> Plan:
+    """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``."""
+    itemsize = DTYPE_BYTES[dtype]
+    weight_bytes = config.num_params * itemsize
+    kv_per_token = config.kv_bytes_per_token(itemsize)
+    total_memory = device.memory_bytes * tensor_parallel_degree
+    budget = max(int(total_memory * memory_utilization) - weight_bytes, 0)
+    num_pages = budget // (kv_per_token * page_size)
+    tokens = num_pages * page_size
+    pages_per_seq = -(-context // page_size)
+    flops = device.peak_flops.get(dtype) or max(device.peak_flops.values())
+    flops *= tensor_parallel_degree
+    bandwidth = device.bandwidth_bytes_per_s * tensor_parallel_degree
+    # Decode at batch B: 2*P*B FLOPs against P*itemsize weight bytes read once per step.
+    critical = flops * itemsize / (2 * bandwidth)
+    return Plan(
+        num_params=config.num_params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token,
+        kv_budget_bytes=budget, num_pages=num_pages, tokens_that_fit=tokens,
+        sequences_at_context=num_pages // pages_per_seq, critical_batch_size=critical,
+        decode_floor_ms_batch1=weight_bytes / bandwidth * 1e3,
+    )
+
+
+def model_config_only(model: str | None) -> ModelConfig:
+    """The model's config without loading weights (GGUF metadata or ``config.json``)."""
+    from jaxgen.loaders import resolve_model
+    from jaxgen.loaders.gguf_loader import GGUFFile
+    from jaxgen.loaders.hf_checkpoint import load_hf_config
+
+    path = resolve_model(model)
+    if os.path.isfile(path):
+        return ModelConfig.from_hf_dict(GGUFFile(path).hf_config())
+    if os.path.isfile(os.path.join(path, "jaxgen_orbax.json")):
+        import json
+
+        with open(os.path.join(path, "jaxgen_orbax.json")) as f:
+            return ModelConfig.from_hf_dict(json.load(f)["hf_config"])
+    return load_hf_config(path)
+
+
+def cmd_plan(args) -> int:
+    config = model_config_only(args.model)
+    base = DEVICES[args.device]
+    device = base
+    if args.device_memory or args.bandwidth or args.peak_flops:
+        device = dataclasses.replace(
+            base,
+            name=f"{base.name} (overridden)",
+            memory_bytes=int(args.device_memory or base.memory_bytes),
+            bandwidth_bytes_per_s=float(args.bandwidth or base.bandwidth_bytes_per_s),
+            peak_flops={args.dtype: float(args.peak_flops)} if args.peak_flops else base.peak_flops,
+        )
+    plan = make_plan(config, device=device, dtype=args.dtype, context=args.context,
+                     page_size=args.page_size, memory_utilization=args.memory_utilization,
+                     tensor_parallel_degree=args.tensor_parallel_degree)
+    print(f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
+          f"{args.tensor_parallel_degree}  dtype: {args.dtype}")
+    print("\n".join(plan.lines(args.context, args.page_size)))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="KV capacity and critical batch size")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
+    parser.add_argument("--device-memory", type=float, default=None, help="bytes per device")
+    parser.add_argument("--bandwidth", type=float, default=None, help="bytes/s per device")
+    parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s per device")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--memory-utilization", type=float, default=0.9)
+    parser.add_argument("--tensor-parallel-degree", type=int, default=1)
+    parser.set_defaults(func=cmd_plan)

@@ -1,0 +1,271 @@
+"""Sharded checks run in a fresh process (the device count must be set before jax starts).
+
+``python tests/sharded_worker.py MODE JSON_ARGS`` prints one line ``RESULT <json>``. The parent
+sets ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; ``multihost`` instead joins a
+``jax.distributed`` cluster of CPU processes over loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+SAMPLING = dict(temperature=0.0, max_tokens=6, ignore_eos=True)
+PROMPTS = ["Hello there", "The sea is deep and", "one two three"]
+ENGINE = dict(max_model_len=64, kv_cache_memory=4 << 20, max_rolling_batch_size=4)
+
+
+def generate(llm, prompts=PROMPTS, **sampling) -> list[list[int]]:
+    from jaxgen import SamplingParams
+
+    params = SamplingParams(**{**SAMPLING, **sampling})
+    return [out.token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def shard_shapes(array) -> list[list[int]]:
+    return [list(shard.data.shape) for shard in array.addressable_shards]
+
+
+def param_report(llm) -> dict:
+    """Spec and per-device shard shapes of representative weights and the KV pool."""
+    layer = llm.params["layers"][0]
+    arrays = {
+        "q_proj": layer["self_attn"]["q_proj"]["kernel"][...],
+        "k_proj": layer["self_attn"]["k_proj"]["kernel"][...],
+        "o_proj": layer["self_attn"]["o_proj"]["kernel"][...],
+        "up_proj": layer["mlp"]["up_proj"]["kernel"][...],
+        "down_proj": layer["mlp"]["down_proj"]["kernel"][...],
+        "embedding": llm.params["embed_tokens"]["embedding"][...],
+        "kv_pool": llm.engine.runner.kv_cache[0][0],
+    }
+    return {
+        name: {"spec": str(getattr(a.sharding, "spec", None)), "shards": shard_shapes(a)}
+        for name, a in arrays.items()
+    }
+
+
+def mode_tp(args: dict) -> dict:
+    """Degrees on an MHA model (tokens, logits, shard shapes) and a GQA model past its KV heads."""
+    import numpy as np
+
+    from jaxgen import LLM
+    from jaxgen.models.full_forward import full_sequence_logits
+
+    result = {"tokens": {}, "logits_max_diff": {}, "params": {}, "gqa": {}}
+    reference_logits = None
+    for degree in args["degrees"]:
+        llm = LLM(args["mha"], tensor_parallel_degree=degree, **ENGINE)
+        result["tokens"][degree] = generate(llm)
+        ids = llm.get_tokenizer().encode("The quick brown fox jumps over the lazy dog")
+        logits = full_sequence_logits(llm.loaded, ids)
+        if reference_logits is None:
+            reference_logits = logits
+        result["logits_max_diff"][degree] = float(np.abs(logits - reference_logits).max())
+        result["params"][degree] = param_report(llm)
+    for degree in args["gqa_degrees"]:
+        llm = LLM(args["gqa"], tensor_parallel_degree=degree, **ENGINE)
+        result["gqa"][degree] = {"tokens": generate(llm), "params": param_report(llm)}
+    return result
+
+
+def mode_smollm2(args: dict) -> dict:
+    """The default model (9 query heads, 3 KV heads): degree 3 vs 1, and degree 2 refused."""
+    from jaxgen import LLM
+    from jaxgen.loaders import load_model
+
+    try:
+        LLM(None, tensor_parallel_degree=2, **ENGINE)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    loaded = load_model(None)
+    prompts = ["The capital of France is", "Write a haiku about"]
+    result = {"degree2_error": error}
+    for degree in (1, 3):
+        llm = LLM(loaded, tensor_parallel_degree=degree, **ENGINE)
+        result[str(degree)] = generate(llm, prompts, max_tokens=4)
+        if degree == 3:
+            result["params"] = param_report(llm)
+    return result
+
+
+def mode_replicas(args: dict) -> dict:
+    """Two replicas x degree 2 on 4 devices vs one replica; AsyncLLM over the same."""
+    import asyncio
+
+    from jaxgen import LLM, AsyncLLM, SamplingParams
+
+    prompts = PROMPTS + ["a b c d e f g", "Once upon a time", "Sun and moon"]
+    single = LLM(args["model"], tensor_parallel_degree=2, **ENGINE)
+    expected = generate(single, prompts)
+    llm = LLM(args["model"], tensor_parallel_degree=2, data_parallel_size=2, **ENGINE)
+    outs = llm.generate(prompts, SamplingParams(**SAMPLING), use_tqdm=False)
+    stats = llm.stats()
+    devices = [
+        sorted(d.id for d in e.runner.params["lm_head"]["kernel"][...].devices())
+        for e in llm.engine.engines
+    ]
+    chat = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(**SAMPLING), use_tqdm=False)
+
+    async def run_async() -> tuple[list[list[int]], dict]:
+        engine = AsyncLLM(args["model"], tensor_parallel_degree=2, data_parallel_size=2, **ENGINE)
+
+        async def one(i, prompt):
+            tokens = []
+            async for out in engine.generate(
+                prompt, SamplingParams(**SAMPLING), request_id=f"r{i}"
+            ):
+                tokens += out.token_ids
+            return tokens
+
+        try:
+            tokens = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            await asyncio.sleep(0.2)  # let the engine thread publish its final stats
+            return list(tokens), engine.stats()
+        finally:
+            engine.shutdown()
+
+    async_tokens, async_stats = asyncio.run(run_async())
+    return {
+        "expected": expected,
+        "tokens": [o.token_ids for o in outs],
+        "request_ids": [o.request_id for o in outs],
+        "stats": {k: v for k, v in stats.items() if k != "replicas"},
+        "replica_stats": stats["replicas"],
+        "replica_devices": devices,
+        "chat_tokens": len(chat[0].token_ids),
+        "async_tokens": async_tokens,
+        "async_requests_routed": async_stats["requests_routed"],
+    }
+
+
+def mode_orbax(args: dict) -> dict:
+    """Restores a converted directory straight into degree-4 shardings."""
+    import numpy as np
+
+    from jaxgen import LLM
+
+    llm = LLM(args["converted"], tensor_parallel_degree=4, **ENGINE)
+    reference = LLM(args["original"], **ENGINE)
+    from flax import nnx
+
+    restored = dict(nnx.to_flat_state(llm.params))
+    equal = all(
+        np.array_equal(np.asarray(var.get_value()), np.asarray(restored[path].get_value()))
+        for path, var in nnx.to_flat_state(reference.params)
+    )
+    return {
+        "params_equal": equal,
+        "params": param_report(llm),
+        "tokens": generate(llm),
+        "expected": generate(reference),
+    }
+
+
+def mode_multihost(args: dict) -> dict:
+    """One process of a 2-process CPU cluster: degree 8 over both processes' devices."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        f"127.0.0.1:{args['port']}",
+        num_processes=args["num_processes"],
+        process_id=args["process_id"],
+        initialization_timeout=120,
+    )
+    from jaxgen import LLM
+
+    llm = LLM(args["model"], tensor_parallel_degree=len(jax.devices()), **ENGINE)
+    tokens = generate(llm)
+    q = llm.params["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
+    result = {
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "global_devices": len(jax.devices()),
+        "local_devices": len(jax.local_devices()),
+        "q_proj_global_shape": list(q.shape),
+        "q_proj_local_shards": shard_shapes(q),
+        "tokens": tokens,
+    }
+    jax.distributed.shutdown()
+    return result
+
+
+# -- parent side (no jax imports) ------------------------------------------------------------------
+def worker_env(num_devices: int) -> dict:
+    """The environment for a worker with ``num_devices`` simulated CPU devices."""
+    import os
+
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={num_devices}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def parse_result(stdout: str, stderr: str, returncode: int) -> dict:
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise AssertionError(f"worker failed (exit {returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
+
+
+def run_worker(mode: str, args: dict, *, num_devices: int, timeout: float = 300) -> dict:
+    """Runs ``mode`` in a fresh process with ``num_devices`` CPU devices; returns its result."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, __file__, mode, json.dumps(args)],
+        env=worker_env(num_devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return parse_result(proc.stdout, proc.stderr, proc.returncode)
+
+
+def run_cluster(
+    args: dict, *, num_processes: int, devices_per_process: int, timeout: float = 300
+) -> list[dict]:
+    """Runs ``mode_multihost`` in ``num_processes`` processes joined over loopback."""
+    import socket
+    import subprocess
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for process_id in range(num_processes):
+        worker_args = dict(args, port=port, process_id=process_id, num_processes=num_processes)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "multihost", json.dumps(worker_args)],
+                env=worker_env(devices_per_process),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            results.append(parse_result(stdout, stderr, proc.returncode))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def main() -> None:
+    mode, args = sys.argv[1], json.loads(sys.argv[2])
+    result = globals()[f"mode_{mode}"](args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
