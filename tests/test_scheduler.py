@@ -403,7 +403,7 @@ def test_preemption_by_recompute_reuses_cached_pages_of_the_preempted_sequence()
     )
     recomputed = [seq for seq in engine.all_seqs() if seq.num_preemptions]
     assert recomputed
-    assert engine.allocator.prefix_hits > 0
+    assert any(seq.num_cached_tokens > 0 for seq in recomputed), "readmitted from cached pages"
 
 
 # -- admission order and batching policies --------------------------------------------------------
@@ -781,7 +781,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=300,
+    max_examples=150,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -34,9 +34,11 @@ class PageAllocator:
         self.ref_counts = [0] * num_pages
         self.page_hash: dict[int, int] = {}  # page -> hash of its full token prefix
         self.page_tokens: dict[int, tuple[int, ...]] = {}
-        # The parent hash a page was registered under: with its tokens, checked on a hit, so a hash
-        # collision never shares a page whose own tokens match but whose prefix differs.
-        self.page_parent: dict[int, int | None] = {}
+        # A hit must match a page's tokens and, exactly, the prefix before them: the page (and its
+        # generation, bumped when the page is reused) that holds the prefix it was computed after.
+        # So a hash collision never shares the K/V of another prefix.
+        self.page_parent: dict[int, tuple[int, int] | None] = {}
+        self.page_generation = [0] * num_pages
         self.hash_to_page: dict[int, int] = {}
         self.prefix_hits = 0  # pages reused
         self.peak_used = 0
@@ -67,6 +69,7 @@ class PageAllocator:
             del self.hash_to_page[old]
             self.page_tokens.pop(page, None)
             self.page_parent.pop(page, None)
+        self.page_generation[page] += 1
         self.ref_counts[page] = 1
         return page
 
@@ -91,20 +94,20 @@ class PageAllocator:
             return 0
         tokens = seq.token_ids
         parent = None
+        prefix = None  # exactly which page holds the K/V of the tokens matched so far
         matched = 0
         for start in range(0, len(tokens) - 1 - self.page_size + 1, self.page_size):
             chunk = tuple(tokens[start : start + self.page_size])
             key = hash((parent, chunk))
             page = self.hash_to_page.get(key)
-            if page is None or self.page_tokens.get(page) != chunk:
-                break
-            if self.page_parent.get(page) != parent:
+            if page is None or not self._holds(page, prefix, chunk):
                 break
             if self.ref_counts[page] == 0:
                 del self.free_pages[page]
             self.ref_counts[page] += 1
             seq.block_table.append(page)
             parent = key
+            prefix = (page, self.page_generation[page])
             matched += self.page_size
         self.prefix_hits += matched // self.page_size
         self.peak_used = max(self.peak_used, self.num_used_pages)
@@ -116,6 +119,7 @@ class PageAllocator:
             return
         tokens = seq.token_ids
         parent = None
+        prefix = None
         num_full = min(seq.num_computed_tokens, len(tokens)) // self.page_size
         for i in range(num_full):
             page = seq.block_table[i]
@@ -125,9 +129,20 @@ class PageAllocator:
                 if key not in self.hash_to_page:
                     self.hash_to_page[key] = page
                     self.page_tokens[page] = chunk
-                    self.page_parent[page] = parent
+                    self.page_parent[page] = prefix
                 self.page_hash[page] = key
+            # Children refer to the page a later lookup finds for this prefix (when it holds the
+            # same K/V), so pages computed after a duplicate of a cached page stay reusable.
+            found = self.hash_to_page.get(key)
+            if found is None or not self._holds(found, prefix, chunk):
+                found = page
             parent = key
+            prefix = (found, self.page_generation[found])
+
+    def _holds(self, page: int, prefix: tuple[int, int] | None, chunk: tuple[int, ...]) -> bool:
+        """Whether cached ``page`` holds the K/V of ``chunk`` right after exactly ``prefix``."""
+        return (page in self.page_tokens and self.page_tokens[page] == chunk
+                and self.page_parent[page] == prefix)
 
     def free(self, seq: Sequence) -> None:
         """Releases ``seq``'s pages (shared pages stay until their last user frees them)."""
