@@ -8,6 +8,7 @@ array is read from disk directly into its target device layout.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -83,22 +84,32 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
     ``sharding_for(path)`` method (``jaxgen.sharding.ShardingPlan``) has each array restored
     directly into that sharding; any other ``place(path, array)`` gets host arrays.
     """
-    import orbax.checkpoint as ocp
-
     from jaxgen.loaders import LoadedModel
-    from jaxgen.models.weights import abstract_model
-    from jaxgen.sharding import path_name
     from jaxgen.tokenizer import load_tokenizer
 
     start = time.perf_counter() if start is None else start
     metadata = read_metadata(path)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # tokenizer loads during the restore
+        tokenizer = pool.submit(load_tokenizer, path)
+        params, graphdef, config = _restore(path, metadata, dtype, place)
+        tokenizer = tokenizer.result()
+    seconds = time.perf_counter() - start
+    return LoadedModel(config, graphdef, params, tokenizer, path, dtype, seconds)
+
+
+def _restore(path: str, metadata: dict, dtype, place):
+    import orbax.checkpoint as ocp
+
+    from jaxgen.models.weights import abstract_model
+    from jaxgen.sharding import path_name
+
     config = config_from_dict(metadata["config"])
     graphdef, abstract = abstract_model(config, dtype)
     flat = nnx.to_flat_state(abstract)
     if hasattr(place, "bind"):  # a deferred placement: plan it for this config
         place = place.bind(config)
     sharding_for = getattr(place, "sharding_for", None)
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = {}
     for key, var in flat:
         value = var.get_value()
@@ -112,7 +123,4 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
         if place is not None and sharding_for is None:
             value = place(key, np.asarray(value))
         leaves.append((key, var.replace(value)))
-    params = nnx.from_flat_state(leaves)
-    tokenizer = load_tokenizer(path)
-    seconds = time.perf_counter() - start
-    return LoadedModel(config, graphdef, params, tokenizer, path, dtype, seconds)
+    return nnx.from_flat_state(leaves), graphdef, config

@@ -1,0 +1,178 @@
+"""Tensor parallelism: the rule table, plans, and sharded generation on simulated CPU devices.
+
+Sharded runs happen in a fresh process (``tests/sharded_worker.py``): the device count must be
+set before jax starts, and this pytest process may already have started it with one device.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxgen.config import ModelConfig
+from jaxgen.models.weights import abstract_model
+from jaxgen.sharding import (
+    KV_POOL_LOGICAL_AXES,
+    LOGICAL_AXIS_RULES,
+    PARAM_LOGICAL_AXES,
+    ShardingPlan,
+    logical_axes,
+    make_mesh,
+    path_name,
+    resolve_rules,
+)
+from tests.conftest import save_tiny_model
+from tests.sharded_worker import run_worker
+
+SMOLLM2_SHAPE = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=2,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
+)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    base = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=8,
+    )
+    return ModelConfig(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def mha_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-mha8"))
+    return save_tiny_model(path, smollm2_tokenizer, num_attention_heads=8, num_key_value_heads=8)
+
+
+@pytest.fixture(scope="module")
+def gqa_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-gqa8-2"))
+    return save_tiny_model(path, smollm2_tokenizer, num_attention_heads=8, num_key_value_heads=2)
+
+
+# -- the rule table (no devices needed) ------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"tie_word_embeddings": True}, {"qkv_bias": True, "o_bias": True, "mlp_bias": True}],
+)
+def test_every_parameter_declares_its_axes_once(overrides):
+    _, state = abstract_model(tiny_config(**overrides), jnp.float32)
+    for path, var in nnx.to_flat_state(state):
+        name = path_name(path)
+        matches = [axes for pattern, axes in PARAM_LOGICAL_AXES if re.fullmatch(pattern, name)]
+        assert len(matches) == 1, name
+        assert len(matches[0]) == var.get_value().ndim, name
+        assert set(matches[0]) - {None} <= dict(LOGICAL_AXIS_RULES).keys()
+
+
+def test_rules_are_megatron_style():
+    rules = dict(LOGICAL_AXIS_RULES)
+    assert rules == {
+        "vocab": "model",
+        "embed": None,
+        "heads": "model",
+        "kv_heads": "model",
+        "mlp": "model",
+    }
+    assert logical_axes(("layers", 3, "self_attn", "q_proj", "kernel")) == ("embed", "heads")
+    assert logical_axes(("layers", 0, "mlp", "down_proj", "kernel")) == ("mlp", "embed")
+    assert logical_axes(("embed_tokens", "embedding")) == ("vocab", "embed")
+    assert KV_POOL_LOGICAL_AXES[0] == "kv_heads"
+    with pytest.raises(ValueError, match="no logical axes"):
+        logical_axes(("layers", 0, "mystery", "kernel"))
+
+
+def test_degree_not_dividing_query_heads_is_a_clear_error():
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_degree=2 .* 9 query heads \(3 KV heads\)"
+    ):
+        resolve_rules(ModelConfig(**SMOLLM2_SHAPE), 2)
+    rules, notes = resolve_rules(ModelConfig(**SMOLLM2_SHAPE), 3)
+    assert dict(rules)["kv_heads"] == "model" and not notes
+
+
+def test_fallbacks_replicate_axes_that_do_not_split():
+    rules, notes = resolve_rules(
+        tiny_config(num_kv_heads=2, vocab_size=250, intermediate_size=100), 8
+    )
+    rules = dict(rules)
+    assert rules["heads"] == "model"
+    assert rules["kv_heads"] is None and rules["vocab"] is None and rules["mlp"] is None
+    assert len(notes) == 3 and any("KV heads" in n for n in notes)
+
+
+def test_plan_on_one_device():
+    mesh = make_mesh(1, devices=jax.devices()[:1])
+    plan = ShardingPlan.create(tiny_config(), mesh)
+    array = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    placed = plan(("layers", 0, "self_attn", "q_proj", "kernel"), array)
+    np.testing.assert_array_equal(np.asarray(placed), array)
+    assert plan.kv_sharding.spec == jax.sharding.PartitionSpec("model", None, None, None)
+
+
+def test_too_few_devices_is_a_clear_error():
+    with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+        make_mesh(len(jax.devices()) + 1)
+
+
+def test_llm_rejects_bad_degree_before_loading(tiny_model_dir):
+    from jaxgen import LLM
+
+    with pytest.raises(ValueError, match=r"4 query heads \(2 KV heads\)"):
+        LLM(tiny_model_dir, tensor_parallel_degree=3)
+
+
+# -- sharded runs on 8 simulated devices ------------------------------------------------------------
+def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
+    result = run_worker(
+        "tp",
+        {"mha": mha_dir, "gqa": gqa_dir, "degrees": [1, 2, 4, 8], "gqa_degrees": [1, 4]},
+        num_devices=8,
+    )
+    tokens = result["tokens"]
+    for degree in ("2", "4", "8"):
+        assert tokens[degree] == tokens["1"], degree
+        assert result["logits_max_diff"][degree] < 1e-4, degree
+    # Parameters are really split: whole heads per device, row/column/vocab parallel.
+    for degree in (2, 4, 8):
+        params = result["params"][str(degree)]
+        assert params["q_proj"]["shards"] == [[64, 64 // degree]] * degree
+        assert params["k_proj"]["shards"] == [[64, 64 // degree]] * degree
+        assert params["o_proj"]["shards"] == [[64 // degree, 64]] * degree
+        assert params["up_proj"]["shards"] == [[64, 128 // degree]] * degree
+        assert params["down_proj"]["shards"] == [[128 // degree, 64]] * degree
+        assert params["embedding"]["shards"] == [[49152 // degree, 64]] * degree
+        assert all(shape[0] == 8 // degree for shape in params["kv_pool"]["shards"])
+    # GQA with 2 KV heads at degree 4: query heads split, KV projections and pool replicated.
+    gqa = result["gqa"]
+    assert gqa["4"]["tokens"] == gqa["1"]["tokens"]
+    assert gqa["4"]["params"]["q_proj"]["shards"] == [[64, 16]] * 4
+    assert gqa["4"]["params"]["k_proj"]["shards"] == [[64, 16]] * 4  # 2 heads x 8, whole
+    assert all(shape[0] == 2 for shape in gqa["4"]["params"]["kv_pool"]["shards"])
+
+
+@pytest.mark.slow
+def test_smollm2_degree_3_matches_degree_1():
+    result = run_worker("smollm2", {}, num_devices=8, timeout=600)
+    assert "9 query heads (3 KV heads)" in result["degree2_error"]
+    assert result["3"] == result["1"]
+    params = result["params"]
+    assert params["q_proj"]["shards"] == [[576, 192]] * 3  # 3 of 9 heads each
+    assert params["k_proj"]["shards"] == [[576, 64]] * 3  # 1 of 3 KV heads each
+    assert all(shape[0] == 1 for shape in params["kv_pool"]["shards"])
