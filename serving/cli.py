@@ -97,6 +97,14 @@ def settings_from_args(args: argparse.Namespace, environ=None):
     )
 
 
+def check_engine_knobs(settings) -> None:
+    """Raises ``ValueError`` for engine knobs ``EngineConfig`` refuses."""
+    from jaxgen.engine.engine_config import EngineConfig
+    from serving.settings import engine_knobs
+
+    EngineConfig(**engine_knobs(settings, set(EngineConfig.__dataclass_fields__)))
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Starts the server; returns the exit code (0 after a SIGTERM drain)."""
     import uvicorn
@@ -106,6 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from serving.server import DrainingServer
 
     settings = settings_from_args(args)
+    check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

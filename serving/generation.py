@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import math
@@ -219,8 +220,9 @@ class Generation:
 async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
     """Interleaves several async iterators as ``(index, item)``; errors propagate."""
     if len(streams) == 1:
-        async for item in streams[0]:
-            yield 0, item
+        async with contextlib.aclosing(streams[0]) as stream:
+            async for item in stream:
+                yield 0, item
         return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()

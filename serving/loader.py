@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from serving.settings import ServerSettings, engine_knobs
+from serving.settings import ServerSettings, SettingsError, engine_knobs
 
 logger = logging.getLogger("serving")
 
@@ -13,28 +13,36 @@ def build_llm(settings: ServerSettings):
     """Loads the model and starts an ``AsyncLLM`` with the settings' engine knobs.
 
     ``kv_cache_tokens`` (TGI's MAX_BATCH_TOTAL_TOKENS) becomes a KV budget in bytes once the
-    model's bytes per token are known.
+    model's bytes per token are known (single-device engines only).
     """
     import jax.numpy as jnp
 
     from jaxgen.async_llm import AsyncLLM
     from jaxgen.engine.engine_config import EngineConfig
-    from jaxgen.engine.llm_engine import LLMEngine
     from jaxgen.loaders import load_model
+    from jaxgen.replicas import create_engine
 
     fields = set(EngineConfig.__dataclass_fields__)
     knobs = engine_knobs(settings, fields)
     if settings.tensor_parallel_degree not in (None, 1) and "tensor_parallel_degree" not in fields:
         logger.warning(
-            "tensor_parallel_degree=%s is not supported by this engine yet; ignored",
+            "tensor_parallel_degree=%s is not supported by this engine; ignored",
             settings.tensor_parallel_degree,
         )
     config = EngineConfig(**knobs)  # check the knobs before the slow load
-    loaded = load_model(settings.model, dtype=settings.dtype)
+    model = settings.model
     if settings.kv_cache_tokens is not None:
-        per_token = loaded.config.kv_bytes_per_token(jnp.dtype(loaded.dtype).itemsize)
+        if getattr(config, "tensor_parallel_degree", 1) != 1 or (
+            getattr(config, "data_parallel_size", 1) != 1
+        ):
+            raise SettingsError(
+                "MAX_BATCH_TOTAL_TOKENS / --max-batch-total-tokens needs a single-device engine; "
+                "give --kv-cache-memory instead"
+            )
+        model = load_model(settings.model, dtype=settings.dtype)
+        per_token = model.config.kv_bytes_per_token(jnp.dtype(model.dtype).itemsize)
         knobs["kv_cache_memory"] = settings.kv_cache_tokens * per_token
         config = EngineConfig(**knobs)
-    engine = LLMEngine(loaded, config)
-    logger.info("loaded %s in %.1f s (%s)", loaded.source, loaded.load_seconds, config)
+    engine = create_engine(model, dtype=settings.dtype, config=config)
+    logger.info("loaded %s (%s)", engine.loaded.source, config)
     return AsyncLLM(engine=engine)

@@ -167,7 +167,9 @@ def watch_engine_steps(llm, callback: Callable[[int], None]) -> Callable[[], Non
     several apps sharing one engine share the wrapper.
     """
     engine = getattr(llm, "engine", None)
-    if engine is None or not hasattr(engine, "step"):
+    if engine is None or not all(
+        hasattr(engine, a) for a in ("step", "num_steps", "last_batch_size")
+    ):
         return lambda: None
     with _HOOK_LOCK:
         callbacks = engine.__dict__.get("_serving_step_callbacks")

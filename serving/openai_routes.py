@@ -179,7 +179,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
     )
     prompt_texts = [t if isinstance(t, str) else None for t in texts]
     return OpenAIRequest(
-        fields.string("model", state.settings.model_name),
+        state.settings.model_name,
         prompts,
         prompt_texts,
         params,
@@ -222,7 +222,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         max_tokens_key="max_completion_tokens",
     )
     return OpenAIRequest(
-        fields.string("model", state.settings.model_name),
+        state.settings.model_name,
         [prompt],
         [text],
         params,
@@ -280,21 +280,22 @@ async def serve(request: Request, parse, format_class) -> Response:
         ticket = state.admit()
     except RequestError as error:
         return openai_error(error)
-    generations = [
-        Generation(state, ticket, prompt, params)
-        for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
-    ]
-    formatter = format_class(
-        state,
-        parsed,
-        request_id=f"{format_class.prefix}-{uuid.uuid4().hex}",
-        created=int(time.time()),
-    )
-    if parsed.stream:
-        return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
+    streaming = False
     try:
-        work = asyncio.gather(*(g.run() for g in generations))
-        results = await run_until_disconnect(request.receive, work)
+        generations = [
+            Generation(state, ticket, prompt, params)
+            for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
+        ]
+        formatter = format_class(
+            state,
+            parsed,
+            request_id=f"{format_class.prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+        )
+        if parsed.stream:
+            streaming = True  # the response releases the ticket when it ends
+            return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
+        results = await run_until_disconnect(request.receive, run_all(generations))
     except RequestError as error:
         return openai_error(error)
     except GenerationAborted as error:
@@ -302,8 +303,20 @@ async def serve(request: Request, parse, format_class) -> Response:
     except GenerationFailed as error:
         return openai_error(RequestError(f"generation failed: {error}", kind="generation"))
     finally:
-        ticket.release()
+        if not streaming:
+            ticket.release()
     return JSONResponse(formatter.response(results))
+
+
+async def run_all(generations: list[Generation]) -> list:
+    """Runs the generations together; if one fails, the others are cancelled (and aborted)."""
+    tasks = [asyncio.ensure_future(generation.run()) for generation in generations]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stream_chunks(formatter, generations: list[Generation]):

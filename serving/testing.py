@@ -24,7 +24,6 @@ def shared_llm(model: str, **knobs):
     return llm
 
 
-
 # Engine knobs the server tests share (a small KV pool keeps CPU steps fast).
 TINY_ENGINE_KNOBS = dict(
     max_model_len=256,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -231,43 +232,50 @@ async def generate_stream(request: Request) -> Response:
 
 
 async def stream_events(state, parsed: TgiRequest, generation: Generation):
-    texts = state.token_texts
+    """TGI's stream: one event per token; errors after acceptance end it with an error event."""
     index = 0
     try:
-        async for deltas in generation.stream():
-            for delta in deltas:
-                logprobs = delta.logprobs or [None] * len(delta.token_ids)
-                for k, (token_id, text, entry) in enumerate(
-                    zip(delta.token_ids, delta.token_texts, logprobs, strict=True)
-                ):
-                    index += 1
-                    last = delta.finish_reason is not None and k == len(delta.token_ids) - 1
-                    event = {
-                        "index": index,
-                        "token": token_json(texts, token_id, text, token_logprob(entry, token_id)),
-                        "top_tokens": top_tokens_json(texts, entry, parsed.top_n_tokens)
-                        if parsed.top_n_tokens
-                        else None,
-                        "generated_text": None,
-                        "details": None,
-                    }
-                    if last:
-                        completion = generation.completions[0]
-                        prefix = parsed.inputs if parsed.return_full_text else ""
-                        event["generated_text"] = prefix + completion.text
-                        event["details"] = {
-                            "finish_reason": finish_reason(completion),
-                            "generated_tokens": len(completion.token_ids),
-                            "seed": parsed.seed,
-                            "input_length": len(parsed.prompt_token_ids),
-                        }
-                    yield sse_event(event)
+        async with contextlib.aclosing(generation.stream()) as deltas_stream:
+            async for deltas in deltas_stream:
+                for delta in deltas:
+                    for event in token_events(state, parsed, generation, delta, index):
+                        index += 1
+                        yield sse_event(event)
     except RequestError as error:
         yield sse_event({"error": error.message, "error_type": "validation"})
     except GenerationAborted as error:
         yield sse_event({"error": f"Request aborted: {error}", "error_type": "generation"})
     except GenerationFailed as error:
         yield sse_event({"error": f"Generation failed: {error}", "error_type": "generation"})
+
+
+def token_events(state, parsed: TgiRequest, generation: Generation, delta, index: int):
+    """The events for one step's tokens; the last token of a finished request carries the
+    full text and details."""
+    texts = state.token_texts
+    logprobs = delta.logprobs or [None] * len(delta.token_ids)
+    tokens = list(zip(delta.token_ids, delta.token_texts, logprobs, strict=True))
+    for k, (token_id, text, entry) in enumerate(tokens, start=1):
+        event = {
+            "index": index + k,
+            "token": token_json(texts, token_id, text, token_logprob(entry, token_id)),
+            "top_tokens": top_tokens_json(texts, entry, parsed.top_n_tokens)
+            if parsed.top_n_tokens
+            else None,
+            "generated_text": None,
+            "details": None,
+        }
+        if delta.finish_reason is not None and k == len(tokens):
+            completion = generation.completions[0]
+            prefix = parsed.inputs if parsed.return_full_text else ""
+            event["generated_text"] = prefix + completion.text
+            event["details"] = {
+                "finish_reason": finish_reason(completion),
+                "generated_tokens": len(completion.token_ids),
+                "seed": parsed.seed,
+                "input_length": len(parsed.prompt_token_ids),
+            }
+        yield event
 
 
 async def compat_generate(request: Request) -> Response:

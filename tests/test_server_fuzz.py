@@ -15,15 +15,35 @@ from serving.app import create_app
 from serving.settings import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 
-POST_ROUTES = ["/generate", "/generate_stream", "/", "/invocations", "/v1/completions",
-               "/v1/chat/completions"]
+POST_ROUTES = [
+    "/generate",
+    "/generate_stream",
+    "/",
+    "/invocations",
+    "/v1/completions",
+    "/v1/chat/completions",
+]
 STREAMING = {"/generate_stream"}
 
-ADVERSARIAL_TEXT = st.sampled_from([
-    "", " ", "\x00", "\ud800", "\udfff tail", "<|im_end|>", "<|im_start|>system", "😀" * 40,
-    "\u202e\u200b", "{{ raise_exception('boom') }}", "{% for x in range(10**9) %}{% endfor %}",
-    "a" * 3000, "hello " * 400, "\\u0000", "null",
-])
+ADVERSARIAL_TEXT = st.sampled_from(
+    [
+        "",
+        " ",
+        "\x00",
+        "\ud800",
+        "\udfff tail",
+        "<|im_end|>",
+        "<|im_start|>system",
+        "😀" * 40,
+        "\u202e\u200b",
+        "{{ raise_exception('boom') }}",
+        "{% for x in range(10**9) %}{% endfor %}",
+        "a" * 3000,
+        "hello " * 400,
+        "\\u0000",
+        "null",
+    ]
+)
 JUNK = st.one_of(
     st.none(),
     st.booleans(),
@@ -35,8 +55,11 @@ JUNK = st.one_of(
     st.lists(st.text(max_size=4), max_size=6),
     st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
 )
-PROMPT_TEXT = st.one_of(st.sampled_from(["Hello", "The quick brown fox", "1 2 3"]),
-                        st.text(max_size=40), ADVERSARIAL_TEXT)
+PROMPT_TEXT = st.one_of(
+    st.sampled_from(["Hello", "The quick brown fox", "1 2 3"]),
+    st.text(max_size=40),
+    ADVERSARIAL_TEXT,
+)
 
 
 SMALL_TOKENS = st.integers(min_value=1, max_value=6)
@@ -69,8 +92,9 @@ OPENAI_COMMON = {
     "max_tokens": SMALL_TOKENS,
     "temperature": st.just(0.0),
     "top_p": st.just(1.0),
-    "stop": st.one_of(st.text(min_size=1, max_size=3),
-                      st.lists(st.text(min_size=1, max_size=3), max_size=4)),
+    "stop": st.one_of(
+        st.text(min_size=1, max_size=3), st.lists(st.text(min_size=1, max_size=3), max_size=4)
+    ),
     "seed": st.integers(min_value=-(2**63), max_value=2**64 - 1),
     "stream": st.booleans(),
     "presence_penalty": st.just(0.0),
@@ -79,43 +103,80 @@ OPENAI_COMMON = {
     "ignore_eos": st.booleans(),
     "user": st.text(max_size=5),
 }
-MESSAGE = st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "user", "assistant", "developer"]),
-    "content": st.one_of(
-        PROMPT_TEXT,
-        st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": PROMPT_TEXT}),
-                 max_size=2),
-    ),
-})
+MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant", "developer"]),
+        "content": st.one_of(
+            PROMPT_TEXT,
+            st.lists(
+                st.fixed_dictionaries({"type": st.just("text"), "text": PROMPT_TEXT}), max_size=2
+            ),
+        ),
+    }
+)
 VALID = {
-    "tgi": st.fixed_dictionaries({
-        "inputs": PROMPT_TEXT,
-        "parameters": st.fixed_dictionaries({}, optional=TGI_PARAMETERS),
-    }),
+    "tgi": st.fixed_dictionaries(
+        {
+            "inputs": PROMPT_TEXT,
+            "parameters": st.fixed_dictionaries({}, optional=TGI_PARAMETERS),
+        }
+    ),
     "/v1/completions": st.fixed_dictionaries(
-        {"prompt": st.one_of(PROMPT_TEXT, st.lists(PROMPT_TEXT, min_size=1, max_size=2),
-                             st.lists(st.integers(0, 49151), min_size=1, max_size=4))},
+        {
+            "prompt": st.one_of(
+                PROMPT_TEXT,
+                st.lists(PROMPT_TEXT, min_size=1, max_size=2),
+                st.lists(st.integers(0, 49151), min_size=1, max_size=4),
+            )
+        },
         optional={"logprobs": st.sampled_from([0, 2]), "echo": st.booleans(), **OPENAI_COMMON},
     ),
     "/v1/chat/completions": st.fixed_dictionaries(
         {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
-        optional={"logprobs": st.booleans(), "max_completion_tokens": SMALL_TOKENS,
-                  "response_format": st.just({"type": "text"}), **OPENAI_COMMON},
+        optional={
+            "logprobs": st.booleans(),
+            "max_completion_tokens": SMALL_TOKENS,
+            "response_format": st.just({"type": "text"}),
+            **OPENAI_COMMON,
+        },
     ),
 }
 # Where junk may go: top-level keys, nested parameter keys, message fields.
 MUTABLE = {
-    "tgi": [("inputs",), ("parameters",), ("stream",), ("extra",),
-            *[("parameters", key) for key in TGI_PARAMETERS]],
-    "/v1/completions": [("prompt",), ("logprobs",), ("echo",), ("suffix",), ("best_of",),
-                        ("logit_bias",), ("stream_options",), ("extra",),
-                        *[(key,) for key in OPENAI_COMMON]],
-    "/v1/chat/completions": [("messages",), ("messages", 0), ("messages", 0, "role"),
-                             ("messages", 0, "content"), ("messages", 0, "content", 0),
-                             ("logprobs",), ("top_logprobs",), ("max_completion_tokens",),
-                             ("tools",), ("tool_choice",), ("response_format",),
-                             ("stream_options",), ("extra",),
-                             *[(key,) for key in OPENAI_COMMON]],
+    "tgi": [
+        ("inputs",),
+        ("parameters",),
+        ("stream",),
+        ("extra",),
+        *[("parameters", key) for key in TGI_PARAMETERS],
+    ],
+    "/v1/completions": [
+        ("prompt",),
+        ("logprobs",),
+        ("echo",),
+        ("suffix",),
+        ("best_of",),
+        ("logit_bias",),
+        ("stream_options",),
+        ("extra",),
+        *[(key,) for key in OPENAI_COMMON],
+    ],
+    "/v1/chat/completions": [
+        ("messages",),
+        ("messages", 0),
+        ("messages", 0, "role"),
+        ("messages", 0, "content"),
+        ("messages", 0, "content", 0),
+        ("logprobs",),
+        ("top_logprobs",),
+        ("max_completion_tokens",),
+        ("tools",),
+        ("tool_choice",),
+        ("response_format",),
+        ("stream_options",),
+        ("extra",),
+        *[(key,) for key in OPENAI_COMMON],
+    ],
 }
 
 
@@ -138,13 +199,28 @@ def mutate(body, path: tuple, value) -> None:
 
 RAW_BODIES = st.one_of(
     st.binary(max_size=64),
-    st.sampled_from([
-        b"", b"{", b"}", b"null", b"[]", b'"text"', b"123", b"{" * 3000 + b"}" * 3000,
-        b"[" * 100000, b'{"inputs": ' + b"1" * 5000 + b"}", b'{"inputs": "x", "a": NaN}',
-        b'{"inputs": "\\ud800"}', b'{"prompt": "\\udc00", "model": "m"}', b"\xef\xbb\xbf{}",
-        '{"inputs": "x"}'.encode("utf-16"), b'{"inputs": "x"}\x00', b'{"inputs":"x"}{"inputs":"y"}',
-        b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
-    ]),
+    st.sampled_from(
+        [
+            b"",
+            b"{",
+            b"}",
+            b"null",
+            b"[]",
+            b'"text"',
+            b"123",
+            b"{" * 3000 + b"}" * 3000,
+            b"[" * 100000,
+            b'{"inputs": ' + b"1" * 5000 + b"}",
+            b'{"inputs": "x", "a": NaN}',
+            b'{"inputs": "\\ud800"}',
+            b'{"prompt": "\\udc00", "model": "m"}',
+            b"\xef\xbb\xbf{}",
+            '{"inputs": "x"}'.encode("utf-16"),
+            b'{"inputs": "x"}\x00',
+            b'{"inputs":"x"}{"inputs":"y"}',
+            b'{"messages": [{"role": "user", "content": "\\ud83d"}]}',
+        ]
+    ),
 )
 
 
@@ -174,8 +250,9 @@ def check_response(response: httpx.Response, path: str) -> None:
             assert body["error"] and body["error_type"]
         return
     if content_type.startswith("text/event-stream"):
-        events = [line[5:].strip() for line in response.text.splitlines()
-                  if line.startswith("data:")]
+        events = [
+            line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")
+        ]
         assert events, response.text[:300]
         for event in events:
             if event == "[DONE]":
@@ -196,9 +273,17 @@ def post(server, path: str, body) -> None:
     check_response(response, path)
 
 
-FUZZ = settings(max_examples=60, deadline=None, database=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                       HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 @pytest.mark.parametrize("path", POST_ROUTES)
@@ -239,8 +324,9 @@ def test_oversized_and_odd_requests(server, path):
 
 def test_server_healthy_afterwards(server):
     assert server.client.get("/health").status_code == 200
-    ok = server.client.post("/generate", json={"inputs": "Hello",
-                                               "parameters": {"max_new_tokens": 2}})
+    ok = server.client.post(
+        "/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 2}}
+    )
     assert ok.status_code == 200
     deadline = time.monotonic() + 30
     while True:

@@ -112,7 +112,12 @@ def test_tgi_environment_overrides_file(properties_file):
 
 
 def test_environment_aliases():
-    both = {"MAX_INPUT_TOKENS": "10", "MAX_INPUT_LENGTH": "20", "NUM_SHARD": "2", "SM_NUM_GPUS": "8"}
+    both = {
+        "MAX_INPUT_TOKENS": "10",
+        "MAX_INPUT_LENGTH": "20",
+        "NUM_SHARD": "2",
+        "SM_NUM_GPUS": "8",
+    }
     settings = resolve_settings({}, both)
     assert settings.max_input_tokens == 10  # the newer TGI name wins
     assert settings.tensor_parallel_degree == 2
@@ -124,13 +129,31 @@ def test_environment_aliases():
 
 def test_flags_override_everything(properties_file):
     environ = {"MAX_CONCURRENT_REQUESTS": "7", "MAX_BATCH_PREFILL_TOKENS": "2048"}
-    args = parse([
-        "--model", "/models/from-flag", "--max-concurrent-requests", "3",
-        "--max-rolling-batch-prefill-tokens", "64", "--batching", "continuous",
-        "--max-batch-delay", "0.5", "--dtype", "fp32", "--port", "9000",
-        "--kv-cache-memory", "64MiB", "--drain-timeout", "2.5", "--no-prefix-caching",
-        "--properties", properties_file,
-    ])
+    args = parse(
+        [
+            "--model",
+            "/models/from-flag",
+            "--max-concurrent-requests",
+            "3",
+            "--max-rolling-batch-prefill-tokens",
+            "64",
+            "--batching",
+            "continuous",
+            "--max-batch-delay",
+            "0.5",
+            "--dtype",
+            "fp32",
+            "--port",
+            "9000",
+            "--kv-cache-memory",
+            "64MiB",
+            "--drain-timeout",
+            "2.5",
+            "--no-prefix-caching",
+            "--properties",
+            properties_file,
+        ]
+    )
     settings = settings_from_args(args, environ)
     assert settings.model == "/models/from-flag"
     assert settings.max_concurrent_requests == 3
@@ -153,8 +176,15 @@ def test_unset_flags_fall_through():
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("64MiB", 64 << 20), ("2GiB", 2 << 30), ("1048576", 1 << 20), ("0.5", 0.5),
-     ("1", 1.0), ("512k", 512 << 10), ("1.5g", int(1.5 * (1 << 30)))],
+    [
+        ("64MiB", 64 << 20),
+        ("2GiB", 2 << 30),
+        ("1048576", 1 << 20),
+        ("0.5", 0.5),
+        ("1", 1.0),
+        ("512k", 512 << 10),
+        ("1.5g", int(1.5 * (1 << 30))),
+    ],
 )
 def test_kv_cache_memory_units(text, value):
     assert parse_kv_cache_memory(text, "test") == value
@@ -197,28 +227,32 @@ def test_properties_syntax(tmp_path):
 
 
 def test_engine_knobs_only_known_fields():
-    settings = ServerSettings(engine={"batching": "paged", "page_size": 8},
-                              tensor_parallel_degree=2)
-    assert engine_knobs(settings, {"batching", "page_size"}) == {"batching": "paged",
-                                                                  "page_size": 8}
+    settings = ServerSettings(
+        engine={"batching": "paged", "page_size": 8}, tensor_parallel_degree=2
+    )
+    assert engine_knobs(settings, {"batching", "page_size"}) == {
+        "batching": "paged",
+        "page_size": 8,
+    }
     knobs = engine_knobs(settings, {"batching", "page_size", "tensor_parallel_degree"})
     assert knobs["tensor_parallel_degree"] == 2
 
 
 def fake_llm(max_model_len=256, vocab_size=100):
-    tokenizer = types.SimpleNamespace(__len__=lambda self: vocab_size)
+    """Just what ``Limits.resolve`` reads from an ``AsyncLLM``."""
     return types.SimpleNamespace(
         max_model_len=max_model_len,
         model_config=types.SimpleNamespace(vocab_size=vocab_size),
-        tokenizer=[0] * vocab_size if tokenizer else None,
+        tokenizer=[None] * vocab_size,
     )
 
 
 def test_limits_default_to_engine_context():
     limits = Limits.resolve(ServerSettings(), fake_llm(256))
     assert (limits.max_total_tokens, limits.max_input_tokens) == (256, 255)
-    limits = Limits.resolve(ServerSettings(max_total_tokens=128, max_input_tokens=100),
-                            fake_llm(256))
+    limits = Limits.resolve(
+        ServerSettings(max_total_tokens=128, max_input_tokens=100), fake_llm(256)
+    )
     assert (limits.max_total_tokens, limits.max_input_tokens) == (128, 100)
     with pytest.raises(SettingsError, match="exceeds the engine's max_model_len"):
         Limits.resolve(ServerSettings(max_total_tokens=512), fake_llm(256))

@@ -18,6 +18,8 @@ from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 
 NUM_REQUESTS = 2000
 NUM_CLIENTS = 32
+WARMUP_REQUESTS = 256
+LATENCIES: list[float] = []  # completed non-streaming requests
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "1 2 3 4", "Paris is"]
 BAD_REQUESTS = [
     ("/generate", b"{oops"),
@@ -33,25 +35,64 @@ BAD_REQUESTS = [
 
 
 def valid_request(rng: random.Random) -> tuple[str, dict, bool]:
-    """A random valid request: (path, body, streams)."""
+    """A random valid greedy request: (path, body, streams). (Greedy only: each sampling-flag
+    combination would compile more engine programs.)"""
     prompt = rng.choice(PROMPTS)
     tokens = rng.randint(1, 8)
-    sampling = rng.random() < 0.5
     kind = rng.randrange(6)
     if kind == 0:
-        return "/generate", {"inputs": prompt, "parameters": {
-            "max_new_tokens": tokens, "do_sample": sampling, "details": rng.random() < 0.5}}, False
+        return (
+            "/generate",
+            {
+                "inputs": prompt,
+                "parameters": {
+                    "max_new_tokens": tokens,
+                    "details": rng.random() < 0.5,
+                },
+            },
+            False,
+        )
     if kind == 1:
-        return "/generate_stream", {"inputs": prompt, "parameters": {"max_new_tokens": tokens}}, True
+        return (
+            "/generate_stream",
+            {"inputs": prompt, "parameters": {"max_new_tokens": tokens}},
+            True,
+        )
     if kind == 2:
-        return "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": tokens,
-                                   "temperature": 0.8 if sampling else 0.0}, False
+        return (
+            "/v1/completions",
+            {
+                "model": "m",
+                "prompt": prompt,
+                "max_tokens": tokens,
+                "temperature": 0.0,
+            },
+            False,
+        )
     if kind == 3:
-        return "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": tokens,
-                                   "stream": True}, True
+        return (
+            "/v1/completions",
+            {
+                "model": "m",
+                "prompt": prompt,
+                "max_tokens": tokens,
+                "stream": True,
+                "temperature": 0.0,
+            },
+            True,
+        )
     messages = [{"role": "user", "content": prompt}]
-    return "/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": tokens,
-                                    "stream": kind == 5, "temperature": 0.0}, kind == 5
+    return (
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": messages,
+            "max_tokens": tokens,
+            "stream": kind == 5,
+            "temperature": 0.0,
+        },
+        kind == 5,
+    )
 
 
 async def one_request(client: httpx.AsyncClient, rng: random.Random, counts: collections.Counter):
@@ -88,7 +129,9 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, counts: col
         else:
             counts["request_completed"] += 1
         return
+    start = time.monotonic()
     response = await client.post(path, json=body)
+    LATENCIES.append(time.monotonic() - start)
     counts[f"status_{response.status_code}"] += 1
     assert response.status_code == 200, (path, response.status_code, response.text)
     answer = response.json()
@@ -107,12 +150,12 @@ def check_stream(path: str, events: list[str]) -> None:
         assert last["generated_text"] is not None and last["details"]["finish_reason"], last
 
 
-async def soak(url: str, counts: collections.Counter) -> None:
-    remaining = iter(range(NUM_REQUESTS))
+async def soak(url: str, counts: collections.Counter, num_requests: int, seed: int) -> None:
+    remaining = iter(range(num_requests))
     limits = httpx.Limits(max_connections=NUM_CLIENTS * 2, max_keepalive_connections=NUM_CLIENTS)
 
     async def client_loop(worker: int) -> None:
-        rng = random.Random(worker)
+        rng = random.Random(seed * 1000 + worker)
         async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
             for _ in remaining:
                 await one_request(client, rng, counts)
@@ -127,10 +170,16 @@ def test_soak(tiny_model_dir):
     settings = ServerSettings(model=tiny_model_dir, max_total_tokens=64)
     app = create_app(llm, settings)
     with ServerThread(app) as server:
-        httpx.post(f"{server.url}/generate", json={"inputs": "warm up"}, timeout=120)
+        # Warm-up round (not counted): the engine compiles a program per batch shape it meets.
+        warm_start, compiles_before = time.monotonic(), llm.stats()["compiles"]
+        asyncio.run(soak(server.url, collections.Counter(), WARMUP_REQUESTS, seed=1))
+        warmup = time.monotonic() - warm_start
+        warmup_compiles = llm.stats()["compiles"] - compiles_before
         counts: collections.Counter = collections.Counter()
+        compiles_before = llm.stats()["compiles"]
+        LATENCIES.clear()
         start = time.monotonic()
-        asyncio.run(soak(server.url, counts))
+        asyncio.run(soak(server.url, counts, NUM_REQUESTS, seed=0))
         elapsed = time.monotonic() - start
         deadline = time.monotonic() + 30
         while True:
@@ -141,20 +190,36 @@ def test_soak(tiny_model_dir):
             time.sleep(0.05)
         metrics = httpx.get(f"{server.url}/metrics").text
         assert app.state.server.in_flight == 0 and not app.state.server.active_request_ids
-    print(f"\nsoak: {counts['requests']} requests from {NUM_CLIENTS} clients in {elapsed:.1f} s "
-          f"({counts['requests'] / elapsed:.1f} req/s)")
+    print(f"\nwarm-up: {WARMUP_REQUESTS} requests in {warmup:.1f} s, {warmup_compiles} compiles")
+    print(
+        f"soak: {counts['requests']} requests from {NUM_CLIENTS} clients in {elapsed:.1f} s "
+        f"({counts['requests'] / elapsed:.1f} req/s)"
+    )
     for key, value in sorted(counts.items()):
         print(f"  {key}: {value}")
-    print(f"  engine: steps={stats['steps']} preemptions={stats['preemptions']} "
-          f"kv_pages_peak={stats['kv_pages_peak']} compiles={stats['compiles']}")
+    ordered = sorted(LATENCIES)
+    print(
+        f"  non-streaming latency: p50={ordered[len(ordered) // 2]:.3f} s "
+        f"p95={ordered[int(len(ordered) * 0.95)]:.3f} s"
+    )
+    print(
+        f"  engine: steps={stats['steps']} preemptions={stats['preemptions']} "
+        f"kv_pages_peak={stats['kv_pages_peak']} "
+        f"compiles_during_soak={stats['compiles'] - compiles_before}"
+    )
     assert counts["requests"] == NUM_REQUESTS
     assert not any(key.startswith("status_5") for key in counts)
-    completed = (counts["request_completed"] + counts["stream_completed"]
-                 + counts["request_disconnected"] + counts["stream_disconnected"]
-                 + counts["bad_rejected"])
+    completed = (
+        counts["request_completed"]
+        + counts["stream_completed"]
+        + counts["request_disconnected"]
+        + counts["stream_disconnected"]
+        + counts["bad_rejected"]
+    )
     assert completed == NUM_REQUESTS  # every request accounted for: none lost
     finished = sum(
-        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
         if line.startswith("jaxgen_request_success_total{")
         and ('"length"' in line or '"stop"' in line)
     )
