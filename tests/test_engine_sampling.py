@@ -144,3 +144,16 @@ def test_async_streaming_and_abort(tiny_loaded):
     assert count >= 3
     stats = llm.stats()
     assert stats["kv_pages_used"] == 0 and stats["num_running"] == 0
+
+
+def test_pallas_backend_matches_reference_with_small_chunks(tiny_loaded):
+    """Through the engine: Pallas kernels (interpret mode on CPU) give the reference's tokens."""
+    prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for backend in ("reference", "pallas"):
+        llm = LLM(tiny_loaded, max_model_len=128, kv_cache_memory=4 << 20, page_size=8,
+                  max_rolling_batch_prefill_tokens=16, max_rolling_batch_size=4,
+                  attention_backend=backend)
+        outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs["pallas"] == outs["reference"]

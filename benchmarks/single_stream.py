@@ -1,0 +1,61 @@
+"""Single-stream decode speed of the default model (one request at a time), against the
+memory-bandwidth floor: each decode step must read every weight once.
+
+    python benchmarks/single_stream.py [--model M] [--tokens 128] [--bandwidth-gbs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+
+def measure_bandwidth(size_bytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    x = jax.numpy.ones(size_bytes // 4, jax.numpy.float32)
+    copy = jax.jit(lambda a: a + 1.0)
+    copy(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        copy(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * size_bytes / float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+
+    from jaxgen import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(args.model, dtype=args.dtype, batching="none", max_model_len=1024)
+    load_s = time.perf_counter() - start
+    prompt = "Write a long story about a lighthouse keeper and the ships she guides home."
+    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    llm.generate(prompt, params, use_tqdm=False)  # warm-up: compiles every shape used below
+    steps0, time0 = llm.stats()["steps"], time.perf_counter()
+    llm.generate(prompt, params, use_tqdm=False)
+    elapsed = time.perf_counter() - time0
+    steps = llm.stats()["steps"] - steps0
+    tok_s = args.tokens / elapsed
+    weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(llm.params))
+    bandwidth = measure_bandwidth()
+    floor_ms = weight_bytes / bandwidth * 1e3
+    print(f"device: {jax.devices()[0].device_kind}  cores: {jax.device_count()}  dtype: {args.dtype}")
+    print(f"load time                 {load_s:.1f} s")
+    print(f"single-stream decode      {tok_s:.1f} tok/s  ({elapsed / steps * 1e3:.1f} ms/step, "
+          f"{steps} steps incl. 1 prefill)")
+    print(f"copy bandwidth (measured) {bandwidth / 1e9:.1f} GB/s")
+    print(f"weight-read floor         {floor_ms:.1f} ms/token  -> {elapsed / steps * 1e3 / floor_ms:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
