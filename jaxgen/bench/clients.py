@@ -25,10 +25,17 @@ class EngineBackend:
             timing.record_tokens(len(out.outputs[0].token_ids), time.perf_counter())
             if out.finished:
                 metrics = out.metrics or {}
-                arrival, scheduled = metrics.get("arrival_time"), metrics.get("first_scheduled_time")
+                arrival, scheduled = (
+                    metrics.get("arrival_time"),
+                    metrics.get("first_scheduled_time"),
+                )
                 if arrival is not None and scheduled is not None:
                     timing.queue_s = scheduled - arrival
         timing.end = time.perf_counter()
+
+    def compiles(self) -> int | None:
+        """XLA compilations so far (a level that compiles is not steady state)."""
+        return self.llm.stats().get("compiles")
 
     async def close(self) -> None:
         pass
@@ -43,9 +50,11 @@ class HTTPBackend:
         self.url = url.rstrip("/")
         self.name = f"HTTP {self.url}/v1/completions"
         self.model = model
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=timeout,
-                                        limits=httpx.Limits(max_connections=None,
-                                                            max_keepalive_connections=None))
+        self.client = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
 
     async def model_name(self) -> str:
         """The served model's id (``GET /v1/models``) unless given."""
@@ -76,7 +85,7 @@ class HTTPBackend:
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
@@ -88,6 +97,9 @@ class HTTPBackend:
         timing.end = time.perf_counter()
         if reported is not None:
             timing.output_tokens = reported
+
+    def compiles(self) -> int | None:
+        return None
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -105,8 +117,9 @@ async def _one(backend, request: BenchRequest, timings: list, bar) -> None:
         bar.update(1)
 
 
-async def closed_loop(backend, requests: list[BenchRequest], concurrency: int,
-                      bar=None) -> tuple[list[RequestTiming], float]:
+async def closed_loop(
+    backend, requests: list[BenchRequest], concurrency: int, bar=None
+) -> tuple[list[RequestTiming], float]:
     """``concurrency`` clients, each sending its next request when the previous one finishes.
     Returns the timings and the duration (first start to last end)."""
     pending = list(reversed(requests))
@@ -120,8 +133,13 @@ async def closed_loop(backend, requests: list[BenchRequest], concurrency: int,
     return timings, _duration(timings)
 
 
-async def open_loop(backend, requests: list[BenchRequest], offsets: list[float],
-                    max_concurrency: int | None = None, bar=None) -> tuple[list[RequestTiming], float]:
+async def open_loop(
+    backend,
+    requests: list[BenchRequest],
+    offsets: list[float],
+    max_concurrency: int | None = None,
+    bar=None,
+) -> tuple[list[RequestTiming], float]:
     """Requests sent at ``offsets`` seconds from now (at most ``max_concurrency`` in flight;
     a request's clock starts when it is sent)."""
     timings: list[RequestTiming] = []

@@ -124,7 +124,8 @@ def add_cost(row: dict, price_per_hour: float | None) -> dict:
 def find_knee(xs, throughputs, min_gain: float = KNEE_MIN_GAIN_PER_DOUBLING) -> int | None:
     """Index of the knee: the first level after which throughput grows by less than ``min_gain``
     per doubling of the load (gain scaled by log2 of the load ratio). The last level if it never
-    flattens; None for no data. ``xs`` must be increasing (concurrency or request rate)."""
+    flattens; None for no data. ``xs`` must be increasing (concurrency or request rate; a last
+    rate of ``inf`` counts as one doubling)."""
     points = [(x, y) for x, y in zip(xs, throughputs, strict=True)]
     if not points:
         return None
@@ -132,7 +133,8 @@ def find_knee(xs, throughputs, min_gain: float = KNEE_MIN_GAIN_PER_DOUBLING) -> 
         (x0, y0), (x1, y1) = points[i], points[i + 1]
         if not (x1 > x0 > 0) or not y0 > 0:
             continue
-        gain_per_doubling = (y1 / y0 - 1.0) / math.log2(x1 / x0)
+        doublings = math.log2(x1 / x0) if math.isfinite(x1) else 1.0  # rate "inf": one step
+        gain_per_doubling = (y1 / y0 - 1.0) / doublings
         if gain_per_doubling < min_gain:
             return i
     return len(points) - 1
@@ -140,6 +142,7 @@ def find_knee(xs, throughputs, min_gain: float = KNEE_MIN_GAIN_PER_DOUBLING) -> 
 
 def best_efficiency(throughputs, latencies) -> int | None:
     """Index of the level with the most throughput per unit of latency."""
-    scores = [y / lat if lat and lat > 0 else -1.0 for y, lat in zip(throughputs, latencies,
-                                                                        strict=True)]
+    scores = [
+        y / lat if lat and lat > 0 else -1.0 for y, lat in zip(throughputs, latencies, strict=True)
+    ]
     return max(range(len(scores)), key=scores.__getitem__) if scores else None

@@ -10,26 +10,54 @@ import jax
 from jaxgen.bench import metrics
 from jaxgen.bench.workloads import Workload
 
-COUNTERS = ("steps", "step_time_s", "compiles", "preemptions", "prefix_cache_hit_pages",
-            "generation_tokens_total", "prompt_tokens_total")
+COUNTERS = (
+    "steps",
+    "step_time_s",
+    "compiles",
+    "preemptions",
+    "prefix_cache_hit_pages",
+    "generation_tokens_total",
+    "prompt_tokens_total",
+)
 
 
 class DeviceTimer:
-    """Wraps a runner's jitted step to time it until its results are ready.
+    """Wraps an engine's jitted step to time it until its results are ready.
 
     ``device_s`` is time inside the jitted call (dispatch + device work); the rest of the
     engine's ``step_time_s`` is host work (batch layout, sampling tensors, transfers).
+    With ``track_kv`` it also sums, over steps, cached tokens and reserved page slots
+    (``kv_waste_mean``); that costs host time, so only the cold pass does it.
     """
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, engine, track_kv: bool = False):
+        self.runner = getattr(engine, "runner", None)
+        self.scheduler = getattr(engine, "scheduler", None)
+        self.track_kv = track_kv
         self.device_s = 0.0
+        self.kv_tokens = 0
+        self.kv_slots = 0
         self._original = None
 
+    @property
+    def kv_waste_mean(self) -> float | None:
+        """1 - cached tokens / reserved token slots, summed over steps."""
+        return 1.0 - self.kv_tokens / self.kv_slots if self.kv_slots else None
+
+    @property
+    def available(self) -> bool:
+        return hasattr(self.runner, "_step")  # an engine internal: absent means no timing
+
     def __enter__(self) -> DeviceTimer:
+        if not self.available:
+            return self
         self._original = original = self.runner._step
+        page_size = self.runner.page_size
 
         def timed(*args, **kwargs):
+            if self.track_kv:
+                self.kv_tokens += self.scheduler.cached_tokens()
+                self.kv_slots += self.scheduler.allocator.num_used_pages * page_size
             start = time.perf_counter()
             out = jax.block_until_ready(original(*args, **kwargs))
             self.device_s += time.perf_counter() - start
@@ -39,13 +67,14 @@ class DeviceTimer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.runner._step = self._original
+        if self._original is not None:
+            self.runner._step = self._original
 
 
-def _pass(llm, workload: Workload, name: str, use_tqdm: bool) -> dict:
+def _pass(llm, workload: Workload, name: str, use_tqdm: bool, track_kv: bool = False) -> dict:
     prompts, params = workload.prompts(), workload.sampling_params()
     before = llm.stats()
-    timer = DeviceTimer(llm.engine.runner)
+    timer = DeviceTimer(llm.engine, track_kv)
     with timer:
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
@@ -53,11 +82,13 @@ def _pass(llm, workload: Workload, name: str, use_tqdm: bool) -> dict:
     after = llm.stats()
     delta = {key: after[key] - before[key] for key in COUNTERS}
     output_tokens = sum(len(o.token_ids) for o in outputs)
-    mismatches = sum(len(o.token_ids) != r.output_len
-                     for o, r in zip(outputs, workload.requests, strict=True))
+    mismatches = sum(
+        len(o.token_ids) != r.output_len for o, r in zip(outputs, workload.requests, strict=True)
+    )
     step_time = delta["step_time_s"]
     capacity = after["kv_pages_peak"] * after["page_size"]
     latencies = _request_latencies(outputs)
+    timed = timer.available and step_time > 0
     return {
         "pass": name,
         "seconds": seconds,
@@ -75,10 +106,11 @@ def _pass(llm, workload: Workload, name: str, use_tqdm: bool) -> dict:
         "kv_pages_total": after["kv_pages_total"],
         "page_size": after["page_size"],
         "kv_waste": 1.0 - after["kv_tokens_peak"] / capacity if capacity else None,
+        "kv_waste_mean": timer.kv_waste_mean,
         "step_time_s": step_time,
-        "device_time_s": timer.device_s,
-        "host_share_of_step": (step_time - timer.device_s) / step_time if step_time else None,
-        "host_share_of_wall": (seconds - timer.device_s) / seconds,
+        "device_time_s": timer.device_s if timed else None,
+        "host_share_of_step": (step_time - timer.device_s) / step_time if timed else None,
+        "host_share_of_wall": (seconds - timer.device_s) / seconds if timed else None,
         "length_mismatches": mismatches,
         **latencies,
     }
@@ -100,8 +132,14 @@ def _request_latencies(outputs) -> dict:
     return row
 
 
-def run_offline(llm, workload: Workload, *, warmup: bool = True, use_tqdm: bool = True,
-                warmup_workload: Workload | None = None) -> dict:
+def run_offline(
+    llm,
+    workload: Workload,
+    *,
+    warmup: bool = True,
+    use_tqdm: bool = True,
+    warmup_workload: Workload | None = None,
+) -> dict:
     """Cold pass, then (``warmup``) the same workload again with the prefix cache emptied first,
     so the warm pass measures steady-state speed, not reuse of the cold pass's prompt pages.
     ``warmup_workload`` (e.g. a few prompts of the same shape) replaces the cold pass.
@@ -109,7 +147,7 @@ def run_offline(llm, workload: Workload, *, warmup: bool = True, use_tqdm: bool 
     Returns ``{"cold": row, "warm": row or None}``.
     """
     first = warmup_workload if warmup and warmup_workload is not None else workload
-    cold = _pass(llm, first, "cold", use_tqdm)
+    cold = _pass(llm, first, "cold", use_tqdm, track_kv=True)
     warm = None
     if warmup:
         allocator = llm.engine.scheduler.allocator
@@ -124,6 +162,7 @@ def headline(result: dict) -> dict:
     main = dict(result["warm"] or result["cold"])
     main["cold_output_tok_s"] = result["cold"]["output_tok_s"]
     main["cold_compiles"] = result["cold"]["compiles"]
+    main["kv_waste_mean"] = result["cold"]["kv_waste_mean"]
     return main
 
 
@@ -136,7 +175,8 @@ OFFLINE_COLUMNS = {
     "mean_step_ms": "ms/step",
     "compiles": "compiles",
     "kv_pages_peak": "KV pages peak",
-    "kv_waste": "KV waste",
+    "kv_waste": "KV waste at peak",
+    "kv_waste_mean": "KV waste mean",
     "preemptions": "preemptions",
     "host_share_of_step": "host share of step",
     "host_share_of_wall": "host share of wall",

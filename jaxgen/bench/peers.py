@@ -14,9 +14,14 @@ BATCHED_BENCH_KEYS = ("pp", "tg", "b", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "
 
 
 def _row(engine: str, config: str, output_tokens: int, seconds: float, **extra) -> dict:
-    return {"engine": engine, "config": config, "output_tokens": output_tokens,
-            "seconds": seconds, "output_tok_s": output_tokens / seconds if seconds else None,
-            **extra}
+    return {
+        "engine": engine,
+        "config": config,
+        "output_tokens": output_tokens,
+        "seconds": seconds,
+        "output_tok_s": output_tokens / seconds if seconds else None,
+        **extra,
+    }
 
 
 def _failed(engine: str, config: str, error: BaseException | str) -> dict:
@@ -31,15 +36,16 @@ def load_hf_model(model_path: str):
 
     if os.path.isfile(model_path):
         model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
-            dtype=torch.float32)
+            os.path.dirname(model_path), gguf_file=os.path.basename(model_path), dtype=torch.float32
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     return model.eval()
 
 
-def transformers_static(model, workload: Workload, batch_size: int = 32, pad_token_id: int = 0,
-                        progress: bool = True) -> dict:
+def transformers_static(
+    model, workload: Workload, batch_size: int = 32, pad_token_id: int = 0, progress: bool = True
+) -> dict:
     """Left-padded batches through ``model.generate`` with ``min_new_tokens=max_new_tokens``."""
     import torch
     from tqdm.auto import tqdm
@@ -51,21 +57,31 @@ def transformers_static(model, workload: Workload, batch_size: int = 32, pad_tok
         ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for i, r in enumerate(batch):
-            ids[i, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
-            mask[i, width - len(r.prompt_token_ids):] = 1
+            ids[i, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
+            mask[i, width - len(r.prompt_token_ids) :] = 1
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=pad_token_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=pad_token_id,
+            )
         return (out.shape[1] - width) * len(batch)
 
     run(requests[:batch_size], 4)  # warm-up
     start, tokens = time.perf_counter(), 0
-    batches = [requests[i:i + batch_size] for i in range(0, len(requests), batch_size)]
+    batches = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
     for batch in tqdm(batches, desc="transformers generate", disable=not progress):
         tokens += run(batch, max(r.output_len for r in batch))
-    return _row("transformers", f"generate, static batches of {batch_size}, fp32", tokens,
-                time.perf_counter() - start, threads=torch.get_num_threads())
+    return _row(
+        "transformers",
+        f"generate, static batches of {batch_size}, fp32",
+        tokens,
+        time.perf_counter() - start,
+        threads=torch.get_num_threads(),
+    )
 
 
 def transformers_continuous(model, workload: Workload, progress: bool = True) -> dict:
@@ -78,23 +94,34 @@ def transformers_continuous(model, workload: Workload, progress: bool = True) ->
     lengths = {r.output_len for r in workload.requests}
     if len(lengths) != 1:
         return _failed("transformers", "generate_batch", "needs one output length")
-    config = GenerationConfig(max_new_tokens=lengths.pop(), do_sample=False, eos_token_id=-1,
-                              pad_token_id=0)
+    config = GenerationConfig(
+        max_new_tokens=lengths.pop(), do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
     prompts = workload.prompts()
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: its cache updates tensors in place
         model.generate_batch(inputs=prompts[:4], generation_config=config)  # warm-up
         start = time.perf_counter()
-        outputs = model.generate_batch(inputs=prompts, generation_config=config,
-                                       progress_bar=progress)
+        outputs = model.generate_batch(
+            inputs=prompts, generation_config=config, progress_bar=progress
+        )
         seconds = time.perf_counter() - start
+    errors = [o.error for o in outputs.values() if o.error]
+    if errors or len(outputs) != len(prompts):
+        return _failed("transformers", "generate_batch", errors[0] if errors else "lost requests")
     tokens = sum(len(o.generated_tokens) for o in outputs.values())
-    return _row("transformers", "generate_batch (continuous batching), fp32", tokens, seconds,
-                threads=torch.get_num_threads())
+    return _row(
+        "transformers",
+        "generate_batch (continuous batching), fp32",
+        tokens,
+        seconds,
+        threads=torch.get_num_threads(),
+    )
 
 
 # -- llama.cpp -------------------------------------------------------------------------------
-def llama_cpp_python_stream(gguf_path: str, workload: Workload, n_ctx: int = 2048,
-                            progress: bool = True) -> dict:
+def llama_cpp_python_stream(
+    gguf_path: str, workload: Workload, n_ctx: int = 2048, progress: bool = True
+) -> dict:
     """One request at a time through llama-cpp-python (``pip install jaxgen[llama-cpp]``)."""
     try:
         from llama_cpp import Llama
@@ -102,8 +129,9 @@ def llama_cpp_python_stream(gguf_path: str, workload: Workload, n_ctx: int = 204
         return _failed("llama-cpp-python", os.path.basename(gguf_path), e)
     from tqdm.auto import tqdm
 
-    llm = Llama(model_path=gguf_path, n_ctx=n_ctx, n_threads=os.cpu_count(), n_batch=512,
-                verbose=False)
+    llm = Llama(
+        model_path=gguf_path, n_ctx=n_ctx, n_threads=os.cpu_count(), n_batch=512, verbose=False
+    )
 
     def one(prompt: list[int], count: int) -> int:
         produced = 0
@@ -117,8 +145,13 @@ def llama_cpp_python_stream(gguf_path: str, workload: Workload, n_ctx: int = 204
     start, tokens = time.perf_counter(), 0
     for r in tqdm(workload.requests, desc="llama-cpp-python", disable=not progress):
         tokens += one(r.prompt_token_ids, r.output_len)
-    return _row("llama-cpp-python", f"one stream, {os.path.basename(gguf_path)}", tokens,
-                time.perf_counter() - start, threads=os.cpu_count())
+    return _row(
+        "llama-cpp-python",
+        f"one stream, {os.path.basename(gguf_path)}",
+        tokens,
+        time.perf_counter() - start,
+        threads=os.cpu_count(),
+    )
 
 
 def quantize(bin_dir: str, source: str, kind: str, work_dir: str) -> str:
@@ -127,8 +160,18 @@ def quantize(bin_dir: str, source: str, kind: str, work_dir: str) -> str:
     stem = os.path.splitext(os.path.basename(source))[0]
     out = os.path.join(work_dir, f"{stem}.{kind}.gguf")
     if not os.path.isfile(out):
-        subprocess.run([os.path.join(bin_dir, "llama-quantize"), "--allow-requantize", source,
-                        out + ".tmp", kind], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [
+                os.path.join(bin_dir, "llama-quantize"),
+                "--allow-requantize",
+                source,
+                out + ".tmp",
+                kind,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         os.replace(out + ".tmp", out)
     return out
 
@@ -151,13 +194,30 @@ def parse_batched_bench(text: str) -> list[dict]:
     return rows
 
 
-def batched_bench_command(bin_dir: str, model: str, prompt_len: int, output_len: int,
-                          parallel: int) -> list[str]:
+def batched_bench_command(
+    bin_dir: str, model: str, prompt_len: int, output_len: int, parallel: int
+) -> list[str]:
     """``llama-batched-bench -m MODEL -c CTX -b 2048 -ub 512 -npp P -ntg N -npl B``."""
     context = parallel * (prompt_len + output_len)
-    return [os.path.join(bin_dir, "llama-batched-bench"), "-m", model, "-c", str(context),
-            "-b", "2048", "-ub", "512", "-npp", str(prompt_len), "-ntg", str(output_len),
-            "-npl", str(parallel), "-t", str(os.cpu_count())]
+    return [
+        os.path.join(bin_dir, "llama-batched-bench"),
+        "-m",
+        model,
+        "-c",
+        str(context),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(prompt_len),
+        "-ntg",
+        str(output_len),
+        "-npl",
+        str(parallel),
+        "-t",
+        str(os.cpu_count()),
+    ]
 
 
 def llama_batched_bench(bin_dir: str, model: str, workload: Workload, label: str) -> dict:
@@ -175,12 +235,20 @@ def llama_batched_bench(bin_dir: str, model: str, workload: Workload, label: str
     if done.returncode != 0 or not rows:
         return _failed("llama.cpp", config, done.stderr.strip()[-300:] or "no result rows")
     r = rows[-1]
-    return _row("llama.cpp", config, r["b"] * r["tg"], r["t"], prefill_s=r["t_pp"],
-                decode_tok_s=r["s_tg"], command=" ".join(command))
+    return _row(
+        "llama.cpp",
+        config,
+        r["b"] * r["tg"],
+        r["t"],
+        prefill_s=r["t_pp"],
+        decode_tok_s=r["s_tg"],
+        command=" ".join(command),
+    )
 
 
-def llama_cpp_rows(bin_dir: str, gguf_path: str, workload: Workload, work_dir: str,
-                   kinds=("F32", "F16")) -> list[dict]:
+def llama_cpp_rows(
+    bin_dir: str, gguf_path: str, workload: Workload, work_dir: str, kinds=("F32", "F16")
+) -> list[dict]:
     """``llama-batched-bench`` on the original GGUF and on F32/F16 requantisations of it."""
     rows = []
     models = [("original " + _quant_label(gguf_path), gguf_path)]

@@ -14,9 +14,16 @@ def _pyplot():
     return plt
 
 
-def plot_curve(rows: list[dict], path: str, *, knee: int | None = None,
-               efficiency: int | None = None, label_key: str = "concurrency",
-               title: str = "latency vs throughput", predicted_knee: float | None = None) -> str:
+def plot_curve(
+    rows: list[dict],
+    path: str,
+    *,
+    knee: int | None = None,
+    efficiency: int | None = None,
+    label_key: str = "concurrency",
+    title: str = "latency vs throughput",
+    predicted_knee: float | None = None,
+) -> str:
     """Latency per output token against output throughput, one point per level, knee marked."""
     plt = _pyplot()
     xs = [r["throughput_tok_s"] for r in rows]
@@ -24,16 +31,30 @@ def plot_curve(rows: list[dict], path: str, *, knee: int | None = None,
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(xs, ys, "o-", color="tab:blue", label="measured")
     for row, x, y in zip(rows, xs, ys, strict=True):
-        ax.annotate(f"{label_key}={_short(row.get(label_key))}", (x, y), textcoords="offset points",
-                    xytext=(4, 6), fontsize=7)
+        ax.annotate(
+            f"{label_key}={_short(row.get(label_key))}",
+            (x, y),
+            textcoords="offset points",
+            xytext=(4, 6),
+            fontsize=7,
+        )
     if knee is not None:
-        ax.plot([xs[knee]], [ys[knee]], "r*", markersize=16,
-                label=f"knee ({label_key}={_short(rows[knee].get(label_key))}: "
-                      "<10% more throughput per doubling)")
+        ax.plot(
+            [xs[knee]],
+            [ys[knee]],
+            "r*",
+            markersize=16,
+            label=f"knee ({label_key}={_short(rows[knee].get(label_key))}: "
+            "<10% more throughput per doubling)",
+        )
     if efficiency is not None and efficiency != knee:
-        ax.plot([xs[efficiency]], [ys[efficiency]], "gD", markersize=9,
-                label=f"max throughput/latency ({label_key}="
-                      f"{_short(rows[efficiency].get(label_key))})")
+        ax.plot(
+            [xs[efficiency]],
+            [ys[efficiency]],
+            "gD",
+            markersize=9,
+            label=f"max throughput/latency ({label_key}={_short(rows[efficiency].get(label_key))})",
+        )
     if predicted_knee is not None:
         ax.plot([], [], " ", label=f"predicted knee: {label_key} ~ {predicted_knee:.0f}")
     ax.set_xlabel("output throughput (tokens/s)")
@@ -47,8 +68,16 @@ def plot_curve(rows: list[dict], path: str, *, knee: int | None = None,
     return path
 
 
-def plot_bars(rows: list[dict], path: str, *, value_key: str, label_key: str,
-              group_key: str | None = None, ylabel: str = "", title: str = "") -> str:
+def plot_bars(
+    rows: list[dict],
+    path: str,
+    *,
+    value_key: str,
+    label_key: str,
+    group_key: str | None = None,
+    ylabel: str = "",
+    title: str = "",
+) -> str:
     """Bars of ``value_key`` per ``label_key``, grouped by ``group_key`` (e.g. the scenario)."""
     plt = _pyplot()
     groups = list(dict.fromkeys(r.get(group_key, "") for r in rows)) if group_key else [""]

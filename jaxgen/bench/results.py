@@ -35,15 +35,24 @@ def cpu_model() -> str:
 def git_commit() -> str | None:
     """``git rev-parse --short HEAD`` of this checkout (None outside git)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
@@ -82,8 +91,10 @@ def _cell(value) -> str:
 def markdown_table(rows: list[dict], columns: list[str] | dict[str, str]) -> str:
     """A Markdown table of ``rows``; ``columns`` maps keys to headers (or lists keys)."""
     headers = columns if isinstance(columns, dict) else {c: c for c in columns}
-    lines = ["| " + " | ".join(headers.values()) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
+    lines = [
+        "| " + " | ".join(headers.values()) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(key)) for key in headers) + " |")
     return "\n".join(lines)
@@ -91,18 +102,22 @@ def markdown_table(rows: list[dict], columns: list[str] | dict[str, str]) -> str
 
 def context_block(env: dict) -> str:
     """The run's context as Markdown lines."""
-    return "\n".join([
-        f"Command: `{env['command']}`",
-        "",
-        f"Machine: {env['cpu']}, {env['cpu_cores']} cores, load average {env['load_average_1m']} "
-        f"at start; jax {env['jax_version']} ({env['jax_backend']}, {env['devices']}); "
-        f"git {env['git_commit'] or 'unknown'}; {env['timestamp']}",
-    ])
+    return "\n".join(
+        [
+            f"Command: `{env['command']}`",
+            "",
+            f"Machine: {env['cpu']}, {env['cpu_cores']} cores, load average {env['load_average_1m']} "
+            f"at start; jax {env['jax_version']} ({env['jax_backend']}, {env['devices']}); "
+            f"git {env['git_commit'] or 'unknown'}; {env['timestamp']}",
+        ]
+    )
 
 
 def _clean(value):
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+    if isinstance(value, float) and math.isnan(value):
         return None
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"  # e.g. request_rate=inf (all at once)
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -110,9 +125,16 @@ def _clean(value):
     return value
 
 
-def write_results(out_dir: str, env: dict, rows: list[dict], *, title: str,
-                  columns: list[str] | dict[str, str], extra: dict | None = None,
-                  notes: list[str] | None = None) -> tuple[str, str]:
+def write_results(
+    out_dir: str,
+    env: dict,
+    rows: list[dict],
+    *,
+    title: str,
+    columns: list[str] | dict[str, str],
+    extra: dict | None = None,
+    notes: list[str] | None = None,
+) -> tuple[str, str]:
     """Writes ``results.json`` (context, extra, rows) and ``results.md`` (context + table)."""
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, "results.json")

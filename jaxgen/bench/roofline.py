@@ -64,10 +64,16 @@ def measure_machine(size: int | None = None, batch: int = 512) -> dict:
     }
 
 
-def predict_knee(*, kv_pool_tokens: int | None = None, tokens_per_sequence: float | None = None,
-                 max_batch: int | None = None, peak_flops: float | None = None,
-                 bandwidth: float | None = None, bytes_per_param: float = 4.0,
-                 measured: dict | None = None) -> dict:
+def predict_knee(
+    *,
+    kv_pool_tokens: int | None = None,
+    tokens_per_sequence: float | None = None,
+    max_batch: int | None = None,
+    peak_flops: float | None = None,
+    bandwidth: float | None = None,
+    bytes_per_param: float = 4.0,
+    measured: dict | None = None,
+) -> dict:
     """Each limit that is known, and the predicted knee (their minimum).
 
     ``peak_flops``/``bandwidth`` (datasheet numbers) win over ``measured`` (``measure_machine``).

@@ -20,11 +20,30 @@ CHAT_TEMPLATES = (
     "Summarize the history of {}.",
 )
 CHAT_TOPICS = (
-    "photosynthesis", "the moon", "compound interest", "black holes", "the Roman empire",
-    "machine learning", "volcanoes", "the water cycle", "jazz music", "prime numbers",
-    "honey bees", "the internet", "electric cars", "coffee", "the Pacific ocean", "chess",
-    "vaccines", "solar panels", "the French revolution", "rainbows", "DNA", "glaciers",
-    "bicycles", "the printing press",
+    "photosynthesis",
+    "the moon",
+    "compound interest",
+    "black holes",
+    "the Roman empire",
+    "machine learning",
+    "volcanoes",
+    "the water cycle",
+    "jazz music",
+    "prime numbers",
+    "honey bees",
+    "the internet",
+    "electric cars",
+    "coffee",
+    "the Pacific ocean",
+    "chess",
+    "vaccines",
+    "solar panels",
+    "the French revolution",
+    "rainbows",
+    "DNA",
+    "glaciers",
+    "bicycles",
+    "the printing press",
 )
 MIXED_OUTPUT_LENGTHS = (64, 128, 256)
 
@@ -77,8 +96,9 @@ class Workload:
 
 def sampling_params(output_len: int) -> SamplingParams:
     """Greedy, exactly ``output_len`` tokens (EOS ignored)."""
-    return SamplingParams(temperature=0.0, max_tokens=output_len, min_tokens=output_len,
-                          ignore_eos=True)
+    return SamplingParams(
+        temperature=0.0, max_tokens=output_len, min_tokens=output_len, ignore_eos=True
+    )
 
 
 def normal_vocab_ids(tokenizer) -> list[int]:
@@ -87,8 +107,15 @@ def normal_vocab_ids(tokenizer) -> list[int]:
     return [i for i in range(tokenizer.vocab_size) if i not in excluded]
 
 
-def random_workload(tokenizer, num_prompts: int, input_len: int, output_len: int, *,
-                    seed: int = 0, range_ratio: float = 0.0) -> Workload:
+def random_workload(
+    tokenizer,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    *,
+    seed: int = 0,
+    range_ratio: float = 0.0,
+) -> Workload:
     """Random token ids from the normal vocabulary; lengths in ``len * [1 - r, 1 + r]``."""
     if input_len < 1 or output_len < 1 or num_prompts < 1:
         raise ValueError("num_prompts, input_len and output_len must be >= 1")
@@ -121,8 +148,9 @@ def chat_questions(count: int, seed: int = 0) -> list[str]:
 
 def chat_prompt_ids(tokenizer, question: str) -> tuple[str, list[int]]:
     """A one-turn conversation through the chat template, as ``LLM.chat`` builds it."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -135,7 +163,9 @@ def chat_workload(tokenizer, num_prompts: int, output_len: int, *, seed: int = 0
     return Workload(f"{num_prompts} chat prompts / {output_len} out", requests)
 
 
-def jsonl_workload(path: str, tokenizer, output_len: int, num_prompts: int | None = None) -> Workload:
+def jsonl_workload(
+    path: str, tokenizer, output_len: int, num_prompts: int | None = None
+) -> Workload:
     """One request per line: ``prompt`` (text), ``messages`` (chat) or ``prompt_token_ids``;
     an optional ``output_len`` (or ``max_tokens``) overrides ``output_len``."""
     requests = []
@@ -148,11 +178,15 @@ def jsonl_workload(path: str, tokenizer, output_len: int, num_prompts: int | Non
             if "prompt_token_ids" in item:
                 text, ids = None, [int(t) for t in item["prompt_token_ids"]]
             elif "messages" in item:
-                text = tokenizer.apply_chat_template(item["messages"], tokenize=False,
-                                                     add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(
+                    item["messages"], tokenize=False, add_generation_prompt=True
+                )
                 ids = tokenizer.encode(text, add_special_tokens=False)
             elif "prompt" in item:
-                text, ids = item["prompt"], tokenizer.encode(item["prompt"], add_special_tokens=True)
+                text, ids = (
+                    item["prompt"],
+                    tokenizer.encode(item["prompt"], add_special_tokens=True),
+                )
             else:
                 raise ValueError(f"{path}:{number}: needs prompt, messages or prompt_token_ids")
             requests.append(BenchRequest(ids, length, text))
@@ -167,8 +201,10 @@ def with_mixed_outputs(workload: Workload, lengths=MIXED_OUTPUT_LENGTHS, seed: i
     """The same prompts with output lengths drawn evenly from ``lengths`` (shuffled)."""
     choices = [lengths[i % len(lengths)] for i in range(len(workload.requests))]
     random.Random(seed).shuffle(choices)
-    requests = [dataclasses.replace(r, output_len=n)
-                for r, n in zip(workload.requests, choices, strict=True)]
+    requests = [
+        dataclasses.replace(r, output_len=n)
+        for r, n in zip(workload.requests, choices, strict=True)
+    ]
     name = f"{workload.name.split(' / ')[0]} / {'|'.join(map(str, lengths))} out"
     return Workload(name, requests)
 
@@ -211,8 +247,9 @@ def add_workload_args(parser) -> None:
     group.add_argument("--chat", action="store_true", help="short chat questions (the default)")
     group.add_argument("--dataset", default=None, help="JSONL file of prompts")
     parser.add_argument("--output-len", type=int, default=64, help="exact output tokens")
-    parser.add_argument("--range-ratio", type=float, default=0.0,
-                        help="random lengths vary in len * [1 - r, 1 + r]")
+    parser.add_argument(
+        "--range-ratio", type=float, default=0.0, help="random lengths vary in len * [1 - r, 1 + r]"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -221,6 +258,12 @@ def workload_from_args(args, tokenizer) -> Workload:
     if args.dataset:
         return jsonl_workload(args.dataset, tokenizer, args.output_len, args.num_prompts)
     if args.input_len is not None:
-        return random_workload(tokenizer, args.num_prompts, args.input_len, args.output_len,
-                               seed=args.seed, range_ratio=args.range_ratio)
+        return random_workload(
+            tokenizer,
+            args.num_prompts,
+            args.input_len,
+            args.output_len,
+            seed=args.seed,
+            range_ratio=args.range_ratio,
+        )
     return chat_workload(tokenizer, args.num_prompts, args.output_len, seed=args.seed)

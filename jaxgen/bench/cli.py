@@ -1,0 +1,323 @@
+"""``jaxgen bench {offline,sweep,compare,peers}``: flags and entry points."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shlex
+import sys
+
+from jaxgen.bench import results
+from jaxgen.bench.workloads import add_workload_args, workload_from_args
+from jaxgen.cli import _add_engine_args, engine_kwargs
+
+DEFAULT_OUT = "bench-results"
+
+
+def add_parser(subparsers) -> None:
+    """Adds ``bench`` and its subcommands to the ``jaxgen`` command line."""
+    bench = subparsers.add_parser("bench", help="benchmarks: offline, sweep, compare, peers")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+
+    offline = sub.add_parser("offline", help="offline throughput of LLM.generate")
+    _add_engine_args(offline)
+    _add_common(offline, "offline")
+    add_workload_args(offline)
+    offline.set_defaults(func=cmd_offline, parser=offline)
+
+    sweep = sub.add_parser("sweep", help="latency-throughput sweep over concurrency or rate")
+    _add_engine_args(sweep)
+    _add_common(sweep, "sweep")
+    add_workload_args(sweep)
+    sweep.add_argument(
+        "--concurrency", default="1,2,4,8,16,32,64", help="closed-loop client counts, e.g. 1,2,4,8"
+    )
+    sweep.add_argument(
+        "--request-rate",
+        default=None,
+        help="open loop instead: request rates (req/s) to sweep, e.g. 1,2,4,inf",
+    )
+    sweep.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of inter-arrival gaps (1 = Poisson)",
+    )
+    sweep.add_argument(
+        "--max-concurrency", type=int, default=None, help="open loop: most requests in flight"
+    )
+    sweep.add_argument("--url", default=None, help="benchmark a running server (OpenAI routes)")
+    sweep.add_argument("--served-model-name", default=None, help="model name sent to --url")
+    sweep.add_argument(
+        "--price-per-hour",
+        type=float,
+        default=None,
+        help="machine price per hour: adds cost per 1M output tokens",
+    )
+    sweep.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="datasheet peak TFLOP/s for the predicted knee",
+    )
+    sweep.add_argument(
+        "--mem-bandwidth-gbs",
+        type=float,
+        default=None,
+        help="datasheet memory bandwidth (GB/s) for the predicted knee",
+    )
+    sweep.add_argument(
+        "--no-roofline",
+        action="store_true",
+        help="skip the matmul/matvec measurement behind the predicted knee",
+    )
+    sweep.set_defaults(func=cmd_sweep, parser=sweep)
+
+    compare = sub.add_parser("compare", help="batching strategies on the same workloads")
+    _add_common(compare, "compare")
+    compare.add_argument("--model", default=None)
+    compare.add_argument("--dtype", default="float32")
+    compare.add_argument("--modes", default="none,static,dynamic,continuous,paged")
+    compare.add_argument("--scenario", default="all", choices=["1", "2", "3", "all"])
+    compare.add_argument("--num-prompts", type=int, default=64)
+    compare.add_argument("--batch-size", type=int, default=4, help="static/dynamic")
+    compare.add_argument("--max-batch-delay", type=float, default=0.1, help="dynamic (seconds)")
+    compare.add_argument("--max-rolling-batch-size", type=int, default=32, help="continuous/paged")
+    compare.add_argument("--max-rolling-batch-prefill-tokens", type=int, default=512)
+    compare.add_argument("--max-model-len", type=int, default=512)
+    compare.add_argument("--page-size", type=int, default=16)
+    compare.add_argument(
+        "--kv-cache-memory",
+        type=int,
+        default=None,
+        help="bytes for every mode (default: what continuous reserves)",
+    )
+    compare.add_argument(
+        "--attention-backend", default="auto", choices=["auto", "reference", "pallas"]
+    )
+    compare.add_argument("--request-rate", type=float, default=2.0, help="scenario 3 (req/s)")
+    compare.add_argument("--burstiness", type=float, default=1.0, help="scenario 3")
+    compare.add_argument("--seed", type=int, default=0)
+    compare.set_defaults(func=cmd_compare, parser=compare)
+
+    peers = sub.add_parser("peers", help="transformers and llama.cpp on the same workload")
+    _add_engine_args(peers)
+    _add_common(peers, "peers")
+    add_workload_args(peers)
+    peers.add_argument(
+        "--peers",
+        default="transformers,transformers-continuous,llama-cpp-python,llama.cpp",
+        help="which peers to run",
+    )
+    peers.add_argument(
+        "--peer-batch-size",
+        "--hf-batch-size",
+        dest="peer_batch_size",
+        type=int,
+        default=32,
+        help="transformers static batch size",
+    )
+    peers.add_argument("--llama-cpp-bin", default=None, help="folder with llama-batched-bench")
+    peers.add_argument("--llama-cpp-types", default="F32,F16", help="requantisations to run")
+    peers.add_argument("--llama-cpp-work-dir", default="/tmp/jaxgen-bench-llamacpp")
+    peers.set_defaults(func=cmd_peers, parser=peers)
+
+
+def _add_common(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--out", default=os.path.join(DEFAULT_OUT, name), help="results folder")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def command_of(args: argparse.Namespace) -> str:
+    """The command line as typed, or rebuilt from ``args`` when called as a library."""
+    argv = sys.argv
+    if "bench" in argv[1:3]:
+        return results.command_line(argv)
+    parts = ["jaxgen", "bench", args.bench_command]
+    for action in args.parser._actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        value = getattr(args, action.dest, None)
+        if value == action.default:
+            continue
+        flag = (
+            action.option_strings[-1]
+            if len(action.option_strings[-1]) > 2
+            else action.option_strings[0]
+        )
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _engine_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = engine_kwargs(args)
+    kwargs["enable_prefix_caching"] = not args.no_prefix_caching
+    return kwargs
+
+
+def _print_table(path: str) -> None:
+    with open(path) as f:
+        print(f.read())
+
+
+def cmd_offline(args: argparse.Namespace) -> int:
+    from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
+    from jaxgen.llm import LLM
+
+    env = results.environment(command_of(args))
+    knobs = _engine_kwargs(args)
+    llm = LLM(args.model, **knobs)
+    workload = workload_from_args(args, llm.get_tokenizer())
+    result = run_offline(llm, workload, warmup=not args.no_warmup, use_tqdm=not args.quiet)
+    rows = [r for r in (result["cold"], result["warm"]) if r is not None]
+    for row in rows:
+        row["batching"] = args.batching
+    _, md = results.write_results(
+        args.out,
+        env,
+        rows,
+        title="jaxgen bench offline",
+        columns=OFFLINE_COLUMNS,
+        extra={
+            "model": llm.loaded.source,
+            "load_seconds": llm.loaded.load_seconds,
+            "engine": knobs,
+            "workload": workload.describe(),
+        },
+        notes=[
+            f"Model {llm.loaded.source}; workload {workload.name}; batching {args.batching}.",
+            "output tok/s = output tokens / wall-clock seconds of LLM.generate (prefill "
+            "included); the warm pass runs after the cold one with the prefix cache emptied.",
+            "KV waste = 1 - kv_tokens_peak / (kv_pages_peak x page_size); host share of step "
+            "= 1 - (time in the jitted step until ready) / engine step time.",
+        ],
+    )
+    _print_table(md)
+    return 0
+
+
+def _workload_factory(args: argparse.Namespace, tokenizer):
+    def make(count: int, seed: int):
+        level_args = copy.copy(args)
+        level_args.num_prompts, level_args.seed = count, seed
+        return workload_from_args(level_args, tokenizer)
+
+    return make
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from jaxgen.bench import clients, roofline
+    from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
+    from jaxgen.bench.workloads import tokenizer_for
+
+    env = results.environment(command_of(args))
+    levels = parse_levels(args.concurrency)
+    rates = parse_levels(args.request_rate, float) if args.request_rate else None
+    engine = None
+    if args.url:
+        tokenizer = tokenizer_for(args.model)
+        backend = clients.HTTPBackend(args.url, args.served_model_name)
+        max_batch, bytes_per_param, kv_tokens = None, 4.0, None
+    else:
+        import jax.numpy as jnp
+
+        from jaxgen.async_llm import AsyncLLM
+        from jaxgen.llm import LLM
+
+        llm = LLM(args.model, **_engine_kwargs(args))
+        tokenizer = llm.get_tokenizer()
+        engine = AsyncLLM(engine=llm.engine)
+        backend = clients.EngineBackend(engine)
+        stats = llm.stats()
+        max_batch = llm.engine.config.num_slots
+        bytes_per_param = float(jnp.dtype(llm.loaded.dtype).itemsize)
+        kv_tokens = stats["kv_pages_total"] * stats["page_size"]
+    make_workload = _workload_factory(args, tokenizer)
+    sample = make_workload(args.num_prompts, args.seed)
+    measured = None if args.no_roofline else roofline.measure_machine()
+    prediction = roofline.predict_knee(
+        kv_pool_tokens=kv_tokens,
+        tokens_per_sequence=(sample.input_tokens + sample.output_tokens) / len(sample.requests),
+        max_batch=max_batch,
+        bytes_per_param=bytes_per_param,
+        measured=measured,
+        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+        bandwidth=args.mem_bandwidth_gbs * 1e9 if args.mem_bandwidth_gbs else None,
+    )
+    try:
+        rows = run_sweep(
+            backend,
+            make_workload,
+            rates or levels,
+            open_loop=rates is not None,
+            max_concurrency=args.max_concurrency,
+            num_prompts=args.num_prompts,
+            burstiness=args.burstiness,
+            seed=args.seed,
+            warmup=not args.no_warmup,
+            price_per_hour=args.price_per_hour,
+            progress=not args.quiet,
+        )
+    finally:
+        if engine is not None:
+            engine.shutdown()
+    knee = write_sweep(
+        args.out,
+        env,
+        rows,
+        workload=sample,
+        backend_name=backend.name,
+        open_loop=rates is not None,
+        prediction=prediction,
+    )
+    _print_table(os.path.join(args.out, "results.md"))
+    print(f"knee: {knee}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from jaxgen.bench.compare import MODES, run_compare, write_compare
+    from jaxgen.loaders import load_model
+
+    env = results.environment(command_of(args))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"--modes must list some of {', '.join(MODES)}, got {args.modes!r}")
+    scenarios = [1, 2, 3] if args.scenario == "all" else [int(args.scenario)]
+    loaded = load_model(args.model, dtype=args.dtype)
+    settings = dict(
+        num_prompts=args.num_prompts,
+        max_model_len=args.max_model_len,
+        max_rolling_batch_size=args.max_rolling_batch_size,
+        batch_size=args.batch_size,
+        max_batch_delay=args.max_batch_delay,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        kv_cache_memory=args.kv_cache_memory,
+        seed=args.seed,
+        page_size=args.page_size,
+        attention_backend=args.attention_backend,
+        max_rolling_batch_prefill_tokens=args.max_rolling_batch_prefill_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+    rows = run_compare(
+        loaded, modes, scenarios, progress=not args.quiet, warmup=not args.no_warmup, **settings
+    )
+    write_compare(
+        args.out, env, rows, settings={"model": loaded.source, "modes": modes, **settings}
+    )
+    _print_table(os.path.join(args.out, "results.md"))
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from jaxgen.bench.peers_run import run_peers
+
+    env = results.environment(command_of(args))
+    run_peers(args, env, _engine_kwargs(args))
+    _print_table(os.path.join(args.out, "results.md"))
+    return 0
