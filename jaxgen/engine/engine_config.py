@@ -18,9 +18,9 @@ class EngineConfig:
         batch_size: batch size of static/dynamic batching.
         max_batch_delay: seconds dynamic batching waits to fill a batch.
         page_size: tokens per KV page.
-        max_model_len: longest sequence (prompt + output); None: min(model's context, 4096).
+        max_model_len: longest sequence (prompt + output); None: min(model's context, 2048).
         kv_cache_memory: KV pool size: bytes (int), a fraction of free device memory (float in
-            (0, 1]), or None for the default (1 GiB on CPU, 0.9 of free memory elsewhere).
+            (0, 1]), or None for the default (2 GiB on CPU, 0.9 of free memory elsewhere).
         attention_backend: "reference" (pure JAX), "pallas" or "auto".
         enable_prefix_caching: reuse full prompt pages between requests (paged only).
         seed: base seed for requests that set none.

@@ -1,0 +1,7 @@
+"""``python -m jaxgen`` runs the command line."""
+
+import sys
+
+from jaxgen.cli import main
+
+sys.exit(main())
