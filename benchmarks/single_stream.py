@@ -50,12 +50,18 @@ def main() -> None:
     weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(llm.params))
     bandwidth = measure_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3
-    print(f"device: {jax.devices()[0].device_kind}  cores: {jax.device_count()}  dtype: {args.dtype}")
+    print(
+        f"device: {jax.devices()[0].device_kind}  cores: {jax.device_count()}  dtype: {args.dtype}"
+    )
     print(f"load time                 {load_s:.1f} s")
-    print(f"single-stream decode      {tok_s:.1f} tok/s  ({elapsed / steps * 1e3:.1f} ms/step, "
-          f"{steps} steps incl. 1 prefill)")
+    print(
+        f"single-stream decode      {tok_s:.1f} tok/s  ({elapsed / steps * 1e3:.1f} ms/step, "
+        f"{steps} steps incl. 1 prefill)"
+    )
     print(f"read bandwidth (measured) {bandwidth / 1e9:.1f} GB/s")
-    print(f"weight-read floor         {floor_ms:.1f} ms/token  -> {elapsed / steps * 1e3 / floor_ms:.2f}x")
+    print(
+        f"weight-read floor         {floor_ms:.1f} ms/token  -> {elapsed / steps * 1e3 / floor_ms:.2f}x"
+    )
 
 
 if __name__ == "__main__":

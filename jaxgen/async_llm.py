@@ -31,8 +31,14 @@ class AsyncLLM:
         model, dtype, **engine_knobs: as for ``LLM``. Or pass ``engine=`` an existing engine.
     """
 
-    def __init__(self, model: str | None = None, *, dtype: str = "float32",
-                 engine: LLMEngine | None = None, **engine_knobs):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "float32",
+        engine: LLMEngine | None = None,
+        **engine_knobs,
+    ):
         if engine is None:
             unknown = set(engine_knobs) - set(EngineConfig.__dataclass_fields__)
             if unknown:
@@ -57,13 +63,21 @@ class AsyncLLM:
         """Prompt text and token ids (a list of ids passes through)."""
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if isinstance(prompt, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
             return None, list(prompt)
         raise ValueError("prompt must be a str or a list of token ids")
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, delta: bool = True,
-                       prompt_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        delta: bool = True,
+        prompt_token_ids: list[int] | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Streams a request: each item holds the new text/tokens (``delta=True``) or all so far.
 
         The last item has ``finished=True``. Invalid input raises ``ValueError`` before anything
@@ -83,7 +97,9 @@ class AsyncLLM:
             raise ValueError(f"request_id {request_id!r} is already running")
         self._streams[request_id] = (loop, stream)
         done = concurrent_result(loop)
-        self._commands.put(("add", request_id, text, prompt_token_ids, params, time.monotonic(), done))
+        self._commands.put(
+            ("add", request_id, text, prompt_token_ids, params, time.monotonic(), done)
+        )
         try:
             await done  # raises the engine's ValueError for a bad request
         except BaseException:
@@ -216,13 +232,23 @@ def _delta(out: RequestOutput, sent: dict) -> RequestOutput:
     outs = []
     for c in out.outputs:
         chars, tokens, logprobs = sent.get(c.index, (0, 0, 0))
-        outs.append(dataclasses.replace(
-            c, text=c.text[chars:], token_ids=c.token_ids[tokens:],
-            logprobs=None if c.logprobs is None else c.logprobs[logprobs:],
-        ))
+        outs.append(
+            dataclasses.replace(
+                c,
+                text=c.text[chars:],
+                token_ids=c.token_ids[tokens:],
+                logprobs=None if c.logprobs is None else c.logprobs[logprobs:],
+            )
+        )
         sent[c.index] = (len(c.text), len(c.token_ids), len(c.logprobs or []))
-    return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, outs,
-                         finished=out.finished, metrics=out.metrics)
+    return RequestOutput(
+        out.request_id,
+        out.prompt,
+        out.prompt_token_ids,
+        outs,
+        finished=out.finished,
+        metrics=out.metrics,
+    )
 
 
 __all__ = ["AsyncLLM", "CompletionOutput"]

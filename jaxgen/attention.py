@@ -60,11 +60,15 @@ def write_kv(
 ) -> tuple[jax.Array, jax.Array]:
     """Scatters new keys and values into their slots (in place when the pool is donated)."""
     hkv, pages, page_size, dim = k_pages.shape
-    k_flat = k_pages.reshape(hkv, pages * page_size, dim).at[:, slot_mapping].set(
-        k.swapaxes(0, 1).astype(k_pages.dtype), unique_indices=False
+    k_flat = (
+        k_pages.reshape(hkv, pages * page_size, dim)
+        .at[:, slot_mapping]
+        .set(k.swapaxes(0, 1).astype(k_pages.dtype), unique_indices=False)
     )
-    v_flat = v_pages.reshape(hkv, pages * page_size, dim).at[:, slot_mapping].set(
-        v.swapaxes(0, 1).astype(v_pages.dtype), unique_indices=False
+    v_flat = (
+        v_pages.reshape(hkv, pages * page_size, dim)
+        .at[:, slot_mapping]
+        .set(v.swapaxes(0, 1).astype(v_pages.dtype), unique_indices=False)
     )
     return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
 
@@ -127,8 +131,13 @@ def paged_attention_step(
             from pallas_kernels import paged_attention
 
             out = paged_attention(
-                q_dec, k_pages, v_pages, md.decode_lengths, md.decode_block_tables,
-                interpret=jax.default_backend() == "cpu", **opts,
+                q_dec,
+                k_pages,
+                v_pages,
+                md.decode_lengths,
+                md.decode_block_tables,
+                interpret=jax.default_backend() == "cpu",
+                **opts,
             )
         else:
             out = paged_attention_reference(
@@ -141,14 +150,25 @@ def paged_attention_step(
             from pallas_kernels import ragged_paged_attention
 
             out = ragged_paged_attention(
-                q_pre, k_pages, v_pages, md.prefill_kv_lens, md.prefill_seq_block_tables,
-                md.prefill_cu_q_lens, md.prefill_num_seqs,
-                interpret=jax.default_backend() == "cpu", **opts,
+                q_pre,
+                k_pages,
+                v_pages,
+                md.prefill_kv_lens,
+                md.prefill_seq_block_tables,
+                md.prefill_cu_q_lens,
+                md.prefill_num_seqs,
+                interpret=jax.default_backend() == "cpu",
+                **opts,
             )
         else:
             out = blocked_prefill_attention(
-                q_pre, k_pages, v_pages, md.prefill_query_index, md.prefill_query_positions,
-                md.prefill_block_tables, **opts,
+                q_pre,
+                k_pages,
+                v_pages,
+                md.prefill_query_index,
+                md.prefill_query_positions,
+                md.prefill_block_tables,
+                **opts,
             )
         outputs.append(out)
     return outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=0)

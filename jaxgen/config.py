@@ -92,14 +92,18 @@ class ModelConfig:
             rope.update(scaling)
         rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
         if rope_type not in ("default", "linear", "llama3"):
-            raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3")
+            raise ValueError(
+                f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3"
+            )
         rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         rope_scaling = RopeScaling(
             rope_type=rope_type,
             factor=float(rope.get("factor", 1.0)),
             low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
             high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(rope.get("original_max_position_embeddings", 8192)),
+            original_max_position_embeddings=int(
+                rope.get("original_max_position_embeddings", 8192)
+            ),
         )
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))

@@ -46,8 +46,13 @@ class LLM:
     def stats(self) -> dict:
         return self.engine.stats()
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 *, use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generates for each prompt (a str, a list of str, or a list of token-id lists)."""
         items = _normalize_prompts(prompts)
         params_list = _normalize_params(sampling_params, len(items))
@@ -63,16 +68,27 @@ class LLM:
             order.append(request_id)
         return self._run(order, use_tqdm)
 
-    def chat(self, messages, sampling_params=None, *, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template: str | None = None):
+    def chat(
+        self,
+        messages,
+        sampling_params=None,
+        *,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ):
         """Applies the chat template to one conversation or a list of them, then generates."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not conversations or not all(isinstance(c, list) and c for c in conversations):
             raise ValueError("messages must be a conversation (list of dicts) or a list of them")
         tokenizer = self.loaded.tokenizer
         prompts = [
-            tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                          chat_template=chat_template)
+            tokenizer.apply_chat_template(
+                c,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template,
+            )
             for c in conversations
         ]
         token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
@@ -114,7 +130,9 @@ def _normalize_prompts(prompts) -> list:
     if isinstance(prompts, str):
         return [prompts]
     if not isinstance(prompts, Seq) or not prompts:
-        raise ValueError("prompts must be a str, a non-empty list of str, or a list of token-id lists")
+        raise ValueError(
+            "prompts must be a str, a non-empty list of str, or a list of token-id lists"
+        )
     if all(isinstance(p, str) for p in prompts):
         return list(prompts)
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):

@@ -21,24 +21,49 @@ class DeviceSpec:
 
 GB = 10**9
 DEVICES = {
-    "h100": DeviceSpec(name="NVIDIA H100 SXM 80GB", memory_bytes=80 * GB,
-                       bandwidth_bytes_per_s=3.35e12,
-                       peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
-    "h200": DeviceSpec(name="NVIDIA H200 141GB", memory_bytes=141 * GB,
-                       bandwidth_bytes_per_s=4.8e12,
-                       peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
-    "a100": DeviceSpec(name="NVIDIA A100 SXM 80GB", memory_bytes=80 * GB,
-                       bandwidth_bytes_per_s=2.04e12,
-                       peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
-    "l4": DeviceSpec(name="NVIDIA L4 24GB", memory_bytes=24 * GB, bandwidth_bytes_per_s=300e9,
-                     peak_flops={"bfloat16": 121e12, "float16": 121e12, "float32": 30e12}),
-    "tpu-v5e": DeviceSpec(name="TPU v5e", memory_bytes=16 * GB, bandwidth_bytes_per_s=819e9,
-                          peak_flops={"bfloat16": 197e12, "float32": 197e12 / 4}),
-    "tpu-v5p": DeviceSpec(name="TPU v5p", memory_bytes=95 * GB, bandwidth_bytes_per_s=2.76e12,
-                          peak_flops={"bfloat16": 459e12, "float32": 459e12 / 4}),
+    "h100": DeviceSpec(
+        name="NVIDIA H100 SXM 80GB",
+        memory_bytes=80 * GB,
+        bandwidth_bytes_per_s=3.35e12,
+        peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+    ),
+    "h200": DeviceSpec(
+        name="NVIDIA H200 141GB",
+        memory_bytes=141 * GB,
+        bandwidth_bytes_per_s=4.8e12,
+        peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+    ),
+    "a100": DeviceSpec(
+        name="NVIDIA A100 SXM 80GB",
+        memory_bytes=80 * GB,
+        bandwidth_bytes_per_s=2.04e12,
+        peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
+    ),
+    "l4": DeviceSpec(
+        name="NVIDIA L4 24GB",
+        memory_bytes=24 * GB,
+        bandwidth_bytes_per_s=300e9,
+        peak_flops={"bfloat16": 121e12, "float16": 121e12, "float32": 30e12},
+    ),
+    "tpu-v5e": DeviceSpec(
+        name="TPU v5e",
+        memory_bytes=16 * GB,
+        bandwidth_bytes_per_s=819e9,
+        peak_flops={"bfloat16": 197e12, "float32": 197e12 / 4},
+    ),
+    "tpu-v5p": DeviceSpec(
+        name="TPU v5p",
+        memory_bytes=95 * GB,
+        bandwidth_bytes_per_s=2.76e12,
+        peak_flops={"bfloat16": 459e12, "float32": 459e12 / 4},
+    ),
     # Measured on this project's 2-core CI machine (XLA fp32 matmul rate at decode shapes).
-    "cpu-2core": DeviceSpec(name="2-core x86 CPU (CI machine)", memory_bytes=24 * 2**30,
-                            bandwidth_bytes_per_s=10e9, peak_flops={"float32": 140e9}),
+    "cpu-2core": DeviceSpec(
+        name="2-core x86 CPU (CI machine)",
+        memory_bytes=24 * 2**30,
+        bandwidth_bytes_per_s=10e9,
+        peak_flops={"float32": 140e9},
+    ),
 }
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -73,9 +98,16 @@ class Plan:
         ]
 
 
-def make_plan(config: ModelConfig, *, device: DeviceSpec, dtype: str = "bfloat16",
-              context: int = 4096, page_size: int = 16, memory_utilization: float = 0.9,
-              tensor_parallel_degree: int = 1) -> Plan:
+def make_plan(
+    config: ModelConfig,
+    *,
+    device: DeviceSpec,
+    dtype: str = "bfloat16",
+    context: int = 4096,
+    page_size: int = 16,
+    memory_utilization: float = 0.9,
+    tensor_parallel_degree: int = 1,
+) -> Plan:
     """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``."""
     itemsize = DTYPE_BYTES[dtype]
     weight_bytes = config.num_params * itemsize
@@ -91,9 +123,14 @@ def make_plan(config: ModelConfig, *, device: DeviceSpec, dtype: str = "bfloat16
     # Decode at batch B: 2*P*B FLOPs against P*itemsize weight bytes read once per step.
     critical = flops * itemsize / (2 * bandwidth)
     return Plan(
-        num_params=config.num_params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token,
-        kv_budget_bytes=budget, num_pages=num_pages, tokens_that_fit=tokens,
-        sequences_at_context=num_pages // pages_per_seq, critical_batch_size=critical,
+        num_params=config.num_params,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_per_token,
+        kv_budget_bytes=budget,
+        num_pages=num_pages,
+        tokens_that_fit=tokens,
+        sequences_at_context=num_pages // pages_per_seq,
+        critical_batch_size=critical,
         decode_floor_ms_batch1=weight_bytes / bandwidth * 1e3,
     )
 
@@ -127,11 +164,19 @@ def cmd_plan(args) -> int:
             bandwidth_bytes_per_s=float(args.bandwidth or base.bandwidth_bytes_per_s),
             peak_flops={args.dtype: float(args.peak_flops)} if args.peak_flops else base.peak_flops,
         )
-    plan = make_plan(config, device=device, dtype=args.dtype, context=args.context,
-                     page_size=args.page_size, memory_utilization=args.memory_utilization,
-                     tensor_parallel_degree=args.tensor_parallel_degree)
-    print(f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
-          f"{args.tensor_parallel_degree}  dtype: {args.dtype}")
+    plan = make_plan(
+        config,
+        device=device,
+        dtype=args.dtype,
+        context=args.context,
+        page_size=args.page_size,
+        memory_utilization=args.memory_utilization,
+        tensor_parallel_degree=args.tensor_parallel_degree,
+    )
+    print(
+        f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
+        f"{args.tensor_parallel_degree}  dtype: {args.dtype}"
+    )
     print("\n".join(plan.lines(args.context, args.page_size)))
     return 0
 

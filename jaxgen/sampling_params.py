@@ -50,33 +50,83 @@ class SamplingParams:
         _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
         _check(
             self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-            "max_tokens", "must be an integer >= 1", self.max_tokens,
+            "max_tokens",
+            "must be an integer >= 1",
+            self.max_tokens,
         )
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
-               "must be an integer >= 0", self.min_tokens)
+        _check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            "min_tokens",
+            "must be an integer >= 0",
+            self.min_tokens,
+        )
         if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens",
-                   self.min_tokens)
-        _check(_num(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature",
-               "must be in [0, 100]", self.temperature)
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
-               "must be an integer >= 0 (or -1 for off)", self.top_k)
-        _check(_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p)
-        _check(_num(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p)
-        _check(_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
-               "must be > 0", self.repetition_penalty)
-        _check(_num(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
-               "presence_penalty", "must be in [-2, 2]", self.presence_penalty)
-        _check(_num(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
-               "frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
-        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
-               "seed", "must be an integer or None", self.seed)
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop",
-               "must be non-empty strings", self.stop)
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               "must be non-negative integers", self.stop_token_ids)
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
-               "logprobs", "must be an integer in [0, 20] or None", self.logprobs)
+            _check(
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                "must be <= max_tokens",
+                self.min_tokens,
+            )
+        _check(
+            _num(self.temperature) and 0.0 <= self.temperature <= 100.0,
+            "temperature",
+            "must be in [0, 100]",
+            self.temperature,
+        )
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            "must be an integer >= 0 (or -1 for off)",
+            self.top_k,
+        )
+        _check(
+            _num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]", self.top_p
+        )
+        _check(
+            _num(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]", self.min_p
+        )
+        _check(
+            _num(self.repetition_penalty) and self.repetition_penalty > 0,
+            "repetition_penalty",
+            "must be > 0",
+            self.repetition_penalty,
+        )
+        _check(
+            _num(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            "must be in [-2, 2]",
+            self.presence_penalty,
+        )
+        _check(
+            _num(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            "must be in [-2, 2]",
+            self.frequency_penalty,
+        )
+        _check(
+            self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+            "seed",
+            "must be an integer or None",
+            self.seed,
+        )
+        _check(
+            all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            "must be non-empty strings",
+            self.stop,
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be non-negative integers",
+            self.stop_token_ids,
+        )
+        _check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+            "logprobs",
+            "must be an integer in [0, 20] or None",
+            self.logprobs,
+        )
 
     @property
     def greedy(self) -> bool:

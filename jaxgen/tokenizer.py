@@ -20,7 +20,9 @@ def load_tokenizer(path: str, gguf_file: str | None = None):
         return AutoTokenizer.from_pretrained(path)
     full = os.path.join(path, gguf_file)
     stat = os.stat(full)
-    key = hashlib.sha1(f"{os.path.abspath(full)}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha1(
+        f"{os.path.abspath(full)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()
     cache_dir = os.path.join(os.environ.get("JAXGEN_CACHE_DIR", DEFAULT_CACHE), key[:16])
     if os.path.isfile(os.path.join(cache_dir, "tokenizer_config.json")):
         try:
@@ -43,8 +45,13 @@ class IncrementalDetokenizer:
     sequence.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int] | None = None, *,
-                 skip_special_tokens: bool = True):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: list[int] | None = None,
+        *,
+        skip_special_tokens: bool = True,
+    ):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = list(prompt_token_ids or [])
@@ -54,8 +61,9 @@ class IncrementalDetokenizer:
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
     def add_tokens(self, new_token_ids: list[int]) -> str:
         """Appends tokens and returns the newly completed text (possibly empty)."""

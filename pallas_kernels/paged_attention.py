@@ -53,8 +53,12 @@ def paged_attention_reference(
     group = num_heads // num_kv_heads
     width = block_tables.shape[1]
     scale = head_dim**-0.5 if scale is None else scale
-    k = gather_pages(k_pages, block_tables).reshape(num_kv_heads, batch, width * page_size, head_dim)
-    v = gather_pages(v_pages, block_tables).reshape(num_kv_heads, batch, width * page_size, head_dim)
+    k = gather_pages(k_pages, block_tables).reshape(
+        num_kv_heads, batch, width * page_size, head_dim
+    )
+    v = gather_pages(v_pages, block_tables).reshape(
+        num_kv_heads, batch, width * page_size, head_dim
+    )
     qg = q.reshape(batch, num_kv_heads, group, head_dim).astype(jnp.float32) * scale
     scores = jnp.einsum("bhgd,hbld->bhgl", qg, k.astype(jnp.float32))
     if soft_cap is not None:

@@ -74,8 +74,12 @@ def ragged_paged_attention_reference(
     key_pos = jnp.arange(width * page_size)
     # One sequence at a time keeps memory at [T, W * S] instead of [T, W * S, Hkv, D].
     for s in range(max_seqs):
-        k = gather_pages(k_pages, block_tables[s]).reshape(num_kv_heads, width * page_size, head_dim)
-        v = gather_pages(v_pages, block_tables[s]).reshape(num_kv_heads, width * page_size, head_dim)
+        k = gather_pages(k_pages, block_tables[s]).reshape(
+            num_kv_heads, width * page_size, head_dim
+        )
+        v = gather_pages(v_pages, block_tables[s]).reshape(
+            num_kv_heads, width * page_size, head_dim
+        )
         scores = jnp.einsum("thgd,hld->thgl", qg, k.astype(jnp.float32))
         if soft_cap is not None:
             scores = soft_cap * jnp.tanh(scores / soft_cap)

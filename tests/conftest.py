@@ -26,17 +26,26 @@ def smollm2_tokenizer(smollm2_gguf):
     return load_tokenizer(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
 
 
-def save_tiny_model(path: str, tokenizer, *, arch: str = "llama", seed: int = 0, **overrides) -> str:
+def save_tiny_model(
+    path: str, tokenizer, *, arch: str = "llama", seed: int = 0, **overrides
+) -> str:
     """Writes a small random HF checkpoint (safetensors) plus the SmolLM2 tokenizer to ``path``."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     base = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, rms_norm_eps=1e-5,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        rms_norm_eps=1e-5,
     )
     base.update(overrides)
     config_cls, model_cls = {

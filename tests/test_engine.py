@@ -8,8 +8,10 @@ import pytest
 from jaxgen import LLM, SamplingParams
 
 TOPICS = ["the moon", "volcanoes", "honey bees", "the printing press", "jazz", "glaciers", "chess"]
-SYSTEM = ("You are a careful assistant. Answer in plain English, in one or two sentences, "
-          "without lists, and never mention that you are an AI model.")
+SYSTEM = (
+    "You are a careful assistant. Answer in plain English, in one or two sentences, "
+    "without lists, and never mention that you are an AI model."
+)
 MAX_TOKENS = [12, 5, 16, 9, 14, 7, 11]
 
 
@@ -17,9 +19,13 @@ MAX_TOKENS = [12, 5, 16, 9, 14, 7, 11]
 def prompts(smollm2_tokenizer):
     out = []
     for topic in TOPICS:
-        messages = [{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"Tell me one fact about {topic}."}]
-        text = smollm2_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        messages = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Tell me one fact about {topic}."},
+        ]
+        text = smollm2_tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
         out.append(smollm2_tokenizer.encode(text, add_special_tokens=False))
     return out
 
@@ -47,12 +53,16 @@ def reference(smollm2_loaded, prompts):
     return tokens
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(batching="static", batch_size=4),
-    dict(batching="dynamic", batch_size=3, max_batch_delay=0.01),
-    dict(batching="continuous", max_rolling_batch_size=4),
-    dict(batching="paged"),
-], ids=["static", "dynamic", "continuous", "paged"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(batching="static", batch_size=4),
+        dict(batching="dynamic", batch_size=3, max_batch_delay=0.01),
+        dict(batching="continuous", max_rolling_batch_size=4),
+        dict(batching="paged"),
+    ],
+    ids=["static", "dynamic", "continuous", "paged"],
+)
 def test_strategies_match_one_at_a_time(knobs, smollm2_loaded, prompts, reference):
     tokens, stats = generate(smollm2_loaded, prompts, **knobs)
     assert tokens == reference
@@ -72,9 +82,13 @@ def test_tiny_pool_forces_preemption(tiny_model_dir):
     rng = __import__("numpy").random.default_rng(1)
     prompts = [rng.integers(0, 1000, int(n)).tolist() for n in (20, 25, 30, 18, 22)]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    reference = LLM(loaded, batching="none", max_model_len=128).generate(prompts, params, use_tqdm=False)
+    reference = LLM(loaded, batching="none", max_model_len=128).generate(
+        prompts, params, use_tqdm=False
+    )
     page_bytes = loaded.config.kv_bytes_per_token(4) * 16
-    llm = LLM(loaded, max_model_len=128, kv_cache_memory=8 * page_bytes, enable_prefix_caching=False)
+    llm = LLM(
+        loaded, max_model_len=128, kv_cache_memory=8 * page_bytes, enable_prefix_caching=False
+    )
     outs = llm.generate(prompts, params, use_tqdm=False)
     stats = llm.stats()
     assert stats["preemptions"] > 0
@@ -83,8 +97,9 @@ def test_tiny_pool_forces_preemption(tiny_model_dir):
 
 
 def test_small_prefill_budget_chunks_prompts(smollm2_loaded, prompts, reference):
-    tokens, _ = generate(smollm2_loaded, prompts, max_rolling_batch_prefill_tokens=16,
-                         max_rolling_batch_size=4)
+    tokens, _ = generate(
+        smollm2_loaded, prompts, max_rolling_batch_prefill_tokens=16, max_rolling_batch_size=4
+    )
     assert tokens == reference
 
 

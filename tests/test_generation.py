@@ -33,10 +33,14 @@ def test_greedy_matches_transformers_generate(smollm2_llm, smollm2_hf, smollm2_t
         assert out.prompt_token_ids == ids
         with torch.no_grad():
             ref = smollm2_hf.generate(
-                torch.tensor([ids]), max_new_tokens=24, do_sample=False,
-                output_scores=True, return_dict_in_generate=True, pad_token_id=2,
+                torch.tensor([ids]),
+                max_new_tokens=24,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=2,
             )
-        ref_tokens = ref.sequences[0, len(ids):].tolist()
+        ref_tokens = ref.sequences[0, len(ids) :].tolist()
         assert out.token_ids == ref_tokens
         for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
             ref_logprobs = torch.log_softmax(ref.scores[step][0].float(), -1)
@@ -48,14 +52,18 @@ def test_greedy_matches_transformers_generate(smollm2_llm, smollm2_hf, smollm2_t
 
 
 def test_text_equals_decode_of_tokens(smollm2_llm, smollm2_tokenizer):
-    out = smollm2_llm.generate(PROMPTS[0], SamplingParams(max_tokens=20, temperature=0.0),
-                               use_tqdm=False)[0]
+    out = smollm2_llm.generate(
+        PROMPTS[0], SamplingParams(max_tokens=20, temperature=0.0), use_tqdm=False
+    )[0]
     assert out.text == smollm2_tokenizer.decode(out.token_ids, skip_special_tokens=True)
 
 
 def test_chat_uses_template_and_stops_at_eos(smollm2_llm):
-    out = smollm2_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                           SamplingParams(max_tokens=48, temperature=0.0), use_tqdm=False)[0]
+    out = smollm2_llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(max_tokens=48, temperature=0.0),
+        use_tqdm=False,
+    )[0]
     assert "<|im_start|>assistant" in out.prompt
     assert "Paris" in out.text
     assert out.finish_reason == "stop"
@@ -64,8 +72,18 @@ def test_chat_uses_template_and_stops_at_eos(smollm2_llm):
 
 def test_stats_report_pool(smollm2_llm):
     stats = smollm2_llm.stats()
-    for key in ("kv_pages_total", "kv_pages_used", "kv_pages_peak", "kv_tokens_peak", "page_size",
-                "num_running", "num_waiting", "preemptions", "steps", "compiles"):
+    for key in (
+        "kv_pages_total",
+        "kv_pages_used",
+        "kv_pages_peak",
+        "kv_tokens_peak",
+        "page_size",
+        "num_running",
+        "num_waiting",
+        "preemptions",
+        "steps",
+        "compiles",
+    ):
         assert key in stats
     assert stats["kv_pages_used"] == 0 and stats["num_running"] == 0
 

@@ -26,7 +26,9 @@ def test_missing_config_json(tmp_path):
 
 
 def test_unsupported_architecture_lists_supported(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    )
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM"):
         load_model(str(tmp_path))
 
@@ -108,8 +110,15 @@ def test_unsupported_gguf_quant_type(tmp_path):
 
 
 def test_unsupported_rope_scaling():
-    hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-          "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn"}}
+    hf = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "rope_scaling": {"rope_type": "yarn"},
+    }
     with pytest.raises(ValueError, match="rope_scaling"):
         ModelConfig.from_hf_dict(hf)
 

@@ -17,8 +17,13 @@ TINY_VARIANTS = {
     "llama-bias": dict(arch="llama", attention_bias=True),
     "llama3-rope": dict(
         arch="llama",
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     ),
     "llama-linear-rope": dict(arch="llama", rope_scaling={"rope_type": "linear", "factor": 4.0}),
     "llama-head-dim": dict(arch="llama", head_dim=32),
@@ -49,7 +54,9 @@ def test_tiny_model_logits_match_transformers(variant, tmp_path, smollm2_tokeniz
 
 
 @pytest.mark.parametrize("length", [5, 33, 100])
-def test_smollm2_gguf_logits_match_transformers(length, smollm2_loaded, smollm2_hf, smollm2_tokenizer):
+def test_smollm2_gguf_logits_match_transformers(
+    length, smollm2_loaded, smollm2_hf, smollm2_tokenizer
+):
     text = "Paged attention stores keys and values in fixed-size pages. " * 20
     ids = smollm2_tokenizer.encode(text)[:length]
     assert len(ids) == length

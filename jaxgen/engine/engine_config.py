@@ -48,26 +48,58 @@ class EngineConfig:
                 raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
 
         check(self.batching in BATCHING_MODES, "batching", f"must be one of {BATCHING_MODES}")
-        check(_int(self.max_rolling_batch_size) and self.max_rolling_batch_size >= 1,
-              "max_rolling_batch_size", "must be an integer >= 1")
-        check(_int(self.max_rolling_batch_prefill_tokens) and self.max_rolling_batch_prefill_tokens >= 16,
-              "max_rolling_batch_prefill_tokens", "must be an integer >= 16")
-        check(_int(self.batch_size) and self.batch_size >= 1, "batch_size", "must be an integer >= 1")
-        check(isinstance(self.max_batch_delay, (int, float)) and self.max_batch_delay >= 0,
-              "max_batch_delay", "must be a number of seconds >= 0")
-        check(_int(self.page_size) and self.page_size >= 1 and self.page_size & (self.page_size - 1) == 0,
-              "page_size", "must be a power of two")
-        check(self.max_model_len is None or (_int(self.max_model_len) and self.max_model_len >= 2),
-              "max_model_len", "must be an integer >= 2")
+        check(
+            _int(self.max_rolling_batch_size) and self.max_rolling_batch_size >= 1,
+            "max_rolling_batch_size",
+            "must be an integer >= 1",
+        )
+        check(
+            _int(self.max_rolling_batch_prefill_tokens)
+            and self.max_rolling_batch_prefill_tokens >= 16,
+            "max_rolling_batch_prefill_tokens",
+            "must be an integer >= 16",
+        )
+        check(
+            _int(self.batch_size) and self.batch_size >= 1, "batch_size", "must be an integer >= 1"
+        )
+        check(
+            isinstance(self.max_batch_delay, (int, float)) and self.max_batch_delay >= 0,
+            "max_batch_delay",
+            "must be a number of seconds >= 0",
+        )
+        check(
+            _int(self.page_size)
+            and self.page_size >= 1
+            and self.page_size & (self.page_size - 1) == 0,
+            "page_size",
+            "must be a power of two",
+        )
+        check(
+            self.max_model_len is None or (_int(self.max_model_len) and self.max_model_len >= 2),
+            "max_model_len",
+            "must be an integer >= 2",
+        )
         kv = self.kv_cache_memory
-        check(kv is None or (_int(kv) and kv > 0) or (isinstance(kv, float) and 0 < kv <= 1),
-              "kv_cache_memory", "must be bytes (int > 0) or a fraction of free memory in (0, 1]")
-        check(_int(self.tensor_parallel_degree) and self.tensor_parallel_degree >= 1,
-              "tensor_parallel_degree", "must be an integer >= 1")
-        check(_int(self.data_parallel_size) and self.data_parallel_size >= 1,
-              "data_parallel_size", "must be an integer >= 1")
-        check(self.attention_backend in ("reference", "pallas", "auto"), "attention_backend",
-              "must be 'reference', 'pallas' or 'auto'")
+        check(
+            kv is None or (_int(kv) and kv > 0) or (isinstance(kv, float) and 0 < kv <= 1),
+            "kv_cache_memory",
+            "must be bytes (int > 0) or a fraction of free memory in (0, 1]",
+        )
+        check(
+            _int(self.tensor_parallel_degree) and self.tensor_parallel_degree >= 1,
+            "tensor_parallel_degree",
+            "must be an integer >= 1",
+        )
+        check(
+            _int(self.data_parallel_size) and self.data_parallel_size >= 1,
+            "data_parallel_size",
+            "must be an integer >= 1",
+        )
+        check(
+            self.attention_backend in ("reference", "pallas", "auto"),
+            "attention_backend",
+            "must be 'reference', 'pallas' or 'auto'",
+        )
 
     @property
     def num_slots(self) -> int:

@@ -43,8 +43,9 @@ class LLMEngine:
                     f"kv_cache_memory ({kv_bytes} bytes) holds {num_pages - 1} pages, fewer than one "
                     f"sequence of max_model_len={self.max_model_len} needs ({need - 1})"
                 )
-            allocator = PageAllocator(num_pages, page_size,
-                                      enable_prefix_caching=config.enable_prefix_caching)
+            allocator = PageAllocator(
+                num_pages, page_size, enable_prefix_caching=config.enable_prefix_caching
+            )
         else:
             allocator = ContiguousAllocator(slots, self.max_model_len, page_size)
             if (allocator.num_pages - 1) * page_bytes > kv_bytes:
@@ -62,18 +63,25 @@ class LLMEngine:
             )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_num_seqs=slots, max_num_batched_tokens=budget, max_model_len=self.max_model_len,
+                max_num_seqs=slots,
+                max_num_batched_tokens=budget,
+                max_model_len=self.max_model_len,
                 batch_at_a_time=not rolling,
                 max_batch_delay=config.max_batch_delay if config.batching == "dynamic" else 0.0,
             ),
             allocator,
         )
         self.runner = ModelRunner(
-            loaded, num_pages=num_pages, page_size=page_size, max_num_seqs=slots,
-            max_num_batched_tokens=budget, max_model_len=self.max_model_len,
+            loaded,
+            num_pages=num_pages,
+            page_size=page_size,
+            max_num_seqs=slots,
+            max_num_batched_tokens=budget,
+            max_model_len=self.max_model_len,
             attention_backend=config.attention_backend,
             min_decode_batch=slots if config.batching == "static" else 1,
-            kv_sharding=kv_sharding, seed=config.seed,
+            kv_sharding=kv_sharding,
+            seed=config.seed,
         )
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
@@ -95,8 +103,14 @@ class LLMEngine:
         return int(free * (ACCELERATOR_KV_FRACTION if kv is None else kv))
 
     # -- requests --------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float | None = None) -> Request:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Request:
         """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
@@ -110,8 +124,16 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
             )
-        request = Request(request_id, prompt, prompt_token_ids, params, self.tokenizer,
-                          self.loaded.config.eos_token_ids, self.max_model_len, arrival_time)
+        request = Request(
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            self.tokenizer,
+            self.loaded.config.eos_token_ids,
+            self.max_model_len,
+            arrival_time,
+        )
         for seq in request.seqs:
             self.scheduler.add(seq)
             self.seq_to_request[seq.seq_id] = request
@@ -150,8 +172,9 @@ class LLMEngine:
 
     def _sampling_row(self, seq) -> SamplingRow:
         request = self.seq_to_request[seq.seq_id]
-        return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids,
-                           request.banned_token_ids(seq))
+        return SamplingRow(
+            seq.params, seq.prompt_token_ids, seq.output_token_ids, request.banned_token_ids(seq)
+        )
 
     def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
         moved: dict[str, Request] = {}

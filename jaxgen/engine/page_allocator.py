@@ -141,8 +141,11 @@ class PageAllocator:
 
     def _holds(self, page: int, prefix: tuple[int, int] | None, chunk: tuple[int, ...]) -> bool:
         """Whether cached ``page`` holds the K/V of ``chunk`` right after exactly ``prefix``."""
-        return (page in self.page_tokens and self.page_tokens[page] == chunk
-                and self.page_parent[page] == prefix)
+        return (
+            page in self.page_tokens
+            and self.page_tokens[page] == chunk
+            and self.page_parent[page] == prefix
+        )
 
     def free(self, seq: Sequence) -> None:
         """Releases ``seq``'s pages (shared pages stay until their last user frees them)."""

@@ -14,9 +14,17 @@ from jaxgen.tokenizer import IncrementalDetokenizer
 class Request:
     """Tracks text, logprobs and finish state for each of a request's sequences."""
 
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, tokenizer, eos_token_ids: tuple[int, ...],
-                 max_model_len: int, arrival_time: float | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        tokenizer,
+        eos_token_ids: tuple[int, ...],
+        max_model_len: int,
+        arrival_time: float | None = None,
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -31,16 +39,26 @@ class Request:
         self.seqs: list[Sequence] = []
         for i in range(params.n):
             # Seeded parallel samples must differ from each other: sample i uses seed + i.
-            seq_params = params if params.seed is None or i == 0 else dataclasses.replace(
-                params, seed=params.seed + i)
-            self.seqs.append(Sequence(
-                prompt_token_ids, max_tokens=max_tokens, request_id=request_id, index=i,
-                params=seq_params, arrival_time=self.arrival_time,
-                depends_on=self.seqs[0] if i > 0 else None,
-            ))
+            seq_params = (
+                params
+                if params.seed is None or i == 0
+                else dataclasses.replace(params, seed=params.seed + i)
+            )
+            self.seqs.append(
+                Sequence(
+                    prompt_token_ids,
+                    max_tokens=max_tokens,
+                    request_id=request_id,
+                    index=i,
+                    params=seq_params,
+                    arrival_time=self.arrival_time,
+                    depends_on=self.seqs[0] if i > 0 else None,
+                )
+            )
         self.detokenizers = [
-            IncrementalDetokenizer(tokenizer, prompt_token_ids,
-                                   skip_special_tokens=params.skip_special_tokens)
+            IncrementalDetokenizer(
+                tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
+            )
             for _ in range(params.n)
         ]
         self.texts = [""] * params.n  # final-safe text (stop strings held back while streaming)
@@ -108,9 +126,13 @@ class Request:
         """The cumulative output so far."""
         outs = [
             CompletionOutput(
-                index=seq.index, text=self.texts[seq.index], token_ids=list(seq.output_token_ids),
+                index=seq.index,
+                text=self.texts[seq.index],
+                token_ids=list(seq.output_token_ids),
                 finish_reason=seq.finish_reason if seq.is_finished else None,
-                logprobs=list(self.logprobs[seq.index]) if self.params.logprobs is not None else None,
+                logprobs=list(self.logprobs[seq.index])
+                if self.params.logprobs is not None
+                else None,
                 stop_reason=self.stop_reasons[seq.index],
             )
             for seq in self.seqs
@@ -122,5 +144,11 @@ class Request:
             "finish_time": self.finish_time,
             "num_cached_tokens": self.seqs[0].num_cached_tokens,
         }
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
-                             finished=self.finished, metrics=metrics)
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            outs,
+            finished=self.finished,
+            metrics=metrics,
+        )

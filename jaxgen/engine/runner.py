@@ -54,9 +54,20 @@ class StepResult:
 class ModelRunner:
     """Owns the parameters, the KV pool and the jitted step."""
 
-    def __init__(self, loaded, *, num_pages: int, page_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, attention_backend: str = "auto",
-                 min_decode_batch: int = 1, kv_sharding=None, seed: int = 0):
+    def __init__(
+        self,
+        loaded,
+        *,
+        num_pages: int,
+        page_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        attention_backend: str = "auto",
+        min_decode_batch: int = 1,
+        kv_sharding=None,
+        seed: int = 0,
+    ):
         compile_counter.install()
         self.config = loaded.config
         self.graphdef = loaded.graphdef
@@ -108,10 +119,14 @@ class ModelRunner:
         def fill(row: int, seq: Sequence, pos: int) -> None:
             token_ids[row] = seq.token_at(pos)
             positions[row] = pos
-            slots[row] = seq.block_table[pos // self.page_size] * self.page_size + pos % self.page_size
+            slots[row] = (
+                seq.block_table[pos // self.page_size] * self.page_size + pos % self.page_size
+            )
 
         # Decode section.
-        width_d = self._width([], [s.seq.num_computed_tokens + 1 for s in decodes]) if decodes else 1
+        width_d = (
+            self._width([], [s.seq.num_computed_tokens + 1 for s in decodes]) if decodes else 1
+        )
         dec_lengths = np.zeros(num_decode, np.int32)
         dec_tables = np.zeros((num_decode, width_d), np.int32)
         for i, item in enumerate(decodes):
@@ -155,9 +170,14 @@ class ModelRunner:
         cu_q[len(prefills) + 1 :] = row
 
         md = AttentionMetadata(
-            slot_mapping=slots, decode_lengths=dec_lengths, decode_block_tables=dec_tables,
-            prefill_query_index=q_index, prefill_query_positions=q_pos,
-            prefill_block_tables=q_tables, prefill_cu_q_lens=cu_q, prefill_kv_lens=kv_lens,
+            slot_mapping=slots,
+            decode_lengths=dec_lengths,
+            decode_block_tables=dec_tables,
+            prefill_query_index=q_index,
+            prefill_query_positions=q_pos,
+            prefill_block_tables=q_tables,
+            prefill_cu_q_lens=cu_q,
+            prefill_kv_lens=kv_lens,
             prefill_seq_block_tables=seq_tables,
             prefill_num_seqs=np.array([len(prefills)], np.int32),
         )
@@ -188,7 +208,13 @@ class ModelRunner:
             k = next(b for b in LOGPROB_BUCKETS if b >= flags.num_logprobs)
             flags = dataclasses.replace(flags, num_logprobs=k)
         self.kv_cache, result = self._step(
-            self.params, self.kv_cache, token_ids, positions, md, logits_indices, tensors,
+            self.params,
+            self.kv_cache,
+            token_ids,
+            positions,
+            md,
+            logits_indices,
+            tensors,
             flags=flags,
         )
         result = jax.device_get(result)  # the one device-to-host transfer of the step
@@ -198,10 +224,14 @@ class ModelRunner:
                 continue
             seq_id = item.seq.seq_id
             tokens[seq_id] = int(result.token_ids[i])
-            if flags.num_logprobs or (item.seq.params is not None and item.seq.params.logprobs is not None):
+            if flags.num_logprobs or (
+                item.seq.params is not None and item.seq.params.logprobs is not None
+            ):
                 entry = {int(result.token_ids[i]): float(result.logprobs[i])}
                 k = item.seq.params.logprobs or 0
-                for t, lp in zip(result.top_token_ids[i][:k], result.top_logprobs[i][:k], strict=True):
+                for t, lp in zip(
+                    result.top_token_ids[i][:k], result.top_logprobs[i][:k], strict=True
+                ):
                     entry.setdefault(int(t), float(lp))
                 logprobs[seq_id] = entry
         return StepResult(tokens, logprobs)

@@ -35,8 +35,11 @@ class ScheduledSequence:
 
     @property
     def is_decode(self) -> bool:
-        return self.seq.num_computed_tokens >= self.seq.num_prompt_tokens and self.num_new_tokens == 1 \
+        return (
+            self.seq.num_computed_tokens >= self.seq.num_prompt_tokens
+            and self.num_new_tokens == 1
             and self.seq.num_uncomputed_tokens == 1
+        )
 
     @property
     def completes(self) -> bool:
@@ -129,8 +132,11 @@ class Scheduler:
                 seq = self.waiting[0]
                 # n > 1: wait for the sibling's prompt to share its pages; not under a batch policy,
                 # where waiting would push this sample into the next batch.
-                if (seq.depends_on is not None and not self.config.batch_at_a_time
-                        and not self._prefix_ready(seq.depends_on)):
+                if (
+                    seq.depends_on is not None
+                    and not self.config.batch_at_a_time
+                    and not self._prefix_ready(seq.depends_on)
+                ):
                     skipped.append(self.waiting.popleft())
                     continue
                 if not seq.block_table:
@@ -182,7 +188,9 @@ class Scheduler:
         used = self.allocator.num_used_pages
         if used > self.kv_pages_peak:
             self.kv_pages_peak = used
-            self.kv_tokens_peak = self.cached_tokens({s.seq.seq_id: s.num_new_tokens for s in scheduled})
+            self.kv_tokens_peak = self.cached_tokens(
+                {s.seq.seq_id: s.num_new_tokens for s in scheduled}
+            )
 
     def cached_tokens(self, new_tokens: dict[int, int] | None = None) -> int:
         """Distinct tokens whose K/V occupy pages of running sequences once this step has run."""

@@ -18,9 +18,17 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One generated sequence: its tokens, how many have KV in the pool, and its pages."""
 
-    def __init__(self, prompt_token_ids: list[int], *, max_tokens: int, request_id: str = "",
-                 index: int = 0, params=None, arrival_time: float | None = None,
-                 depends_on: Sequence | None = None):
+    def __init__(
+        self,
+        prompt_token_ids: list[int],
+        *,
+        max_tokens: int,
+        request_id: str = "",
+        index: int = 0,
+        params=None,
+        arrival_time: float | None = None,
+        depends_on: Sequence | None = None,
+    ):
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.index = index  # sample index within its request (n > 1)
@@ -68,5 +76,7 @@ class Sequence:
         return self.output_token_ids[position - len(self.prompt_token_ids)]
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, status={self.status.value}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, pages={len(self.block_table)})")
+        return (
+            f"Sequence(id={self.seq_id}, status={self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, pages={len(self.block_table)})"
+        )

@@ -72,14 +72,20 @@ def load_model(model: str | None = None, *, dtype="float32", place=None) -> Load
             raise ValueError(f"model file {path!r} is not a .gguf file")
         gguf_file = GGUFFile(path)
         config = ModelConfig.from_hf_dict(gguf_file.hf_config())
-        graphdef, params = params_from_hf_tensors(config, gguf_file.get_tensor, dtype=jdtype, place=_bind(place, config))
+        graphdef, params = params_from_hf_tensors(
+            config, gguf_file.get_tensor, dtype=jdtype, place=_bind(place, config)
+        )
         tokenizer = load_tokenizer(os.path.dirname(path), gguf_file=os.path.basename(path))
     else:
         config = load_hf_config(path)
-        graphdef, params = params_from_hf_tensors(config, hf_tensor_getter(path), dtype=jdtype, place=_bind(place, config))
+        graphdef, params = params_from_hf_tensors(
+            config, hf_tensor_getter(path), dtype=jdtype, place=_bind(place, config)
+        )
         tokenizer = load_tokenizer(path)
     config = _with_tokenizer_eos(config, tokenizer)
-    return LoadedModel(config, graphdef, params, tokenizer, path, jdtype, time.perf_counter() - start)
+    return LoadedModel(
+        config, graphdef, params, tokenizer, path, jdtype, time.perf_counter() - start
+    )
 
 
 def _bind(place, config: ModelConfig):

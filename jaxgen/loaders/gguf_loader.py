@@ -38,7 +38,9 @@ class GGUFFile:
         try:
             self.reader = gguf.GGUFReader(path)
         except Exception as e:
-            raise ValueError(f"cannot read GGUF file {path!r} (truncated or corrupt?): {e}") from None
+            raise ValueError(
+                f"cannot read GGUF file {path!r} (truncated or corrupt?): {e}"
+            ) from None
         self.path = path
         self.architecture = self.field("general.architecture")
         if self.architecture not in SUPPORTED_GGUF_ARCHITECTURES:
@@ -69,7 +71,9 @@ class GGUFFile:
             "num_hidden_layers": get("block_count"),
             "num_attention_heads": num_heads,
             "num_key_value_heads": get("attention.head_count_kv", num_heads),
-            "head_dim": get("attention.key_length") or get("rope.dimension_count") or hidden // num_heads,
+            "head_dim": get("attention.key_length")
+            or get("rope.dimension_count")
+            or hidden // num_heads,
             "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
             "rope_theta": get("rope.freq_base", 10000.0),
             "max_position_embeddings": get("context_length", 4096),
@@ -79,7 +83,10 @@ class GGUFFile:
         }
         scaling_type = get("rope.scaling.type")
         if scaling_type == "linear":
-            config["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor", 1.0)}
+            config["rope_scaling"] = {
+                "rope_type": "linear",
+                "factor": get("rope.scaling.factor", 1.0),
+            }
         sliding = get("attention.sliding_window")
         if sliding:
             config["sliding_window"] = sliding
@@ -103,7 +110,9 @@ class GGUFFile:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml order is innermost first
         array = np.asarray(data, dtype=np.float32).reshape(shape)
-        if self.architecture == "llama" and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
+        if self.architecture == "llama" and (
+            name.endswith("q_proj.weight") or name.endswith("k_proj.weight")
+        ):
             kv = name.endswith("k_proj.weight")
             heads = self.field(f"{self.architecture}.attention.head_count" + ("_kv" if kv else ""))
             array = _unpermute_rotary(array, heads)

@@ -34,7 +34,9 @@ def safetensors_files(path: str) -> dict[str, str]:
     if os.path.isfile(index_path):
         with open(index_path) as f:
             weight_map = json.load(f)["weight_map"]
-        missing = sorted({f for f in weight_map.values() if not os.path.isfile(os.path.join(path, f))})
+        missing = sorted(
+            {f for f in weight_map.values() if not os.path.isfile(os.path.join(path, f))}
+        )
         if missing:
             raise FileNotFoundError(f"{INDEX_FILE} in {path!r} names missing shards: {missing}")
         return {name: os.path.join(path, f) for name, f in weight_map.items()}
@@ -56,7 +58,9 @@ def _open_safetensors(safe_open, file: str):
     try:
         return safe_open(file, framework="numpy")
     except Exception as e:  # safetensors raises its own error types for bad headers
-        raise ValueError(f"cannot read safetensors file {file!r} (truncated or corrupt?): {e}") from None
+        raise ValueError(
+            f"cannot read safetensors file {file!r} (truncated or corrupt?): {e}"
+        ) from None
 
 
 def hf_tensor_getter(path: str) -> Callable[[str], np.ndarray]:
@@ -69,7 +73,9 @@ def hf_tensor_getter(path: str) -> Callable[[str], np.ndarray]:
     def get(name: str) -> np.ndarray:
         if name not in files:
             if name == "lm_head.weight":
-                raise ValueError(f"checkpoint {path!r} has no lm_head.weight and does not tie embeddings")
+                raise ValueError(
+                    f"checkpoint {path!r} has no lm_head.weight and does not tie embeddings"
+                )
             raise ValueError(f"checkpoint {path!r} has no tensor {name!r}")
         file = files[name]
         if file not in handles:
@@ -77,7 +83,9 @@ def hf_tensor_getter(path: str) -> Callable[[str], np.ndarray]:
         try:
             return handles[file].get_tensor(name)
         except Exception as e:
-            raise ValueError(f"cannot read tensor {name!r} from {file!r} (truncated?): {e}") from None
+            raise ValueError(
+                f"cannot read tensor {name!r} from {file!r} (truncated?): {e}"
+            ) from None
 
     return get
 

@@ -10,15 +10,23 @@ from flax import nnx
 from jaxgen.attention import AttentionMetadata
 
 
-def full_sequence_logits(loaded, token_ids: list[int], *, page_size: int = 16,
-                         backend: str = "reference", query_block: int = 16) -> np.ndarray:
+def full_sequence_logits(
+    loaded,
+    token_ids: list[int],
+    *,
+    page_size: int = 16,
+    backend: str = "reference",
+    query_block: int = 16,
+) -> np.ndarray:
     """Runs one prefill over ``token_ids`` in a private page pool; returns ``[T, V]`` float32."""
     cfg = loaded.config
     num_tokens = len(token_ids)
     num_pages = -(-num_tokens // page_size)
     pool_shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.head_dim)
-    kv = [(jnp.zeros(pool_shape, loaded.dtype), jnp.zeros(pool_shape, loaded.dtype))
-          for _ in range(cfg.num_layers)]
+    kv = [
+        (jnp.zeros(pool_shape, loaded.dtype), jnp.zeros(pool_shape, loaded.dtype))
+        for _ in range(cfg.num_layers)
+    ]
     table = np.arange(1, num_pages + 1, dtype=np.int32)[None, :]
     positions = np.arange(num_tokens, dtype=np.int32)
     num_blocks = -(-num_tokens // query_block)

@@ -52,7 +52,12 @@ class Attention(nnx.Module):
         k = apply_rope(k, positions, inv_freq)
         k_pages, v_pages = write_kv(k_pages, v_pages, k, v, md.slot_mapping)
         out = paged_attention_step(
-            q, k_pages, v_pages, md, backend=backend, scale=self.head_dim**-0.5,
+            q,
+            k_pages,
+            v_pages,
+            md,
+            backend=backend,
+            scale=self.head_dim**-0.5,
             sliding_window=self.sliding_window,
         )
         return self.o_proj(out.reshape(tokens, -1)), k_pages, v_pages
