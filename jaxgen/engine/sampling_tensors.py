@@ -1,0 +1,252 @@
+"""Host side of sampling: per-request parameters packed into padded arrays (``SamplingTensors``)
+plus static ``SamplingFlags`` for the jitted step. Plain numpy; see ``sampler.py`` for the device side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jaxgen.sampling_params import SamplingParams
+
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+_MIN_HISTORY_BUCKET = 16
+_MIN_BANNED_BUCKET = 4
+_UINT32_MASK = 0xFFFFFFFF
+_UINT64_MASK = (1 << 64) - 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingTensors:
+    """Per-row sampling parameters for a batch of B rows (padding rows are greedy).
+
+    Numpy arrays on the host (:func:`build_sampling_tensors`), jax arrays inside the jitted step.
+    """
+
+    temperature: jax.Array  # [B] f32; < GREEDY_TEMPERATURE means greedy
+    top_k: jax.Array  # [B] i32; 0 = off
+    top_p: jax.Array  # [B] f32; 1 = off
+    min_p: jax.Array  # [B] f32; 0 = off
+    repetition_penalty: jax.Array  # [B] f32; 1 = off
+    presence_penalty: jax.Array  # [B] f32; 0 = off
+    frequency_penalty: jax.Array  # [B] f32; 0 = off
+    seeds: jax.Array  # [B] uint32
+    has_seed: jax.Array  # [B] bool; False: the seed was derived on the host for this step
+    steps: jax.Array  # [B] i32; tokens generated so far by the row's sequence
+    banned_token_ids: jax.Array  # [B, K] i32, padded with -1
+    prompt_token_ids: jax.Array  # [B, Lp] i32, padded with -1; Lp = 0 without penalties
+    output_token_ids: jax.Array  # [B, Lo] i32, padded with -1; Lo = 0 without penalties
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingFlags:
+    """Static (hashable) facts about a batch, so the jitted step only does the needed work.
+
+    ``any_*`` only consider rows that sample (not greedy ones), except ``any_penalties``.
+    """
+
+    all_greedy: bool = True
+    any_top_k: bool = False
+    any_top_p: bool = False
+    any_min_p: bool = False
+    any_penalties: bool = False
+    num_logprobs: int = 0  # largest top-logprobs count requested in the batch; 0 if none
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplerOutput:
+    """Sampled tokens and their log-probabilities under the raw logits."""
+
+    token_ids: jax.Array  # [B] i32
+    logprobs: jax.Array  # [B] f32; log_softmax(raw logits) at token_ids
+    top_token_ids: jax.Array  # [B, num_logprobs] i32; most likely tokens under the raw logits
+    top_logprobs: jax.Array  # [B, num_logprobs] f32; descending
+
+
+@dataclasses.dataclass
+class SamplingRow:
+    """One running sequence as the host sees it at this step.
+
+    Args:
+        params: the request's sampling parameters.
+        prompt_token_ids: prompt tokens (only read when the row uses a penalty).
+        output_token_ids: tokens generated so far (their count is the row's step).
+        banned_token_ids: tokens forbidden at this step (see :func:`min_tokens_banned_ids`).
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    banned_token_ids: Sequence[int] = ()
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+def min_tokens_banned_ids(
+    params: SamplingParams, num_generated: int, eos_token_ids: Sequence[int]
+) -> list[int]:
+    """Tokens to ban while fewer than ``min_tokens`` were generated: stop ids, and EOS unless
+    ``ignore_eos`` (vLLM's min_tokens processor)."""
+    if num_generated >= params.min_tokens:
+        return []
+    banned = set(params.stop_token_ids or ())
+    if not params.ignore_eos:
+        banned.update(eos_token_ids)
+    return sorted(banned)
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    """Whether the request takes the argmax (temperature ~0 or top_k == 1)."""
+    return params.temperature < GREEDY_TEMPERATURE or params.top_k == 1
+
+
+def uses_penalties(params: SamplingParams) -> bool:
+    """Whether the request needs its token history on the device."""
+    return (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+
+
+def build_sampling_tensors(
+    rows: Sequence[SamplingRow | tuple],
+    batch_size: int,
+    *,
+    base_seed: int,
+    step_counter: int,
+) -> tuple[SamplingTensors, SamplingFlags]:
+    """Pack per-row parameters into numpy arrays padded to ``batch_size`` rows.
+
+    Args:
+        rows: one :class:`SamplingRow` (or a tuple of its fields) per running sequence.
+        batch_size: number of rows to pad to (padding rows are greedy and unpenalised).
+        base_seed: engine seed; rows without a seed get one derived from
+            ``(base_seed, step_counter, row index)`` so they differ between steps.
+        step_counter: engine step number.
+
+    Returns:
+        The tensors (numpy arrays, to ``device_put``) and the flags (a static jit argument).
+        History and banned-token widths are padded to powers of two to limit recompiles.
+    """
+    rows = [row if isinstance(row, SamplingRow) else SamplingRow(*row) for row in rows]
+    if len(rows) > batch_size:
+        raise ValueError(f"{len(rows)} rows do not fit in a batch of {batch_size}")
+
+    temperature = np.zeros(batch_size, np.float32)
+    top_k = np.zeros(batch_size, np.int32)
+    top_p = np.ones(batch_size, np.float32)
+    min_p = np.zeros(batch_size, np.float32)
+    repetition_penalty = np.ones(batch_size, np.float32)
+    presence_penalty = np.zeros(batch_size, np.float32)
+    frequency_penalty = np.zeros(batch_size, np.float32)
+    seeds = np.zeros(batch_size, np.uint32)
+    has_seed = np.zeros(batch_size, np.bool_)
+    steps = np.zeros(batch_size, np.int32)
+
+    greedy = [is_greedy(row.params) for row in rows]
+    penalised = [uses_penalties(row.params) for row in rows]
+    for index, row in enumerate(rows):
+        params = row.params
+        steps[index] = len(row.output_token_ids)
+        if params.seed is not None:
+            seeds[index] = _fold_seed(params.seed)
+            has_seed[index] = True
+        else:
+            seeds[index] = _derived_seed(base_seed, step_counter, index)
+        repetition_penalty[index] = params.repetition_penalty
+        presence_penalty[index] = params.presence_penalty
+        frequency_penalty[index] = params.frequency_penalty
+        if greedy[index]:
+            continue  # temperature 0 and every filter off, as vLLM does for greedy requests
+        temperature[index] = params.temperature
+        top_k[index] = min(params.top_k, np.iinfo(np.int32).max)
+        top_p[index] = params.top_p
+        min_p[index] = params.min_p
+
+    banned_width = max((len(row.banned_token_ids) for row in rows), default=0)
+    banned_width = _bucket(banned_width, _MIN_BANNED_BUCKET) if banned_width else 0
+    banned_token_ids = _pad_ids([row.banned_token_ids for row in rows], batch_size, banned_width)
+
+    # Only rows that use a penalty carry their history; the others stay all -1.
+    prompts = [
+        row.prompt_token_ids if uses else () for row, uses in zip(rows, penalised, strict=True)
+    ]
+    outputs = [
+        row.output_token_ids if uses else () for row, uses in zip(rows, penalised, strict=True)
+    ]
+    prompt_width = output_width = 0
+    if any(penalised):
+        prompt_width = _bucket(max(len(ids) for ids in prompts))
+        output_width = _bucket(max(len(ids) for ids in outputs))
+    prompt_token_ids = _pad_ids(prompts, batch_size, prompt_width)
+    output_token_ids = _pad_ids(outputs, batch_size, output_width)
+
+    sampling = [row.params for row, row_greedy in zip(rows, greedy, strict=True) if not row_greedy]
+    flags = SamplingFlags(
+        all_greedy=not sampling,
+        any_top_k=any(params.top_k > 0 for params in sampling),
+        any_top_p=any(params.top_p < 1.0 for params in sampling),
+        any_min_p=any(params.min_p > 0.0 for params in sampling),
+        any_penalties=any(penalised),
+        num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
+    )
+    tensors = SamplingTensors(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seeds=seeds,
+        has_seed=has_seed,
+        steps=steps,
+        banned_token_ids=banned_token_ids,
+        prompt_token_ids=prompt_token_ids,
+        output_token_ids=output_token_ids,
+    )
+    return tensors, flags
+
+
+def _bucket(length: int, minimum: int = _MIN_HISTORY_BUCKET) -> int:
+    """Smallest power of two >= max(length, minimum)."""
+    return 1 << (max(length, minimum) - 1).bit_length()
+
+
+def _pad_ids(id_lists: Sequence[Sequence[int]], batch_size: int, width: int) -> np.ndarray:
+    """Stack id lists into a [batch_size, width] int32 array padded with -1."""
+    out = np.full((batch_size, width), -1, np.int32)
+    for index, ids in enumerate(id_lists):
+        if len(ids):
+            out[index, : len(ids)] = ids
+    return out
+
+
+def _splitmix64(value: int) -> int:
+    value = (value + 0x9E3779B97F4A7C15) & _UINT64_MASK
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _UINT64_MASK
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _UINT64_MASK
+    return value ^ (value >> 31)
+
+
+def _fold_seed(seed: int) -> int:
+    """A user seed (any Python int) folded into 32 bits."""
+    seed &= _UINT64_MASK
+    return (seed ^ (seed >> 32)) & _UINT32_MASK
+
+
+def _derived_seed(base_seed: int, step_counter: int, row: int) -> int:
+    """A 32-bit seed for an unseeded row, different for every (base_seed, step, row)."""
+    value = _splitmix64(base_seed & _UINT64_MASK)
+    value = _splitmix64(value ^ (step_counter & _UINT64_MASK))
+    value = _splitmix64(value ^ (row & _UINT64_MASK))
+    return _fold_seed(value)
