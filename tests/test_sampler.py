@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from jaxgen.engine import sampler
+from jaxgen.engine import sampler, sampling_cutoff
 from jaxgen.engine.sampler import (
     SamplerOutput,
     SamplingFlags,
@@ -545,6 +545,6 @@ def test_jit_compiles_once_per_flags_combination():
 
 def test_ordered_keys_preserve_float_order():
     values = jnp.array([-jnp.inf, -3e38, -1.5, -1e-40, -0.0, 0.0, 1e-40, 2.0, 3e38, jnp.inf])
-    keys = np.asarray(sampler._float_to_ordered(values))
+    keys = np.asarray(sampling_cutoff._float_to_ordered(values))
     assert (np.diff(keys.astype(np.int64)) >= 0).all()
-    np.testing.assert_array_equal(np.asarray(sampler._ordered_to_float(jnp.asarray(keys))), values)
+    np.testing.assert_array_equal(np.asarray(sampling_cutoff._ordered_to_float(jnp.asarray(keys))), values)
