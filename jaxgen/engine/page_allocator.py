@@ -153,10 +153,8 @@ class PageAllocator:
             self.ref_counts[page] -= 1
             assert self.ref_counts[page] >= 0, f"page {page} freed twice"
             if self.ref_counts[page] == 0:
-                if page in self.page_hash:
-                    self.free_pages[page] = None  # most recently used at the end
-                else:
-                    self.free_pages[page] = None
+                self.free_pages[page] = None  # cached pages: most recently used at the end
+                if page not in self.page_hash:
                     self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
         seq.block_table = []
 

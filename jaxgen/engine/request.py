@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from jaxgen.engine.sampling_tensors import min_tokens_banned_ids
 from jaxgen.engine.sequence import Sequence
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
@@ -72,9 +73,7 @@ class Request:
 
     def banned_token_ids(self, seq: Sequence) -> list[int]:
         """Tokens that may not end the sequence yet (``min_tokens``)."""
-        if seq.num_generated >= self.params.min_tokens:
-            return []
-        return sorted(self.eos_token_ids | self.stop_token_ids)
+        return min_tokens_banned_ids(self.params, seq.num_generated, sorted(self.eos_token_ids))
 
     def on_token(self, seq: Sequence, logprobs: dict[int, float] | None) -> str | None:
         """Processes the token just appended to ``seq``; returns a finish reason or None."""

@@ -98,7 +98,8 @@ class ModelRunner:
         return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
 
     # -- host-side layout ----------------------------------------------------------------------
-    def _width(self, seqs: list[Sequence], tokens: list[int]) -> int:
+    def _width(self, tokens: list[int]) -> int:
+        """Block-table width bucket (in pages) covering the longest of ``tokens``."""
         pages = max((-(-t // self.page_size) for t in tokens), default=1)
         return bucket_for(max(pages, 1), self.width_buckets)
 
@@ -124,9 +125,7 @@ class ModelRunner:
             )
 
         # Decode section.
-        width_d = (
-            self._width([], [s.seq.num_computed_tokens + 1 for s in decodes]) if decodes else 1
-        )
+        width_d = self._width([s.seq.num_computed_tokens + 1 for s in decodes]) if decodes else 1
         dec_lengths = np.zeros(num_decode, np.int32)
         dec_tables = np.zeros((num_decode, width_d), np.int32)
         for i, item in enumerate(decodes):
@@ -138,7 +137,7 @@ class ModelRunner:
 
         # Prefill section: flat rows, blocked view (XLA path) and ragged view (Pallas path).
         ends = [s.seq.num_computed_tokens + s.num_new_tokens for s in prefills]
-        width_p = self._width([], ends) if prefills else 1
+        width_p = self._width(ends) if prefills else 1
         num_blocks = sum(-(-s.num_new_tokens // QUERY_BLOCK) for s in prefills)
         block_buckets = power_of_two_buckets(max(num_blocks, 2), start=2)
         nb = bucket_for(num_blocks, block_buckets) if prefills else 0
