@@ -1,30 +1,46 @@
-"""Decode step at batch 64 on the default model: the full step against the same step with
-attention removed (matmuls only), to show where step time goes.
+"""Decode step at batch 64 on the default model: where step time goes.
 
-    python benchmarks/decode_step_breakdown.py
+Variants, each one jitted step with the KV pool donated, on scattered page tables (as a busy pool
+has them) and context lengths spread over 40-128 tokens:
+  matmul   - the projections, MLP and LM head only (no attention, no KV writes)
+  reference - the full step with the pure-JAX paged attention (gather + batched dots)
+  cpu      - the full step with the native CPU decode kernel (when it builds)
+
+    python benchmarks/decode_step_breakdown.py [--batch 64] [--repeats 7]
 """
 
+import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxgen.attention import AttentionMetadata
 from jaxgen.loaders import load_model
+from pallas_kernels.paged_attention_cpu import cpu_kernel_available
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--batch", type=int, default=64)
+parser.add_argument("--repeats", type=int, default=7)
+args = parser.parse_args()
 
 m = load_model(None)
 cfg = m.config
-P, S, B, W = 200, 16, 64, 8
-kv = [(jnp.zeros((3, P, S, 64)), jnp.zeros((3, P, S, 64))) for _ in range(30)]
+B, S, W = args.batch, 16, 8  # batch, page_size, block-table width (128 tokens)
+P = 4 * B * W  # a pool four times what the batch uses, pages handed out in random order
+rng = np.random.default_rng(0)
+tables = rng.permutation(np.arange(1, P))[: B * W].reshape(B, W).astype(np.int32)
+lengths = rng.integers(40, W * S + 1, B).astype(np.int32)
+slots = (tables[np.arange(B), (lengths - 1) // S] * S + (lengths - 1) % S).astype(np.int32)
+shape = (cfg.num_kv_heads, P, S, cfg.head_dim)
 
 
 def md():
     return AttentionMetadata(
-        slot_mapping=np.arange(B, dtype=np.int32) + 16,
-        decode_lengths=np.full(B, 100, np.int32),
-        decode_block_tables=np.tile(np.arange(1, W + 1, dtype=np.int32), (B, 1)),
+        slot_mapping=slots,
+        decode_lengths=lengths,
+        decode_block_tables=tables,
         prefill_query_index=np.zeros((0, 16), np.int32),
         prefill_query_positions=np.zeros((0, 16), np.int32),
         prefill_block_tables=np.zeros((0, 1), np.int32),
@@ -43,23 +59,28 @@ def step(params, kv, ids, pos, md, mode):
             a = layer.self_attn
             x = x + a.o_proj(a.q_proj(x)) + a.k_proj(x).sum() + a.v_proj(x).sum()
             x = x + layer.mlp(x)
-        return kv, jnp.argmax(model.compute_logits(x), -1)
-    h, kv = model(ids, pos, kv, md)
-    return kv, jnp.argmax(model.compute_logits(h), -1)
+        return None, jax.numpy.argmax(model.compute_logits(x), -1)  # pool untouched
+    h, kv = model(ids, pos, kv, md, backend=mode)
+    return kv, jax.numpy.argmax(model.compute_logits(h), -1)
 
 
-for mode in ["matmul", "full"]:
-    f = jax.jit(step, static_argnums=(5,), donate_argnums=(1,))
-    ids = np.arange(B, dtype=np.int32)
-    pos = np.full(B, 99, np.int32)
-    t = time.time()
-    kv, o = f(m.params, kv, ids, pos, md(), mode)
-    o.block_until_ready()
-    print(mode, "compile+run", time.time() - t)
-    ts = []
-    for _ in range(5):
-        t = time.time()
-        kv, o = f(m.params, kv, ids, pos, md(), mode)
-        o.block_until_ready()
-        ts.append(time.time() - t)
-    print(mode, "step", np.median(ts), B / np.median(ts), "tok/s")
+modes = ["matmul", "reference"] + (["cpu"] if cpu_kernel_available() else [])
+ids = np.arange(B, dtype=np.int32)
+for mode in modes:
+    kv = [(jax.numpy.zeros(shape), jax.numpy.zeros(shape)) for _ in range(cfg.num_layers)]
+    # Matmul mode neither donates nor returns the pool (returning it would time a pool copy).
+    f = jax.jit(step, static_argnums=(5,), donate_argnums=() if mode == "matmul" else (1,))
+    start = time.perf_counter()
+    new_kv, out = f(m.params, kv, ids, lengths - 1, md(), mode)
+    kv = kv if new_kv is None else new_kv
+    out.block_until_ready()
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        new_kv, out = f(m.params, kv, ids, lengths - 1, md(), mode)
+        kv = kv if new_kv is None else new_kv
+        out.block_until_ready()
+        times.append(time.perf_counter() - start)
+    t = float(np.median(times))
+    print(f"{mode:10s} step {t * 1e3:7.1f} ms  {B / t:6.1f} tok/s  (first call {compile_s:.1f} s)")

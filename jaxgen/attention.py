@@ -15,8 +15,9 @@ import jax.numpy as jnp
 
 from pallas_kernels import paged_attention_reference
 from pallas_kernels.paged_attention import MASK_VALUE, gather_pages
+from pallas_kernels.paged_attention_cpu import cpu_kernel_available, paged_attention_cpu
 
-BACKENDS = ("reference", "pallas", "auto")
+BACKENDS = ("reference", "pallas", "cpu", "auto")
 
 
 @jax.tree_util.register_dataclass
@@ -42,12 +43,26 @@ class AttentionMetadata:
         return self.decode_lengths.shape[0]
 
 
-def resolve_backend(backend: str) -> str:
-    """Maps ``"auto"`` to ``"pallas"`` on GPU/TPU and ``"reference"`` on CPU."""
+def resolve_backend(backend: str, *, dtype=jnp.float32, sharded: bool = False) -> str:
+    """Maps ``"auto"`` to ``"pallas"`` on GPU/TPU; on CPU to ``"cpu"`` (the native decode kernel)
+    when the KV pool is float32, unsharded and the kernel builds, else to ``"reference"``."""
     if backend not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
+    on_cpu = jax.default_backend() == "cpu"
     if backend == "auto":
-        return "reference" if jax.default_backend() == "cpu" else "pallas"
+        if not on_cpu:
+            return "pallas"
+        usable = jnp.dtype(dtype) == jnp.float32 and not sharded and cpu_kernel_available()
+        return "cpu" if usable else "reference"
+    if backend == "cpu":
+        if not on_cpu:
+            raise ValueError("attention_backend='cpu' runs only on the CPU backend")
+        if jnp.dtype(dtype) != jnp.float32:
+            raise ValueError(f"attention_backend='cpu' needs dtype float32, got {jnp.dtype(dtype)}")
+        if sharded:
+            raise ValueError("attention_backend='cpu' does not support tensor parallelism")
+        if not cpu_kernel_available():
+            raise ValueError("attention_backend='cpu': the kernel could not be built here")
     return backend
 
 
@@ -138,6 +153,10 @@ def paged_attention_step(
                 md.decode_block_tables,
                 interpret=jax.default_backend() == "cpu",
                 **opts,
+            )
+        elif backend == "cpu":
+            out = paged_attention_cpu(
+                q_dec, k_pages, v_pages, md.decode_lengths, md.decode_block_tables, **opts
             )
         else:
             out = paged_attention_reference(

@@ -25,7 +25,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="bytes (> 1) or a fraction of free device memory (<= 1)",
     )
     parser.add_argument(
-        "--attention-backend", default="auto", choices=["auto", "reference", "pallas"]
+        "--attention-backend", default="auto", choices=["auto", "reference", "pallas", "cpu"]
     )
 
 

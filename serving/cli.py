@@ -64,7 +64,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="KV pool in tokens instead of bytes (env MAX_BATCH_TOTAL_TOKENS)",
     )
-    add("--attention-backend", choices=["auto", "reference", "pallas"])
+    add("--attention-backend", choices=["auto", "reference", "pallas", "cpu"])
     add(
         "--no-prefix-caching",
         dest="enable_prefix_caching",

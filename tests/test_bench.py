@@ -116,6 +116,20 @@ def test_jsonl_and_mixed_outputs(tmp_path, smollm2_tokenizer):
         workloads.jsonl_workload(str(path), smollm2_tokenizer, 9)
 
 
+def test_mixed_outputs_flag(smollm2_tokenizer):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    workloads.add_workload_args(parser)
+    args = parser.parse_args(["--input-len", "8", "--num-prompts", "6", "--mixed-outputs", "3,5"])
+    work = workloads.workload_from_args(args, smollm2_tokenizer)
+    assert sorted(r.output_len for r in work.requests) == [3, 3, 3, 5, 5, 5]
+    for bad in ("3,x", "0,4"):
+        args = parser.parse_args(["--input-len", "8", "--mixed-outputs", bad])
+        with pytest.raises(ValueError, match="mixed-outputs"):
+            workloads.workload_from_args(args, smollm2_tokenizer)
+
+
 # -- results, parsing, roofline ------------------------------------------------------------------
 def test_write_results_json_and_markdown(tmp_path):
     env = results.environment("jaxgen bench sweep --concurrency 1,2")

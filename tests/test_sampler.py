@@ -547,4 +547,6 @@ def test_ordered_keys_preserve_float_order():
     values = jnp.array([-jnp.inf, -3e38, -1.5, -1e-40, -0.0, 0.0, 1e-40, 2.0, 3e38, jnp.inf])
     keys = np.asarray(sampling_cutoff._float_to_ordered(values))
     assert (np.diff(keys.astype(np.int64)) >= 0).all()
-    np.testing.assert_array_equal(np.asarray(sampling_cutoff._ordered_to_float(jnp.asarray(keys))), values)
+    np.testing.assert_array_equal(
+        np.asarray(sampling_cutoff._ordered_to_float(jnp.asarray(keys))), values
+    )

@@ -94,7 +94,7 @@ def add_parser(subparsers) -> None:
         help="bytes for every mode (default: what continuous reserves)",
     )
     compare.add_argument(
-        "--attention-backend", default="auto", choices=["auto", "reference", "pallas"]
+        "--attention-backend", default="auto", choices=["auto", "reference", "pallas", "cpu"]
     )
     compare.add_argument("--request-rate", type=float, default=2.0, help="scenario 3 (req/s)")
     compare.add_argument("--burstiness", type=float, default=1.0, help="scenario 3")

@@ -248,6 +248,11 @@ def add_workload_args(parser) -> None:
     group.add_argument("--dataset", default=None, help="JSONL file of prompts")
     parser.add_argument("--output-len", type=int, default=64, help="exact output tokens")
     parser.add_argument(
+        "--mixed-outputs",
+        default=None,
+        help="comma-separated output lengths drawn evenly over the requests (e.g. 32,64,128)",
+    )
+    parser.add_argument(
         "--range-ratio", type=float, default=0.0, help="random lengths vary in len * [1 - r, 1 + r]"
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -255,6 +260,20 @@ def add_workload_args(parser) -> None:
 
 def workload_from_args(args, tokenizer) -> Workload:
     """The workload the ``add_workload_args`` flags describe."""
+    workload = _base_workload(args, tokenizer)
+    if getattr(args, "mixed_outputs", None):
+        try:
+            lengths = tuple(int(x) for x in args.mixed_outputs.split(","))
+        except ValueError:
+            message = f"--mixed-outputs must be integers, got {args.mixed_outputs!r}"
+            raise ValueError(message) from None
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"--mixed-outputs lengths must be >= 1, got {args.mixed_outputs!r}")
+        workload = with_mixed_outputs(workload, lengths, args.seed)
+    return workload
+
+
+def _base_workload(args, tokenizer) -> Workload:
     if args.dataset:
         return jsonl_workload(args.dataset, tokenizer, args.output_len, args.num_prompts)
     if args.input_len is not None:

@@ -21,7 +21,8 @@ class EngineConfig:
         max_model_len: longest sequence (prompt + output); None: min(model's context, 2048).
         kv_cache_memory: KV pool size: bytes (int), a fraction of free device memory (float in
             (0, 1]), or None for the default (2 GiB on CPU, 0.9 of free memory elsewhere).
-        attention_backend: "reference" (pure JAX), "pallas" or "auto".
+        attention_backend: "reference" (pure JAX), "pallas", "cpu" (native decode kernel, CPU
+            float32) or "auto" (pallas on GPU/TPU, cpu where it builds, else reference).
         enable_prefix_caching: reuse full prompt pages between requests (paged only).
         seed: base seed for requests that set none.
         tensor_parallel_degree: devices one model copy is sharded over (the mesh's "model" axis).
@@ -96,9 +97,9 @@ class EngineConfig:
             "must be an integer >= 1",
         )
         check(
-            self.attention_backend in ("reference", "pallas", "auto"),
+            self.attention_backend in ("reference", "pallas", "cpu", "auto"),
             "attention_backend",
-            "must be 'reference', 'pallas' or 'auto'",
+            "must be 'reference', 'pallas', 'cpu' or 'auto'",
         )
 
     @property

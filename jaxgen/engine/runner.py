@@ -76,7 +76,11 @@ class ModelRunner:
         self.page_size = page_size
         self.num_pages = num_pages
         self.max_model_len = max_model_len
-        self.backend = resolve_backend(attention_backend)
+        self.backend = resolve_backend(
+            attention_backend,
+            dtype=self.dtype,
+            sharded=kv_sharding is not None and len(kv_sharding.device_set) > 1,
+        )
         # Batches start at 2 rows: with a single decode row XLA CPU copied the whole donated pool
         # each step (batch-1 step time grew with pool size: 98 ms at 64 MiB, 766 ms at 512 MiB).
         self.decode_buckets = power_of_two_buckets(max(max_num_seqs, 2), start=2)

@@ -1,0 +1,102 @@
+"""The native CPU decode kernel against the pure-JAX reference (shuffled page tables, lengths
+straddling page boundaries, empty rows, GQA/MQA/MHA, soft cap, sliding window) and in the
+engine, where ``attention_backend="auto"`` picks it on CPU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgen.attention import resolve_backend
+from pallas_kernels import paged_attention_reference
+from pallas_kernels.paged_attention_cpu import cpu_kernel_available, paged_attention_cpu
+from tests.test_paged_attention import boundary_lengths, make_batch
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not cpu_kernel_available(),
+    reason="needs the CPU backend and a C++ compiler",
+)
+
+
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window",
+    [
+        (9, 3, 64, 16, None, None),  # SmolLM2's GQA shape
+        (4, 4, 32, 8, None, None),  # MHA
+        (8, 1, 128, 4, 30.0, None),  # MQA, soft cap
+        (8, 2, 64, 8, None, 11),  # sliding window shorter than some rows
+        (6, 2, 16, 1, 2.0, 5),  # one-token pages
+    ],
+)
+def test_matches_reference(num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window):
+    rng = np.random.default_rng(num_heads * 100 + page_size)
+    args = make_batch(
+        rng,
+        boundary_lengths(page_size) + [3 * page_size],
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        spare_pages=2,
+    )
+    opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
+    actual = np.asarray(paged_attention_cpu(*args, **opts))
+    expected = np.asarray(paged_attention_reference(*args, **opts))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=2e-6)
+    assert not np.any(actual[4]), "length-0 row must be zeros"
+
+
+def test_inside_jit_with_scale_and_many_rows():
+    """Enough rows to spread over the thread pool; called twice inside one jitted function."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 70, 97)
+    args = make_batch(rng, lengths, num_heads=6, num_kv_heads=3, head_dim=64, page_size=16)
+
+    @jax.jit
+    def twice(q, k_pages, v_pages, lengths, tables):
+        first = paged_attention_cpu(q, k_pages, v_pages, lengths, tables, scale=0.3)
+        return first + paged_attention_cpu(2 * q, k_pages, v_pages, lengths, tables, scale=0.3)
+
+    q, k_pages, v_pages, lens, tables = args
+    expected = paged_attention_reference(*args, scale=0.3) + paged_attention_reference(
+        2 * q, k_pages, v_pages, lens, tables, scale=0.3
+    )
+    np.testing.assert_allclose(np.asarray(twice(*args)), np.asarray(expected), atol=1e-5)
+
+
+def test_rejects_non_float32():
+    args = make_batch(
+        np.random.default_rng(0), [3], num_heads=2, num_kv_heads=1, head_dim=8, page_size=4
+    )
+    q, k_pages, v_pages, lengths, tables = args
+    with pytest.raises(ValueError, match="k_pages"):
+        paged_attention_cpu(
+            q, k_pages.astype(jnp.bfloat16), v_pages.astype(jnp.bfloat16), lengths, tables
+        )
+    with pytest.raises(ValueError, match="lengths"):
+        paged_attention_cpu(q, k_pages, v_pages, lengths.astype(jnp.float32), tables)
+
+
+def test_auto_backend_selection():
+    assert resolve_backend("auto") == "cpu"
+    assert resolve_backend("auto", dtype=jnp.bfloat16) == "reference"
+    assert resolve_backend("auto", sharded=True) == "reference"
+    with pytest.raises(ValueError, match="attention_backend"):
+        resolve_backend("cpu", sharded=True)
+    with pytest.raises(ValueError, match="attention_backend"):
+        resolve_backend("cpu", dtype=jnp.bfloat16)
+
+
+def test_engine_greedy_output_same_as_reference_backend(tiny_model_dir):
+    from jaxgen import LLM, SamplingParams
+
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 33, 2)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for backend in ("reference", "cpu"):
+        llm = LLM(tiny_model_dir, attention_backend=backend, page_size=4, max_model_len=64)
+        result = llm.generate(prompts, params, use_tqdm=False)
+        outputs[backend] = [o.outputs[0].token_ids for o in result]
+    assert outputs["cpu"] == outputs["reference"]
