@@ -2,9 +2,10 @@
 
 Variants, each one jitted step with the KV pool donated, on scattered page tables (as a busy pool
 has them) and context lengths spread over 40-128 tokens:
-  matmul   - the projections, MLP and LM head only (no attention, no KV writes)
-  reference - the full step with the pure-JAX paged attention (gather + batched dots)
-  cpu      - the full step with the native CPU decode kernel (when it builds)
+  matmul     - the projections, MLP and LM head only (no attention, no KV writes), XLA's dot
+  matmul-cpu - the same on the native CPU matmul over packed weights (when it builds)
+  reference  - the full step: XLA's dot and the pure-JAX paged attention (gather + batched dots)
+  cpu        - the full step as the engine runs it on CPU: native decode kernel, native matmul
 
     python benchmarks/decode_step_breakdown.py [--batch 64] [--repeats 7]
 """
@@ -18,6 +19,8 @@ from flax import nnx
 
 from jaxgen.attention import AttentionMetadata
 from jaxgen.loaders import load_model
+from jaxgen.models.linear import pack_linear_weights
+from pallas_kernels.matmul_cpu import matmul_kernel_available, pack_weight
 from pallas_kernels.paged_attention_cpu import cpu_kernel_available
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -51,34 +54,39 @@ def md():
     )
 
 
-def step(params, kv, ids, pos, md, mode):
+def step(params, head, kv, ids, pos, md, mode):
     model = nnx.merge(m.graphdef, params)
-    if mode == "matmul":
+    if mode.startswith("matmul"):
         x = model.embed_tokens(ids)
         for layer in model.layers:
             a = layer.self_attn
             x = x + a.o_proj(a.q_proj(x)) + a.k_proj(x).sum() + a.v_proj(x).sum()
             x = x + layer.mlp(x)
-        return None, jax.numpy.argmax(model.compute_logits(x), -1)  # pool untouched
+        logits = model.compute_logits(x, packed_lm_head=head)
+        return None, jax.numpy.argmax(logits, -1)  # pool untouched
     h, kv = model(ids, pos, kv, md, backend=mode)
-    return kv, jax.numpy.argmax(model.compute_logits(h), -1)
+    return kv, jax.numpy.argmax(model.compute_logits(h, packed_lm_head=head), -1)
 
 
-modes = ["matmul", "reference"] + (["cpu"] if cpu_kernel_available() else [])
+native = cpu_kernel_available() and matmul_kernel_available()
+modes = ["matmul", "reference"] + (["matmul-cpu", "cpu"] if native else [])
+packed = pack_linear_weights(m.params) if native else None
+packed_head = pack_weight(m.params["embed_tokens"]["embedding"][...].T) if native else None
 ids = np.arange(B, dtype=np.int32)
 for mode in modes:
     kv = [(jax.numpy.zeros(shape), jax.numpy.zeros(shape)) for _ in range(cfg.num_layers)]
-    # Matmul mode neither donates nor returns the pool (returning it would time a pool copy).
-    f = jax.jit(step, static_argnums=(5,), donate_argnums=() if mode == "matmul" else (1,))
+    # Matmul modes neither donate nor return the pool (returning it would time a pool copy).
+    f = jax.jit(step, static_argnums=(6,), donate_argnums=() if "matmul" in mode else (2,))
+    params, head = (packed, packed_head) if mode in ("matmul-cpu", "cpu") else (m.params, None)
     start = time.perf_counter()
-    new_kv, out = f(m.params, kv, ids, lengths - 1, md(), mode)
+    new_kv, out = f(params, head, kv, ids, lengths - 1, md(), mode)
     kv = kv if new_kv is None else new_kv
     out.block_until_ready()
     compile_s = time.perf_counter() - start
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        new_kv, out = f(m.params, kv, ids, lengths - 1, md(), mode)
+        new_kv, out = f(params, head, kv, ids, lengths - 1, md(), mode)
         kv = kv if new_kv is None else new_kv
         out.block_until_ready()
         times.append(time.perf_counter() - start)

@@ -24,10 +24,12 @@ for part in $parts; do
         --max-model-len 512 --peer-batch-size 32 --llama-cpp-bin "$bin" \
         --out "$OUT/peers-chat64"
       ;;
-    compare)  # batching strategies, scenarios 1-3, one shared model and KV budget
-      jaxgen bench compare --modes none,static,dynamic,continuous,paged --scenario all \
-        --num-prompts 64 --max-model-len 512 --max-rolling-batch-size 32 --batch-size 4 \
-        --max-batch-delay 0.1 --request-rate 2 --out "$OUT/compare"
+    compare)  # batching strategies, one shared model and KV budget; one scenario per command
+      for scenario in 1 2 3; do  # so each writes its results (all three: ~45 min on 2 cores)
+        jaxgen bench compare --modes none,static,dynamic,continuous,paged --scenario "$scenario" \
+          --num-prompts 64 --max-model-len 512 --max-rolling-batch-size 64 --batch-size 4 \
+          --max-batch-delay 0.1 --request-rate 2 --out "$OUT/compare-s$scenario"
+      done
       ;;
     sweep)  # closed-loop concurrency sweep, in process
       jaxgen bench sweep --concurrency 1,2,4,8,16,32,64 --input-len 128 --output-len 64 \

@@ -3,87 +3,31 @@
 The pure-JAX reference (``paged_attention_reference``) gathers every sequence's pages into a
 temporary and transposes it for the batched dot; on a CPU those copies cost more than the
 attention itself. This kernel reads keys and values page by page from the pool instead. It is
-compiled from ``cpu/paged_attention_cpu.cc`` with the machine's C++ compiler on first use and
-cached (``$JAXGEN_CACHE_DIR``, default ``~/.cache/jaxgen``); where no compiler is found,
-``cpu_kernel_available()`` is False and callers keep the reference.
+compiled from ``cpu/paged_attention_cpu.cc`` on first use (``pallas_kernels.cpu_build``); where
+that is not possible, ``cpu_kernel_available()`` is False and callers keep the reference.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.cpu_build import load_library, register
 from pallas_kernels.paged_attention import validate_common, validate_int_array
 
-SOURCE = Path(__file__).parent / "cpu" / "paged_attention_cpu.cc"
 TARGET = "jaxgen_paged_decode_f32"
-# Reassociation lets the compiler vectorise the dot-product reductions; nothing else is relaxed.
-CXX_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-std=c++17",
-    "-shared",
-    "-fPIC",
-    "-fno-math-errno",
-    "-fassociative-math",
-    "-fno-signed-zeros",
-    "-fno-trapping-math",
-)
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("JAXGEN_CACHE_DIR") or os.path.join(Path.home(), ".cache", "jaxgen")
-    return Path(root) / "kernels"
-
-
-def _build(compiler: str) -> Path:
-    """Compiles the kernel into the cache (keyed by source, flags and jaxlib) unless present."""
-    import jaxlib
-
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CXX_FLAGS).encode() + jaxlib.__version__.encode()
-    ).hexdigest()[:16]
-    library = _cache_dir() / f"paged_attention_cpu-{key}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        partial = Path(tmp) / library.name
-        command = [compiler, *CXX_FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", partial]
-        subprocess.run(command, check=True, capture_output=True, text=True)
-        os.replace(partial, library)  # atomic: concurrent builders never see half a file
-    return library
 
 
 @functools.cache
 def cpu_kernel_available() -> bool:
-    """Builds and registers the kernel once; False (with a warning) when that is not possible."""
-    if os.environ.get("JAXGEN_DISABLE_CPU_KERNELS"):
+    """Builds and registers the kernel once; False when that is not possible."""
+    library = load_library("paged_attention_cpu")
+    if library is None:
         return False
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        return False
-    try:
-        library = ctypes.cdll.LoadLibrary(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", "") or error
-        warnings.warn(
-            f"CPU paged-attention kernel unavailable, using the reference: {detail}", stacklevel=2
-        )
-        return False
-    capsule = jax.ffi.pycapsule(library.JaxgenPagedDecodeF32)
-    jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+    register(library, "JaxgenPagedDecodeF32", TARGET)
     return True
 
 

@@ -22,7 +22,9 @@ from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.sampler import SamplingFlags, SamplingRow, build_sampling_tensors, sample
 from jaxgen.engine.scheduler import SchedulerOutput
 from jaxgen.engine.sequence import Sequence
+from jaxgen.models.linear import pack_linear_weights
 from jaxgen.sampling_params import SamplingParams
+from pallas_kernels.matmul_cpu import matmul_kernel_available, pack_weight
 
 QUERY_BLOCK = 16  # query rows per prefill attention block (XLA path)
 LOGPROB_BUCKETS = (1, 5, 20, 1 << 30)
@@ -34,10 +36,11 @@ def jitted_step(graphdef, backend: str):
     """The engine step, jitted once per model graph and backend: engines over the same model
     share compiled executables. The KV pool (argument 1) is donated so its updates are in place."""
 
-    def step(params, kv_cache, token_ids, positions, md, logits_indices, sampling, flags):
+    def step(params, kv_cache, token_ids, positions, md, logits_indices, sampling, flags, head):
         model = nnx.merge(graphdef, params)
         hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
-        logits = model.compute_logits(hidden[logits_indices])  # [N, V] only rows that sample
+        # [N, V]: only the rows that sample
+        logits = model.compute_logits(hidden[logits_indices], packed_lm_head=head)
         return kv_cache, sample(logits, sampling, flags)
 
     return jax.jit(step, static_argnames=("flags",), donate_argnums=(1,))
@@ -81,6 +84,13 @@ class ModelRunner:
             dtype=self.dtype,
             sharded=kv_sharding is not None and len(kv_sharding.device_set) > 1,
         )
+        # The "cpu" backend also runs the projections on the native matmul: the step gets a copy
+        # of the parameters with the Linear kernels panel-packed (``params`` stays unpacked).
+        use_matmul_kernel = self.backend == "cpu" and matmul_kernel_available()
+        self.step_params = pack_linear_weights(self.params) if use_matmul_kernel else self.params
+        self.packed_lm_head = None  # a tied embedding, transposed and packed, as the LM head
+        if use_matmul_kernel and self.config.tie_word_embeddings:
+            self.packed_lm_head = pack_weight(self.params["embed_tokens"]["embedding"][...].T)
         # Batches start at 2 rows: with a single decode row XLA CPU copied the whole donated pool
         # each step (batch-1 step time grew with pool size: 98 ms at 64 MiB, 766 ms at 512 MiB).
         self.decode_buckets = power_of_two_buckets(max(max_num_seqs, 2), start=2)
@@ -211,7 +221,7 @@ class ModelRunner:
             k = next(b for b in LOGPROB_BUCKETS if b >= flags.num_logprobs)
             flags = dataclasses.replace(flags, num_logprobs=k)
         self.kv_cache, result = self._step(
-            self.params,
+            self.step_params,
             self.kv_cache,
             token_ids,
             positions,
@@ -219,6 +229,7 @@ class ModelRunner:
             logits_indices,
             tensors,
             flags=flags,
+            head=self.packed_lm_head,
         )
         result = jax.device_get(result)  # the one device-to-host transfer of the step
         tokens, logprobs = {}, {}

@@ -13,7 +13,9 @@ from flax import nnx
 
 from jaxgen.attention import AttentionMetadata, paged_attention_step, write_kv
 from jaxgen.config import ModelConfig
+from jaxgen.models.linear import Linear
 from jaxgen.models.rope import apply_rope, inverse_frequencies
+from pallas_kernels.matmul_cpu import matmul_cpu
 
 KVCache = list[tuple[jax.Array, jax.Array]]  # per layer: k_pages, v_pages [Hkv, P, S, D]
 
@@ -29,8 +31,8 @@ class RMSNorm(nnx.Module):
         return xf.astype(x.dtype) * self.weight[...]
 
 
-def _linear(n_in: int, n_out: int, bias: bool, dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(n_in, n_out, use_bias=bias, dtype=dtype, param_dtype=dtype, rngs=rngs)
+def _linear(n_in: int, n_out: int, bias: bool, dtype, rngs: nnx.Rngs) -> Linear:
+    return Linear(n_in, n_out, bias=bias, dtype=dtype, rngs=rngs)
 
 
 class Attention(nnx.Module):
@@ -125,8 +127,14 @@ class LlamaForCausalLM(nnx.Module):
             new_cache.append((k_pages, v_pages))
         return self.norm(x), new_cache
 
-    def compute_logits(self, hidden: jax.Array) -> jax.Array:  # [N, D] -> [N, V] float32
-        if self.config.tie_word_embeddings:
+    def compute_logits(
+        self, hidden: jax.Array, *, packed_lm_head: jax.Array | None = None
+    ) -> jax.Array:  # [N, D] -> [N, V] float32
+        """LM head; ``packed_lm_head``: the tied embedding as ``pack_weight(embedding.T)``, for the
+        native CPU matmul."""
+        if packed_lm_head is not None:
+            logits = matmul_cpu(hidden, packed_lm_head, self.config.vocab_size)
+        elif self.config.tie_word_embeddings:
             logits = self.embed_tokens.attend(hidden)
         else:
             logits = self.lm_head(hidden)

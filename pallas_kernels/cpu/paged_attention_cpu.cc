@@ -9,13 +9,12 @@
 // out [B, Hq, D]; float32 throughout. Rows with length 0 produce zeros.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <vector>
 
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -105,31 +104,6 @@ void AttendOne(const Problem& p, int64_t b, int64_t h, std::vector<float>& score
   }
 }
 
-// Runs items [0, count) over the calling thread and the pool. Threads claim chunks from an
-// atomic counter and the caller waits only for claimed chunks, so a pool that is busy (or the
-// caller being one of its threads) can never deadlock: unclaimed work is done by the caller.
-template <typename F>
-void ParallelFor(ffi::ThreadPool& pool, int64_t count, int64_t chunk, F fn) {
-  struct State {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-  };
-  auto state = std::make_shared<State>();
-  const int64_t num_chunks = (count + chunk - 1) / chunk;
-  auto work = [state, num_chunks, count, chunk, fn]() {
-    std::vector<float> scores;
-    for (int64_t c; (c = state->next.fetch_add(1)) < num_chunks;) {
-      for (int64_t i = c * chunk; i < std::min(count, (c + 1) * chunk); ++i) fn(i, scores);
-      state->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), num_chunks - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work]() { work(); });
-  work();
-  while (state->done.load(std::memory_order_acquire) < num_chunks) {
-  }
-}
-
 ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                            ffi::Buffer<ffi::F32> k_pages, ffi::Buffer<ffi::F32> v_pages,
                            ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> block_tables,
@@ -149,7 +123,7 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   }
   const int64_t items = p.batch * p.num_kv_heads;
   const int64_t chunk = std::max<int64_t>(1, items / (4 * (pool.num_threads() + 1)));
-  ParallelFor(pool, items, chunk, [&p](int64_t i, std::vector<float>& scores) {
+  jaxgen_cpu::ParallelFor(pool, items, chunk, [&p](int64_t i, std::vector<float>& scores) {
     AttendOne(p, i / p.num_kv_heads, i % p.num_kv_heads, scores);
   });
   return ffi::Error::Success();

@@ -1,0 +1,109 @@
+"""The native CPU matmul over panel-packed weights against ``jnp.dot`` in float64 (rows not a
+multiple of the 4-row tile, depth across several 256-deep blocks, few and many panels), inside
+jit, and the engine's use of it: ``Linear`` dispatches on the packed layout, the runner packs
+only for the "cpu" backend, and greedy output matches the reference backend."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxgen.models.linear import Linear, pack_linear_weights
+from pallas_kernels.matmul_cpu import (
+    matmul_cpu,
+    matmul_kernel_available,
+    pack_weight,
+    unpack_weight,
+)
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not matmul_kernel_available(),
+    reason="needs the CPU backend, a C++ compiler and AVX2 + FMA",
+)
+
+
+@pytest.mark.parametrize(
+    "rows, depth, columns",
+    [
+        (1, 1, 1),
+        (3, 7, 30),  # everything smaller than one tile, a padded panel
+        (64, 576, 192),  # SmolLM2 k/v projection at batch 64
+        (67, 600, 97),  # ragged rows, depth past two blocks, a padded last panel
+        (300, 64, 528),  # several row blocks of 128, a partial column block
+        (5, 513, 2016),  # 84 panels: the 8-panel column blocks
+    ],
+)
+def test_matches_dot(rows, depth, columns):
+    rng = np.random.default_rng(rows * 7 + columns)
+    x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((depth, columns)), jnp.float32)
+    actual = np.asarray(matmul_cpu(x, pack_weight(w), columns))
+    expected = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
+
+
+def test_pack_round_trip_and_errors():
+    w = jnp.arange(10 * 45, dtype=jnp.float32).reshape(10, 45)
+    packed = pack_weight(w)
+    assert packed.shape == (2, 10, 24)
+    np.testing.assert_array_equal(unpack_weight(packed, 45), w)
+    with pytest.raises(ValueError, match="float32"):
+        pack_weight(jnp.ones((10, 48), jnp.bfloat16))
+    with pytest.raises(ValueError, match="columns"):
+        matmul_cpu(jnp.ones((4, 10), jnp.float32), packed, 24)
+    with pytest.raises(ValueError, match="depth"):
+        matmul_cpu(jnp.ones((4, 9), jnp.float32), packed)
+    with pytest.raises(ValueError, match="x must be float32"):
+        matmul_cpu(jnp.ones((4, 10), jnp.bfloat16), packed)
+
+
+def test_inside_jit_with_leading_dimensions():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((2, 9, 40)), jnp.float32)  # [B, T, K]
+    w = jnp.asarray(rng.standard_normal((40, 72)), jnp.float32)
+    packed = pack_weight(w)
+    actual = jax.jit(lambda x, p: matmul_cpu(x, p) + matmul_cpu(2 * x, p))(x, packed)
+    assert actual.shape == (2, 9, 72)
+    expected = 3 * np.einsum("btk,kn->btn", np.asarray(x, np.float64), np.asarray(w, np.float64))
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_linear_runs_packed_kernels_on_the_native_matmul():
+    layer = Linear(16, 45, bias=True, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    layer.bias[...] = jnp.arange(45, dtype=jnp.float32)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((5, 16)), jnp.float32)
+    expected = layer(x)
+    graphdef, params = nnx.split(layer)
+    packed = pack_linear_weights(params)
+    assert packed["kernel"][...].shape == (2, 16, 24) and params["kernel"][...].shape == (16, 45)
+
+    def run(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    np.testing.assert_allclose(jax.jit(run)(packed, x), expected, rtol=1e-5, atol=1e-5)
+    assert jax.jit(run).lower(packed, x).as_text().count("jaxgen_matmul_f32") == 1
+    assert jax.jit(run).lower(params, x).as_text().count("jaxgen_matmul_f32") == 0
+    half = Linear(16, 48, bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+    assert pack_linear_weights(nnx.split(half)[1])["kernel"][...].ndim == 2  # float32 only
+
+
+def test_runner_packs_for_the_cpu_backend_only_and_output_matches(tiny_model_dir):
+    from jaxgen import LLM, SamplingParams
+
+    llm = LLM(tiny_model_dir, attention_backend="cpu", page_size=4, max_model_len=64)
+    runner = llm.engine.runner
+    layer = runner.step_params["layers"][0]["mlp"]["up_proj"]["kernel"][...]
+    assert layer.ndim == 3  # packed for the step
+    assert llm.params["layers"][0]["mlp"]["up_proj"]["kernel"][...].ndim == 2  # users see [in, out]
+    reference = LLM(tiny_model_dir, attention_backend="reference", page_size=4, max_model_len=64)
+    assert reference.engine.runner.step_params is reference.engine.runner.params
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 33, 2)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    outputs = [
+        [o.outputs[0].token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
+        for engine in (llm, reference)
+    ]
+    assert outputs[0] == outputs[1]
