@@ -48,6 +48,7 @@ SCENARIOS = {
     ),
 }
 MODES = ("none", "static", "dynamic", "continuous", "paged")
+WARMUP_REPLAYS = 3
 
 COMPARE_COLUMNS = {
     "scenario": "scenario",
@@ -133,15 +134,20 @@ def _arrivals_row(
     llm, workload: Workload, slots: int, arrivals: dict, progress: bool, warmup: bool
 ) -> dict:
     """Poisson arrivals; the warm-up replays the first prompts with their arrival times, so it
-    compiles the batch shapes the measured run meets."""
+    compiles the batch shapes the measured run meets. Batches under arrivals depend on timing,
+    so it replays again while a replay still compiled something (at most WARMUP_REPLAYS)."""
     offsets = arrival_offsets(len(workload.requests), **arrivals)
     compiles_before = llm.stats()["compiles"]
     timer = DeviceTimer(llm.engine, track_kv=True)
     if warmup:
         warm = _warmup_subset(workload, slots)
-        with timer:
-            _replay(llm, warm, offsets[: len(warm.requests)], progress, "warm-up")
-        llm.engine.scheduler.allocator.reset_prefix_cache()
+        for _ in range(WARMUP_REPLAYS):
+            compiles = llm.stats()["compiles"]
+            with timer:
+                _replay(llm, warm, offsets[: len(warm.requests)], progress, "warm-up")
+            llm.engine.scheduler.allocator.reset_prefix_cache()
+            if llm.stats()["compiles"] == compiles:
+                break
     before = llm.stats()
     timings, duration = _replay(llm, workload, offsets, progress, "arrivals")
     after = llm.stats()
