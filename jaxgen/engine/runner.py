@@ -141,9 +141,12 @@ class ModelRunner:
         # Decode section. The CPU decode kernel reads only up to each row's length, so there a
         # full-width table costs nothing and takes one shape dimension out of the step (fewer
         # compiles as the load changes); the XLA reference gathers the whole width, so it buckets.
-        width_d = self._width([s.seq.num_computed_tokens + 1 for s in decodes]) if decodes else 1
-        if decodes and self.backend == "cpu":
+        if not decodes:
+            width_d = 1
+        elif self.backend == "cpu":
             width_d = self.width_buckets[-1]
+        else:
+            width_d = self._width([s.seq.num_computed_tokens + 1 for s in decodes])
         dec_lengths = np.zeros(num_decode, np.int32)
         dec_tables = np.zeros((num_decode, width_d), np.int32)
         for i, item in enumerate(decodes):
