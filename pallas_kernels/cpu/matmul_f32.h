@@ -2,8 +2,8 @@
 // blocked for AVX2 + FMA.
 //
 // Packed layout: [N / 24, K, 24], panel p holding columns [24p, 24p + 24) row after row, so a
-// panel streams contiguously (from a row-major w a panel's rows would map to few cache sets:
-// for N = 1536 floats only 32 of the L2's sets). A 4 x 24 register tile runs over a 256-deep
+// panel streams contiguously (from a row-major w a panel's rows, N floats apart, would map onto
+// few cache sets: for N = 1536 only 32 of the L2's). A 4 x 24 register tile runs over a 256-deep
 // slice of a panel (24 KB, kept in L1 while every row tile of the block passes over it): 12
 // accumulators, three weight vectors and one broadcast of x per k. Without AVX2 + FMA a
 // portable loop stands in (kHasSimd is false; callers keep XLA's dot).
