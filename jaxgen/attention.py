@@ -37,6 +37,9 @@ class AttentionMetadata:
     prefill_kv_lens: jax.Array  # [Sp] int32
     prefill_seq_block_tables: jax.Array  # [Sp, Wp] int32
     prefill_num_seqs: jax.Array  # [1] int32
+    # [2, 2] int32 [begin, end) of the real decode rows and of the real prefill rows; the rest is
+    # bucket padding, which the native CPU matmul skips. None: every row is real.
+    live_rows: jax.Array | None = None
 
     @property
     def num_decode(self) -> int:

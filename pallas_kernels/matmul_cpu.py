@@ -60,8 +60,14 @@ def matmul_cpu(
     x: jax.Array,  # [..., K] float32
     packed: jax.Array,  # [ceil(N / 24), K, 24] float32, from pack_weight
     columns: int | None = None,  # N; default: every packed column
+    *,
+    live_rows: jax.Array | None = None,  # [2, 2] int32 [begin, end) spans of x's flat rows
 ) -> jax.Array:  # [..., N] float32
-    """``x @ w`` on XLA:CPU for ``packed = pack_weight(w)``; reference: ``jnp.dot(x, w)``."""
+    """``x @ w`` on XLA:CPU for ``packed = pack_weight(w)``; reference: ``jnp.dot(x, w)``.
+
+    ``live_rows`` names the rows that hold real tokens (an engine step's decode and prefill
+    rows); the others, padding up to a shape bucket, come out as zeros and cost nothing.
+    Default: every row."""
     for name, array in (("x", x), ("packed", packed)):
         if array.dtype != jnp.float32:
             raise ValueError(f"{name} must be float32 for the CPU kernel, got {array.dtype}")
@@ -80,6 +86,12 @@ def matmul_cpu(
     if not padded - PANEL_WIDTH < columns <= padded:
         raise ValueError(f"columns must be in ({padded - PANEL_WIDTH}, {padded}], got {columns}")
     rows = x.reshape(-1, depth)
+    if live_rows is None:
+        live_rows = jnp.array([[0, rows.shape[0]], [0, 0]], jnp.int32)
+    elif live_rows.shape != (2, 2):
+        raise ValueError(
+            f"live_rows must be [2, 2] (two [begin, end) spans), got {live_rows.shape}"
+        )
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows.shape[0], padded), x.dtype))
-    out = call(rows, packed)
+    out = call(rows, packed, jnp.asarray(live_rows, jnp.int32))
     return out[:, :columns].reshape(*x.shape[:-1], columns)

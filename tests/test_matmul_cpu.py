@@ -45,6 +45,34 @@ def test_matches_dot(rows, depth, columns):
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
 
 
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [[0, 5], [8, 19]],  # decode rows then prefill rows, padding after each, not tile aligned
+        [[0, 0], [16, 300]],  # no decodes; a prefill span past several 128-row blocks
+        [[0, 37], [37, 37]],  # one span, padding at the end only
+        [[0, 0], [0, 0]],  # nothing live: all zeros
+        [[0, 400], [3, 2]],  # clamped to the rows; an empty (reversed) span
+    ],
+)
+def test_live_rows_compute_only_their_rows(spans):
+    rows, depth, columns = 320, 200, 100
+    rng = np.random.default_rng(len(str(spans)))
+    x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((depth, columns)), jnp.float32)
+    live = np.asarray(spans, np.int32)
+    actual = np.asarray(
+        jax.jit(matmul_cpu, static_argnums=2)(x, pack_weight(w), columns, live_rows=live)
+    )
+    expected = np.zeros((rows, columns))
+    for begin, end in live:
+        begin, end = min(max(begin, 0), rows), min(max(end, begin), rows)
+        expected[begin:end] = np.asarray(x[begin:end], np.float64) @ np.asarray(w, np.float64)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
+    with pytest.raises(ValueError, match="live_rows"):
+        matmul_cpu(x, pack_weight(w), columns, live_rows=live[:1])
+
+
 def test_pack_round_trip_and_errors():
     w = jnp.arange(10 * 45, dtype=jnp.float32).reshape(10, 45)
     packed = pack_weight(w)

@@ -28,6 +28,8 @@ pytestmark = pytest.mark.skipif(
         (8, 1, 128, 4, 30.0, None),  # MQA, soft cap
         (8, 2, 64, 8, None, 11),  # sliding window shorter than some rows
         (6, 2, 16, 1, 2.0, 5),  # one-token pages
+        (6, 3, 80, 8, None, 7),  # head_dim past one 64-column chunk of the vector path
+        (4, 2, 20, 4, None, None),  # head_dim not a multiple of 8: the portable loops
     ],
 )
 def test_matches_reference(num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window):

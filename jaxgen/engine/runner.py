@@ -36,14 +36,32 @@ def jitted_step(graphdef, backend: str):
     """The engine step, jitted once per model graph and backend: engines over the same model
     share compiled executables. The KV pool (argument 1) is donated so its updates are in place."""
 
-    def step(params, kv_cache, token_ids, positions, md, logits_indices, sampling, flags, head):
+    def step(
+        params,
+        kv_cache,
+        token_ids,
+        positions,
+        md,
+        logits_indices,
+        logits_live,
+        sampling,
+        flags,
+        head,
+    ):
         model = nnx.merge(graphdef, params)
         hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
         # [N, V]: only the rows that sample
-        logits = model.compute_logits(hidden[logits_indices], packed_lm_head=head)
+        logits = model.compute_logits(
+            hidden[logits_indices], packed_lm_head=head, live_rows=logits_live
+        )
         return kv_cache, sample(logits, sampling, flags)
 
     return jax.jit(step, static_argnames=("flags",), donate_argnums=(1,))
+
+
+def _spans(num_decodes: int, decode_rows: int, num_prefill_rows: int) -> np.ndarray:
+    """[2, 2] [begin, end) of the real rows of a [decode section | prefill section] layout."""
+    return np.array([[0, num_decodes], [decode_rows, decode_rows + num_prefill_rows]], np.int32)
 
 
 @dataclasses.dataclass
@@ -200,6 +218,7 @@ class ModelRunner:
             prefill_kv_lens=kv_lens,
             prefill_seq_block_tables=seq_tables,
             prefill_num_seqs=np.array([len(prefills)], np.int32),
+            live_rows=_spans(len(decodes), num_decode, prefill_tokens),
         )
         # Logits rows: decode rows, then the last row of each prefill chunk.
         rows: list = [item for item in decodes] + [None] * (num_decode - len(decodes))
@@ -211,11 +230,12 @@ class ModelRunner:
             rows.append(item)
         logits_indices += [0] * (sp - len(prefills))
         rows += [None] * (sp - len(prefills))
-        return token_ids, positions, md, np.array(logits_indices, np.int32), rows
+        logits_live = _spans(len(decodes), num_decode, len(prefills))
+        return token_ids, positions, md, np.array(logits_indices, np.int32), logits_live, rows
 
     def run(self, out: SchedulerOutput, sampling_row_for) -> StepResult:
         """Runs one step; ``sampling_row_for(seq)`` gives a sequence's ``SamplingRow``."""
-        token_ids, positions, md, logits_indices, rows = self.prepare(out)
+        token_ids, positions, md, logits_indices, logits_live, rows = self.prepare(out)
         sampling_rows = [
             sampling_row_for(item.seq) if item is not None and item.completes else _PADDING_ROW
             for item in rows
@@ -234,6 +254,7 @@ class ModelRunner:
             positions,
             md,
             logits_indices,
+            logits_live,
             tensors,
             flags=flags,
             head=self.packed_lm_head,

@@ -25,10 +25,14 @@ class Linear(nnx.Module):
         self.out_features = n_out
         self.bias = nnx.Param(jnp.zeros((n_out,), dtype)) if bias else None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+        """``live_rows`` ([2, 2] row spans, see ``matmul_cpu``) lets the native matmul skip
+        padding rows (they come out as zeros); ``jnp.dot`` computes every row."""
         kernel = self.kernel[...]
-        packed = kernel.ndim == 3
-        y = matmul_cpu(x, kernel, self.out_features) if packed else jnp.dot(x, kernel)
+        if kernel.ndim == 3:
+            y = matmul_cpu(x, kernel, self.out_features, live_rows=live_rows)
+        else:
+            y = jnp.dot(x, kernel)
         return y if self.bias is None else y + self.bias[...]
 
 

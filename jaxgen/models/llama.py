@@ -14,7 +14,7 @@ from flax import nnx
 from jaxgen.attention import AttentionMetadata, paged_attention_step, write_kv
 from jaxgen.config import ModelConfig
 from jaxgen.models.linear import Linear
-from jaxgen.models.rope import apply_rope, inverse_frequencies
+from jaxgen.models.rope import apply_rope, inverse_frequencies, rope_angles
 from pallas_kernels.matmul_cpu import matmul_cpu
 
 KVCache = list[tuple[jax.Array, jax.Array]]  # per layer: k_pages, v_pages [Hkv, P, S, D]
@@ -45,13 +45,13 @@ class Attention(nnx.Module):
         self.v_proj = _linear(d, config.num_kv_heads * hd, config.qkv_bias, dtype, rngs)
         self.o_proj = _linear(config.num_heads * hd, d, config.o_bias, dtype, rngs)
 
-    def __call__(self, x, positions, inv_freq, k_pages, v_pages, md, backend):
-        tokens = x.shape[0]
-        q = self.q_proj(x).reshape(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(tokens, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+    def __call__(self, x, rope, k_pages, v_pages, md, backend):
+        tokens, live = x.shape[0], md.live_rows
+        q = self.q_proj(x, live).reshape(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x, live).reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x, live).reshape(tokens, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, rope)
+        k = apply_rope(k, rope)
         k_pages, v_pages = write_kv(k_pages, v_pages, k, v, md.slot_mapping)
         out = paged_attention_step(
             q,
@@ -62,7 +62,7 @@ class Attention(nnx.Module):
             scale=self.head_dim**-0.5,
             sliding_window=self.sliding_window,
         )
-        return self.o_proj(out.reshape(tokens, -1)), k_pages, v_pages
+        return self.o_proj(out.reshape(tokens, -1), live), k_pages, v_pages
 
 
 class MLP(nnx.Module):
@@ -72,8 +72,9 @@ class MLP(nnx.Module):
         self.up_proj = _linear(d, f, b, dtype, rngs)
         self.down_proj = _linear(f, d, b, dtype, rngs)
 
-    def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    def __call__(self, x, live_rows=None):
+        hidden = jax.nn.silu(self.gate_proj(x, live_rows)) * self.up_proj(x, live_rows)
+        return self.down_proj(hidden, live_rows)
 
 
 class DecoderLayer(nnx.Module):
@@ -84,12 +85,12 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, rngs=rngs)
         self.mlp = MLP(config, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, positions, inv_freq, k_pages, v_pages, md, backend):
+    def __call__(self, x, rope, k_pages, v_pages, md, backend):
         attn, k_pages, v_pages = self.self_attn(
-            self.input_layernorm(x), positions, inv_freq, k_pages, v_pages, md, backend
+            self.input_layernorm(x), rope, k_pages, v_pages, md, backend
         )
         x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.mlp(self.post_attention_layernorm(x), md.live_rows)
         return x, k_pages, v_pages
 
 
@@ -120,22 +121,27 @@ class LlamaForCausalLM(nnx.Module):
     ) -> tuple[jax.Array, KVCache]:  # hidden [T, D], updated pages
         """Runs the decoder stack (layers unrolled: faster than a scan on XLA CPU)."""
         x = self.embed_tokens(token_ids)
-        inv_freq = self.inv_freq[...]
+        rope = rope_angles(positions, self.inv_freq[...])  # once, shared by every layer
         new_cache = []
         for layer, (k_pages, v_pages) in zip(self.layers, kv_cache, strict=True):
-            x, k_pages, v_pages = layer(x, positions, inv_freq, k_pages, v_pages, md, backend)
+            x, k_pages, v_pages = layer(x, rope, k_pages, v_pages, md, backend)
             new_cache.append((k_pages, v_pages))
         return self.norm(x), new_cache
 
     def compute_logits(
-        self, hidden: jax.Array, *, packed_lm_head: jax.Array | None = None
+        self,
+        hidden: jax.Array,
+        *,
+        packed_lm_head: jax.Array | None = None,
+        live_rows: jax.Array | None = None,
     ) -> jax.Array:  # [N, D] -> [N, V] float32
         """LM head; ``packed_lm_head``: the tied embedding as ``pack_weight(embedding.T)``, for the
-        native CPU matmul."""
+        native CPU matmul; ``live_rows``: the rows that are not padding (see ``Linear``)."""
+        vocab = self.config.vocab_size
         if packed_lm_head is not None:
-            logits = matmul_cpu(hidden, packed_lm_head, self.config.vocab_size)
+            logits = matmul_cpu(hidden, packed_lm_head, vocab, live_rows=live_rows)
         elif self.config.tie_word_embeddings:
             logits = self.embed_tokens.attend(hidden)
         else:
-            logits = self.lm_head(hidden)
+            logits = self.lm_head(hidden, live_rows)
         return logits.astype(jnp.float32)

@@ -33,15 +33,21 @@ def inverse_frequencies(config: ModelConfig) -> np.ndarray:
     return inv_freq.astype(np.float32)
 
 
-def apply_rope(
-    x: jax.Array,  # [T, H, D]
+def rope_angles(
     positions: jax.Array,  # [T]
     inv_freq: jax.Array,  # [D // 2]
+) -> tuple[jax.Array, jax.Array]:  # cos, sin [T, 1, D // 2]
+    """Cosines and sines of each position's rotation, computed once per step for every layer."""
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
+    return jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
+
+
+def apply_rope(
+    x: jax.Array,  # [T, H, D]
+    rope: tuple[jax.Array, jax.Array],  # rope_angles(positions, inv_freq)
 ) -> jax.Array:  # [T, H, D]
     """Rotates ``x`` by its positions (rotate-half convention, as in HF Llama)."""
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
-    cos = jnp.cos(angles)[:, None, :]
-    sin = jnp.sin(angles)[:, None, :]
+    cos, sin = rope
     xf = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     x1, x2 = xf[..., :half], xf[..., half:]

@@ -14,6 +14,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -52,6 +56,87 @@ inline float ExpNonPositive(float x) {
   return y * scale;
 }
 
+// Address of token t's row (of one kv head) in the pool.
+inline const float* TokenRow(const Problem& p, const float* head, const int32_t* table, int64_t t) {
+  const int64_t slot = static_cast<int64_t>(table[t / p.page_size]) * p.page_size + t % p.page_size;
+  return head + slot * p.head_dim;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float HorizontalSum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// scores[t] = q . key_t for t in [start, length), four keys at a time: four independent FMA
+// chains (one chain per dot product would wait on the FMA latency at every step).
+void Scores(const Problem& p, const float* q, const float* head, const int32_t* table,
+            int64_t start, int64_t length, float* scores) {
+  const int64_t dim = p.head_dim;
+  int64_t t = start;
+  for (; t + 4 <= length; t += 4) {
+    const float* k0 = TokenRow(p, head, table, t);
+    const float* k1 = TokenRow(p, head, table, t + 1);
+    const float* k2 = TokenRow(p, head, table, t + 2);
+    const float* k3 = TokenRow(p, head, table, t + 3);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+    }
+    scores[t] = HorizontalSum(a0);
+    scores[t + 1] = HorizontalSum(a1);
+    scores[t + 2] = HorizontalSum(a2);
+    scores[t + 3] = HorizontalSum(a3);
+  }
+  for (; t < length; ++t) {
+    const float* key = TokenRow(p, head, table, t);
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(key + d), a);
+    }
+    scores[t] = HorizontalSum(a);
+  }
+}
+
+// out[:dim] = sum_t weights[t] * value_t, 64 columns at a time in eight register accumulators
+// (accumulating in memory would make every token wait on a store of the previous one).
+void WeightedValues(const Problem& p, const float* weights, const float* head,
+                    const int32_t* table, int64_t start, int64_t length, float* out) {
+  for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
+    const int64_t vectors = std::min<int64_t>(8, (p.head_dim - d0) / 8);
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
+           c7 = c0;
+    for (int64_t t = start; t < length; ++t) {
+      const float* v = TokenRow(p, head, table, t) + d0;
+      const __m256 w = _mm256_broadcast_ss(weights + t);
+      c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
+      if (vectors > 1) c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
+      if (vectors > 2) c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
+      if (vectors > 3) c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
+      if (vectors > 4) c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
+      if (vectors > 5) c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
+      if (vectors > 6) c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
+      if (vectors > 7) c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
+    }
+    const __m256 sums[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+    for (int64_t j = 0; j < vectors; ++j) _mm256_storeu_ps(out + d0 + 8 * j, sums[j]);
+  }
+}
+constexpr int64_t kVectorWidth = 8;  // the vector paths need head_dim % 8 == 0
+#else
+constexpr int64_t kVectorWidth = 0;  // portable loops only
+void Scores(const Problem&, const float*, const float*, const int32_t*, int64_t, int64_t,
+            float*) {}
+void WeightedValues(const Problem&, const float*, const float*, const int32_t*, int64_t,
+                    int64_t, float*) {}
+#endif
+
 // One (sequence, kv head) pair: its `group` query heads share every key and value read.
 void AttendOne(const Problem& p, int64_t b, int64_t h, std::vector<float>& scores) {
   const int64_t group = p.num_heads / p.num_kv_heads;
@@ -68,38 +153,42 @@ void AttendOne(const Problem& p, int64_t b, int64_t h, std::vector<float>& score
   const int64_t head_stride = p.num_pages * p.page_size * dim;
   const float* k_head = p.k + h * head_stride;
   const float* v_head = p.v + h * head_stride;
+  const bool vector = kVectorWidth > 0 && dim % 8 == 0;
   scores.assign(group * length, 0.0f);
 
-  for (int64_t t = start; t < length; ++t) {
-    const int64_t slot = static_cast<int64_t>(table[t / p.page_size]) * p.page_size + t % p.page_size;
-    const float* key = k_head + slot * dim;
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * dim;
-      float dot = 0.0f;
-      for (int64_t d = 0; d < dim; ++d) dot += qg[d] * key[d];
-      dot *= p.scale;
-      if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
-      scores[g * length + t] = dot;
-    }
-  }
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores.data() + g * length;
+    if (vector) {
+      Scores(p, q + g * dim, k_head, table, start, length, s);
+    } else {
+      for (int64_t t = start; t < length; ++t) {
+        const float* key = TokenRow(p, k_head, table, t);
+        float dot = 0.0f;
+        for (int64_t d = 0; d < dim; ++d) dot += q[g * dim + d] * key[d];
+        s[t] = dot;
+      }
+    }
     float max_score = -INFINITY;
-    for (int64_t t = start; t < length; ++t) max_score = std::max(max_score, s[t]);
+    for (int64_t t = start; t < length; ++t) {
+      float x = s[t] * p.scale;
+      if (p.soft_cap > 0.0f) x = p.soft_cap * std::tanh(x / p.soft_cap);
+      s[t] = x;
+      max_score = std::max(max_score, x);
+    }
     float total = 0.0f;
     for (int64_t t = start; t < length; ++t) s[t] = ExpNonPositive(s[t] - max_score);
     for (int64_t t = start; t < length; ++t) total += s[t];
     const float inv = 1.0f / total;
     for (int64_t t = start; t < length; ++t) s[t] *= inv;
-    std::fill(out + g * dim, out + (g + 1) * dim, 0.0f);
-  }
-  for (int64_t t = start; t < length; ++t) {
-    const int64_t slot = static_cast<int64_t>(table[t / p.page_size]) * p.page_size + t % p.page_size;
-    const float* value = v_head + slot * dim;
-    for (int64_t g = 0; g < group; ++g) {
-      const float w = scores[g * length + t];
-      float* o = out + g * dim;
-      for (int64_t d = 0; d < dim; ++d) o[d] += w * value[d];
+    float* o = out + g * dim;
+    if (vector) {
+      WeightedValues(p, s, v_head, table, start, length, o);
+    } else {
+      std::fill(o, o + dim, 0.0f);
+      for (int64_t t = start; t < length; ++t) {
+        const float* value = TokenRow(p, v_head, table, t);
+        for (int64_t d = 0; d < dim; ++d) o[d] += s[t] * value[d];
+      }
     }
   }
 }
