@@ -59,17 +59,17 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   float* os = out->typed_data();
 
   // Rows outside the live spans are bucket padding: their outputs are zeros, not computed.
-  std::vector<char> live(rows, 0);
   Span spans[kMaxSpans];
   const int32_t* bounds = live_rows.typed_data();
   for (int s = 0; s < kMaxSpans; ++s) {
     const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
     const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
-    std::fill(live.begin() + begin, live.begin() + end, 1);
     spans[s] = {begin, end, end > begin ? BlockRows(end - begin, column_blocks, workers) : 1};
   }
   for (int64_t m = 0; m < rows; ++m) {
-    if (!live[m]) std::fill(os + m * columns, os + (m + 1) * columns, 0.0f);
+    bool live = false;
+    for (const Span& span : spans) live |= span.begin <= m && m < span.end;
+    if (!live) std::fill(os + m * columns, os + (m + 1) * columns, 0.0f);
   }
   int64_t first_item[kMaxSpans + 1] = {0};
   for (int s = 0; s < kMaxSpans; ++s) {
