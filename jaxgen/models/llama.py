@@ -121,7 +121,9 @@ class LlamaForCausalLM(nnx.Module):
     ) -> tuple[jax.Array, KVCache]:  # hidden [T, D], updated pages
         """Runs the decoder stack (layers unrolled: faster than a scan on XLA CPU)."""
         x = self.embed_tokens(token_ids)
-        rope = rope_angles(positions, self.inv_freq[...])  # once, shared by every layer
+        rope = rope_angles(
+            positions, self.inv_freq[...]
+        )  # traced once; XLA may recompute per layer
         new_cache = []
         for layer, (k_pages, v_pages) in zip(self.layers, kv_cache, strict=True):
             x, k_pages, v_pages = layer(x, rope, k_pages, v_pages, md, backend)

@@ -37,8 +37,9 @@ def rope_angles(
     positions: jax.Array,  # [T]
     inv_freq: jax.Array,  # [D // 2]
 ) -> tuple[jax.Array, jax.Array]:  # cos, sin [T, 1, D // 2]
-    """Cosines and sines of each position's rotation, computed once per step for every layer."""
+    """Cosines and sines of each position's rotation, for every layer of a step."""
     angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [T, D/2]
+    # XLA still fuses cos and sin into each layer's rotation (one [T, D / 2] sincos per use).
     return jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
 
 
