@@ -7,7 +7,7 @@ has them) and context lengths spread over 40-128 tokens:
   reference  - the full step: XLA's dot and the pure-JAX paged attention (gather + batched dots)
   cpu        - the full step as the engine runs it on CPU: native decode kernel, native matmul
 
-    python benchmarks/decode_step_breakdown.py [--batch 64] [--repeats 7]
+    python benchmarks/decode_step_breakdown.py [--batch 64] [--repeats 7] [--modes cpu,matmul-cpu]
 """
 
 import argparse
@@ -26,6 +26,7 @@ from pallas_kernels.paged_attention_cpu import cpu_kernel_available
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--batch", type=int, default=64)
 parser.add_argument("--repeats", type=int, default=7)
+parser.add_argument("--modes", default=None, help="comma-separated subset of the variants above")
 args = parser.parse_args()
 
 m = load_model(None)
@@ -70,6 +71,8 @@ def step(params, head, kv, ids, pos, md, mode):
 
 native = cpu_kernel_available() and matmul_kernel_available()
 modes = ["matmul", "reference"] + (["matmul-cpu", "cpu"] if native else [])
+if args.modes:
+    modes = [mode for mode in args.modes.split(",") if mode in modes]
 packed = pack_linear_weights(m.params) if native else None
 packed_head = pack_weight(m.params["embed_tokens"]["embedding"][...].T) if native else None
 ids = np.arange(B, dtype=np.int32)

@@ -68,23 +68,46 @@ def matmul_cpu(
     ``live_rows`` names the rows that hold real tokens (an engine step's decode and prefill
     rows); the others, padding up to a shape bucket, come out as zeros and cost nothing.
     Default: every row."""
-    for name, array in (("x", x), ("packed", packed)):
+    return matmul_cpu_group(x, [packed], [columns], live_rows=live_rows)[0]
+
+
+def matmul_cpu_group(
+    x: jax.Array,  # [..., K] float32
+    packed: list[jax.Array],  # each [ceil(N_i / 24), K, 24] float32, from pack_weight
+    columns: list[int | None] | None = None,  # N_i each; default: every packed column
+    *,
+    live_rows: jax.Array | None = None,  # [2, 2] int32 [begin, end) spans of x's flat rows
+) -> list[jax.Array]:  # each [..., N_i] float32
+    """``[x @ w_i for w_i]`` in one native call (the q/k/v or gate/up projections of a layer):
+    one parallel job rather than several small ones. Arguments as ``matmul_cpu``'s."""
+    if not packed:
+        raise ValueError("packed must hold at least one weight")
+    columns = [None] * len(packed) if columns is None else list(columns)
+    if len(columns) != len(packed):
+        raise ValueError(f"columns has {len(columns)} entries for {len(packed)} weights")
+    for name, array in (("x", x), *(("packed", w) for w in packed)):
         if array.dtype != jnp.float32:
             raise ValueError(f"{name} must be float32 for the CPU kernel, got {array.dtype}")
-    if packed.ndim != 3 or packed.shape[2] != PANEL_WIDTH or x.ndim < 1:
-        raise ValueError(
-            f"packed must be [N / {PANEL_WIDTH}, K, {PANEL_WIDTH}] (pack_weight) and x at least "
-            f"1-D, got {packed.shape} and {x.shape}"
-        )
-    panels, depth, _ = packed.shape
-    if x.shape[-1] != depth:
-        raise ValueError(f"x's last dimension {x.shape[-1]} must equal the weight's depth {depth}")
+    if x.ndim < 1:
+        raise ValueError(f"x must be at least 1-D, got {x.shape}")
+    depth = x.shape[-1]
+    results = []
+    for w, n in zip(packed, columns, strict=True):
+        if w.ndim != 3 or w.shape[2] != PANEL_WIDTH:
+            raise ValueError(
+                f"packed must be [N / {PANEL_WIDTH}, K, {PANEL_WIDTH}] (pack_weight), got {w.shape}"
+            )
+        if w.shape[1] != depth:
+            raise ValueError(
+                f"x's last dimension {depth} must equal the weight's depth {w.shape[1]}"
+            )
+        padded = w.shape[0] * PANEL_WIDTH
+        n = padded if n is None else n
+        if not padded - PANEL_WIDTH < n <= padded:
+            raise ValueError(f"columns must be in ({padded - PANEL_WIDTH}, {padded}], got {n}")
+        results.append((padded, n))
     if not matmul_kernel_available():
         raise RuntimeError("the CPU matmul kernel could not be built on this machine")
-    padded = panels * PANEL_WIDTH
-    columns = padded if columns is None else columns
-    if not padded - PANEL_WIDTH < columns <= padded:
-        raise ValueError(f"columns must be in ({padded - PANEL_WIDTH}, {padded}], got {columns}")
     rows = x.reshape(-1, depth)
     if live_rows is None:
         live_rows = jnp.array([[0, rows.shape[0]], [0, 0]], jnp.int32)
@@ -92,6 +115,6 @@ def matmul_cpu(
         raise ValueError(
             f"live_rows must be [2, 2] (two [begin, end) spans), got {live_rows.shape}"
         )
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows.shape[0], padded), x.dtype))
-    out = call(rows, packed, jnp.asarray(live_rows, jnp.int32))
-    return out[:, :columns].reshape(*x.shape[:-1], columns)
+    shapes = [jax.ShapeDtypeStruct((rows.shape[0], padded), x.dtype) for padded, _ in results]
+    outs = jax.ffi.ffi_call(TARGET, shapes)(rows, jnp.asarray(live_rows, jnp.int32), *packed)
+    return [out[:, :n].reshape(*x.shape[:-1], n) for out, (_, n) in zip(outs, results, strict=True)]

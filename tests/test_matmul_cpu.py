@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgen.models.linear import Linear, pack_linear_weights
+from jaxgen.models.linear import Linear, apply_linears, pack_linear_weights
 from pallas_kernels.matmul_cpu import (
     matmul_cpu,
+    matmul_cpu_group,
     matmul_kernel_available,
     pack_weight,
     unpack_weight,
@@ -73,6 +74,57 @@ def test_live_rows_compute_only_their_rows(spans):
         matmul_cpu(x, pack_weight(w), columns, live_rows=live[:1])
 
 
+def test_group_matches_dot_for_each_weight():
+    # q/k/v-like: three weights of different widths (one with a padded panel) read one x; rows
+    # in two live spans with padding between and after.
+    rows, depth = 50, 300
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
+    widths = (576, 192, 100)
+    weights = [jnp.asarray(rng.standard_normal((depth, n)), jnp.float32) for n in widths]
+    live = np.array([[0, 9], [12, 45]], np.int32)
+    run = jax.jit(lambda x, ws, live: matmul_cpu_group(x, ws, list(widths), live_rows=live))
+    outputs = run(x, [pack_weight(w) for w in weights], live)
+    mask = np.zeros((rows, 1))
+    mask[0:9] = mask[12:45] = 1
+    for w, actual in zip(weights, outputs, strict=True):
+        expected = mask * (np.asarray(x, np.float64) @ np.asarray(w, np.float64))
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * np.sqrt(depth))
+    assert (
+        run.lower(x, [pack_weight(w) for w in weights], live).as_text().count("jaxgen_matmul_f32")
+        == 1
+    )  # one call for the group
+    with pytest.raises(ValueError, match="at least one"):
+        matmul_cpu_group(x, [])
+    with pytest.raises(ValueError, match="columns has 1 entries for 2"):
+        matmul_cpu_group(x, [pack_weight(weights[1])] * 2, [192])
+    with pytest.raises(ValueError, match="depth"):
+        matmul_cpu_group(x[:, :10], [pack_weight(weights[1])])
+
+
+def test_concurrent_callers_get_their_own_results():
+    # Python threads running jitted matmuls at once: XLA runs their kernel calls side by side on
+    # one intra-op pool, each call claiming its own items.
+    import concurrent.futures
+
+    rng = np.random.default_rng(6)
+    w = jnp.asarray(rng.standard_normal((256, 480)), jnp.float32)
+    packed = pack_weight(w)
+    inputs = [jnp.asarray(rng.standard_normal((96, 256)), jnp.float32) for _ in range(8)]
+    run = jax.jit(matmul_cpu)
+    run(inputs[0], packed).block_until_ready()
+
+    def repeat(x):
+        return [np.asarray(run(x, packed)) for _ in range(20)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(repeat, inputs))
+    for x, outputs in zip(inputs, results, strict=True):
+        expected = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+        for actual in outputs:
+            np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-3)
+
+
 def test_pack_round_trip_and_errors():
     w = jnp.arange(10 * 45, dtype=jnp.float32).reshape(10, 45)
     packed = pack_weight(w)
@@ -114,6 +166,17 @@ def test_linear_runs_packed_kernels_on_the_native_matmul():
     np.testing.assert_allclose(jax.jit(run)(packed, x), expected, rtol=1e-5, atol=1e-5)
     assert jax.jit(run).lower(packed, x).as_text().count("jaxgen_matmul_f32") == 1
     assert jax.jit(run).lower(params, x).as_text().count("jaxgen_matmul_f32") == 0
+    layers = (layer, Linear(16, 30, bias=False, dtype=jnp.float32, rngs=nnx.Rngs(3)))
+    expected = [each(x) for each in layers]
+    graphdef, params = nnx.split(layers)
+    packed = pack_linear_weights(params)
+
+    def run_group(state, x):
+        return apply_linears(nnx.merge(graphdef, state), x)
+
+    for actual, reference in zip(jax.jit(run_group)(packed, x), expected, strict=True):
+        np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)
+    assert jax.jit(run_group).lower(packed, x).as_text().count("jaxgen_matmul_f32") == 1
     half = Linear(16, 48, bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
     assert pack_linear_weights(nnx.split(half)[1])["kernel"][...].ndim == 2  # float32 only
 

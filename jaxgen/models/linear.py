@@ -4,7 +4,8 @@
 sharding rules map it the same way. When the engine runs the "cpu" backend it hands the step a
 copy of the parameters in which every packable kernel is ``pack_weight``-ed to
 [ceil(out / 24), in, 24] (``pack_linear_weights``); a 3-D kernel is that layout and runs on
-``pallas_kernels.matmul_cpu``, a 2-D one on ``jnp.dot``.
+``pallas_kernels.matmul_cpu``, a 2-D one on ``jnp.dot``. ``apply_linears`` runs several layers
+that read the same input (q/k/v, gate/up) as one native call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels.matmul_cpu import can_pack, matmul_cpu, pack_weight
+from pallas_kernels.matmul_cpu import can_pack, matmul_cpu_group, pack_weight
 
 
 class Linear(nnx.Module):
@@ -28,12 +29,23 @@ class Linear(nnx.Module):
     def __call__(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
         """``live_rows`` ([2, 2] row spans, see ``matmul_cpu``) lets the native matmul skip
         padding rows (they come out as zeros); ``jnp.dot`` computes every row."""
-        kernel = self.kernel[...]
-        if kernel.ndim == 3:
-            y = matmul_cpu(x, kernel, self.out_features, live_rows=live_rows)
-        else:
-            y = jnp.dot(x, kernel)
-        return y if self.bias is None else y + self.bias[...]
+        return apply_linears((self,), x, live_rows)[0]
+
+
+def apply_linears(
+    layers: tuple[Linear, ...], x: jax.Array, live_rows: jax.Array | None = None
+) -> list[jax.Array]:
+    """``[layer(x) for layer in layers]``; one native matmul call when every kernel is packed."""
+    kernels = [layer.kernel[...] for layer in layers]
+    if all(kernel.ndim == 3 for kernel in kernels):
+        columns = [layer.out_features for layer in layers]
+        outputs = matmul_cpu_group(x, kernels, columns, live_rows=live_rows)
+    else:
+        outputs = [jnp.dot(x, kernel) for kernel in kernels]
+    return [
+        y if layer.bias is None else y + layer.bias[...]
+        for layer, y in zip(layers, outputs, strict=True)
+    ]
 
 
 def pack_linear_weights(params: nnx.State) -> nnx.State:

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jaxgen.attention import AttentionMetadata, paged_attention_step, write_kv
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear
+from jaxgen.models.linear import Linear, apply_linears
 from jaxgen.models.rope import apply_rope, inverse_frequencies, rope_angles
 from pallas_kernels.matmul_cpu import matmul_cpu
 
@@ -47,9 +47,10 @@ class Attention(nnx.Module):
 
     def __call__(self, x, rope, k_pages, v_pages, md, backend):
         tokens, live = x.shape[0], md.live_rows
-        q = self.q_proj(x, live).reshape(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x, live).reshape(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x, live).reshape(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = apply_linears((self.q_proj, self.k_proj, self.v_proj), x, live)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, rope)
         k = apply_rope(k, rope)
         k_pages, v_pages = write_kv(k_pages, v_pages, k, v, md.slot_mapping)
@@ -73,7 +74,8 @@ class MLP(nnx.Module):
         self.down_proj = _linear(f, d, b, dtype, rngs)
 
     def __call__(self, x, live_rows=None):
-        hidden = jax.nn.silu(self.gate_proj(x, live_rows)) * self.up_proj(x, live_rows)
+        gate, up = apply_linears((self.gate_proj, self.up_proj), x, live_rows)
+        hidden = jax.nn.silu(gate) * up
         return self.down_proj(hidden, live_rows)
 
 

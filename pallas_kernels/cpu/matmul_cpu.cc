@@ -1,11 +1,13 @@
 // Dense float32 matmul for XLA:CPU over panel-packed weights, called through the XLA FFI.
 //
-// out[M, N] = x[M, K] @ w[K, N] with w given packed as [N / 24, K, 24] (pack_weight in
-// matmul_cpu.py), for the rows inside two [begin, end) spans (`live_rows`, int32 [2, 2]: an
-// engine step's decode and prefill tokens); the other rows, padding up to a shape bucket, come
-// out as zeros without being computed. The blocking lives in matmul_f32.h; this file splits
-// each span's output into (row block, column block) items and runs them on XLA's intra-op
-// thread pool. Reference:
+// out_i[M, N_i] = x[M, K] @ w_i[K, N_i] for a group of weights that read the same x (the q, k
+// and v projections; gate and up), each given packed as [N_i / 24, K, 24] (pack_weight in
+// matmul_cpu.py): one call, so the group runs as one parallel job instead of several small ones
+// (which XLA would also run side by side, more threads than cores). Only the rows inside two
+// [begin, end) spans are computed (`live_rows`, int32 [2, 2]: an engine step's decode and
+// prefill tokens); the other rows, padding up to a shape bucket, come out as zeros. The blocking
+// lives in matmul_f32.h; this file splits each span's outputs into (row block, weight, column
+// block) items and runs them on XLA's intra-op thread pool (parallel_for.h). Reference:
 // jnp.dot on the unpacked weight (tests/test_matmul_cpu.py).
 
 #include <algorithm>
@@ -37,26 +39,50 @@ int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t workers) {
   return (row_tiles + row_blocks - 1) / row_blocks * jaxgen_cpu::kTileRows;
 }
 
+// One weight of the group: its packed panels, its output and how its columns are blocked.
+struct Weight {
+  const float* packed;
+  float* out;
+  int64_t columns, column_blocks, block_columns;
+};
+
+// An item of work: rows [m0, m1) of weight w's output columns [n0, n1).
+struct Item {
+  int64_t w, m0, m1, n0, n1;
+};
+
 ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                      ffi::Buffer<ffi::F32> packed, ffi::Buffer<ffi::S32> live_rows,
-                      ffi::ResultBuffer<ffi::F32> out) {
+                      ffi::Buffer<ffi::S32> live_rows,
+                      ffi::RemainingArgs weights, ffi::RemainingRets outs) {
   auto xd = x.dimensions();
-  auto pd = packed.dimensions();
-  if (xd.size() != 2 || pd.size() != 3 || pd[2] != jaxgen_cpu::kPanelWidth || pd[1] != xd[1]) {
-    return ffi::Error::InvalidArgument("matmul_cpu: x [M, K] and packed w [N/24, K, 24] expected");
-  }
+  if (xd.size() != 2) return ffi::Error::InvalidArgument("matmul_cpu: x [M, K] expected");
   if (live_rows.element_count() != 2 * kMaxSpans) {
     return ffi::Error::InvalidArgument("matmul_cpu: live_rows [2, 2] expected");
   }
+  if (weights.size() == 0 || weights.size() != outs.size()) {
+    return ffi::Error::InvalidArgument("matmul_cpu: one output per packed weight expected");
+  }
   const int64_t rows = xd[0], depth = xd[1];
-  const int64_t panels = pd[0], columns = panels * jaxgen_cpu::kPanelWidth;
-  const int64_t workers = pool.num_threads() + 1;
-  const int64_t block_panels = panels > 64 ? 8 : 4;
-  const int64_t column_blocks = (panels + block_panels - 1) / block_panels;
-  const int64_t block_columns = block_panels * jaxgen_cpu::kPanelWidth;
-  const float* xs = x.typed_data();
-  const float* ws = packed.typed_data();
-  float* os = out->typed_data();
+  std::vector<Weight> group;
+  int64_t column_blocks = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    auto packed = weights.get<ffi::Buffer<ffi::F32>>(i);
+    auto out = outs.get<ffi::Buffer<ffi::F32>>(i);
+    if (!packed.has_value() || !out.has_value()) {
+      return ffi::Error::InvalidArgument("matmul_cpu: float32 weights and outputs expected");
+    }
+    auto pd = packed->dimensions();
+    if (pd.size() != 3 || pd[2] != jaxgen_cpu::kPanelWidth || pd[1] != depth) {
+      return ffi::Error::InvalidArgument("matmul_cpu: packed w [N/24, K, 24] expected");
+    }
+    const int64_t panels = pd[0];
+    const int64_t block_panels = panels > 64 ? 8 : 4;
+    const int64_t blocks = (panels + block_panels - 1) / block_panels;
+    group.push_back({packed->typed_data(), (*out)->typed_data(),
+                     panels * jaxgen_cpu::kPanelWidth, blocks,
+                     block_panels * jaxgen_cpu::kPanelWidth});
+    column_blocks += blocks;
+  }
 
   // Rows outside the live spans are bucket padding: their outputs are zeros, not computed.
   Span spans[kMaxSpans];
@@ -64,31 +90,36 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   for (int s = 0; s < kMaxSpans; ++s) {
     const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
     const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
-    spans[s] = {begin, end, end > begin ? BlockRows(end - begin, column_blocks, workers) : 1};
+    const int64_t block_rows =
+        end > begin ? BlockRows(end - begin, column_blocks, pool.num_threads() + 1) : 1;
+    spans[s] = {begin, end, block_rows};
   }
-  for (int64_t m = 0; m < rows; ++m) {
-    bool live = false;
-    for (const Span& span : spans) live |= span.begin <= m && m < span.end;
-    if (!live) std::fill(os + m * columns, os + (m + 1) * columns, 0.0f);
+  for (const Weight& w : group) {
+    for (int64_t m = 0; m < rows; ++m) {
+      bool live = false;
+      for (const Span& span : spans) live |= span.begin <= m && m < span.end;
+      if (!live) std::fill(w.out + m * w.columns, w.out + (m + 1) * w.columns, 0.0f);
+    }
   }
-  int64_t first_item[kMaxSpans + 1] = {0};
-  for (int s = 0; s < kMaxSpans; ++s) {
-    const int64_t row_blocks = (spans[s].end - spans[s].begin + spans[s].block_rows - 1) /
-                               spans[s].block_rows;
-    first_item[s + 1] = first_item[s] + row_blocks * column_blocks;
+  std::vector<Item> items;
+  for (const Span& span : spans) {
+    for (int64_t m0 = span.begin; m0 < span.end; m0 += span.block_rows) {
+      const int64_t m1 = std::min(span.end, m0 + span.block_rows);
+      for (int64_t w = 0; w < static_cast<int64_t>(group.size()); ++w) {
+        for (int64_t n0 = 0; n0 < group[w].columns; n0 += group[w].block_columns) {
+          items.push_back({w, m0, m1, n0, std::min(group[w].columns, n0 + group[w].block_columns)});
+        }
+      }
+    }
   }
-  jaxgen_cpu::ParallelFor(
-      pool, first_item[kMaxSpans], 1, [=](int64_t item, std::vector<float>&) {
-        int s = 0;
-        while (item >= first_item[s + 1]) ++s;
-        const Span& span = spans[s];
-        item -= first_item[s];
-        const int64_t m0 = span.begin + (item / column_blocks) * span.block_rows;
-        const int64_t n0 = (item % column_blocks) * block_columns;
-        jaxgen_cpu::MatmulBlock(xs, ws, os, depth, columns, m0,
-                                std::min(span.end, m0 + span.block_rows), n0,
-                                std::min(columns, n0 + block_columns));
-      });
+  const float* xs = x.typed_data();
+  auto run = [&](int64_t i, std::vector<float>&) {
+    const Item& item = items[i];
+    const Weight& w = group[item.w];
+    jaxgen_cpu::MatmulBlock(xs, w.packed, w.out, depth, w.columns, item.m0, item.m1, item.n0,
+                            item.n1);
+  };
+  jaxgen_cpu::ParallelFor(pool, items.size(), 1, run);
   return ffi::Error::Success();
 }
 
@@ -101,6 +132,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulF32, MatmulImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .RemainingArgs()
+                                  .RemainingRets());
