@@ -5,7 +5,8 @@
 // panel streams contiguously (from a row-major w a panel's rows, N floats apart, would map onto
 // few cache sets: for N = 1536 only 32 of the L2's). A 4 x 24 register tile runs over a 256-deep
 // slice of a panel (24 KB, kept in L1 while every row tile of the block passes over it): 12
-// accumulators, three weight vectors and one broadcast of x per k. Without AVX2 + FMA a
+// accumulators, three weight vectors and one broadcast of x per k. Full 4-row tiles run in
+// inline assembly (Tile4), ragged ones (1-3 rows) on intrinsics (Tile). Without AVX2 + FMA a
 // portable loop stands in (kHasSimd is false; callers keep XLA's dot).
 
 #pragma once
@@ -26,13 +27,135 @@ constexpr int64_t kBlockDepth = 256; // k-block: one panel of it (24 KB) stays i
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr bool kHasSimd = true;
 
-// c[rows, 24] (+)= x[rows, kc] @ panel[kc, 24]. The accumulators are named variables, not an
+// c[rows, 24] (+)= x[rows, kc] @ panel[kc, 24] for ragged tiles (1-3 rows; Tile4 runs full
+// ones). The accumulators are named variables, not an
 // array: GCC kept an array's rows in memory. Never inlined: the tile needs all 16 vector
 // registers, and inlined into a caller (a standalone build of MatmulBlock) GCC spilled an
 // accumulator to the stack, a store-to-load chain through every k: 37-42 instead of 65-93
 // GFLOP/s on one core here.
 // `next` (may be null): the panel slice the block reads after this one, fetched into L2 while
 // this tile runs, so weights streaming from memory do not stall the first tile of each slice.
+// One k of the 4 x 24 tile: three weight vectors (ymm12-14) at byte offset W of the panel row
+// pointer, each of four x values (byte offset X of rows 0-3) broadcast into ymm15 and multiplied
+// into that row's three accumulators (ymm0-11).
+#define JAXGEN_TILE4_STEP(X, W)                                                    \
+  "vmovups " #W "(%[panel]), %%ymm12\n\t"                                          \
+  "vmovups " #W "+32(%[panel]), %%ymm13\n\t"                                       \
+  "vmovups " #W "+64(%[panel]), %%ymm14\n\t"                                       \
+  "vbroadcastss " #X "(%[row0]), %%ymm15\n\t"                                      \
+  "vfmadd231ps %%ymm12, %%ymm15, %%ymm0\n\t"                                       \
+  "vfmadd231ps %%ymm13, %%ymm15, %%ymm1\n\t"                                       \
+  "vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n\t"                                       \
+  "vbroadcastss " #X "(%[row0],%[stride]), %%ymm15\n\t"                            \
+  "vfmadd231ps %%ymm12, %%ymm15, %%ymm3\n\t"                                       \
+  "vfmadd231ps %%ymm13, %%ymm15, %%ymm4\n\t"                                       \
+  "vfmadd231ps %%ymm14, %%ymm15, %%ymm5\n\t"                                       \
+  "vbroadcastss " #X "(%[row2]), %%ymm15\n\t"                                      \
+  "vfmadd231ps %%ymm12, %%ymm15, %%ymm6\n\t"                                       \
+  "vfmadd231ps %%ymm13, %%ymm15, %%ymm7\n\t"                                       \
+  "vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n\t"                                       \
+  "vbroadcastss " #X "(%[row2],%[stride]), %%ymm15\n\t"                            \
+  "vfmadd231ps %%ymm12, %%ymm15, %%ymm9\n\t"                                       \
+  "vfmadd231ps %%ymm13, %%ymm15, %%ymm10\n\t"                                      \
+  "vfmadd231ps %%ymm14, %%ymm15, %%ymm11\n\t"
+
+#define JAXGEN_TILE4_FOUR_STEPS                                                    \
+  JAXGEN_TILE4_STEP(0, 0)                                                          \
+  JAXGEN_TILE4_STEP(4, 96)                                                         \
+  JAXGEN_TILE4_STEP(8, 192)                                                        \
+  JAXGEN_TILE4_STEP(12, 288)                                                       \
+  "add $384, %[panel]\n\t"                                                         \
+  "add $16, %[row0]\n\t"                                                           \
+  "add $16, %[row2]\n\t"
+
+// c[4, 24] (+)= x[4, kc] @ panel[kc, 24], the tile every full row tile runs. In assembly, four k
+// per loop pass: unrolled intrinsics made GCC spill accumulators (the 12 accumulators, three
+// weights and the broadcast take all 16 vector registers). Against the intrinsics loop below
+// (one k per pass, a prefetch test per k), two threads each running their half of a matmul's
+// columns went from 108-138 to 131-152 GFLOP/s at 64 x 576 x 1536 and from 113-118 to 140-152 at
+// 512 rows (docs/kernels.md). `next` as in Tile: six lines of it are prefetched per four k.
+__attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t ldx,
+                                            const float* panel, float* c, int64_t ldc,
+                                            bool accumulate, const float* next) {
+  alignas(32) float sums[kTileRows * kPanelWidth];
+  int64_t quads = kc / 4, rest = kc % 4;
+  const float* row0 = x;
+  const float* row2 = x + 2 * ldx;
+  const int64_t stride = ldx * static_cast<int64_t>(sizeof(float));
+  asm volatile(
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
+      "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"
+      "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"
+      "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"
+      "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"
+      "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"
+      "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"
+      "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"
+      "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"
+      "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"
+      "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"
+      "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
+      "test %[quads], %[quads]\n\t"
+      "jz 3f\n\t"
+      "test %[next], %[next]\n\t"
+      "jz 2f\n\t"
+      "1:\n\t"  // four k, prefetching the next slice's 1.5 lines per k
+      "prefetcht1 (%[next])\n\t"
+      "prefetcht1 64(%[next])\n\t"
+      "prefetcht1 128(%[next])\n\t"
+      "prefetcht1 192(%[next])\n\t"
+      "prefetcht1 256(%[next])\n\t"
+      "prefetcht1 320(%[next])\n\t"
+      JAXGEN_TILE4_FOUR_STEPS
+      "add $384, %[next]\n\t"
+      "dec %[quads]\n\t"
+      "jnz 1b\n\t"
+      "jmp 3f\n\t"
+      "2:\n\t"  // four k
+      JAXGEN_TILE4_FOUR_STEPS
+      "dec %[quads]\n\t"
+      "jnz 2b\n\t"
+      "3:\n\t"  // the last kc % 4, one k at a time
+      "test %[rest], %[rest]\n\t"
+      "jz 5f\n\t"
+      "4:\n\t"
+      JAXGEN_TILE4_STEP(0, 0)
+      "add $96, %[panel]\n\t"
+      "add $4, %[row0]\n\t"
+      "add $4, %[row2]\n\t"
+      "dec %[rest]\n\t"
+      "jnz 4b\n\t"
+      "5:\n\t"
+      "vmovaps %%ymm0, (%[sums])\n\t"
+      "vmovaps %%ymm1, 32(%[sums])\n\t"
+      "vmovaps %%ymm2, 64(%[sums])\n\t"
+      "vmovaps %%ymm3, 96(%[sums])\n\t"
+      "vmovaps %%ymm4, 128(%[sums])\n\t"
+      "vmovaps %%ymm5, 160(%[sums])\n\t"
+      "vmovaps %%ymm6, 192(%[sums])\n\t"
+      "vmovaps %%ymm7, 224(%[sums])\n\t"
+      "vmovaps %%ymm8, 256(%[sums])\n\t"
+      "vmovaps %%ymm9, 288(%[sums])\n\t"
+      "vmovaps %%ymm10, 320(%[sums])\n\t"
+      "vmovaps %%ymm11, 352(%[sums])\n\t"
+      : [panel] "+r"(panel), [row0] "+r"(row0), [row2] "+r"(row2), [next] "+r"(next),
+        [quads] "+r"(quads), [rest] "+r"(rest)
+      : [stride] "r"(stride), [sums] "r"(sums)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+  for (int i = 0; i < kTileRows; ++i) {
+    float* out = c + i * ldc;
+    for (int j = 0; j < 3; ++j) {
+      const __m256 sum = _mm256_load_ps(sums + i * kPanelWidth + 8 * j);
+      const __m256 prior = accumulate ? _mm256_loadu_ps(out + 8 * j) : _mm256_setzero_ps();
+      _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(prior, sum));
+    }
+  }
+}
+
+#undef JAXGEN_TILE4_FOUR_STEPS
+#undef JAXGEN_TILE4_STEP
+
 template <int kRows>
 __attribute__((noinline)) void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel,
                                     float* c, int64_t ldc, bool accumulate, const float* next) {
@@ -95,6 +218,15 @@ constexpr bool kHasSimd = false;
 
 template <int kRows>
 inline void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel, float* c,
+                 int64_t ldc, bool accumulate, const float*);
+
+inline void Tile4(int64_t kc, const float* x, int64_t ldx, const float* panel, float* c,
+                  int64_t ldc, bool accumulate, const float* next) {
+  Tile<kTileRows>(kc, x, ldx, panel, c, ldc, accumulate, next);
+}
+
+template <int kRows>
+inline void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel, float* c,
                  int64_t ldc, bool accumulate, const float*) {
   for (int i = 0; i < kRows; ++i) {
     for (int64_t j = 0; j < kPanelWidth; ++j) {
@@ -127,7 +259,7 @@ inline void MatmulBlock(const float* x, const float* packed, float* out, int64_t
         float* c = out + m * N + first;
         const float* ahead = m == m0 ? next : nullptr;
         switch (std::min(kTileRows, m1 - m)) {
-          case 4: Tile<4>(kc, xs, K, panel, c, N, accumulate, ahead); break;
+          case 4: Tile4(kc, xs, K, panel, c, N, accumulate, ahead); break;
           case 3: Tile<3>(kc, xs, K, panel, c, N, accumulate, ahead); break;
           case 2: Tile<2>(kc, xs, K, panel, c, N, accumulate, ahead); break;
           default: Tile<1>(kc, xs, K, panel, c, N, accumulate, ahead); break;
