@@ -27,14 +27,11 @@ constexpr int64_t kBlockDepth = 256; // k-block: one panel of it (24 KB) stays i
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr bool kHasSimd = true;
 
-// c[rows, 24] (+)= x[rows, kc] @ panel[kc, 24] for ragged tiles (1-3 rows; Tile4 runs full
-// ones). The accumulators are named variables, not an
-// array: GCC kept an array's rows in memory. Never inlined: the tile needs all 16 vector
-// registers, and inlined into a caller (a standalone build of MatmulBlock) GCC spilled an
-// accumulator to the stack, a store-to-load chain through every k: 37-42 instead of 65-93
-// GFLOP/s on one core here.
-// `next` (may be null): the panel slice the block reads after this one, fetched into L2 while
-// this tile runs, so weights streaming from memory do not stall the first tile of each slice.
+// Prefetching (both tiles): `next` (may be null) points into the panel slice the block reads
+// after this one; the tile fetches `next_lines` 64-byte lines from it into L2 while it runs.
+// MatmulBlock gives every row tile of a slice its share of the next slice, so weights streaming
+// from memory neither stall the first tile of each slice nor arrive in one burst.
+
 // One k of the 4 x 24 tile: three weight vectors (ymm12-14) at byte offset W of the panel row
 // pointer, each of four x values (byte offset X of rows 0-3) broadcast into ymm15 and multiplied
 // into that row's three accumulators (ymm0-11).
@@ -73,12 +70,15 @@ constexpr bool kHasSimd = true;
 // weights and the broadcast take all 16 vector registers). Against the intrinsics loop below
 // (one k per pass, a prefetch test per k), two threads each running their half of a matmul's
 // columns went from 108-138 to 131-152 GFLOP/s at 64 x 576 x 1536 and from 113-118 to 140-152 at
-// 512 rows (docs/kernels.md). `next` as in Tile: six lines of it are prefetched per four k.
+// 512 rows (docs/kernels.md). Prefetches six lines of `next` per four k until `next_lines` are
+// covered.
 __attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t ldx,
                                             const float* panel, float* c, int64_t ldc,
-                                            bool accumulate, const float* next) {
+                                            bool accumulate, const float* next,
+                                            int64_t next_lines) {
   alignas(32) float sums[kTileRows * kPanelWidth];
-  int64_t quads = kc / 4, rest = kc % 4;
+  int64_t fetching = next == nullptr ? 0 : std::min(kc / 4, (next_lines + 5) / 6);
+  int64_t quads = kc / 4 - fetching, rest = kc % 4;
   const float* row0 = x;
   const float* row2 = x + 2 * ldx;
   const int64_t stride = ldx * static_cast<int64_t>(sizeof(float));
@@ -95,11 +95,9 @@ __attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t 
       "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"
       "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"
       "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
-      "test %[quads], %[quads]\n\t"
-      "jz 3f\n\t"
-      "test %[next], %[next]\n\t"
+      "test %[fetching], %[fetching]\n\t"
       "jz 2f\n\t"
-      "1:\n\t"  // four k, prefetching the next slice's 1.5 lines per k
+      "1:\n\t"  // four k, prefetching six lines
       "prefetcht1 (%[next])\n\t"
       "prefetcht1 64(%[next])\n\t"
       "prefetcht1 128(%[next])\n\t"
@@ -108,13 +106,15 @@ __attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t 
       "prefetcht1 320(%[next])\n\t"
       JAXGEN_TILE4_FOUR_STEPS
       "add $384, %[next]\n\t"
-      "dec %[quads]\n\t"
+      "dec %[fetching]\n\t"
       "jnz 1b\n\t"
-      "jmp 3f\n\t"
-      "2:\n\t"  // four k
+      "2:\n\t"
+      "test %[quads], %[quads]\n\t"
+      "jz 3f\n\t"
+      "6:\n\t"  // four k
       JAXGEN_TILE4_FOUR_STEPS
       "dec %[quads]\n\t"
-      "jnz 2b\n\t"
+      "jnz 6b\n\t"
       "3:\n\t"  // the last kc % 4, one k at a time
       "test %[rest], %[rest]\n\t"
       "jz 5f\n\t"
@@ -139,7 +139,7 @@ __attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t 
       "vmovaps %%ymm10, 320(%[sums])\n\t"
       "vmovaps %%ymm11, 352(%[sums])\n\t"
       : [panel] "+r"(panel), [row0] "+r"(row0), [row2] "+r"(row2), [next] "+r"(next),
-        [quads] "+r"(quads), [rest] "+r"(rest)
+        [quads] "+r"(quads), [fetching] "+r"(fetching), [rest] "+r"(rest)
       : [stride] "r"(stride), [sums] "r"(sums)
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
         "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
@@ -156,19 +156,25 @@ __attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t 
 #undef JAXGEN_TILE4_FOUR_STEPS
 #undef JAXGEN_TILE4_STEP
 
+// c[rows, 24] (+)= x[rows, kc] @ panel[kc, 24] for ragged tiles (1-3 rows; Tile4 runs full
+// ones). The accumulators are named variables, not an array: GCC kept an array's rows in memory.
+// Never inlined: the tile needs all 16 vector registers, and inlined into a caller (a standalone
+// build of MatmulBlock) GCC spilled an accumulator to the stack, a store-to-load chain through
+// every k: 37-42 instead of 65-93 GFLOP/s on one core here.
 template <int kRows>
 __attribute__((noinline)) void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel,
-                                    float* c, int64_t ldc, bool accumulate, const float* next) {
+                                    float* c, int64_t ldc, bool accumulate, const float* next,
+                                    int64_t next_lines) {
   __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
   __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
   const float* x0 = x;
   const float* x1 = x + ldx;
   const float* x2 = x + 2 * ldx;
   const float* x3 = x + 3 * ldx;
-  const int64_t prefetch_lines = next == nullptr ? 0 : kc * kPanelWidth / 16;  // 64-byte lines
+  const int64_t prefetch_lines = next == nullptr ? 0 : next_lines;
   for (int64_t k = 0; k < kc; ++k) {
     const float* row = panel + k * kPanelWidth;
-    // Lines 3k/2 and 3k/2 + 1 of the next slice (1.5 lines per k covers all of it).
+    // Two lines per k, lines 3k/2 and 3k/2 + 1, until `next_lines` are covered.
     const int64_t line = k + k / 2;
     if (line < prefetch_lines) {
       _mm_prefetch(reinterpret_cast<const char*>(next + 16 * line), _MM_HINT_T1);
@@ -218,16 +224,16 @@ constexpr bool kHasSimd = false;
 
 template <int kRows>
 inline void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel, float* c,
-                 int64_t ldc, bool accumulate, const float*);
+                 int64_t ldc, bool accumulate, const float*, int64_t);
 
 inline void Tile4(int64_t kc, const float* x, int64_t ldx, const float* panel, float* c,
-                  int64_t ldc, bool accumulate, const float* next) {
-  Tile<kTileRows>(kc, x, ldx, panel, c, ldc, accumulate, next);
+                  int64_t ldc, bool accumulate, const float* next, int64_t next_lines) {
+  Tile<kTileRows>(kc, x, ldx, panel, c, ldc, accumulate, next, next_lines);
 }
 
 template <int kRows>
 inline void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel, float* c,
-                 int64_t ldc, bool accumulate, const float*) {
+                 int64_t ldc, bool accumulate, const float*, int64_t) {
   for (int i = 0; i < kRows; ++i) {
     for (int64_t j = 0; j < kPanelWidth; ++j) {
       float total = accumulate ? c[i * ldc + j] : 0.0f;
@@ -254,15 +260,20 @@ inline void MatmulBlock(const float* x, const float* packed, float* out, int64_t
       } else if (k0 + kBlockDepth < K) {
         next = packed + ((n0 / kPanelWidth) * K + k0 + kBlockDepth) * kPanelWidth;
       }
-      for (int64_t m = m0; m < m1; m += kTileRows) {
+      // Every row tile prefetches its share of the next slice's lines (1.5 per k).
+      const int64_t tiles = (m1 - m0 + kTileRows - 1) / kTileRows;
+      const int64_t slice_lines = kc * kPanelWidth / 16;
+      for (int64_t m = m0, t = 0; m < m1; m += kTileRows, ++t) {
         const float* xs = x + m * K + k0;
         float* c = out + m * N + first;
-        const float* ahead = m == m0 ? next : nullptr;
+        const int64_t line = slice_lines * t / tiles;
+        const int64_t lines = slice_lines * (t + 1) / tiles - line;
+        const float* ahead = next == nullptr ? nullptr : next + 16 * line;
         switch (std::min(kTileRows, m1 - m)) {
-          case 4: Tile4(kc, xs, K, panel, c, N, accumulate, ahead); break;
-          case 3: Tile<3>(kc, xs, K, panel, c, N, accumulate, ahead); break;
-          case 2: Tile<2>(kc, xs, K, panel, c, N, accumulate, ahead); break;
-          default: Tile<1>(kc, xs, K, panel, c, N, accumulate, ahead); break;
+          case 4: Tile4(kc, xs, K, panel, c, N, accumulate, ahead, lines); break;
+          case 3: Tile<3>(kc, xs, K, panel, c, N, accumulate, ahead, lines); break;
+          case 2: Tile<2>(kc, xs, K, panel, c, N, accumulate, ahead, lines); break;
+          default: Tile<1>(kc, xs, K, panel, c, N, accumulate, ahead, lines); break;
         }
       }
     }
