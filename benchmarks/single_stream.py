@@ -51,7 +51,7 @@ def main() -> None:
     bandwidth = measure_bandwidth()
     floor_ms = weight_bytes / bandwidth * 1e3
     print(
-        f"device: {jax.devices()[0].device_kind}  cores: {jax.device_count()}  dtype: {args.dtype}"
+        f"device: {jax.devices()[0].device_kind}  devices: {jax.device_count()}  dtype: {args.dtype}"
     )
     print(f"load time                 {load_s:.1f} s")
     print(
