@@ -70,8 +70,8 @@ constexpr bool kHasSimd = true;
 // weights and the broadcast take all 16 vector registers). Against the intrinsics loop below
 // (one k per pass, a prefetch test per k), two threads each running their half of a matmul's
 // columns went from 113-118 to 140-152 GFLOP/s at 512 x 576 x 1536 and from 108-139 to 132-139
-// at 64 rows (benchmarks/matmul_tile.cc, docs/kernels.md). Prefetches six lines of `next` per four k until `next_lines` are
-// covered.
+// at 64 rows (benchmarks/matmul_tile.cc, docs/kernels.md). Prefetches six lines of `next` per
+// four k until `next_lines` are covered.
 __attribute__((noinline)) inline void Tile4(int64_t kc, const float* x, int64_t ldx,
                                             const float* panel, float* c, int64_t ldc,
                                             bool accumulate, const float* next,
