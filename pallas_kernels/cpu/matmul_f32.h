@@ -165,12 +165,12 @@ template <int kRows>
 __attribute__((noinline)) void Tile(int64_t kc, const float* x, int64_t ldx, const float* panel,
                                     float* c, int64_t ldc, bool accumulate, const float* next,
                                     int64_t next_lines) {
+  static_assert(kRows < kTileRows, "full tiles run Tile4");
   __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
-  __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+  __m256 a20 = a00, a21 = a00, a22 = a00;
   const float* x0 = x;
   const float* x1 = x + ldx;
   const float* x2 = x + 2 * ldx;
-  const float* x3 = x + 3 * ldx;
   const int64_t prefetch_lines = next == nullptr ? 0 : next_lines;
   for (int64_t k = 0; k < kc; ++k) {
     const float* row = panel + k * kPanelWidth;
@@ -202,15 +202,8 @@ __attribute__((noinline)) void Tile(int64_t kc, const float* x, int64_t ldx, con
       a21 = _mm256_fmadd_ps(a, b1, a21);
       a22 = _mm256_fmadd_ps(a, b2, a22);
     }
-    if constexpr (kRows > 3) {
-      a = _mm256_broadcast_ss(x3 + k);
-      a30 = _mm256_fmadd_ps(a, b0, a30);
-      a31 = _mm256_fmadd_ps(a, b1, a31);
-      a32 = _mm256_fmadd_ps(a, b2, a32);
-    }
   }
-  const __m256 sums[kTileRows][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22},
-                                     {a30, a31, a32}};
+  const __m256 sums[kTileRows - 1][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}};
   for (int i = 0; i < kRows; ++i) {
     float* out = c + i * ldc;
     for (int j = 0; j < 3; ++j) {
