@@ -7,7 +7,7 @@
 #       --num-prompts 64 --max-model-len 512 --kv-cache-memory 1073741824
 #
 # Modes: paged (page 16) and dynamic (batch 4), or MODES="paged;continuous" style overrides.
-# Prints one line per run: checkout, mode, round, seconds, output tok/s, mean step ms, compiles.
+# Prints one line per run: side (A/B) and checkout, mode, round, seconds, output tok/s, mean step ms, compiles.
 set -euo pipefail
 a=$(cd "$1" && pwd)
 b=$(cd "$2" && pwd)
@@ -16,9 +16,11 @@ shift 4  # the three arguments and "--"
 IFS=';' read -ra modes <<< "${MODES:-paged --page-size 16;dynamic --batch-size 4}"
 out=${OUT:-$(mktemp -d)}
 for round in $(seq "$rounds"); do
-  for checkout in "$a" "$b"; do
+  for side in A B; do
+    if [ "$side" = A ]; then checkout=$a; else checkout=$b; fi
     for mode in "${modes[@]}"; do
-      name=$(basename "$checkout")-${mode%% *}-r$round
+      # A/B prefix: comparing a checkout with itself (`. .`) keeps both runs' results.
+      name=$side-$(basename "$checkout")-${mode%% *}-r$round
       # shellcheck disable=SC2086
       PYTHONPATH=$checkout python -m jaxgen bench offline "$@" --quiet --batching $mode \
         --out "$out/$name" > /dev/null 2>&1
