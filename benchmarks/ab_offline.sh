@@ -7,7 +7,8 @@
 #       --num-prompts 64 --max-model-len 512 --kv-cache-memory 1073741824
 #
 # Modes: paged (page 16) and dynamic (batch 4), or MODES="paged;continuous" style overrides.
-# Prints one line per run: side (A/B) and checkout, mode, round, seconds, output tok/s, mean step ms, compiles.
+# Prints one line per run: side (A/B) and checkout, mode, round, seconds, output tok/s, mean
+# step ms, compiles.
 set -euo pipefail
 a=$(cd "$1" && pwd)
 b=$(cd "$2" && pwd)
