@@ -23,7 +23,7 @@ class LLM:
         **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
             max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
             max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
-            tensor_parallel_degree, data_parallel_size (see docs/sharding.md).
+            tensor_parallel_degree, data_parallel_size (see docs/sharding.md), precompile.
     """
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", **engine_knobs):
@@ -45,6 +45,14 @@ class LLM:
 
     def stats(self) -> dict:
         return self.engine.stats()
+
+    def precompile(self, sampling_params: SamplingParams | list[SamplingParams] | None = None):
+        """Compiles the engine step for every batch shape, once per sampling configuration
+        (default: greedy), so later ``generate`` calls compile nothing; returns the compiles.
+        ``LLM(..., precompile=True)`` does the greedy set at start."""
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params]
+        return self.engine.precompile(sampling_params)
 
     def generate(
         self,

@@ -142,6 +142,10 @@ class ReplicatedEngine:
                 self._release(out.request_id)
         return outputs
 
+    def precompile(self, sampling_params=None) -> int:
+        """Precompiles every replica (each holds its own executables); returns the compiles."""
+        return sum(engine.precompile(sampling_params) for engine in self.engines)
+
     # -- introspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters summed over replicas, plus ``replicas``: each replica's own stats."""

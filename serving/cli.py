@@ -26,6 +26,7 @@ FLAG_SETTINGS = {
     "kv_cache_memory": "kv_cache_memory",
     "attention_backend": "attention_backend",
     "enable_prefix_caching": "enable_prefix_caching",
+    "precompile": "precompile",
     "seed": "seed",
     "tensor_parallel_degree": "tensor_parallel_degree",
     "max_concurrent_requests": "max_concurrent_requests",
@@ -71,6 +72,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_const",
         const=False,
         help="do not reuse cached prompt pages between requests",
+    )
+    add(
+        "--no-precompile",
+        dest="precompile",
+        action="store_const",
+        const=False,
+        help="do not compile every step shape at start (first requests then wait on compiles)",
     )
     add("--seed", type=int, help="engine base seed for requests without one")
     add("--tensor-parallel-degree", type=int, help="devices per model (env NUM_SHARD)")

@@ -24,6 +24,8 @@ def build_llm(settings: ServerSettings):
 
     fields = set(EngineConfig.__dataclass_fields__)
     knobs = engine_knobs(settings, fields)
+    if "precompile" in fields:  # a server compiles every step shape before it reports healthy
+        knobs.setdefault("precompile", True)
     if settings.tensor_parallel_degree not in (None, 1) and "tensor_parallel_degree" not in fields:
         logger.warning(
             "tensor_parallel_degree=%s is not supported by this engine; ignored",

@@ -32,6 +32,7 @@ ENGINE_KNOBS = (
     "attention_backend",
     "enable_prefix_caching",
     "seed",
+    "precompile",
 )
 DTYPE_ALIASES = {
     "fp32": "float32",
@@ -87,6 +88,7 @@ PROPERTY_KEYS = {
     "option.max_input_len": "max_input_tokens",
     "option.max_concurrent_requests": "max_concurrent_requests",
     "option.enable_prefix_caching": "enable_prefix_caching",
+    "option.precompile": "precompile",
     "batch_size": "batch_size",
     "option.batch_size": "batch_size",
     "max_batch_delay": "max_batch_delay_ms",
@@ -344,6 +346,9 @@ def _apply_engine(settings: ServerSettings, raw, take) -> None:
     value, source = take("enable_prefix_caching")
     if value is not None:
         engine["enable_prefix_caching"] = parse_bool(value, "enable_prefix_caching", source)
+    value, source = take("precompile")
+    if value is not None:
+        engine["precompile"] = parse_bool(value, "precompile", source)
     batching, batching_source = take("batching")
     rolling, rolling_source = take("rolling_batch")
     if rolling is not None and (batching is None or _rank(rolling_source) > _rank(batching_source)):

@@ -150,6 +150,7 @@ def test_flags_override_everything(properties_file):
             "--drain-timeout",
             "2.5",
             "--no-prefix-caching",
+            "--no-precompile",
             "--properties",
             properties_file,
         ]
@@ -162,6 +163,7 @@ def test_flags_override_everything(properties_file):
     assert settings.engine["max_batch_delay"] == 0.5  # seconds on the command line
     assert settings.engine["kv_cache_memory"] == 64 << 20
     assert settings.engine["enable_prefix_caching"] is False
+    assert settings.engine["precompile"] is False
     assert settings.dtype == "float32" and settings.port == 9000 and settings.drain_timeout == 2.5
     assert settings.engine["max_rolling_batch_size"] == 32  # untouched: from the file
     assert settings.sources["model"] == "flags"
@@ -201,6 +203,7 @@ def test_kv_cache_memory_units(text, value):
         ({"drain_timeout": -1}, {}, "drain_timeout"),
         ({"max_input_tokens": 10, "max_total_tokens": 10}, {}, "max_input_tokens"),
         ({"enable_prefix_caching": "maybe"}, {}, "enable_prefix_caching"),
+        ({}, {"OPTION_PRECOMPILE": "sometimes"}, "precompile from environment"),
     ],
 )
 def test_bad_values_name_their_source(flags, environ, message):

@@ -126,7 +126,9 @@ def add_parser(subparsers) -> None:
 
 def _add_common(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument("--out", default=os.path.join(DEFAULT_OUT, name), help="results folder")
-    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up pass")
+    parser.add_argument(
+        "--no-warmup", action="store_true", help="skip the warm-up pass and precompiling"
+    )
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -155,6 +157,7 @@ def command_of(args: argparse.Namespace) -> str:
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = engine_kwargs(args)
     kwargs["enable_prefix_caching"] = not args.no_prefix_caching
+    kwargs["precompile"] = not args.no_warmup  # every step shape compiled before measuring
     return kwargs
 
 
@@ -303,6 +306,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         attention_backend=args.attention_backend,
         max_rolling_batch_prefill_tokens=args.max_rolling_batch_prefill_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
+        precompile=not args.no_warmup,
     )
     rows = run_compare(
         loaded, modes, scenarios, progress=not args.quiet, warmup=not args.no_warmup, **settings

@@ -27,6 +27,8 @@ class EngineConfig:
         seed: base seed for requests that set none.
         tensor_parallel_degree: devices one model copy is sharded over (the mesh's "model" axis).
         data_parallel_size: engine replicas on disjoint device groups, behind one front door.
+        precompile: compile the step for every batch shape when the engine starts (greedy
+            sampling; see ``LLMEngine.precompile``), so no request waits on a compile later.
     """
 
     batching: str = "paged"
@@ -42,6 +44,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_degree: int = 1
     data_parallel_size: int = 1
+    precompile: bool = False
 
     def __post_init__(self):
         def check(ok, name, what):
@@ -96,6 +99,7 @@ class EngineConfig:
             "data_parallel_size",
             "must be an integer >= 1",
         )
+        check(isinstance(self.precompile, bool), "precompile", "must be True or False")
         check(
             self.attention_backend in ("reference", "pallas", "cpu", "auto"),
             "attention_backend",

@@ -90,6 +90,10 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.last_batch_size = 0
+        self.precompile_compiles = 0
+        self.precompile_seconds = 0.0
+        if config.precompile:
+            self.precompile()
 
     def _kv_budget_bytes(self) -> int:
         kv = self.config.kv_cache_memory
@@ -101,6 +105,17 @@ class LLMEngine:
         stats = device.memory_stats() or {}
         free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
         return int(free * (ACCELERATOR_KV_FRACTION if kv is None else kv))
+
+    def precompile(self, sampling_params: list[SamplingParams] | None = None) -> int:
+        """Compiles the step for every batch shape the engine can meet, once per sampling
+        configuration in ``sampling_params`` (default: greedy). On the native CPU backend that
+        is every shape (one per token bucket); elsewhere decode-only steps (prefill-holding steps
+        compile when first met). Call it before requests arrive. Returns the compiles it took."""
+        start = time.perf_counter()
+        compiles = self.runner.precompile(sampling_params)
+        self.precompile_compiles += compiles
+        self.precompile_seconds += time.perf_counter() - start
+        return compiles
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(
@@ -220,6 +235,8 @@ class LLMEngine:
             "steps": self.num_steps,
             "step_time_s": self.step_time,
             "compiles": compile_counter.compile_count(),
+            "precompile_compiles": self.precompile_compiles,
+            "precompile_s": self.precompile_seconds,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
         }
