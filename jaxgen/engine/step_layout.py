@@ -161,7 +161,7 @@ class StepLayout:
         )
 
     # -- split ----------------------------------------------------------------------------------
-    def split(self, out: SchedulerOutput, *, full_decode_width: bool = False) -> StepInputs:
+    def split(self, out: SchedulerOutput) -> StepInputs:
         """Decode rows (one per sequence), then prefill rows in blocked and ragged views."""
         decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefills = [s for s in out.scheduled if s.num_new_tokens > 1]
@@ -182,12 +182,9 @@ class StepLayout:
                 seq.block_table[pos // self.page_size] * self.page_size + pos % self.page_size
             )
 
-        # Decode section: a kernel that reads only up to each row's length can take full-width
-        # tables (one shape dimension fewer); the XLA reference gathers the whole width.
+        # Decode section: the XLA reference gathers the whole table width, so the width buckets.
         if not decodes:
             width_d = 1
-        elif full_decode_width:
-            width_d = self.full_width
         else:
             width_d = self._width([s.seq.num_computed_tokens + 1 for s in decodes])
         dec_lengths = np.zeros(num_decode, np.int32)
