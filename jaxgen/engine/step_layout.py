@@ -146,19 +146,7 @@ class StepLayout:
     def token_rows_dummy(self, num_tokens: int) -> StepInputs:
         """An all-padding ``token_rows`` step of ``num_tokens`` rows (for precompiling): it
         writes only the scratch page, attends to nothing and samples only padding rows."""
-        num_logits = self.logits_rows(num_tokens)
-        md = AttentionMetadata(
-            slot_mapping=np.full(num_tokens, SCRATCH_PAGE * self.page_size, np.int32),
-            decode_lengths=np.zeros(num_tokens, np.int32),
-            decode_block_tables=np.zeros((num_tokens, self.full_width), np.int32),
-            live_rows=spans((0, 0), (num_tokens, num_tokens)),
-            **_empty_prefill(),
-        )
-        zeros = np.zeros(num_tokens, np.int32)
-        live = spans((0, 0), (num_logits, num_logits))
-        return StepInputs(
-            zeros, zeros.copy(), md, np.zeros(num_logits, np.int32), live, [None] * num_logits
-        )
+        return self._padding_step(num_tokens, self.full_width, self.logits_rows(num_tokens))
 
     # -- split ----------------------------------------------------------------------------------
     def split(self, out: SchedulerOutput) -> StepInputs:
@@ -257,13 +245,20 @@ class StepLayout:
 
     def split_decode_dummy(self, num_decode: int, width: int) -> StepInputs:
         """An all-padding decode-only ``split`` step (for precompiling)."""
+        return self._padding_step(num_decode, width, num_decode)
+
+    def _padding_step(self, num_rows: int, width: int, num_logits: int) -> StepInputs:
+        """``num_rows`` padding rows (scratch-page writes, length 0) and ``num_logits`` padding
+        logits rows: a step of that shape that changes nothing."""
         md = AttentionMetadata(
-            slot_mapping=np.full(num_decode, SCRATCH_PAGE * self.page_size, np.int32),
-            decode_lengths=np.zeros(num_decode, np.int32),
-            decode_block_tables=np.zeros((num_decode, width), np.int32),
-            live_rows=spans((0, 0), (num_decode, num_decode)),
+            slot_mapping=np.full(num_rows, SCRATCH_PAGE * self.page_size, np.int32),
+            decode_lengths=np.zeros(num_rows, np.int32),
+            decode_block_tables=np.zeros((num_rows, width), np.int32),
+            live_rows=spans((0, 0), (num_rows, num_rows)),
             **_empty_prefill(),
         )
-        zeros = np.zeros(num_decode, np.int32)
-        live = spans((0, 0), (num_decode, num_decode))
-        return StepInputs(zeros, zeros.copy(), md, zeros.copy(), live, [None] * num_decode)
+        zeros = np.zeros(num_rows, np.int32)
+        live = spans((0, 0), (num_logits, num_logits))
+        return StepInputs(
+            zeros, zeros.copy(), md, np.zeros(num_logits, np.int32), live, [None] * num_logits
+        )
