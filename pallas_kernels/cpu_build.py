@@ -1,8 +1,8 @@
 """Builds the native XLA:CPU kernels under ``cpu/`` on first use and loads them.
 
-Each ``cpu/<name>.cc`` is compiled with the machine's C++ compiler into a shared library cached
-under ``$JAXGEN_CACHE_DIR`` (default ``~/.cache/jaxgen``), keyed by the sources, the flags and
-jaxlib. ``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make
+Every ``cpu/*.cc`` is compiled with the machine's C++ compiler into one shared library (so the
+kernels share one worker pool, ``cpu/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR``
+(default ``~/.cache/jaxgen``) and keyed by the sources, the flags and jaxlib. ``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make
 ``load_library`` return None, and callers keep their pure-JAX path.
 """
 
@@ -28,6 +28,7 @@ CXX_FLAGS = (
     "-std=c++17",
     "-shared",
     "-fPIC",
+    "-pthread",
     "-fno-math-errno",
     "-fassociative-math",
     "-fno-signed-zeros",
@@ -40,40 +41,41 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(compiler: str, source: Path) -> Path:
-    """Compiles ``source`` into the cache unless an identical build is there."""
+def _build(compiler: str) -> Path:
+    """Compiles every ``cpu/*.cc`` into the cache unless an identical build is there."""
     import jaxlib
 
-    digest = hashlib.sha256(source.read_bytes())
-    for header in sorted(SOURCE_DIR.glob("*.h")):
-        digest.update(header.read_bytes())
+    sources = sorted(SOURCE_DIR.glob("*.cc"))
+    digest = hashlib.sha256()
+    for path in [*sources, *sorted(SOURCE_DIR.glob("*.h"))]:
+        digest.update(path.name.encode() + path.read_bytes())
     digest.update(" ".join(CXX_FLAGS).encode() + jaxlib.__version__.encode())
-    library = _cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+    library = _cache_dir() / f"jaxgen_cpu_kernels-{digest.hexdigest()[:16]}.so"
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
         include = [f"-I{jax.ffi.include_dir()}", f"-I{SOURCE_DIR}"]
-        command = [compiler, *CXX_FLAGS, *include, str(source), "-o", partial]
+        command = [compiler, *CXX_FLAGS, *include, *map(str, sources), "-o", partial]
         subprocess.run(command, check=True, capture_output=True, text=True)
         os.replace(partial, library)  # atomic: concurrent builders never see half a file
     return library
 
 
 @functools.cache
-def load_library(name: str) -> ctypes.CDLL | None:
-    """The built ``cpu/<name>.cc``, or None (with a warning if a build failed)."""
+def load_library() -> ctypes.CDLL | None:
+    """The built kernels library, or None (with a warning if a build failed)."""
     if os.environ.get("JAXGEN_DISABLE_CPU_KERNELS"):
         return None
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         return None
     try:
-        return ctypes.cdll.LoadLibrary(str(_build(compiler, SOURCE_DIR / f"{name}.cc")))
+        return ctypes.cdll.LoadLibrary(str(_build(compiler)))
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or error
-        warnings.warn(f"native CPU kernel {name} unavailable: {detail}", stacklevel=2)
+        warnings.warn(f"native CPU kernels unavailable: {detail}", stacklevel=2)
         return None
 
 

@@ -25,7 +25,7 @@ PANEL_WIDTH = 24  # kPanelWidth in cpu/matmul_f32.h
 @functools.cache
 def matmul_kernel_available() -> bool:
     """Builds and registers the kernel once; False without a build or without AVX2 + FMA."""
-    library = load_library("matmul_cpu")
+    library = load_library()
     if library is None:
         return False
     library.JaxgenMatmulHasSimd.restype = ctypes.c_bool

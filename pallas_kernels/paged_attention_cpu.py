@@ -24,7 +24,7 @@ TARGET = "jaxgen_paged_decode_f32"
 @functools.cache
 def cpu_kernel_available() -> bool:
     """Builds and registers the kernel once; False when that is not possible."""
-    library = load_library("paged_attention_cpu")
+    library = load_library()
     if library is None:
         return False
     register(library, "JaxgenPagedDecodeF32", TARGET)

@@ -5,6 +5,8 @@ only for the "cpu" backend, and greedy output matches the reference backend."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,8 +105,8 @@ def test_group_matches_dot_for_each_weight():
 
 
 def test_concurrent_callers_get_their_own_results():
-    # Python threads running jitted matmuls at once: XLA runs their kernel calls side by side on
-    # one intra-op pool, each call claiming its own items.
+    # Python threads running jitted matmuls at once: one call holds the kernels' worker pool,
+    # the others find it busy and run their items on their own thread.
     import concurrent.futures
 
     rng = np.random.default_rng(6)
@@ -123,6 +125,30 @@ def test_concurrent_callers_get_their_own_results():
         expected = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
         for actual in outputs:
             np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-3)
+
+
+def test_one_thread_when_capped(tmp_path):
+    # JAXGEN_CPU_THREADS=1 leaves the pool without workers: every job runs on its caller.
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, jax.numpy as jnp\n"
+        "from pallas_kernels.matmul_cpu import matmul_cpu, pack_weight\n"
+        "rng = np.random.default_rng(0)\n"
+        "x, w = rng.standard_normal((37, 300)), rng.standard_normal((300, 130))\n"
+        "x32, w32 = jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32)\n"
+        "out = np.asarray(matmul_cpu(x32, pack_weight(w32), 130))\n"
+        "expected = np.asarray(x32, np.float64) @ np.asarray(w32, np.float64)\n"
+        "np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "JAXGEN_CPU_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
 def test_pack_round_trip_and_errors():

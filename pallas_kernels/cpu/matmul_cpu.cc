@@ -3,11 +3,11 @@
 // out_i[M, N_i] = x[M, K] @ w_i[K, N_i] for a group of weights that read the same x (the q, k
 // and v projections; gate and up), each given packed as [N_i / 24, K, 24] (pack_weight in
 // matmul_cpu.py): one call, so the group runs as one parallel job instead of several small ones
-// (each of which paid the 0.1-0.3 ms wake-up of XLA's pool threads). Only the rows inside two
+// (each job has a fixed cost: handing it to the worker threads). Only the rows inside two
 // [begin, end) spans are computed (`live_rows`, int32 [2, 2]: an engine step's decode and
 // prefill tokens); the other rows, padding up to a shape bucket, come out as zeros. The blocking
 // lives in matmul_f32.h; this file splits each span's outputs into (row block, weight, column
-// block) items and runs them on XLA's intra-op thread pool (parallel_for.h). Reference:
+// block) items and runs them on the kernels' worker pool (parallel_for.h). Reference:
 // jnp.dot on the unpacked weight (tests/test_matmul_cpu.py).
 
 #include <algorithm>
@@ -51,7 +51,7 @@ struct Item {
   int64_t w, m0, m1, n0, n1;
 };
 
-ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+ffi::Error MatmulImpl(ffi::Buffer<ffi::F32> x,
                       ffi::Buffer<ffi::S32> live_rows,
                       ffi::RemainingArgs weights, ffi::RemainingRets outs) {
   auto xd = x.dimensions();
@@ -91,7 +91,7 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
     const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
     const int64_t block_rows =
-        end > begin ? BlockRows(end - begin, column_blocks, pool.num_threads() + 1) : 1;
+        end > begin ? BlockRows(end - begin, column_blocks, jaxgen_cpu::NumThreads()) : 1;
     spans[s] = {begin, end, block_rows};
   }
   for (const Weight& w : group) {
@@ -119,7 +119,7 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     jaxgen_cpu::MatmulBlock(xs, w.packed, w.out, depth, w.columns, item.m0, item.m1, item.n0,
                             item.n1);
   };
-  jaxgen_cpu::ParallelFor(pool, items.size(), 1, run);
+  jaxgen_cpu::ParallelFor(items.size(), 1, run);
   return ffi::Error::Success();
 }
 
@@ -130,7 +130,6 @@ extern "C" bool JaxgenMatmulHasSimd() { return jaxgen_cpu::kHasSimd; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulF32, MatmulImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()

@@ -3,7 +3,7 @@
 // One query token per sequence reads its keys and values page by page straight from the pool,
 // so nothing is gathered or transposed into a temporary: on a 2-core CPU the XLA formulation
 // spent most of its time in those copies. Work is split over (sequence, kv head) pairs and run
-// on XLA's intra-op thread pool. The pure-JAX reference is paged_attention_reference.
+// on the kernels' worker pool (parallel_for.h). The pure-JAX reference is paged_attention_reference.
 //
 // Shapes: q [B, Hq, D], k_pages / v_pages [Hkv, P, S, D], lengths [B], block_tables [B, W],
 // out [B, Hq, D]; float32 throughout. Rows with length 0 produce zeros.
@@ -193,7 +193,7 @@ void AttendOne(const Problem& p, int64_t b, int64_t h, std::vector<float>& score
   }
 }
 
-ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+ffi::Error PagedDecodeImpl(ffi::Buffer<ffi::F32> q,
                            ffi::Buffer<ffi::F32> k_pages, ffi::Buffer<ffi::F32> v_pages,
                            ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> block_tables,
                            ffi::ResultBuffer<ffi::F32> out, float scale, float soft_cap,
@@ -211,8 +211,8 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     return ffi::Error::InvalidArgument("paged_attention_cpu: inconsistent shapes");
   }
   const int64_t items = p.batch * p.num_kv_heads;
-  const int64_t chunk = std::max<int64_t>(1, items / (4 * (pool.num_threads() + 1)));
-  jaxgen_cpu::ParallelFor(pool, items, chunk, [&p](int64_t i, std::vector<float>& scores) {
+  const int64_t chunk = std::max<int64_t>(1, items / (4 * jaxgen_cpu::NumThreads()));
+  jaxgen_cpu::ParallelFor(items, chunk, [&p](int64_t i, std::vector<float>& scores) {
     AttendOne(p, i / p.num_kv_heads, i % p.num_kv_heads, scores);
   });
   return ffi::Error::Success();
@@ -222,7 +222,6 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenPagedDecodeF32, PagedDecodeImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
