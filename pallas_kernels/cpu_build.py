@@ -2,8 +2,9 @@
 
 Every ``cpu/*.cc`` is compiled with the machine's C++ compiler into one shared library (so the
 kernels share one worker pool, ``cpu/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR``
-(default ``~/.cache/jaxgen``) and keyed by the sources, the flags and jaxlib. ``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make
-``load_library`` return None, and callers keep their pure-JAX path.
+(default ``~/.cache/jaxgen``) and keyed by the sources, the flags and jaxlib.
+``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make ``load_library``
+return None, and callers keep their pure-JAX path.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 At the row counts of batched decode (tens of tokens) XLA:CPU's dot reaches about 70% of this
 CPU's FMA peak. The weights are packed once (``pack_weight``: [K, N] -> [N / 24, K, 24] panels
-that stream contiguously, N zero-padded to a multiple of 24) and ``cpu/matmul_cpu.cc`` runs an AVX2 register tile over them.
+that stream contiguously, N zero-padded to a multiple of 24) and ``cpu/matmul_cpu.cc`` runs an
+AVX2 register tile over them.
 Built on first use (``pallas_kernels.cpu_build``); ``matmul_kernel_available()`` is False where
 it cannot be built or the compiler lacks AVX2 + FMA, and callers keep ``jnp.dot``, the
 reference.

@@ -51,8 +51,7 @@ struct Item {
   int64_t w, m0, m1, n0, n1;
 };
 
-ffi::Error MatmulImpl(ffi::Buffer<ffi::F32> x,
-                      ffi::Buffer<ffi::S32> live_rows,
+ffi::Error MatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
                       ffi::RemainingArgs weights, ffi::RemainingRets outs) {
   auto xd = x.dimensions();
   if (xd.size() != 2) return ffi::Error::InvalidArgument("matmul_cpu: x [M, K] expected");

@@ -3,7 +3,7 @@
 // One query token per sequence reads its keys and values page by page straight from the pool,
 // so nothing is gathered or transposed into a temporary: on a 2-core CPU the XLA formulation
 // spent most of its time in those copies. Work is split over (sequence, kv head) pairs and run
-// on the kernels' worker pool (parallel_for.h). The pure-JAX reference is paged_attention_reference.
+// on the kernels' worker pool (parallel_for.h). Reference: paged_attention_reference.
 //
 // Shapes: q [B, Hq, D], k_pages / v_pages [Hkv, P, S, D], lengths [B], block_tables [B, W],
 // out [B, Hq, D]; float32 throughout. Rows with length 0 produce zeros.
