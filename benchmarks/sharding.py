@@ -49,11 +49,11 @@ def random_model(layers: int, hidden: int):
     from jaxgen.config import ModelConfig
     from jaxgen.loaders import LoadedModel
     from jaxgen.loaders.default_model import default_model_path
+    from jaxgen.loaders.tokenizer import load_tokenizer
     from jaxgen.models.llama import LlamaForCausalLM
-    from jaxgen.tokenizer import load_tokenizer
 
     gguf = default_model_path()
-    tokenizer = load_tokenizer(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
+    tokenizer = load_tokenizer(gguf)
     config = ModelConfig(
         vocab_size=49152,
         hidden_size=hidden,

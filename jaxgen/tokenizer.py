@@ -1,40 +1,6 @@
-"""Tokenizers (from a HF directory or a GGUF file) and an incremental detokenizer for streaming."""
+"""An incremental detokenizer for streaming."""
 
 from __future__ import annotations
-
-import hashlib
-import os
-
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jaxgen", "tokenizers")
-
-
-def load_tokenizer(path: str, gguf_file: str | None = None):
-    """A ``transformers`` tokenizer from a checkpoint directory, or from a GGUF file's metadata.
-
-    Building a tokenizer from GGUF metadata takes seconds, so the result is cached on disk
-    (``$JAXGEN_CACHE_DIR`` or ``~/.cache/jaxgen/tokenizers``) keyed by the file's size and mtime.
-    """
-    from transformers import AutoTokenizer
-
-    if gguf_file is None:
-        return AutoTokenizer.from_pretrained(path)
-    full = os.path.join(path, gguf_file)
-    stat = os.stat(full)
-    key = hashlib.sha1(
-        f"{os.path.abspath(full)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    ).hexdigest()
-    cache_dir = os.path.join(os.environ.get("JAXGEN_CACHE_DIR", DEFAULT_CACHE), key[:16])
-    if os.path.isfile(os.path.join(cache_dir, "tokenizer_config.json")):
-        try:
-            return AutoTokenizer.from_pretrained(cache_dir)
-        except Exception:  # a stale or partial cache: rebuild it below
-            pass
-    tokenizer = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
-    try:
-        tokenizer.save_pretrained(cache_dir)
-    except OSError:
-        pass  # a read-only home only costs the cache
-    return tokenizer
 
 
 class IncrementalDetokenizer:

@@ -21,9 +21,9 @@ def smollm2_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_gguf):
-    from jaxgen.tokenizer import load_tokenizer
+    from jaxgen.loaders.tokenizer import load_tokenizer
 
-    return load_tokenizer(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
+    return load_tokenizer(smollm2_gguf)
 
 
 def save_tiny_model(

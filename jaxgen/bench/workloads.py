@@ -231,12 +231,9 @@ def arrival_offsets(count: int, rate: float, burstiness: float = 1.0, seed: int 
 def tokenizer_for(model: str | None):
     """The tokenizer of ``model`` (alias, HF directory, ``.gguf``) without loading weights."""
     from jaxgen.loaders import resolve_model
-    from jaxgen.tokenizer import load_tokenizer
+    from jaxgen.loaders.tokenizer import load_tokenizer
 
-    path = resolve_model(model)
-    if os.path.isfile(path):
-        return load_tokenizer(os.path.dirname(path), gguf_file=os.path.basename(path))
-    return load_tokenizer(path)
+    return load_tokenizer(resolve_model(model))
 
 
 def add_workload_args(parser) -> None:

@@ -12,8 +12,8 @@ from jaxgen.config import ModelConfig
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
 from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.loaders.hf_checkpoint import hf_tensor_getter, load_hf_config
+from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import params_from_hf_tensors
-from jaxgen.tokenizer import load_tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -75,7 +75,7 @@ def load_model(model: str | None = None, *, dtype="float32", place=None) -> Load
         graphdef, params = params_from_hf_tensors(
             config, gguf_file.get_tensor, dtype=jdtype, place=_bind(place, config)
         )
-        tokenizer = load_tokenizer(os.path.dirname(path), gguf_file=os.path.basename(path))
+        tokenizer = load_tokenizer(path, reader=gguf_file.reader)
     else:
         config = load_hf_config(path)
         graphdef, params = params_from_hf_tensors(

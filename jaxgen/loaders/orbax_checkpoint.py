@@ -85,7 +85,7 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
     directly into that sharding; any other ``place(path, array)`` gets host arrays.
     """
     from jaxgen.loaders import LoadedModel
-    from jaxgen.tokenizer import load_tokenizer
+    from jaxgen.loaders.tokenizer import load_tokenizer
 
     start = time.perf_counter() if start is None else start
     metadata = read_metadata(path)
