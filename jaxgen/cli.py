@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jaxgen.backends import BACKENDS
+
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="alias, HF directory, .gguf or converted dir")
@@ -24,9 +26,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="bytes (> 1) or a fraction of free device memory (<= 1)",
     )
-    parser.add_argument(
-        "--attention-backend", default="auto", choices=["auto", "reference", "pallas", "cpu"]
-    )
+    parser.add_argument("--attention-backend", default="auto", choices=BACKENDS)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

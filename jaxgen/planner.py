@@ -153,6 +153,10 @@ def model_config_only(model: str | None) -> ModelConfig:
 
 
 def cmd_plan(args) -> int:
+    if args.target is not None:
+        return cmd_plan_target(args)
+    if args.compile:
+        raise ValueError("--compile needs --target (a TPU slice such as v5e-4)")
     config = model_config_only(args.model)
     base = DEVICES[args.device]
     device = base
@@ -171,13 +175,39 @@ def cmd_plan(args) -> int:
         context=args.context,
         page_size=args.page_size,
         memory_utilization=args.memory_utilization,
-        tensor_parallel_degree=args.tensor_parallel_degree,
+        tensor_parallel_degree=args.tensor_parallel_degree or 1,
     )
     print(
         f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
-        f"{args.tensor_parallel_degree}  dtype: {args.dtype}"
+        f"{args.tensor_parallel_degree or 1}  dtype: {args.dtype}"
     )
     print("\n".join(plan.lines(args.context, args.page_size)))
+    return 0
+
+
+def cmd_plan_target(args) -> int:
+    """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
+    import jax.numpy as jnp
+
+    from jaxgen.tpu_compile import compile_decode_step, config_from_path, report_lines
+
+    result = compile_decode_step(
+        config_from_path(args.model),
+        args.target,
+        dtype=jnp.dtype(args.dtype),
+        max_model_len=args.max_model_len or args.context,
+        max_num_seqs=args.max_num_seqs,
+        page_size=args.page_size,
+        kv_cache_memory=args.kv_cache_memory,
+        tensor_parallel_degree=args.tensor_parallel_degree,
+    )
+    if args.json:
+        import json
+
+        print(json.dumps(result))
+    else:
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print("\n".join(report_lines(result)))
     return 0
 
 
@@ -192,5 +222,16 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--memory-utilization", type=float, default=0.9)
-    parser.add_argument("--tensor-parallel-degree", type=int, default=1)
+    parser.add_argument("--tensor-parallel-degree", type=int, default=None)
+    target = parser.add_argument_group("compiled for a TPU slice (needs the tpu extra, no TPU)")
+    target.add_argument(
+        "--target", default=None, help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8 or v5e:2x2"
+    )
+    target.add_argument("--compile", action="store_true", help="AOT-compile the decode step")
+    target.add_argument("--max-model-len", type=int, default=None, help="default: --context")
+    target.add_argument("--max-num-seqs", type=int, default=64)
+    target.add_argument(
+        "--kv-cache-memory", type=float, default=0.9, help="fraction of HBM left after weights"
+    )
+    target.add_argument("--json", action="store_true", help="one JSON object")
     parser.set_defaults(func=cmd_plan)

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from jaxgen.backends import BACKENDS
+
 logger = logging.getLogger("serving")
 
 # flag dest -> setting name (all flags default to None so unset ones fall through to env/file).
@@ -65,7 +67,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="KV pool in tokens instead of bytes (env MAX_BATCH_TOTAL_TOKENS)",
     )
-    add("--attention-backend", choices=["auto", "reference", "pallas", "cpu"])
+    add("--attention-backend", choices=BACKENDS)
     add(
         "--no-prefix-caching",
         dest="enable_prefix_caching",

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+# Tests compile for TPU with libtpu (no chip): let test processes load it side by side.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgen.attention import resolve_backend
+from jaxgen.backends import resolve_backend_name as resolve_backend
 from pallas_kernels import paged_attention_reference
 from pallas_kernels.paged_attention_cpu import cpu_kernel_available, paged_attention_cpu
 from tests.test_paged_attention import boundary_lengths, make_batch

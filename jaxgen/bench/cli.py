@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 
+from jaxgen.backends import BACKENDS
 from jaxgen.bench import results
 from jaxgen.bench.workloads import add_workload_args, workload_from_args
 from jaxgen.cli import _add_engine_args, engine_kwargs
@@ -93,9 +94,7 @@ def add_parser(subparsers) -> None:
         default=None,
         help="bytes for every mode (default: what continuous reserves)",
     )
-    compare.add_argument(
-        "--attention-backend", default="auto", choices=["auto", "reference", "pallas", "cpu"]
-    )
+    compare.add_argument("--attention-backend", default="auto", choices=BACKENDS)
     compare.add_argument("--request-rate", type=float, default=2.0, help="scenario 3 (req/s)")
     compare.add_argument("--burstiness", type=float, default=1.0, help="scenario 3")
     compare.add_argument("--seed", type=int, default=0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.backends import BACKENDS
+
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
 
 
@@ -21,8 +23,9 @@ class EngineConfig:
         max_model_len: longest sequence (prompt + output); None: min(model's context, 2048).
         kv_cache_memory: KV pool size: bytes (int), a fraction of free device memory (float in
             (0, 1]), or None for the default (2 GiB on CPU, 0.9 of free memory elsewhere).
-        attention_backend: "reference" (pure JAX), "pallas", "cpu" (native decode kernel, CPU
-            float32) or "auto" (pallas on GPU/TPU, cpu where it builds, else reference).
+        attention_backend: "reference" (pure JAX), "pallas-tpu", "pallas-gpu", "pallas" (the
+            platform's Pallas kernels), "cpu" (native kernels, CPU float32) or "auto" (pallas-tpu
+            on TPU, pallas-gpu on GPU, cpu where it builds, else reference).
         enable_prefix_caching: reuse full prompt pages between requests (paged only).
         seed: base seed for requests that set none.
         tensor_parallel_degree: devices one model copy is sharded over (the mesh's "model" axis).
@@ -101,9 +104,9 @@ class EngineConfig:
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
         check(
-            self.attention_backend in ("reference", "pallas", "cpu", "auto"),
+            self.attention_backend in BACKENDS,
             "attention_backend",
-            "must be 'reference', 'pallas', 'cpu' or 'auto'",
+            f"must be one of {', '.join(repr(name) for name in BACKENDS)}",
         )
 
     @property

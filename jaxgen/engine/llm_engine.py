@@ -6,6 +6,7 @@ import time
 
 import jax
 
+from jaxgen.backends import select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
@@ -29,11 +30,14 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         model_config = loaded.config
         self.max_model_len = config.max_model_len or min(model_config.max_position_embeddings, 2048)
-        itemsize = jax.numpy.dtype(loaded.dtype).itemsize
-        self.kv_bytes_per_token = model_config.kv_bytes_per_token(itemsize)
-        kv_bytes = self._kv_budget_bytes()
+        backend = select_backend(
+            config.attention_backend, dtype=loaded.dtype, kv_sharding=kv_sharding
+        )
         page_size = config.page_size
-        page_bytes = self.kv_bytes_per_token * page_size
+        # The backend's pool layout decides the bytes (the TPU's pads head_dim to 128 lanes).
+        page_bytes = backend.kv_bytes_per_page(model_config, page_size, loaded.dtype)
+        self.kv_bytes_per_token = page_bytes // page_size
+        kv_bytes = self._kv_budget_bytes()
         slots = config.num_slots
         if config.batching == "paged":
             num_pages = int(kv_bytes // page_bytes) + 1
@@ -78,7 +82,7 @@ class LLMEngine:
             max_num_seqs=slots,
             max_num_batched_tokens=budget,
             max_model_len=self.max_model_len,
-            attention_backend=config.attention_backend,
+            attention_backend=backend,
             min_decode_batch=slots if config.batching == "static" else 1,
             kv_sharding=kv_sharding,
             seed=config.seed,

@@ -11,25 +11,22 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.attention import resolve_backend
+from jaxgen.backends import AttentionBackend, select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.sampler import SamplingFlags, SamplingRow, build_sampling_tensors, sample
 from jaxgen.engine.sampling_tensors import min_tokens_banned_ids
 from jaxgen.engine.scheduler import SchedulerOutput
 from jaxgen.engine.step_layout import StepInputs, StepLayout
-from jaxgen.models.linear import pack_linear_weights
 from jaxgen.sampling_params import SamplingParams
-from pallas_kernels.matmul_cpu import matmul_kernel_available, pack_weight
 
 LOGPROB_BUCKETS = (1, 5, 20, 1 << 30)
 _PADDING_ROW = SamplingRow(SamplingParams(temperature=0.0))
 
 
 @functools.lru_cache(maxsize=16)
-def jitted_step(graphdef, backend: str):
+def jitted_step(graphdef, backend: AttentionBackend):
     """The engine step, jitted once per model graph and backend: engines over the same model
     share compiled executables. The KV pool (argument 1) is donated so its updates are in place."""
 
@@ -76,7 +73,7 @@ class ModelRunner:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
-        attention_backend: str = "auto",
+        attention_backend: str | AttentionBackend = "auto",
         min_decode_batch: int = 1,
         kv_sharding=None,
         seed: int = 0,
@@ -89,18 +86,16 @@ class ModelRunner:
         self.page_size = page_size
         self.num_pages = num_pages
         self.max_model_len = max_model_len
-        self.backend = resolve_backend(
-            attention_backend,
-            dtype=self.dtype,
-            sharded=kv_sharding is not None and len(kv_sharding.device_set) > 1,
+        self.backend = (
+            attention_backend
+            if isinstance(attention_backend, AttentionBackend)
+            else select_backend(attention_backend, dtype=self.dtype, kv_sharding=kv_sharding)
         )
-        # The "cpu" backend also runs the projections on the native matmul: the step gets a copy
-        # of the parameters with the Linear kernels panel-packed (``params`` stays unpacked).
-        use_matmul_kernel = self.backend == "cpu" and matmul_kernel_available()
-        self.step_params = pack_linear_weights(self.params) if use_matmul_kernel else self.params
-        self.packed_lm_head = None  # a tied embedding, transposed and packed, as the LM head
-        if use_matmul_kernel and self.config.tie_word_embeddings:
-            self.packed_lm_head = pack_weight(self.params["embed_tokens"]["embedding"][...].T)
+        # The parameters the step runs on (``params`` stays as loaded): on the "cpu" backend a
+        # copy with panel-packed Linear kernels, and the tied embedding packed as the LM head.
+        self.step_params, self.packed_lm_head = self.backend.prepare_params(
+            self.params, self.config
+        )
         self.layout = StepLayout(
             page_size=page_size,
             max_num_seqs=max_num_seqs,
@@ -108,21 +103,17 @@ class ModelRunner:
             max_model_len=max_model_len,
             min_decode_batch=min_decode_batch,
         )
-        # The native CPU attention reads each row only up to its length: every token is a row.
-        self.token_rows = self.backend == "cpu"
+        self.token_rows = self.backend.token_rows
         self.base_seed = seed
         self.step_counter = 0
-        cfg = self.config
-        shape = (cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
-        make = functools.partial(jnp.zeros, shape, self.dtype)
-        if kv_sharding is not None:
-            make = jax.jit(make, out_shardings=kv_sharding)
-        self.kv_cache = [(make(), make()) for _ in range(cfg.num_layers)]
+        self.kv_cache = self.backend.allocate_kv_pool(
+            self.config, num_pages, page_size, self.dtype, kv_sharding
+        )
         self._step = jitted_step(self.graphdef, self.backend)
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv_cache)
+        return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(self.kv_cache))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         """Numpy inputs of the step for ``out``, in this backend's layout."""

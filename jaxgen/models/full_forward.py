@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jaxgen.attention import AttentionMetadata
+from jaxgen.backends import select_backend
 
 
 def full_sequence_logits(
@@ -22,11 +22,8 @@ def full_sequence_logits(
     cfg = loaded.config
     num_tokens = len(token_ids)
     num_pages = -(-num_tokens // page_size)
-    pool_shape = (cfg.num_kv_heads, num_pages + 1, page_size, cfg.head_dim)
-    kv = [
-        (jnp.zeros(pool_shape, loaded.dtype), jnp.zeros(pool_shape, loaded.dtype))
-        for _ in range(cfg.num_layers)
-    ]
+    attention_backend = select_backend(backend, dtype=loaded.dtype)
+    kv = attention_backend.allocate_kv_pool(cfg, num_pages + 1, page_size, loaded.dtype)
     table = np.arange(1, num_pages + 1, dtype=np.int32)[None, :]
     positions = np.arange(num_tokens, dtype=np.int32)
     num_blocks = -(-num_tokens // query_block)
@@ -52,7 +49,7 @@ def full_sequence_logits(
     @jax.jit
     def run(params, kv, ids, pos, md):
         model = nnx.merge(loaded.graphdef, params)
-        hidden, _ = model(ids, pos, kv, md, backend=backend)
+        hidden, _ = model(ids, pos, kv, md, backend=attention_backend)
         return model.compute_logits(hidden)
 
     return np.asarray(run(loaded.params, kv, np.asarray(token_ids, np.int32), positions, md))

@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.attention import AttentionMetadata, paged_attention_step, write_kv
+from jaxgen.attention import AttentionMetadata, attention
 from jaxgen.config import ModelConfig
 from jaxgen.models.linear import Linear, apply_linears
 from jaxgen.models.rope import apply_rope, inverse_frequencies, rope_angles
 from pallas_kernels.matmul_cpu import matmul_cpu
 
-KVCache = list[tuple[jax.Array, jax.Array]]  # per layer: k_pages, v_pages [Hkv, P, S, D]
+KVCache = list  # per layer: that layer's pool in the backend's layout
 
 
 class RMSNorm(nnx.Module):
@@ -45,7 +45,7 @@ class Attention(nnx.Module):
         self.v_proj = _linear(d, config.num_kv_heads * hd, config.qkv_bias, dtype, rngs)
         self.o_proj = _linear(config.num_heads * hd, d, config.o_bias, dtype, rngs)
 
-    def __call__(self, x, rope, k_pages, v_pages, md, backend):
+    def __call__(self, x, rope, kv_layer, md, backend):
         tokens, live = x.shape[0], md.live_rows
         q, k, v = apply_linears((self.q_proj, self.k_proj, self.v_proj), x, live)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
@@ -53,17 +53,17 @@ class Attention(nnx.Module):
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, rope)
         k = apply_rope(k, rope)
-        k_pages, v_pages = write_kv(k_pages, v_pages, k, v, md.slot_mapping)
-        out = paged_attention_step(
+        out, kv_layer = attention(
             q,
-            k_pages,
-            v_pages,
+            k,
+            v,
+            kv_layer,
             md,
             backend=backend,
             scale=self.head_dim**-0.5,
             sliding_window=self.sliding_window,
         )
-        return self.o_proj(out.reshape(tokens, -1), live), k_pages, v_pages
+        return self.o_proj(out.reshape(tokens, -1), live), kv_layer
 
 
 class MLP(nnx.Module):
@@ -87,13 +87,11 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, rngs=rngs)
         self.mlp = MLP(config, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, rope, k_pages, v_pages, md, backend):
-        attn, k_pages, v_pages = self.self_attn(
-            self.input_layernorm(x), rope, k_pages, v_pages, md, backend
-        )
+    def __call__(self, x, rope, kv_layer, md, backend):
+        attn, kv_layer = self.self_attn(self.input_layernorm(x), rope, kv_layer, md, backend)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x), md.live_rows)
-        return x, k_pages, v_pages
+        return x, kv_layer
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -119,7 +117,7 @@ class LlamaForCausalLM(nnx.Module):
         kv_cache: KVCache,
         md: AttentionMetadata,
         *,
-        backend: str = "reference",
+        backend,  # a jaxgen.backends.AttentionBackend
     ) -> tuple[jax.Array, KVCache]:  # hidden [T, D], updated pages
         """Runs the decoder stack (layers unrolled: faster than a scan on XLA CPU)."""
         x = self.embed_tokens(token_ids)
@@ -127,9 +125,9 @@ class LlamaForCausalLM(nnx.Module):
             positions, self.inv_freq[...]
         )  # traced once; XLA may recompute per layer
         new_cache = []
-        for layer, (k_pages, v_pages) in zip(self.layers, kv_cache, strict=True):
-            x, k_pages, v_pages = layer(x, rope, k_pages, v_pages, md, backend)
-            new_cache.append((k_pages, v_pages))
+        for layer, kv_layer in zip(self.layers, kv_cache, strict=True):
+            x, kv_layer = layer(x, rope, kv_layer, md, backend)
+            new_cache.append(kv_layer)
         return self.norm(x), new_cache
 
     def compute_logits(

@@ -1,0 +1,88 @@
+"""Attention backends: each owns the KV pool's layout and allocation, the step's parameter
+preparation and the attention kernels, and is chosen once per engine by :func:`select_backend`.
+
+| name | where | kernels |
+| --- | --- | --- |
+| ``reference`` | anywhere | plain XLA (gathers pages) |
+| ``pallas-tpu`` | TPU (interpreted on CPU) | ragged paged attention + in-place K/V write (Mosaic) |
+| ``pallas-gpu`` | GPU (interpreted on CPU) | decode + ragged prefill kernels (Triton) |
+| ``cpu`` | CPU, float32, one device | native C++ paged attention and matmul (XLA FFI) |
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxgen.backends.base import AttentionBackend
+from jaxgen.backends.cpu import CPUBackend
+from jaxgen.backends.pallas_gpu import PallasGPUBackend
+from jaxgen.backends.pallas_tpu import PallasTPUBackend
+from jaxgen.backends.reference import ReferenceBackend
+from pallas_kernels.paged_attention_cpu import cpu_kernel_available
+
+BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
+_PLATFORM_PALLAS = {"tpu": "pallas-tpu", "gpu": "pallas-gpu", "cuda": "pallas-gpu"}
+
+
+def resolve_backend_name(
+    name: str, *, dtype=jnp.float32, sharded: bool = False, platform: str | None = None
+) -> str:
+    """The backend ``name`` means on ``platform`` (default: JAX's default backend).
+
+    ``auto``: ``pallas-tpu`` on TPU, ``pallas-gpu`` on GPU; on CPU ``cpu`` when the pool is
+    float32, unsharded and the native kernels build, else ``reference``. ``pallas``: the Pallas
+    kernels of the platform (``pallas-gpu`` on CPU, interpreted).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
+    platform = platform or jax.default_backend()
+    if name == "pallas":
+        return _PLATFORM_PALLAS.get(platform, "pallas-gpu")
+    if name == "auto":
+        if platform in _PLATFORM_PALLAS:
+            return _PLATFORM_PALLAS[platform]
+        usable = jnp.dtype(dtype) == jnp.float32 and not sharded and cpu_kernel_available()
+        return "cpu" if usable else "reference"
+    if name == "cpu":
+        if platform != "cpu":
+            raise ValueError("attention_backend='cpu' runs only on the CPU backend")
+        if jnp.dtype(dtype) != jnp.float32:
+            raise ValueError(f"attention_backend='cpu' needs dtype float32, got {jnp.dtype(dtype)}")
+        if sharded:
+            raise ValueError("attention_backend='cpu' does not support tensor parallelism")
+        if not cpu_kernel_available():
+            raise ValueError("attention_backend='cpu': the kernel could not be built here")
+    return name
+
+
+def select_backend(
+    name: str, *, dtype=jnp.float32, kv_sharding=None, platform: str | None = None
+) -> AttentionBackend:
+    """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
+    paired-layout pool sharding of a tensor-parallel engine, whose mesh and model axis the
+    TPU backend uses for its own layout."""
+    sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
+    resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
+    if resolved == "pallas-tpu":
+        interpret = (platform or jax.default_backend()) == "cpu"
+        if not sharded:
+            return PallasTPUBackend(interpret=interpret)
+        return PallasTPUBackend(
+            mesh=kv_sharding.mesh, model_axis=kv_sharding.spec[0], interpret=interpret
+        )
+    return {"reference": ReferenceBackend, "pallas-gpu": PallasGPUBackend, "cpu": CPUBackend}[
+        resolved
+    ]()
+
+
+__all__ = [
+    "BACKENDS",
+    "AttentionBackend",
+    "CPUBackend",
+    "PallasGPUBackend",
+    "PallasTPUBackend",
+    "ReferenceBackend",
+    "resolve_backend_name",
+    "select_backend",
+]

@@ -1,0 +1,47 @@
+"""What every attention backend provides: the KV pool's layout and allocation, parameter
+preparation, and the attention of one layer over the pool."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBackend:
+    """One backend, chosen once per engine; hashable, so it is a static argument of the jitted
+    step. Subclasses set ``name`` and implement the pool and :meth:`attention`."""
+
+    name: ClassVar[str] = ""
+    # Which step layout the backend reads: every token one attention row (True), or decode rows
+    # then prefill chunks (False); see jaxgen/engine/step_layout.py.
+    token_rows: ClassVar[bool] = False
+
+    def prepare_params(self, params, config):
+        """The parameters the step runs on, and an LM head to pass the step (or None)."""
+        return params, None
+
+    def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
+        """The pool as a list (per layer) of pytrees of ``jax.ShapeDtypeStruct``."""
+        raise NotImplementedError
+
+    def allocate_kv_pool(self, config, num_pages, page_size, dtype, kv_sharding=None) -> list:
+        """Zeroed pool arrays on the devices ``kv_sharding`` (for the paired layout) names."""
+        raise NotImplementedError
+
+    def kv_bytes_per_page(self, config, page_size: int, dtype) -> int:
+        """Bytes one page takes in every layer together, padding included."""
+        layers = self.kv_pool_shapes(config, 1, page_size, dtype)
+        return sum(
+            math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+            for leaf in jax.tree_util.tree_leaves(layers)
+        )
+
+    def attention(self, q, k, v, kv_layer, md, *, scale, soft_cap=None, sliding_window=None):
+        """Writes ``k``/``v`` ([T, Hkv, D]) into ``kv_layer`` at ``md.slot_mapping`` and returns
+        (``[T, Hq, D]`` attention output, the updated ``kv_layer``)."""
+        raise NotImplementedError

@@ -1,0 +1,152 @@
+"""The Pallas TPU backend: one ragged paged-attention kernel for decode and prefill rows, and a
+small kernel that writes the step's K/V into the pool in place.
+
+The pool of a layer is one array ``[num_pages, page_size, 2 * Hkv_p, Dp]`` with K and V heads
+interleaved and ``head_dim`` padded to 128 lanes (``pallas_kernels.tpu.kv_cache_update``). Pallas
+calls are not partitioned by XLA, so under tensor parallelism the backend runs them inside
+``jax.shard_map`` over the model axis: each chip attends its own query heads against its own KV
+heads. When a model has fewer KV heads than chips, each KV head is repeated so that every chip
+holds exactly the head its query heads need (as vLLM does), rather than the whole pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxgen.attention import AttentionMetadata
+from jaxgen.backends.base import AttentionBackend
+from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
+from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RaggedView:
+    """A step as the kernel reads it: decode rows are sequences of one query, then the prefill
+    chunks; bucket-padding decode rows read one slot of the scratch page."""
+
+    kv_lens: jax.Array  # [S] int32
+    block_tables: jax.Array  # [S, W] int32
+    cu_q_lens: jax.Array  # [S + 1] int32
+    num_seqs: jax.Array  # [1] int32
+
+
+def ragged_view(md: AttentionMetadata) -> RaggedView:
+    """Derives the kernel's ragged metadata from the step's decode and prefill sections."""
+    num_decode = md.num_decode
+    width = max(md.decode_block_tables.shape[1], md.prefill_seq_block_tables.shape[1])
+
+    def widen(tables):
+        return jnp.pad(tables, ((0, 0), (0, width - tables.shape[1])))
+
+    return RaggedView(
+        kv_lens=jnp.concatenate([jnp.maximum(md.decode_lengths, 1), md.prefill_kv_lens]),
+        block_tables=jnp.concatenate(
+            [widen(md.decode_block_tables), widen(md.prefill_seq_block_tables)]
+        ),
+        cu_q_lens=jnp.concatenate(
+            [jnp.arange(num_decode + 1, dtype=jnp.int32), num_decode + md.prefill_cu_q_lens[1:]]
+        ),
+        num_seqs=num_decode + md.prefill_num_seqs,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasTPUBackend(AttentionBackend):
+    """``mesh``/``model_axis``: where the pool is split over KV heads (None: one device);
+    ``interpret``: run the kernels in Pallas's TPU interpreter (on CPU, for tests)."""
+
+    name = "pallas-tpu"
+    mesh: Mesh | None = None
+    model_axis: str | None = None
+    interpret: bool = False
+
+    @property
+    def degree(self) -> int:
+        return (
+            1 if self.mesh is None or self.model_axis is None else self.mesh.shape[self.model_axis]
+        )
+
+    @property
+    def interpret_params(self):
+        if not self.interpret:
+            return False
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.InterpretParams()
+
+    def kv_heads_per_chip(self, config) -> int:
+        """KV heads each chip holds: its share, or the one head its query heads read."""
+        degree, heads = self.degree, config.num_kv_heads
+        if heads % degree == 0:
+            return heads // degree
+        if degree % heads == 0:
+            return 1
+        raise ValueError(
+            f"tensor_parallel_degree={degree} neither divides nor is a multiple of the model's "
+            f"{heads} KV heads, which the pallas-tpu backend needs"
+        )
+
+    def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
+        local = kv_pool_shape(
+            num_pages, page_size, self.kv_heads_per_chip(config), config.head_dim, dtype
+        )
+        shape = (local[0], local[1], local[2] * self.degree, local[3])
+        return [jax.ShapeDtypeStruct(shape, dtype) for _ in range(config.num_layers)]
+
+    def kv_pool_spec(self, model_axis: str | None = None) -> PartitionSpec:
+        return PartitionSpec(None, None, model_axis or self.model_axis, None)
+
+    def kv_pool_sharding(self, kv_sharding=None):
+        if self.mesh is None:
+            return None
+        return NamedSharding(self.mesh, self.kv_pool_spec())
+
+    def allocate_kv_pool(self, config, num_pages, page_size, dtype, kv_sharding=None) -> list:
+        shapes = self.kv_pool_shapes(config, num_pages, page_size, dtype)
+        sharding = self.kv_pool_sharding()
+        out = []
+        for shape in shapes:
+            make = lambda s=shape: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+            out.append(jax.jit(make, out_shardings=sharding)() if sharding else make())
+        return out
+
+    def attention(self, q, k, v, kv_layer, md, *, scale, soft_cap=None, sliding_window=None):
+        view = ragged_view(md)
+        num_kv_heads = k.shape[1]
+
+        def local(q, k, v, kv_pages, slots, view):
+            kv_pages = update_kv_cache_tpu(kv_pages, k, v, slots, interpret=self.interpret_params)
+            out = ragged_paged_attention_tpu(
+                q,
+                kv_pages,
+                view.kv_lens,
+                view.block_tables,
+                view.cu_q_lens,
+                view.num_seqs,
+                scale=scale,
+                soft_cap=soft_cap,
+                sliding_window=sliding_window,
+                num_kv_heads=k.shape[1],
+                interpret=self.interpret_params,
+            )
+            return out, kv_pages
+
+        if self.degree == 1:
+            return local(q, k, v, kv_layer, md.slot_mapping, view)
+        if num_kv_heads < self.degree:  # every chip gets the KV head its query heads read
+            k = jnp.repeat(k, self.degree // num_kv_heads, axis=1)
+            v = jnp.repeat(v, self.degree // num_kv_heads, axis=1)
+        heads = PartitionSpec(None, self.model_axis, None)
+        replicated = PartitionSpec()
+        return jax.shard_map(
+            local,
+            mesh=self.mesh,
+            in_specs=(heads, heads, heads, self.kv_pool_spec(), replicated, replicated),
+            out_specs=(heads, self.kv_pool_spec()),
+            check_vma=False,
+        )(q, k, v, kv_layer, md.slot_mapping, view)

@@ -1,0 +1,290 @@
+"""The engine's decode step compiled ahead of time for a TPU slice, on a machine without one.
+
+libtpu's compiler runs on CPU: ``jax.experimental.topologies`` gives the devices of a named slice,
+and ``jax.jit(step).trace(...).lower().compile()`` under that mesh runs XLA's TPU pipeline and the
+Mosaic compiler on every Pallas kernel. The step is the engine's own (``jitted_step``: model,
+attention backend, sampler, donated pool), traced with ``jax.ShapeDtypeStruct``s placed by the
+engine's sharding rules: no weights and no TPU are needed. ``jaxgen plan --target`` prints it.
+
+The figures are the compiler's: ``memory_analysis()`` (bytes per chip) and ``cost_analysis()``
+(HBM bytes and flops it counts for one step, per chip). They are counts, not measured times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxgen.config import ModelConfig
+from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
+
+GB = 10**9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TpuChip:
+    """Datasheet figures of one chip."""
+
+    name: str
+    hbm_bytes: int
+    bandwidth_bytes_per_s: float
+    peak_bf16_flops: float
+
+
+CHIPS = {
+    "v5e": TpuChip(name="TPU v5e", hbm_bytes=16 * GB, bandwidth_bytes_per_s=819e9, peak_bf16_flops=197e12),
+    "v6e": TpuChip(name="TPU v6e", hbm_bytes=32 * GB, bandwidth_bytes_per_s=1640e9, peak_bf16_flops=918e12),
+    "v5p": TpuChip(name="TPU v5p", hbm_bytes=95 * GB, bandwidth_bytes_per_s=2765e9, peak_bf16_flops=459e12),
+}  # fmt: skip
+
+# Product names (chips, as Cloud TPU counts them; v5p-8 is 4 chips of 2 cores) -> libtpu's names.
+TARGETS = {
+    "v5e-1": "v5e:1x1",
+    "v5e-4": "v5e:2x2",
+    "v5e-8": "v5e:2x4",
+    "v6e-1": "v6e:1x1",
+    "v6e-4": "v6e:2x2",
+    "v6e-8": "v6e:2x4",
+    "v5p-8": "v5p:2x2x1",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuSlice:
+    target: str
+    topology: str
+    chip: TpuChip
+    devices: tuple
+
+
+def resolve_target(target: str) -> TpuSlice:
+    """The devices of a slice named ``v5e-4`` or ``v5e:2x2``; ``ValueError`` listing the names."""
+    topology = TARGETS.get(target, target)
+    generation = topology.split(":", 1)[0]
+    if ":" not in topology or generation not in CHIPS:
+        raise ValueError(
+            f"unknown TPU target {target!r}; choose one of {', '.join(TARGETS)} or a libtpu "
+            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)})"
+        )
+    # Compiling needs libtpu but no chip; several processes may then load it side by side.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    dims = [int(d) for d in topology.split(":", 1)[1].split("x")]
+    bounds = {"chips_per_host_bounds": (1, 1, 1)} if math.prod(dims) == 1 else {}
+    try:
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **bounds)
+    except Exception as error:  # libtpu missing, or a name it does not know
+        raise ValueError(
+            f"libtpu cannot build TPU target {target!r} ({topology}): {error}; known targets: "
+            f"{', '.join(TARGETS)} (needs the tpu extra: pip install 'jaxgen[tpu]')"
+        ) from None
+    return TpuSlice(target, topology, CHIPS[generation], tuple(desc.devices))
+
+
+def config_from_path(model: str | None) -> ModelConfig:
+    """A model config from a ``config.json`` path, an HF directory, a GGUF or an alias."""
+    if model is not None and os.path.isfile(model) and model.endswith(".json"):
+        with open(model) as f:
+            return ModelConfig.from_hf_dict(json.load(f))
+    from jaxgen.planner import model_config_only
+
+    return model_config_only(model)
+
+
+def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan):
+    """Graph and parameter ``ShapeDtypeStruct``s (with their shardings): no weights exist."""
+    from jaxgen.models.llama import LlamaForCausalLM
+
+    abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    leaves = []
+    for path, var in nnx.to_flat_state(state):
+        value = var.get_value()
+        sharding = plan.sharding_for(path)
+        leaves.append(
+            (path, var.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)))
+        )
+    return graphdef, nnx.from_flat_state(leaves)
+
+
+def _per_chip_bytes(tree) -> int:
+    """Bytes each chip holds of a tree of sharded ``ShapeDtypeStruct``s."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def compile_decode_step(
+    config: ModelConfig,
+    target: str,
+    *,
+    dtype=jnp.bfloat16,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 64,
+    page_size: int = 16,
+    kv_cache_memory: float = 0.9,
+    tensor_parallel_degree: int | None = None,
+) -> dict:
+    """Compiles one full decode step (``max_num_seqs`` sequences at ``max_model_len``) for
+    ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning)."""
+    from jaxgen.backends import PallasTPUBackend
+    from jaxgen.engine.runner import jitted_step
+    from jaxgen.engine.sampling_tensors import build_sampling_tensors
+    from jaxgen.engine.step_layout import StepLayout
+
+    tpu = resolve_target(target)
+    num_chips = len(tpu.devices)
+    degree = tensor_parallel_degree or num_chips
+    if degree < 1 or num_chips % degree:
+        raise ValueError(
+            f"tensor_parallel_degree={degree} must divide the {num_chips} chips of {target}"
+        )
+    if max_model_len < 1 or max_num_seqs < 1:
+        raise ValueError("max_model_len and max_num_seqs must be >= 1")
+    if not 0 < kv_cache_memory <= 1:
+        raise ValueError(f"kv_cache_memory must be a fraction in (0, 1], got {kv_cache_memory}")
+    mesh = Mesh(
+        np.array(tpu.devices[:degree], dtype=object).reshape(1, degree), (DATA_AXIS, MODEL_AXIS)
+    )
+    plan = ShardingPlan.create(config, mesh)  # ValueError when the degree does not split heads
+    backend = (
+        PallasTPUBackend(mesh=mesh, model_axis=MODEL_AXIS) if degree > 1 else PallasTPUBackend()
+    )
+    graphdef, params = _abstract_params(config, dtype, plan)
+    weight_bytes = _per_chip_bytes(params)
+    hbm = tpu.chip.hbm_bytes
+    if weight_bytes >= hbm:
+        raise ValueError(
+            f"the weights need {weight_bytes / GB:.1f} GB per chip at tensor_parallel_degree="
+            f"{degree}, more than a {tpu.chip.name} chip's {hbm / GB:.0f} GB of HBM"
+        )
+    page_bytes = backend.kv_bytes_per_page(config, page_size, dtype) // degree  # per chip
+    num_pages = int(kv_cache_memory * (hbm - weight_bytes) // page_bytes)
+    pages_per_seq = -(-max_model_len // page_size)
+    if num_pages < pages_per_seq + 1:
+        raise ValueError(
+            f"{num_pages} pages of {page_size} tokens fit per chip after the weights, fewer than "
+            f"one sequence of max_model_len={max_model_len} needs ({pages_per_seq + 1})"
+        )
+    pool_sharding = backend.kv_pool_sharding() or NamedSharding(mesh, PartitionSpec())
+    pool = [
+        jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=pool_sharding)
+        for shape in backend.kv_pool_shapes(config, num_pages, page_size, dtype)
+    ]
+    layout = StepLayout(
+        page_size=page_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(max_num_seqs, 16),
+        max_model_len=max_model_len,
+    )
+    inputs = layout.split_decode_dummy(max_num_seqs, pages_per_seq)
+    tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def abstract(tree):
+        return jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=replicated),
+            tree,
+        )
+
+    step_inputs = abstract(
+        (
+            inputs.token_ids,
+            inputs.positions,
+            inputs.metadata,
+            inputs.logits_indices,
+            inputs.logits_live,
+            tensors,
+        )
+    )
+    step = jitted_step(graphdef, backend)
+    start = time.perf_counter()
+    with jax.set_mesh(mesh):
+        lowered = step.trace(params, pool, *step_inputs, flags=flags, head=None).lower()
+        compiled = lowered.compile()
+    compile_seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    kv_bytes_per_token = config.kv_bytes_per_token(jnp.dtype(dtype).itemsize) // min(
+        degree, config.num_kv_heads
+    )
+    live_kv = max_num_seqs * max_model_len * kv_bytes_per_token
+    floor = weight_bytes + live_kv
+    pool_bytes = num_pages * page_bytes
+    accessed = float(cost.get("bytes accessed", 0.0))
+    kernels = sorted(set(_custom_calls(lowered.as_text())))
+    return {
+        "target": target,
+        "topology": tpu.topology,
+        "chip": tpu.chip.name,
+        "num_chips": num_chips,
+        "tensor_parallel_degree": degree,
+        "attention_backend": backend.name,
+        "kernels": kernels,
+        "dtype": jnp.dtype(dtype).name,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "page_size": page_size,
+        "num_pages": num_pages,
+        "per_chip_bytes": {
+            "weights": weight_bytes,
+            "kv_pool": pool_bytes,
+            "temp": int(memory.temp_size_in_bytes),
+            "arguments": int(memory.argument_size_in_bytes),
+            "hbm": hbm,
+        },
+        "decode_step": {
+            "bytes_accessed": accessed,
+            "flops": float(cost.get("flops", 0.0)),
+            "floor_bytes": floor,
+            "live_kv_bytes": live_kv,
+            "ratio": accessed / floor,
+            "floor_ms": floor / tpu.chip.bandwidth_bytes_per_s * 1e3,
+        },
+        "compile_seconds": compile_seconds,
+    }
+
+
+def _custom_calls(hlo_text: str) -> list[str]:
+    """Names of the Mosaic kernels a lowered step calls."""
+    import re
+
+    names = re.findall(r'kernel_name\s*=\s*"([^"]+)"', hlo_text)
+    names += re.findall(r"name\s*=\s*\"(ragged_paged_attention|kv_cache_update)[^\"]*\"", hlo_text)
+    return names
+
+
+def report_lines(result: dict) -> list[str]:
+    gb = GB
+    chip = result["per_chip_bytes"]
+    step = result["decode_step"]
+    used = chip["weights"] + chip["kv_pool"] + chip["temp"]
+    return [
+        f"target {result['target']} ({result['topology']}): {result['num_chips']} x {result['chip']}, "
+        f"tensor parallel {result['tensor_parallel_degree']}, {result['dtype']}",
+        f"attention backend           {result['attention_backend']} ({', '.join(result['kernels']) or 'no kernels found'})",
+        "per chip (compiler and datasheet counts, not measured on hardware):",
+        f"  weights                   {chip['weights'] / gb:8.3f} GB",
+        f"  KV pool                   {chip['kv_pool'] / gb:8.3f} GB  ({result['num_pages']:,} pages of {result['page_size']})",
+        f"  compiler temporaries      {chip['temp'] / gb:8.3f} GB  ({chip['temp'] / chip['hbm']:.2%} of HBM)",
+        f"  total                     {used / gb:8.3f} GB  of {chip['hbm'] / gb:.0f} GB HBM",
+        f"decode step, {result['max_num_seqs']} sequences x {result['max_model_len']} tokens (compiler counts per chip):",
+        f"  HBM bytes accessed        {step['bytes_accessed'] / gb:8.3f} GB",
+        f"  floor (weights + live KV) {step['floor_bytes'] / gb:8.3f} GB  -> {step['floor_ms']:.2f} ms at datasheet bandwidth",
+        f"  ratio to floor            {step['ratio']:8.3f}x",
+        f"  flops                     {step['flops'] / 1e9:8.1f} GFLOP",
+        f"compiled in {result['compile_seconds']:.1f} s",
+    ]  # fmt: skip

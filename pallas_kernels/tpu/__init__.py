@@ -1,0 +1,33 @@
+"""Mosaic TPU kernels on the interleaved KV pool, each beside its pure-jnp reference."""
+
+from pallas_kernels.tpu.kv_cache_update import (
+    deinterleave_kv,
+    interleave_kv,
+    kv_pool_shape,
+    padded_head_dim,
+    padded_num_kv_heads,
+    update_kv_cache_tpu,
+)
+from pallas_kernels.tpu.ragged_paged_attention import (
+    attention_cost,
+    default_block_sizes,
+    ragged_paged_attention_tpu,
+)
+from pallas_kernels.tpu.reference import (
+    ragged_paged_attention_reference_tpu,
+    update_kv_cache_reference,
+)
+
+__all__ = [
+    "attention_cost",
+    "default_block_sizes",
+    "deinterleave_kv",
+    "interleave_kv",
+    "kv_pool_shape",
+    "padded_head_dim",
+    "padded_num_kv_heads",
+    "ragged_paged_attention_reference_tpu",
+    "ragged_paged_attention_tpu",
+    "update_kv_cache_reference",
+    "update_kv_cache_tpu",
+]

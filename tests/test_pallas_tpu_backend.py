@@ -1,0 +1,111 @@
+"""The pallas-tpu backend: through the engine (kernels in TPU interpret mode on CPU) it gives
+the reference backend's greedy tokens; its decode step compiles ahead of time for TPU slices
+(libtpu's compiler, no TPU), with the kernels in the step and no copy of the pool."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from jaxgen import LLM, SamplingParams
+from jaxgen.config import ModelConfig
+
+SMOLLM2_SHAPE = dict(
+    model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+    num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+    tie_word_embeddings=True,
+)  # fmt: skip
+LLAMA3_8B = dict(
+    model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+    tie_word_embeddings=False,
+)  # fmt: skip
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu (the tpu extra) is not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_model_dir):
+    from jaxgen.loaders import load_model
+
+    return load_model(tiny_model_dir)
+
+
+def test_engine_greedy_tokens_match_reference(tiny_loaded):
+    prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for backend in ("reference", "pallas-tpu"):
+        llm = LLM(
+            tiny_loaded,
+            max_model_len=128,
+            kv_cache_memory=4 << 20,
+            page_size=16,
+            max_rolling_batch_prefill_tokens=16,  # chunked prefill beside decode rows
+            max_rolling_batch_size=4,
+            attention_backend=backend,
+        )
+        assert llm.engine.runner.backend.name == backend
+        outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.stats()["kv_pages_used"] == 0
+    assert outs["pallas-tpu"] == outs["reference"]
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
+def test_smollm2_shape_compiles_for_v5e_1_without_copying_the_pool():
+    from jaxgen.backends import PallasTPUBackend
+    from jaxgen.tpu_compile import compile_decode_step
+
+    config = ModelConfig.from_hf_dict(SMOLLM2_SHAPE)
+    result = compile_decode_step(config, "v5e-1", max_model_len=2048, max_num_seqs=64)
+    assert result["attention_backend"] == "pallas-tpu"
+    assert {"ragged_paged_attention", "kv_cache_update"} <= set(result["kernels"])
+    chip, step = result["per_chip_bytes"], result["decode_step"]
+    assert chip["temp"] < 0.02 * chip["hbm"]
+    # The pool's padded layout (head_dim 64 -> 128 lanes, 3 -> 4 KV heads) is what is read.
+    # 1.66x of weights + padded live KV at this commit (the 1.15x target is not met yet); a
+    # copy of the 14 GB pool, which interpret mode or an XLA scatter causes, is ~30x.
+    padded_kv = PallasTPUBackend().kv_bytes_per_page(config, 16, "bfloat16") * 128 * 64
+    assert step["bytes_accessed"] <= 2.0 * (chip["weights"] + padded_kv)
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
+def test_llama3_8b_shape_compiles_for_v5e_4(tmp_path):
+    from jaxgen.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA3_8B))
+    from jaxgen.tpu_compile import compile_decode_step
+
+    result = compile_decode_step(
+        ModelConfig.from_hf_dict(LLAMA3_8B), "v5e-4", max_model_len=2048, max_num_seqs=64
+    )
+    chip, step = result["per_chip_bytes"], result["decode_step"]
+    assert result["num_chips"] == 4 and result["tensor_parallel_degree"] == 4
+    assert result["attention_backend"] == "pallas-tpu"
+    assert chip["temp"] < 0.02 * chip["hbm"]
+    assert chip["kv_pool"] >= 0.85 * (chip["hbm"] - chip["weights"])
+    assert step["ratio"] < 1.7  # 1.65 at this commit; the 1.15 target is not met yet
+    assert main(["plan", "--model", str(path), "--target", "bogus", "--compile"]) == 2
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
+def test_bad_targets_are_clear_errors():
+    from jaxgen.tpu_compile import compile_decode_step, resolve_target
+
+    with pytest.raises(ValueError, match="v5e-1, v5e-4"):
+        resolve_target("h100")
+    config = ModelConfig.from_hf_dict(SMOLLM2_SHAPE)
+    with pytest.raises(ValueError, match="tensor_parallel_degree=3"):
+        compile_decode_step(config, "v5e-4", tensor_parallel_degree=3)
+    with pytest.raises(ValueError, match="query heads"):
+        compile_decode_step(config, "v5e-4")  # 9 heads do not split 4 ways
