@@ -18,10 +18,9 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.attention import AttentionMetadata
+from jaxgen.backends import select_backend
+from jaxgen.backends.cpu_kernels import cpu_kernel_available, matmul_kernel_available
 from jaxgen.loaders import load_model
-from jaxgen.models.linear import pack_linear_weights
-from pallas_kernels.matmul_cpu import matmul_kernel_available, pack_weight
-from pallas_kernels.paged_attention_cpu import cpu_kernel_available
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--batch", type=int, default=64)
@@ -63,18 +62,18 @@ def step(params, head, kv, ids, pos, md, mode):
             a = layer.self_attn
             x = x + a.o_proj(a.q_proj(x)) + a.k_proj(x).sum() + a.v_proj(x).sum()
             x = x + layer.mlp(x)
-        logits = model.compute_logits(x, packed_lm_head=head)
+        logits = model.compute_logits(x, head_kernel=head)
         return None, jax.numpy.argmax(logits, -1)  # pool untouched
-    h, kv = model(ids, pos, kv, md, backend=mode)
-    return kv, jax.numpy.argmax(model.compute_logits(h, packed_lm_head=head), -1)
+    h, kv = model(ids, pos, kv, md, backend=select_backend(mode))
+    return kv, jax.numpy.argmax(model.compute_logits(h, head_kernel=head), -1)
 
 
 native = cpu_kernel_available() and matmul_kernel_available()
 modes = ["matmul", "reference"] + (["matmul-cpu", "cpu"] if native else [])
 if args.modes:
     modes = [mode for mode in args.modes.split(",") if mode in modes]
-packed = pack_linear_weights(m.params) if native else None
-packed_head = pack_weight(m.params["embed_tokens"]["embedding"][...].T) if native else None
+# The cpu backend's step parameters: PackedWeight Linear kernels and the tied LM head packed.
+packed, packed_head = select_backend("cpu").prepare_params(m.params, cfg) if native else (None,) * 2
 ids = np.arange(B, dtype=np.int32)
 for mode in modes:
     kv = [(jax.numpy.zeros(shape), jax.numpy.zeros(shape)) for _ in range(cfg.num_layers)]

@@ -23,7 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pallas_kernels.matmul_cpu import matmul_cpu, matmul_kernel_available, pack_weight  # noqa: E402
+from jaxgen.backends.cpu_kernels import (  # noqa: E402
+    matmul_cpu,
+    matmul_kernel_available,
+    pack_weight,
+)
 
 SHAPES = {  # name: (depth, columns)
     "q/o 576x576": (576, 576),

@@ -1,10 +1,10 @@
-// The CPU matmul's blocking (pallas_kernels/cpu/matmul_f32.h) alone, outside XLA: T threads, each
-// running MatmulBlock over its share of the output columns (as the engine's items split them),
-// the weights rotated over copies so that they stream from memory as in a decode step. Prints the
-// best aggregate GFLOP/s of seven rounds. Weights are random floats taken as already packed (the
-// layout does not change the speed).
+// The CPU matmul's blocking (jaxgen/backends/cpu_kernels/native/matmul_f32.h) alone, outside
+// XLA: T threads, each running MatmulBlock over its share of the output columns (as the engine's
+// items split them), the weights rotated over copies so that they stream from memory as in a
+// decode step. Prints the best aggregate GFLOP/s of seven rounds. Weights are random floats taken
+// as already packed (the layout does not change the speed).
 //
-//   g++ -O2 -mavx2 -mfma -std=c++17 -pthread -Ipallas_kernels/cpu \
+//   g++ -O2 -mavx2 -mfma -std=c++17 -pthread -Ijaxgen/backends/cpu_kernels/native \
 //       benchmarks/matmul_tile.cc -o /tmp/matmul_tile
 //   /tmp/matmul_tile ROWS DEPTH COLUMNS [THREADS=2] [COPIES=20] [CALLS=100]
 //

@@ -1,7 +1,7 @@
 """The native CPU matmul over panel-packed weights against ``jnp.dot`` in float64 (rows not a
 multiple of the 4-row tile, depth across several 256-deep blocks, few and many panels), inside
-jit, and the engine's use of it: ``Linear`` dispatches on the packed layout, the runner packs
-only for the "cpu" backend, and greedy output matches the reference backend."""
+jit, and the engine's use of it: ``Linear`` runs ``PackedWeight`` kernels on it (grouped), the
+runner packs only for the "cpu" backend, and greedy output matches the reference backend."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgen.models.linear import Linear, apply_linears, pack_linear_weights
-from pallas_kernels.matmul_cpu import (
+from jaxgen.backends.cpu import pack_linear_weights
+from jaxgen.backends.cpu_kernels import (
+    PackedWeight,
     matmul_cpu,
     matmul_cpu_group,
     matmul_kernel_available,
     pack_weight,
     unpack_weight,
 )
+from jaxgen.models.linear import Linear, apply_linears
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu" or not matmul_kernel_available(),
@@ -134,7 +136,7 @@ def test_one_thread_when_capped(tmp_path):
 
     script = (
         "import numpy as np, jax.numpy as jnp\n"
-        "from pallas_kernels.matmul_cpu import matmul_cpu, pack_weight\n"
+        "from jaxgen.backends.cpu_kernels import matmul_cpu, pack_weight\n"
         "rng = np.random.default_rng(0)\n"
         "x, w = rng.standard_normal((37, 300)), rng.standard_normal((300, 130))\n"
         "x32, w32 = jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32)\n"
@@ -184,7 +186,10 @@ def test_linear_runs_packed_kernels_on_the_native_matmul():
     expected = layer(x)
     graphdef, params = nnx.split(layer)
     packed = pack_linear_weights(params)
-    assert packed["kernel"][...].shape == (2, 16, 24) and params["kernel"][...].shape == (16, 45)
+    kernel = packed["kernel"].get_value()
+    assert isinstance(kernel, PackedWeight) and kernel.panels.shape == (2, 16, 24)
+    assert kernel.shape == (16, 45) and params["kernel"][...].shape == (16, 45)
+    np.testing.assert_array_equal(kernel.unpack(), params["kernel"][...])
 
     def run(state, x):
         return nnx.merge(graphdef, state)(x)
@@ -205,6 +210,10 @@ def test_linear_runs_packed_kernels_on_the_native_matmul():
     assert jax.jit(run_group).lower(packed, x).as_text().count("jaxgen_matmul_f32") == 1
     half = Linear(16, 48, bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
     assert pack_linear_weights(nnx.split(half)[1])["kernel"][...].ndim == 2  # float32 only
+    mixed = nnx.State({0: packed[0], 1: params[1]})  # one packed, one plain: each on its own
+    for actual, reference in zip(jax.jit(run_group)(mixed, x), expected, strict=True):
+        np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)
+    assert jax.jit(run_group).lower(mixed, x).as_text().count("jaxgen_matmul_f32") == 1
 
 
 def test_runner_packs_for_the_cpu_backend_only_and_output_matches(tiny_model_dir):
@@ -212,9 +221,11 @@ def test_runner_packs_for_the_cpu_backend_only_and_output_matches(tiny_model_dir
 
     llm = LLM(tiny_model_dir, attention_backend="cpu", page_size=4, max_model_len=64)
     runner = llm.engine.runner
-    layer = runner.step_params["layers"][0]["mlp"]["up_proj"]["kernel"][...]
-    assert layer.ndim == 3  # packed for the step
+    layer = runner.step_params["layers"][0]["mlp"]["up_proj"]["kernel"].get_value()
+    assert isinstance(layer, PackedWeight)  # packed for the step
     assert llm.params["layers"][0]["mlp"]["up_proj"]["kernel"][...].ndim == 2  # users see [in, out]
+    if runner.config.tie_word_embeddings:
+        assert isinstance(runner.head_kernel, PackedWeight)  # the tied LM head too
     reference = LLM(tiny_model_dir, attention_backend="reference", page_size=4, max_model_len=64)
     assert reference.engine.runner.step_params is reference.engine.runner.params
     prompts = [list(range(3, 3 + n)) for n in (5, 17, 33, 2)]
@@ -224,3 +235,35 @@ def test_runner_packs_for_the_cpu_backend_only_and_output_matches(tiny_model_dir
         for engine in (llm, reference)
     ]
     assert outputs[0] == outputs[1]
+
+
+def test_tied_lm_head_packed_by_the_cpu_backend_runs_through_compute_logits():
+    from jaxgen.backends.cpu import CPUBackend
+    from jaxgen.config import ModelConfig
+    from jaxgen.models.llama import LlamaForCausalLM
+
+    config = ModelConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    graphdef, params = nnx.split(LlamaForCausalLM(config, rngs=nnx.Rngs(0)))
+    step_params, head = CPUBackend().prepare_params(params, config)
+    assert isinstance(head, PackedWeight) and head.shape == (32, 100)
+    hidden = jnp.asarray(np.random.default_rng(4).standard_normal((6, 32)), jnp.float32)
+    live = np.array([[0, 2], [3, 5]], np.int32)  # rows 2 and 5 are padding: zeros
+
+    def logits(state, head, hidden, live):
+        return nnx.merge(graphdef, state).compute_logits(hidden, head_kernel=head, live_rows=live)
+
+    actual = np.asarray(jax.jit(logits)(step_params, head, hidden, live))
+    expected = np.array(nnx.merge(graphdef, params).compute_logits(hidden))
+    expected[[2, 5]] = 0
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    lowered = jax.jit(logits).lower(step_params, head, hidden, live).as_text()
+    assert lowered.count("jaxgen_matmul_f32") == 1

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxgen.backends import resolve_backend_name as resolve_backend
+from jaxgen.backends.cpu_kernels import cpu_kernel_available, paged_attention_cpu
 from pallas_kernels import paged_attention_reference
-from pallas_kernels.paged_attention_cpu import cpu_kernel_available, paged_attention_cpu
 from tests.test_paged_attention import boundary_lengths, make_batch
 
 pytestmark = pytest.mark.skipif(

@@ -99,6 +99,23 @@ def test_llama3_8b_shape_compiles_for_v5e_4(tmp_path):
 
 @needs_libtpu
 @pytest.mark.tpu_compile
+def test_kv_heads_fewer_than_chips_compile_for_v6e_8():
+    """4 KV heads on 8 chips: each chip holds the one (repeated) KV head its query heads read."""
+    from jaxgen.tpu_compile import compile_decode_step
+
+    gqa = dict(LLAMA3_8B, num_hidden_layers=2, num_key_value_heads=4, vocab_size=32000)
+    result = compile_decode_step(
+        ModelConfig.from_hf_dict(gqa), "v6e-8", max_model_len=2048, max_num_seqs=64
+    )
+    chip = result["per_chip_bytes"]
+    assert result["num_chips"] == 8 and result["attention_backend"] == "pallas-tpu"
+    assert chip["temp"] < 0.02 * chip["hbm"]
+    # one KV head per chip: 2 layers x 2 (K, V) x 128 lanes x 2 bytes per token
+    assert chip["kv_pool"] == result["num_pages"] * 16 * 2 * 2 * 128 * 2
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
 def test_bad_targets_are_clear_errors():
     from jaxgen.tpu_compile import compile_decode_step, resolve_target
 

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 
 from jaxgen.backends.base import AttentionBackend
 from jaxgen.backends.cpu import CPUBackend
+from jaxgen.backends.cpu_kernels import cpu_kernel_available
 from jaxgen.backends.pallas_gpu import PallasGPUBackend
 from jaxgen.backends.pallas_tpu import PallasTPUBackend
 from jaxgen.backends.reference import ReferenceBackend
-from pallas_kernels.paged_attention_cpu import cpu_kernel_available
 
 BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
 _PLATFORM_PALLAS = {"tpu": "pallas-tpu", "gpu": "pallas-gpu", "cuda": "pallas-gpu"}
@@ -71,9 +71,9 @@ def select_backend(
         return PallasTPUBackend(
             mesh=kv_sharding.mesh, model_axis=kv_sharding.spec[0], interpret=interpret
         )
-    return {"reference": ReferenceBackend, "pallas-gpu": PallasGPUBackend, "cpu": CPUBackend}[
-        resolved
-    ]()
+    if resolved == "pallas-gpu":
+        return PallasGPUBackend(interpret=(platform or jax.default_backend()) == "cpu")
+    return {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]()
 
 
 __all__ = [

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from pallas_kernels import paged_attention, ragged_paged_attention
 
 
 @dataclasses.dataclass(frozen=True)
 class PallasGPUBackend(PairedPoolBackend):
-    name = "pallas-gpu"
+    """``interpret``: run the kernels in Pallas's interpreter (on CPU, for tests); set by
+    ``select_backend`` from the platform, so lowering for CUDA from a CPU host emits the
+    kernels themselves."""
 
-    @property
-    def interpret(self) -> bool:
-        return jax.default_backend() == "cpu"
+    name = "pallas-gpu"
+    interpret: bool = False
 
     def decode_attention(self, q, k_pages, v_pages, md, **opts):
         return paged_attention(

@@ -46,7 +46,7 @@ def jitted_step(graphdef, backend: AttentionBackend):
         hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
         # [N, V]: only the rows that sample
         logits = model.compute_logits(
-            hidden[logits_indices], packed_lm_head=head, live_rows=logits_live
+            hidden[logits_indices], head_kernel=head, live_rows=logits_live
         )
         return kv_cache, sample(logits, sampling, flags)
 
@@ -91,11 +91,9 @@ class ModelRunner:
             if isinstance(attention_backend, AttentionBackend)
             else select_backend(attention_backend, dtype=self.dtype, kv_sharding=kv_sharding)
         )
-        # The parameters the step runs on (``params`` stays as loaded): on the "cpu" backend a
-        # copy with panel-packed Linear kernels, and the tied embedding packed as the LM head.
-        self.step_params, self.packed_lm_head = self.backend.prepare_params(
-            self.params, self.config
-        )
+        # The parameters the step runs on (``params`` stays as loaded) and the LM head kernel
+        # to use instead of the model's (or None), both in the backend's form.
+        self.step_params, self.head_kernel = self.backend.prepare_params(self.params, self.config)
         self.layout = StepLayout(
             page_size=page_size,
             max_num_seqs=max_num_seqs,
@@ -143,7 +141,7 @@ class ModelRunner:
             inputs.logits_live,
             tensors,
             flags=flags,
-            head=self.packed_lm_head,
+            head=self.head_kernel,
         )
         return jax.device_get(result), flags  # the one device-to-host transfer of the step
 

@@ -1,20 +1,26 @@
-"""Dense layer whose weight may be panel-packed for the native XLA:CPU matmul.
+"""Dense layer, and the one matmul entry point models call: any kernel form, no kernel imports.
 
 ``Linear`` keeps ``nnx.Linear``'s parameter names (``kernel`` [in, out], ``bias``), so loaders and
-sharding rules map it the same way. When the engine runs the "cpu" backend it hands the step a
-copy of the parameters in which every packable kernel is ``pack_weight``-ed to
-[ceil(out / 24), in, 24] (``pack_linear_weights``); a 3-D kernel is that layout and runs on
-``pallas_kernels.matmul_cpu``, a 2-D one on ``jnp.dot``. ``apply_linears`` runs several layers
-that read the same input (q/k/v, gate/up) as one native call.
+sharding rules map it the same way. A backend may run the step on a copy of the parameters whose
+kernels it has put in its own form (``AttentionBackend.prepare_params``; the "cpu" backend's
+panel-packed ``PackedWeight``), so :func:`matmuls` dispatches on the kernel alone:
+
+- a plain array ([in, out]): ``jnp.dot``, every row computed;
+- any other object: its own ``kernel.matmul(x, live_rows)``, and when every kernel of a group
+  (q/k/v, gate/up; :func:`apply_linears`) has the same such type, one
+  ``type(kernel).matmul_group(x, kernels, live_rows)`` call (one native job, not several).
+
+``live_rows`` ([2, 2] int32 [begin, end) spans of the real decode and prefill rows) lets such a
+kernel skip bucket padding rows, which come out as zeros. The backend owns the kernel and its
+matmul, so this module, and the models, import no kernel.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-
-from pallas_kernels.matmul_cpu import can_pack, matmul_cpu_group, pack_weight
 
 
 class Linear(nnx.Module):
@@ -27,33 +33,32 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((n_out,), dtype)) if bias else None
 
     def __call__(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
-        """``live_rows`` ([2, 2] row spans, see ``matmul_cpu``) lets the native matmul skip
-        padding rows (they come out as zeros); ``jnp.dot`` computes every row."""
+        """``live_rows``: the rows that are not padding (see the module docstring)."""
         return apply_linears((self,), x, live_rows)[0]
+
+
+def matmul(x: jax.Array, kernel, live_rows: jax.Array | None = None) -> jax.Array:
+    """``x @ kernel`` for a kernel in any form (see the module docstring)."""
+    if isinstance(kernel, (jax.Array, np.ndarray)):
+        return jnp.dot(x, kernel)
+    return kernel.matmul(x, live_rows)
+
+
+def matmuls(x: jax.Array, kernels: list, live_rows: jax.Array | None = None) -> list[jax.Array]:
+    """``[x @ kernel for kernel in kernels]``; one ``matmul_group`` call when every kernel is the
+    same non-array type that has one."""
+    kind = type(kernels[0])
+    if hasattr(kind, "matmul_group") and all(type(kernel) is kind for kernel in kernels):
+        return list(kind.matmul_group(x, kernels, live_rows))
+    return [matmul(x, kernel, live_rows) for kernel in kernels]
 
 
 def apply_linears(
     layers: tuple[Linear, ...], x: jax.Array, live_rows: jax.Array | None = None
 ) -> list[jax.Array]:
-    """``[layer(x) for layer in layers]``; one native matmul call when every kernel is packed."""
-    kernels = [layer.kernel[...] for layer in layers]
-    if all(kernel.ndim == 3 for kernel in kernels):
-        columns = [layer.out_features for layer in layers]
-        outputs = matmul_cpu_group(x, kernels, columns, live_rows=live_rows)
-    else:
-        outputs = [jnp.dot(x, kernel) for kernel in kernels]
+    """``[layer(x) for layer in layers]`` with their kernels' matmuls grouped (:func:`matmuls`)."""
+    outputs = matmuls(x, [layer.kernel.get_value() for layer in layers], live_rows)
     return [
         y if layer.bias is None else y + layer.bias[...]
         for layer, y in zip(layers, outputs, strict=True)
     ]
-
-
-def pack_linear_weights(params: nnx.State) -> nnx.State:
-    """A copy of ``params`` with every packable ``Linear`` kernel panel-packed (others shared)."""
-    leaves = []
-    for path, var in nnx.to_flat_state(params):
-        value = var.get_value()
-        if path[-1] == "kernel" and can_pack(value):
-            var = var.replace(pack_weight(value))
-        leaves.append((path, var))
-    return nnx.from_flat_state(leaves)

@@ -13,9 +13,8 @@ from flax import nnx
 
 from jaxgen.attention import AttentionMetadata, attention
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear, apply_linears
+from jaxgen.models.linear import Linear, apply_linears, matmul
 from jaxgen.models.rope import apply_rope, inverse_frequencies, rope_angles
-from pallas_kernels.matmul_cpu import matmul_cpu
 
 KVCache = list  # per layer: that layer's pool in the backend's layout
 
@@ -134,14 +133,14 @@ class LlamaForCausalLM(nnx.Module):
         self,
         hidden: jax.Array,
         *,
-        packed_lm_head: jax.Array | None = None,
+        head_kernel=None,
         live_rows: jax.Array | None = None,
     ) -> jax.Array:  # [N, D] -> [N, V] float32
-        """LM head; ``packed_lm_head``: the tied embedding as ``pack_weight(embedding.T)``, for the
-        native CPU matmul; ``live_rows``: the rows that are not padding (see ``Linear``)."""
-        vocab = self.config.vocab_size
-        if packed_lm_head is not None:
-            logits = matmul_cpu(hidden, packed_lm_head, vocab, live_rows=live_rows)
+        """LM head; ``head_kernel``: a [D, V] kernel to use instead, in any form ``Linear`` takes
+        (the backend's prepared tied embedding, see ``AttentionBackend.prepare_params``);
+        ``live_rows``: the rows that are not padding (see ``Linear``)."""
+        if head_kernel is not None:
+            logits = matmul(hidden, head_kernel, live_rows)
         elif self.config.tie_word_embeddings:
             logits = self.embed_tokens.attend(hidden)
         else:

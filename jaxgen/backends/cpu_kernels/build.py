@@ -1,7 +1,7 @@
-"""Builds the native XLA:CPU kernels under ``cpu/`` on first use and loads them.
+"""Builds the native XLA:CPU kernels under ``native/`` on first use and loads them.
 
-Every ``cpu/*.cc`` is compiled with the machine's C++ compiler into one shared library (so the
-kernels share one worker pool, ``cpu/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR``
+Every ``native/*.cc`` is compiled with the machine's C++ compiler into one shared library (so the
+kernels share one worker pool, ``native/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR``
 (default ``~/.cache/jaxgen``) and keyed by the sources, the flags and jaxlib.
 ``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make ``load_library``
 return None, and callers keep their pure-JAX path.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 
-SOURCE_DIR = Path(__file__).parent / "cpu"
+SOURCE_DIR = Path(__file__).parent / "native"
 # Reassociation lets the compiler vectorise reductions; nothing else is relaxed.
 CXX_FLAGS = (
     "-O3",
@@ -43,7 +43,7 @@ def _cache_dir() -> Path:
 
 
 def _build(compiler: str) -> Path:
-    """Compiles every ``cpu/*.cc`` into the cache unless an identical build is there."""
+    """Compiles every ``native/*.cc`` into the cache unless an identical build is there."""
     import jaxlib
 
     sources = sorted(SOURCE_DIR.glob("*.cc"))

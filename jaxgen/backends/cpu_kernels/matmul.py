@@ -2,25 +2,26 @@
 
 At the row counts of batched decode (tens of tokens) XLA:CPU's dot reaches about 70% of this
 CPU's FMA peak. The weights are packed once (``pack_weight``: [K, N] -> [N / 24, K, 24] panels
-that stream contiguously, N zero-padded to a multiple of 24) and ``cpu/matmul_cpu.cc`` runs an
-AVX2 register tile over them.
-Built on first use (``pallas_kernels.cpu_build``); ``matmul_kernel_available()`` is False where
-it cannot be built or the compiler lacks AVX2 + FMA, and callers keep ``jnp.dot``, the
-reference.
+that stream contiguously, N zero-padded to a multiple of 24) and ``native/matmul_cpu.cc`` runs an
+AVX2 register tile over them. ``PackedWeight`` is such a weight as a ``Linear`` kernel: it
+carries its column count and its own matmul, so models run it without importing this module.
+Built on first use (``build``); ``matmul_kernel_available()`` is False where it cannot be built
+or the compiler lacks AVX2 + FMA, and callers keep ``jnp.dot``, the reference.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.cpu_build import load_library, register
+from jaxgen.backends.cpu_kernels.build import load_library, register
 
 TARGET = "jaxgen_matmul_f32"
-PANEL_WIDTH = 24  # kPanelWidth in cpu/matmul_f32.h
+PANEL_WIDTH = 24  # kPanelWidth in native/matmul_f32.h
 
 
 @functools.cache
@@ -119,3 +120,48 @@ def matmul_cpu_group(
     shapes = [jax.ShapeDtypeStruct((rows.shape[0], padded), x.dtype) for padded, _ in results]
     outs = jax.ffi.ffi_call(TARGET, shapes)(rows, jnp.asarray(live_rows, jnp.int32), *packed)
     return [out[:, :n].reshape(*x.shape[:-1], n) for out, (_, n) in zip(outs, results, strict=True)]
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["panels"], meta_fields=["columns"]
+)
+@dataclasses.dataclass(frozen=True)
+class PackedWeight:
+    """A float32 [K, N] weight packed for the native matmul, as a ``Linear`` kernel takes it.
+
+    A pytree: ``panels`` ([ceil(N / 24), K, 24]) is its leaf, ``columns`` (N) static. It
+    provides the kernel protocol of ``jaxgen.models.linear``: :meth:`matmul` and
+    :meth:`matmul_group`."""
+
+    panels: jax.Array  # [ceil(N / 24), K, 24] float32
+    columns: int  # N
+
+    @classmethod
+    def pack(cls, w: jax.Array) -> PackedWeight:
+        """``w`` ([K, N] float32) packed."""
+        return cls(pack_weight(w), w.shape[1])
+
+    def unpack(self) -> jax.Array:  # [K, N]
+        return unpack_weight(self.panels, self.columns)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The [K, N] shape of the weight it packs."""
+        return (self.panels.shape[1], self.columns)
+
+    @property
+    def dtype(self):
+        return self.panels.dtype
+
+    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ w`` (see ``matmul_cpu``; ``live_rows``: the rows to compute, others are 0)."""
+        return matmul_cpu(x, self.panels, self.columns, live_rows=live_rows)
+
+    @staticmethod
+    def matmul_group(
+        x: jax.Array, weights: list[PackedWeight], live_rows: jax.Array | None = None
+    ) -> list[jax.Array]:
+        """``[x @ w for w in weights]`` in one native call (see ``matmul_cpu_group``)."""
+        panels = [weight.panels for weight in weights]
+        columns = [weight.columns for weight in weights]
+        return matmul_cpu_group(x, panels, columns, live_rows=live_rows)

@@ -3,8 +3,8 @@
 The pure-JAX reference (``paged_attention_reference``) gathers every sequence's pages into a
 temporary and transposes it for the batched dot; on a CPU those copies cost more than the
 attention itself. This kernel reads keys and values page by page from the pool instead. It is
-compiled from ``cpu/paged_attention_cpu.cc`` on first use (``pallas_kernels.cpu_build``); where
-that is not possible, ``cpu_kernel_available()`` is False and callers keep the reference.
+compiled from ``native/paged_attention_cpu.cc`` on first use (``build``); where that is not
+possible, ``cpu_kernel_available()`` is False and callers keep the reference.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.cpu_build import load_library, register
+from jaxgen.backends.cpu_kernels.build import load_library, register
 from pallas_kernels.paged_attention import validate_common, validate_int_array
 
 TARGET = "jaxgen_paged_decode_f32"

@@ -2,7 +2,7 @@
 //
 // out_i[M, N_i] = x[M, K] @ w_i[K, N_i] for a group of weights that read the same x (the q, k
 // and v projections; gate and up), each given packed as [N_i / 24, K, 24] (pack_weight in
-// matmul_cpu.py): one call, so the group runs as one parallel job instead of several small ones
+// matmul.py): one call, so the group runs as one parallel job instead of several small ones
 // (each job has a fixed cost: handing it to the worker threads). Only the rows inside two
 // [begin, end) spans are computed (`live_rows`, int32 [2, 2]: an engine step's decode and
 // prefill tokens); the other rows, padding up to a shape bucket, come out as zeros. The blocking

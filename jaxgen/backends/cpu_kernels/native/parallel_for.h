@@ -1,5 +1,5 @@
 // ParallelFor over the native CPU kernels' own pool of worker threads, which spin briefly
-// between jobs. Every kernel under cpu/ is built into one library, so they share one pool.
+// between jobs. Every kernel under native/ is built into one library, so they share one pool.
 //
 // Why not XLA's intra-op pool (the kernels used it until the seventh session): its idle threads
 // sleep, and in a decode step the next kernel call comes tens of microseconds after the last one
