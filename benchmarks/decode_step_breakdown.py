@@ -42,15 +42,10 @@ shape = (cfg.num_kv_heads, P, S, cfg.head_dim)
 def md():
     return AttentionMetadata(
         slot_mapping=slots,
-        decode_lengths=lengths,
-        decode_block_tables=tables,
-        prefill_query_index=np.zeros((0, 16), np.int32),
-        prefill_query_positions=np.zeros((0, 16), np.int32),
-        prefill_block_tables=np.zeros((0, 1), np.int32),
-        prefill_cu_q_lens=np.zeros(1, np.int32),
-        prefill_kv_lens=np.zeros(0, np.int32),
-        prefill_seq_block_tables=np.zeros((0, 1), np.int32),
-        prefill_num_seqs=np.zeros(1, np.int32),
+        cu_q_lens=np.arange(B + 1, dtype=np.int32),
+        kv_lens=lengths,
+        block_tables=tables,
+        num_seqs=np.array([B], np.int32),
     )
 
 

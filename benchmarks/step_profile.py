@@ -69,7 +69,7 @@ def main() -> None:
 
     groups = collections.defaultdict(list)
     for decodes, prefill_tokens, seconds in steps:
-        bucket = bucket_for(max(decodes, 1), runner.layout.decode_buckets)
+        bucket = bucket_for(max(decodes, 1), runner.layout.token_buckets)
         key = "with prefill" if prefill_tokens else f"decode, bucket {bucket:3d}"
         groups[key].append((decodes, seconds))
     print("| steps (last pass) | count | mean live decode rows | mean ms | total s |")

@@ -1,10 +1,13 @@
 """The step's attention metadata and the one attention entry point models call.
 
-A step runs a flat batch of ``T`` tokens: the first ``Bd`` rows are decode tokens (one per
-sequence), the remaining ``Tp`` rows are prefill chunks laid end to end. New K/V are written into
-the pool through ``slot_mapping`` (slot = page * page_size + offset; page 0 is a scratch page that
-padding writes into), then attention reads the pool. How the pool is laid out and which kernels
-read it is the backend's business (``jaxgen.backends``); a model only calls :func:`attention`.
+A step runs a flat batch of ``T`` tokens laid out ragged: the rows of sequence ``s`` are
+``cu_q_lens[s]:cu_q_lens[s + 1]`` (decode sequences first, one row each, then prefill chunks),
+query ``j`` of ``s`` sits at position ``kv_lens[s] - q_len[s] + j`` and attends causally to its
+sequence's cache; rows past ``cu_q_lens[num_seqs]`` are bucket padding. New K/V are written into
+the pool through ``slot_mapping`` (slot = page * page_size + offset; page 0 is a scratch page
+that padding writes into), then attention reads the pool. How the pool is laid out and which
+kernels read it is the backend's business (``jaxgen.backends``): a model only calls
+:func:`attention`, and a backend derives any other view of the step from this one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 
 @jax.tree_util.register_dataclass
@@ -20,24 +24,24 @@ class AttentionMetadata:
     """Device arrays describing where each token of a step reads and writes the KV pool."""
 
     slot_mapping: jax.Array  # [T] int32
-    decode_lengths: jax.Array  # [Bd] int32, cached tokens incl. the new one; 0 for padding rows
-    decode_block_tables: jax.Array  # [Bd, Wd] int32
-    # Prefill, blocked for the XLA path: each block holds up to Bq query rows of one sequence.
-    prefill_query_index: jax.Array  # [Nb, Bq] int32 into prefill rows; Tp means padding
-    prefill_query_positions: jax.Array  # [Nb, Bq] int32, -1 for padding
-    prefill_block_tables: jax.Array  # [Nb, Wp] int32
-    # Prefill, ragged: sequences' chunks end to end (the Pallas kernels).
-    prefill_cu_q_lens: jax.Array  # [Sp + 1] int32
-    prefill_kv_lens: jax.Array  # [Sp] int32
-    prefill_seq_block_tables: jax.Array  # [Sp, Wp] int32
-    prefill_num_seqs: jax.Array  # [1] int32
+    cu_q_lens: jax.Array  # [S + 1] int32; entries past num_seqs repeat the last real one
+    kv_lens: jax.Array  # [S] int32, cached tokens incl. this step's; 0 for unused slots
+    block_tables: jax.Array  # [S, W] int32
+    num_seqs: jax.Array  # [1] int32, sequences in use
     # [2, 2] int32 [begin, end) of the real decode rows and of the real prefill rows; the rest is
     # bucket padding, which the native CPU matmul skips. None: every row is real.
     live_rows: jax.Array | None = None
 
-    @property
-    def num_decode(self) -> int:
-        return self.decode_lengths.shape[0]
+
+def row_sequences(md: AttentionMetadata, num_tokens: int):
+    """Per token row: its sequence slot ``[T]``, its position ``[T]`` and whether it is real."""
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)
+    max_seqs = md.kv_lens.shape[0]
+    seq = jnp.clip(jnp.searchsorted(md.cu_q_lens[1:], rows, side="right"), 0, max_seqs - 1)
+    real = (rows < md.cu_q_lens[jnp.clip(md.num_seqs[0], 0, max_seqs)]) & (seq < md.num_seqs[0])
+    q_len = md.cu_q_lens[seq + 1] - md.cu_q_lens[seq]
+    position = md.kv_lens[seq] - q_len + rows - md.cu_q_lens[seq]
+    return seq, position, real
 
 
 def attention(

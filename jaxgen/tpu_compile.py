@@ -189,7 +189,7 @@ def compile_decode_step(
         max_num_batched_tokens=max(max_num_seqs, 16),
         max_model_len=max_model_len,
     )
-    inputs = layout.split_decode_dummy(max_num_seqs, pages_per_seq)
+    inputs = layout.padding_step(max_num_seqs, pages_per_seq)
     tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
     replicated = NamedSharding(mesh, PartitionSpec())
 

@@ -144,7 +144,7 @@ def _ragged_kernel(
     out_ref[...] = normalize(acc, row_sum).astype(out_ref.dtype)
 
 
-def _query_blocks(cu_q_lens, kv_lens, num_seqs, *, num_tokens, block_q, num_blocks):
+def query_blocks(cu_q_lens, kv_lens, num_seqs, *, num_tokens, block_q, num_blocks):
     """Splits each sequence's rows into blocks of ``block_q``; returns per-block metadata.
 
     Returns ``(seq, counts, positions, rows)``: the sequence of each block ``[N]``, its number of
@@ -252,7 +252,7 @@ def ragged_paged_attention(
 
     # Each used sequence adds at most one partly filled block.
     num_blocks = (num_tokens + min(max_seqs, num_tokens) * (block_q - 1)) // block_q
-    seq, counts, positions, rows = _query_blocks(
+    seq, counts, positions, rows = query_blocks(
         cu_q_lens, kv_lens, num_seqs, num_tokens=num_tokens, block_q=block_q, num_blocks=num_blocks
     )
     total_blocks = -(-pages_per_seq // pages_per_compute_block)

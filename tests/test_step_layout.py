@@ -1,5 +1,4 @@
-"""Step layouts: every token a row of the native attention kernel (``token_rows``) against the
-decode/prefill split, and precompiling every step shape up front."""
+"""The ragged step layout every backend reads, and precompiling every step shape up front."""
 
 from __future__ import annotations
 
@@ -22,43 +21,48 @@ def _sequence(prompt_len: int, computed: int, pages: list[int], outputs: int = 0
     return seq
 
 
-def test_token_rows_layout_places_every_token():
-    layout = StepLayout(page_size=4, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32)
-    decode = _sequence(6, 8, [7, 3, 9], outputs=3)  # 9 tokens, the 9th is new
-    chunk = _sequence(10, 4, [5, 2, 8])  # a middle chunk: tokens 4..9, straddles two pages
-    first = _sequence(3, 0, [6])  # a whole short prompt
-    out = SchedulerOutput(
-        [ScheduledSequence(decode, 1), ScheduledSequence(chunk, 6), ScheduledSequence(first, 3)],
-        [],
+@pytest.mark.parametrize("full_width", [True, False])
+def test_ragged_layout_places_every_token(full_width):
+    layout = StepLayout(
+        page_size=4,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=32,
+        full_width_tables=full_width,
     )
-    inputs = layout.token_rows(out)
+    chunk = _sequence(10, 4, [5, 2, 8])  # a middle chunk: tokens 4..9, straddles two pages
+    decode = _sequence(6, 8, [7, 3, 9], outputs=3)  # 9 tokens, the 9th is new
+    first = _sequence(3, 0, [6])  # a whole short prompt
+    scheduled = [ScheduledSequence(chunk, 6), ScheduledSequence(decode, 1)]
+    scheduled.append(ScheduledSequence(first, 3))
+    inputs = layout.ragged(SchedulerOutput(scheduled, []))
     md = inputs.metadata
     assert inputs.token_ids.shape == (16,)  # 10 tokens -> the 16 bucket
-    assert md.decode_block_tables.shape == (16, layout.full_width)
-    assert md.prefill_query_index.shape[0] == 0 and md.prefill_kv_lens.shape == (0,)
-
+    assert md.block_tables.shape == (4, 8 if full_width else 4)  # 4 sequence slots
+    # Decode sequences first, then prefill chunks, then padding.
+    assert md.cu_q_lens.tolist() == [0, 1, 7, 10, 10]
+    assert md.kv_lens.tolist() == [9, 10, 3, 0]
+    assert md.num_seqs.tolist() == [3]
     positions = [8, 4, 5, 6, 7, 8, 9, 0, 1, 2]
     assert inputs.positions[:10].tolist() == positions
-    assert md.decode_lengths.tolist() == [p + 1 for p in positions] + [0] * 6
-    assert inputs.token_ids[:10].tolist() == [decode.token_at(8)] + list(range(104, 110)) + [
-        100,
-        101,
-        102,
-    ]
-    tables = {0: decode.block_table, 1: chunk.block_table, 7: first.block_table}
+    assert inputs.token_ids[:10].tolist() == [decode.token_at(8), *range(104, 110), 100, 101, 102]
+    tables = [decode.block_table, chunk.block_table, first.block_table]
+    for index, table in enumerate(tables):
+        assert md.block_tables[index, : len(table)].tolist() == table
+        assert not md.block_tables[index, len(table) :].any()
     for row, pos in enumerate(positions):
-        table = tables[max(k for k in tables if k <= row)]
+        table = tables[np.searchsorted(md.cu_q_lens[1:], row, side="right")]
         assert md.slot_mapping[row] == table[pos // 4] * 4 + pos % 4
-        assert md.decode_block_tables[row, : len(table)].tolist() == table
     assert (md.slot_mapping[10:] == SCRATCH_PAGE * 4).all()
-    assert md.live_rows.tolist() == [[0, 10], [16, 16]]
-    # One logits row per scheduled sequence, at its last token; padded to min(16, max seqs).
+    assert md.live_rows.tolist() == [[0, 1], [1, 10]]
+    # One logits row per sequence slot, at each scheduled sequence's last token.
     assert inputs.logits_indices.tolist() == [0, 6, 9, 0]
-    assert inputs.logits_live.tolist() == [[0, 3], [4, 4]]
-    assert inputs.rows[:3] == out.scheduled and inputs.rows[3] is None
+    assert inputs.logits_live.tolist() == [[0, 1], [1, 3]]
+    assert inputs.rows[:3] == [scheduled[1], scheduled[0], scheduled[2]]
+    assert inputs.rows[3] is None
 
 
-def test_token_rows_shape_depends_only_on_the_token_bucket():
+def test_full_width_shape_depends_only_on_the_token_bucket():
     layout = StepLayout(page_size=16, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
     shapes, buckets = set(), set()
     for lengths in ([1, 1, 1], [1, 12], [14], [1] * 8, [3, 5, 2, 6], [1, 2, 1]):
@@ -66,12 +70,21 @@ def test_token_rows_shape_depends_only_on_the_token_bucket():
         out = SchedulerOutput(
             [ScheduledSequence(s, n) for s, n in zip(seqs, lengths, strict=True)], []
         )
-        inputs = layout.token_rows(out)
+        inputs = layout.ragged(out)
         arrays = [inputs.token_ids, inputs.logits_indices, *vars(inputs.metadata).values()]
         shapes.add(tuple(a.shape for a in arrays))
         buckets.add(len(inputs.token_ids))
     assert buckets == {4, 8, 16} and len(shapes) == 3  # nothing but the token bucket varies
     assert layout.token_buckets == [2, 4, 8, 16, 32, 64]
+
+
+def test_static_batching_pads_decode_steps():
+    layout = StepLayout(
+        page_size=4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=32, min_decode_batch=8
+    )
+    out = SchedulerOutput([ScheduledSequence(_sequence(3, 5, [1, 2], outputs=3), 1)], [])
+    inputs = layout.ragged(out)
+    assert inputs.token_ids.shape == (8,) and inputs.metadata.kv_lens.shape == (8,)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +99,10 @@ def sliding_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
 
 
 @pytest.mark.parametrize("model", ["tiny", "sliding"])
-def test_token_rows_matches_split_layout(model, tiny_model_dir, sliding_model_dir):
-    """The native backend (token rows) and the XLA reference (split layout) agree token for
-    token and in log-probabilities, with chunked prefill and prompts past the sliding window."""
+def test_native_backend_matches_reference(model, tiny_model_dir, sliding_model_dir):
+    """The native backend (full-width tables, a kernel row per token) and the XLA reference
+    (tight tables, query blocks) read the same ragged layout and agree token for token and in
+    log-probabilities, with chunked prefill and prompts past the sliding window."""
     path = tiny_model_dir if model == "tiny" else sliding_model_dir
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 1000, int(n)).tolist() for n in (5, 40, 23, 61, 9, 33)]
@@ -98,9 +112,9 @@ def test_token_rows_matches_split_layout(model, tiny_model_dir, sliding_model_di
     ]
     knobs = dict(max_model_len=128, max_rolling_batch_size=4, max_rolling_batch_prefill_tokens=24)
     native = LLM(path, attention_backend="cpu", **knobs)
-    assert native.engine.runner.token_rows
+    assert native.engine.runner.layout.full_width_tables
     reference = LLM(path, attention_backend="reference", **knobs)
-    assert not reference.engine.runner.token_rows
+    assert not reference.engine.runner.layout.full_width_tables
     got = native.generate(prompts, params, use_tqdm=False)
     want = reference.generate(prompts, params, use_tqdm=False)
     for a, b in zip(got, want, strict=True):
@@ -139,7 +153,8 @@ def test_precompile_covers_every_shape(tiny_model_dir):
     ]
 
 
-def test_precompile_split_layout_covers_decode_steps(tiny_model_dir):
+def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir):
     llm = LLM(tiny_model_dir, attention_backend="reference", max_model_len=64)
     layout = llm.engine.runner.layout
-    assert llm.precompile() == len(layout.decode_buckets) * len(layout.width_buckets)
+    decode_buckets = [t for t in layout.token_buckets if t <= layout.seq_cap]
+    assert llm.precompile() == len(decode_buckets) * len(layout.width_buckets)

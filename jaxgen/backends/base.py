@@ -17,9 +17,10 @@ class AttentionBackend:
     step. Subclasses set ``name`` and implement the pool and :meth:`attention`."""
 
     name: ClassVar[str] = ""
-    # Which step layout the backend reads: every token one attention row (True), or decode rows
-    # then prefill chunks (False); see jaxgen/engine/step_layout.py.
-    token_rows: ClassVar[bool] = False
+    # Whether the step's block tables are full width (the kernels read only each sequence's
+    # own pages), or as wide as the step's longest sequence (they gather the whole width); see
+    # jaxgen/engine/step_layout.py.
+    full_width_tables: ClassVar[bool] = False
 
     def prepare_params(self, params, config):
         """The parameters the step runs on, and an LM head to pass the step (or None)."""

@@ -1,6 +1,8 @@
 """The native CPU backend: C++ paged attention and panel-packed matmuls through the XLA FFI.
 
-Every token of a step is one row of the paged kernel (the ``token_rows`` layout), and the step
+Every token of a step is one row of the paged kernel (a prefill token at position ``p`` is a row
+of length ``p + 1`` with its sequence's block table, so the causal mask is the row's length),
+and the step
 runs on a copy of the parameters whose float32 ``Linear`` kernels are ``PackedWeight``s: the
 model's ``Linear`` runs them on the native matmul through their own methods, so the model never
 imports a kernel.
@@ -10,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 from flax import nnx
 
+from jaxgen.attention import row_sequences
 from jaxgen.backends.cpu_kernels import (
     PackedWeight,
     can_pack,
@@ -36,7 +40,7 @@ def pack_linear_weights(params: nnx.State) -> nnx.State:
 @dataclasses.dataclass(frozen=True)
 class CPUBackend(PairedPoolBackend):
     name = "cpu"
-    token_rows = True
+    full_width_tables = True
 
     def prepare_params(self, params, config):
         """Packed ``Linear`` kernels, and a tied embedding packed as the LM head kernel."""
@@ -47,7 +51,7 @@ class CPUBackend(PairedPoolBackend):
             head = PackedWeight.pack(params["embed_tokens"]["embedding"][...].T)
         return pack_linear_weights(params), head
 
-    def decode_attention(self, q, k_pages, v_pages, md, **opts):
-        return paged_attention_cpu(
-            q, k_pages, v_pages, md.decode_lengths, md.decode_block_tables, **opts
-        )
+    def paged_attention(self, q, k_pages, v_pages, md, **opts):
+        seq, position, real = row_sequences(md, q.shape[0])
+        lengths = jnp.where(real, position + 1, 0).astype(jnp.int32)  # 0: a padding row
+        return paged_attention_cpu(q, k_pages, v_pages, lengths, md.block_tables[seq], **opts)

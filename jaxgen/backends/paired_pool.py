@@ -39,8 +39,8 @@ def write_kv(
 
 @dataclasses.dataclass(frozen=True)
 class PairedPoolBackend(AttentionBackend):
-    """A backend over (k_pages, v_pages) per layer: decode rows and prefill rows are attended by
-    :meth:`decode_attention` and :meth:`prefill_attention`, which subclasses provide."""
+    """A backend over (k_pages, v_pages) per layer; subclasses provide :meth:`paged_attention`
+    over the step's ragged metadata."""
 
     def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
         shape = jax.ShapeDtypeStruct(
@@ -63,17 +63,7 @@ class PairedPoolBackend(AttentionBackend):
 
     def attention(self, q, k, v, kv_layer, md: AttentionMetadata, **opts):
         k_pages, v_pages = write_kv(*kv_layer, k, v, md.slot_mapping)
-        num_decode = md.num_decode
-        outputs = []
-        if num_decode:
-            outputs.append(self.decode_attention(q[:num_decode], k_pages, v_pages, md, **opts))
-        if q.shape[0] > num_decode:
-            outputs.append(self.prefill_attention(q[num_decode:], k_pages, v_pages, md, **opts))
-        out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=0)
-        return out, (k_pages, v_pages)
+        return self.paged_attention(q, k_pages, v_pages, md, **opts), (k_pages, v_pages)
 
-    def decode_attention(self, q, k_pages, v_pages, md, **opts):  # [Bd, Hq, D]
-        raise NotImplementedError
-
-    def prefill_attention(self, q, k_pages, v_pages, md, **opts):  # [Tp, Hq, D]
+    def paged_attention(self, q, k_pages, v_pages, md, **opts):  # [T, Hq, D]
         raise NotImplementedError

@@ -17,42 +17,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgen.attention import AttentionMetadata
 from jaxgen.backends.base import AttentionBackend
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
 from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RaggedView:
-    """A step as the kernel reads it: decode rows are sequences of one query, then the prefill
-    chunks; bucket-padding decode rows read one slot of the scratch page."""
-
-    kv_lens: jax.Array  # [S] int32
-    block_tables: jax.Array  # [S, W] int32
-    cu_q_lens: jax.Array  # [S + 1] int32
-    num_seqs: jax.Array  # [1] int32
-
-
-def ragged_view(md: AttentionMetadata) -> RaggedView:
-    """Derives the kernel's ragged metadata from the step's decode and prefill sections."""
-    num_decode = md.num_decode
-    width = max(md.decode_block_tables.shape[1], md.prefill_seq_block_tables.shape[1])
-
-    def widen(tables):
-        return jnp.pad(tables, ((0, 0), (0, width - tables.shape[1])))
-
-    return RaggedView(
-        kv_lens=jnp.concatenate([jnp.maximum(md.decode_lengths, 1), md.prefill_kv_lens]),
-        block_tables=jnp.concatenate(
-            [widen(md.decode_block_tables), widen(md.prefill_seq_block_tables)]
-        ),
-        cu_q_lens=jnp.concatenate(
-            [jnp.arange(num_decode + 1, dtype=jnp.int32), num_decode + md.prefill_cu_q_lens[1:]]
-        ),
-        num_seqs=num_decode + md.prefill_num_seqs,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +28,7 @@ class PallasTPUBackend(AttentionBackend):
     ``interpret``: run the kernels in Pallas's TPU interpreter (on CPU, for tests)."""
 
     name = "pallas-tpu"
+    full_width_tables = True
     mesh: Mesh | None = None
     model_axis: str | None = None
     interpret: bool = False
@@ -116,18 +84,17 @@ class PallasTPUBackend(AttentionBackend):
         return out
 
     def attention(self, q, k, v, kv_layer, md, *, scale, soft_cap=None, sliding_window=None):
-        view = ragged_view(md)
         num_kv_heads = k.shape[1]
 
-        def local(q, k, v, kv_pages, slots, view):
+        def local(q, k, v, kv_pages, slots, md):
             kv_pages = update_kv_cache_tpu(kv_pages, k, v, slots, interpret=self.interpret_params)
             out = ragged_paged_attention_tpu(
                 q,
                 kv_pages,
-                view.kv_lens,
-                view.block_tables,
-                view.cu_q_lens,
-                view.num_seqs,
+                md.kv_lens,
+                md.block_tables,
+                md.cu_q_lens,
+                md.num_seqs,
                 scale=scale,
                 soft_cap=soft_cap,
                 sliding_window=sliding_window,
@@ -137,7 +104,7 @@ class PallasTPUBackend(AttentionBackend):
             return out, kv_pages
 
         if self.degree == 1:
-            return local(q, k, v, kv_layer, md.slot_mapping, view)
+            return local(q, k, v, kv_layer, md.slot_mapping, md)
         if num_kv_heads < self.degree:  # every chip gets the KV head its query heads read
             k = jnp.repeat(k, self.degree // num_kv_heads, axis=1)
             v = jnp.repeat(v, self.degree // num_kv_heads, axis=1)
@@ -149,4 +116,4 @@ class PallasTPUBackend(AttentionBackend):
             in_specs=(heads, heads, heads, self.kv_pool_spec(), replicated, replicated),
             out_specs=(heads, self.kv_pool_spec()),
             check_vma=False,
-        )(q, k, v, kv_layer, md.slot_mapping, view)
+        )(q, k, v, kv_layer, md.slot_mapping, md)

@@ -8,7 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxgen.backends.paired_pool import PairedPoolBackend
-from pallas_kernels.paged_attention import MASK_VALUE, gather_pages, paged_attention_reference
+from pallas_kernels.paged_attention import MASK_VALUE, gather_pages
+from pallas_kernels.ragged_paged_attention import query_blocks
+
+QUERY_BLOCK = 16  # query rows per attention block of steps larger than their sequence slots
 
 
 def blocked_prefill_attention(
@@ -23,7 +26,7 @@ def blocked_prefill_attention(
     soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> jax.Array:  # [Tp, Hq, D]
-    """Causal prefill attention in plain XLA: query blocks of one sequence each, against its pages."""
+    """Causal attention in plain XLA: query blocks of one sequence each, against its pages."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, _, page_size, _ = k_pages.shape
     group = num_heads // num_kv_heads
@@ -50,22 +53,26 @@ def blocked_prefill_attention(
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceBackend(PairedPoolBackend):
-    """Pure XLA: decode rows through ``paged_attention_reference``, prefill in query blocks."""
+    """Pure XLA: the step's rows cut into query blocks of one sequence each (one row a block
+    when the step has no more rows than sequence slots, as decode steps), each block against
+    its sequence's gathered pages."""
 
     name = "reference"
 
-    def decode_attention(self, q, k_pages, v_pages, md, **opts):
-        return paged_attention_reference(
-            q, k_pages, v_pages, md.decode_lengths, md.decode_block_tables, **opts
+    def paged_attention(self, q, k_pages, v_pages, md, **opts):
+        num_tokens, max_seqs = q.shape[0], md.kv_lens.shape[0]
+        block_q = 1 if num_tokens <= max_seqs else QUERY_BLOCK
+        num_blocks = (num_tokens + min(max_seqs, num_tokens) * (block_q - 1)) // block_q
+        seq, counts, first, rows = query_blocks(
+            md.cu_q_lens,
+            md.kv_lens,
+            md.num_seqs,
+            num_tokens=num_tokens,
+            block_q=block_q,
+            num_blocks=num_blocks,
         )
-
-    def prefill_attention(self, q, k_pages, v_pages, md, **opts):
+        offsets = jnp.arange(block_q, dtype=jnp.int32)[None, :]
+        positions = jnp.where(offsets < counts[:, None], first[:, None] + offsets, -1)
         return blocked_prefill_attention(
-            q,
-            k_pages,
-            v_pages,
-            md.prefill_query_index,
-            md.prefill_query_positions,
-            md.prefill_block_tables,
-            **opts,
+            q, k_pages, v_pages, rows, positions, md.block_tables[seq], **opts
         )

@@ -100,8 +100,8 @@ class ModelRunner:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             min_decode_batch=min_decode_batch,
+            full_width_tables=self.backend.full_width_tables,
         )
-        self.token_rows = self.backend.token_rows
         self.base_seed = seed
         self.step_counter = 0
         self.kv_cache = self.backend.allocate_kv_pool(
@@ -114,10 +114,8 @@ class ModelRunner:
         return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(self.kv_cache))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        """Numpy inputs of the step for ``out``, in this backend's layout."""
-        if self.token_rows:
-            return self.layout.token_rows(out)
-        return self.layout.split(out)
+        """Numpy inputs of the step for ``out`` (its tables as wide as this backend wants)."""
+        return self.layout.ragged(out)
 
     def _execute(self, inputs: StepInputs, sampling_rows: list[SamplingRow]):
         """Runs the jitted step (the pool is donated and replaced); returns the host result."""
@@ -146,21 +144,14 @@ class ModelRunner:
         return jax.device_get(result), flags  # the one device-to-host transfer of the step
 
     def precompile(self, sampling_params: list[SamplingParams] | None = None) -> int:
-        """Compiles the step for every shape a batch can take (with ``token_rows``: each token
-        bucket; with the split layout only decode-only steps, at each decode and width bucket:
-        steps with prefill rows compile when first met). One set per sampling configuration in
+        """Compiles the step for every shape a batch can take (``StepLayout.precompile_shapes``:
+        every shape with full-width tables; otherwise decode-only steps at each width bucket,
+        and steps with prefill rows compile when first met). One set per sampling configuration in
         ``sampling_params`` (default: greedy). Runs each shape once on all-padding inputs, which
         touch only the scratch page. Returns the number of XLA compilations it caused."""
         before = compile_counter.compile_count()
         configs = sampling_params or [SamplingParams(temperature=0.0)]
-        if self.token_rows:
-            shapes = [self.layout.token_rows_dummy(t) for t in self.layout.token_buckets]
-        else:
-            shapes = [
-                self.layout.split_decode_dummy(b, w)
-                for b in self.layout.decode_buckets
-                for w in self.layout.width_buckets
-            ]
+        shapes = self.layout.precompile_shapes()
         step_counter = self.step_counter  # unseeded sampling does not depend on precompiling
         rows = []  # one real row per variant gives the flags and the banned-token width
         for params in configs:

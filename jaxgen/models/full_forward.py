@@ -16,7 +16,6 @@ def full_sequence_logits(
     *,
     page_size: int = 16,
     backend: str = "reference",
-    query_block: int = 16,
 ) -> np.ndarray:
     """Runs one prefill over ``token_ids`` in a private page pool; returns ``[T, V]`` float32."""
     cfg = loaded.config
@@ -26,24 +25,12 @@ def full_sequence_logits(
     kv = attention_backend.allocate_kv_pool(cfg, num_pages + 1, page_size, loaded.dtype)
     table = np.arange(1, num_pages + 1, dtype=np.int32)[None, :]
     positions = np.arange(num_tokens, dtype=np.int32)
-    num_blocks = -(-num_tokens // query_block)
-    q_index = np.full((num_blocks, query_block), num_tokens, np.int32)
-    q_pos = np.full((num_blocks, query_block), -1, np.int32)
-    for b in range(num_blocks):
-        n = min(query_block, num_tokens - b * query_block)
-        q_index[b, :n] = positions[b * query_block : b * query_block + n]
-        q_pos[b, :n] = q_index[b, :n]
     md = AttentionMetadata(
         slot_mapping=positions + page_size,
-        decode_lengths=np.zeros(0, np.int32),
-        decode_block_tables=np.zeros((0, num_pages), np.int32),
-        prefill_query_index=q_index,
-        prefill_query_positions=q_pos,
-        prefill_block_tables=np.repeat(table, num_blocks, axis=0),
-        prefill_cu_q_lens=np.array([0, num_tokens], np.int32),
-        prefill_kv_lens=np.array([num_tokens], np.int32),
-        prefill_seq_block_tables=table,
-        prefill_num_seqs=np.array([1], np.int32),
+        cu_q_lens=np.array([0, num_tokens], np.int32),
+        kv_lens=np.array([num_tokens], np.int32),
+        block_tables=table,
+        num_seqs=np.array([1], np.int32),
     )
 
     @jax.jit
