@@ -189,8 +189,34 @@ def cmd_plan_target(args) -> int:
     """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
     import jax.numpy as jnp
 
-    from jaxgen.tpu_compile import compile_decode_step, config_from_path, report_lines
+    from jaxgen.ahead_of_time import (
+        compile_decode_step,
+        config_from_path,
+        lower_decode_step_for_cuda,
+        report_lines,
+    )
 
+    if args.target == "cuda":
+        result = lower_decode_step_for_cuda(
+            config_from_path(args.model),
+            dtype=jnp.dtype(args.dtype),
+            max_model_len=args.max_model_len or args.context,
+            max_num_seqs=args.max_num_seqs,
+            page_size=args.page_size,
+        )
+        if args.json:
+            import json
+
+            print(json.dumps(result))
+            return 0
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print(f"lowered for CUDA in {result['lower_seconds']:.1f} s (lowered only: not compiled)")
+        print(f"attention backend   {result['attention_backend']}")
+        for name, count in sorted(result["kernel_calls"].items()):
+            print(f"  Pallas kernel     {name} x {count}")
+        for name, count in sorted(result["custom_calls"].items()):
+            print(f"  custom call       {name} (in {count} kernel body)")
+        return 0
     result = compile_decode_step(
         config_from_path(args.model),
         args.target,
@@ -225,7 +251,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--tensor-parallel-degree", type=int, default=None)
     target = parser.add_argument_group("compiled for a TPU slice (needs the tpu extra, no TPU)")
     target.add_argument(
-        "--target", default=None, help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8 or v5e:2x2"
+        "--target",
+        default=None,
+        help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8, v5e:2x2, or cuda (lowered only)",
     )
     target.add_argument("--compile", action="store_true", help="AOT-compile the decode step")
     target.add_argument("--max-model-len", type=int, default=None, help="default: --context")

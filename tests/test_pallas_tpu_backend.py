@@ -12,7 +12,7 @@ import pytest
 from jaxgen import LLM, SamplingParams
 from jaxgen.config import ModelConfig
 
-SMOLLM2_SHAPE = dict(
+SMOLLM2_SHAPE = dict(  # two layers of SmolLM2-135M
     model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
     num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
     max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
@@ -59,21 +59,22 @@ def test_engine_greedy_tokens_match_reference(tiny_loaded):
 
 @needs_libtpu
 @pytest.mark.tpu_compile
-def test_smollm2_shape_compiles_for_v5e_1_without_copying_the_pool():
+def test_default_model_compiles_for_v5e_1_within_the_floor():
+    """SmolLM2-135M (its GGUF's config): the whole step, no copy of the 14 GB pool, counted
+    bytes within 1.25x of weights + live KV in the pool's padded layout."""
+    from jaxgen.ahead_of_time import compile_decode_step, config_from_path
     from jaxgen.backends import PallasTPUBackend
-    from jaxgen.tpu_compile import compile_decode_step
 
-    config = ModelConfig.from_hf_dict(SMOLLM2_SHAPE)
+    config = config_from_path(None)
     result = compile_decode_step(config, "v5e-1", max_model_len=2048, max_num_seqs=64)
     assert result["attention_backend"] == "pallas-tpu"
     assert {"ragged_paged_attention", "kv_cache_update"} <= set(result["kernels"])
     chip, step = result["per_chip_bytes"], result["decode_step"]
     assert chip["temp"] < 0.02 * chip["hbm"]
-    # The pool's padded layout (head_dim 64 -> 128 lanes, 3 -> 4 KV heads) is what is read.
-    # 1.66x of weights + padded live KV at this commit (the 1.15x target is not met yet); a
-    # copy of the 14 GB pool, which interpret mode or an XLA scatter causes, is ~30x.
+    assert chip["kv_pool"] >= 0.85 * (chip["hbm"] - chip["weights"])
+    # head_dim 64 is padded to 128 lanes and 3 KV heads to 4: the kernel reads padded pages.
     padded_kv = PallasTPUBackend().kv_bytes_per_page(config, 16, "bfloat16") * 128 * 64
-    assert step["bytes_accessed"] <= 2.0 * (chip["weights"] + padded_kv)
+    assert step["bytes_accessed"] <= 1.25 * (chip["weights"] + padded_kv)  # 1.16x at e22a567
 
 
 @needs_libtpu
@@ -83,7 +84,7 @@ def test_llama3_8b_shape_compiles_for_v5e_4(tmp_path):
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA3_8B))
-    from jaxgen.tpu_compile import compile_decode_step
+    from jaxgen.ahead_of_time import compile_decode_step
 
     result = compile_decode_step(
         ModelConfig.from_hf_dict(LLAMA3_8B), "v5e-4", max_model_len=2048, max_num_seqs=64
@@ -101,7 +102,7 @@ def test_llama3_8b_shape_compiles_for_v5e_4(tmp_path):
 @pytest.mark.tpu_compile
 def test_kv_heads_fewer_than_chips_compile_for_v6e_8():
     """4 KV heads on 8 chips: each chip holds the one (repeated) KV head its query heads read."""
-    from jaxgen.tpu_compile import compile_decode_step
+    from jaxgen.ahead_of_time import compile_decode_step
 
     gqa = dict(LLAMA3_8B, num_hidden_layers=2, num_key_value_heads=4, vocab_size=32000)
     result = compile_decode_step(
@@ -117,7 +118,7 @@ def test_kv_heads_fewer_than_chips_compile_for_v6e_8():
 @needs_libtpu
 @pytest.mark.tpu_compile
 def test_bad_targets_are_clear_errors():
-    from jaxgen.tpu_compile import compile_decode_step, resolve_target
+    from jaxgen.ahead_of_time import compile_decode_step, resolve_target
 
     with pytest.raises(ValueError, match="v5e-1, v5e-4"):
         resolve_target("h100")
@@ -126,3 +127,15 @@ def test_bad_targets_are_clear_errors():
         compile_decode_step(config, "v5e-4", tensor_parallel_degree=3)
     with pytest.raises(ValueError, match="query heads"):
         compile_decode_step(config, "v5e-4")  # 9 heads do not split 4 ways
+
+
+def test_decode_step_lowers_for_cuda_with_the_triton_kernel():
+    """Lowered only: the step with the pallas-gpu backend calls the Triton ragged kernel once per
+    layer (nothing compiles or runs for a GPU here)."""
+    from jaxgen.ahead_of_time import lower_decode_step_for_cuda
+
+    config = ModelConfig.from_hf_dict(SMOLLM2_SHAPE)
+    result = lower_decode_step_for_cuda(config, max_model_len=512, max_num_seqs=8)
+    assert result["attention_backend"] == "pallas-gpu"
+    assert "__gpu$xla.gpu.triton" in result["custom_calls"]
+    assert sum(result["kernel_calls"].values()) == config.num_layers

@@ -1,4 +1,5 @@
-"""The engine's decode step compiled ahead of time for a TPU slice, on a machine without one.
+"""The engine's decode step compiled ahead of time for a TPU slice (or lowered for CUDA), on a
+machine without either.
 
 libtpu's compiler runs on CPU: ``jax.experimental.topologies`` gives the devices of a named slice,
 and ``jax.jit(step).trace(...).lower().compile()`` under that mesh runs XLA's TPU pipeline and the
@@ -7,7 +8,11 @@ attention backend, sampler, donated pool), traced with ``jax.ShapeDtypeStruct``s
 engine's sharding rules: no weights and no TPU are needed. ``jaxgen plan --target`` prints it.
 
 The figures are the compiler's: ``memory_analysis()`` (bytes per chip) and ``cost_analysis()``
-(HBM bytes and flops it counts for one step, per chip). They are counts, not measured times.
+(bytes and flops it counts for one step, per chip). They are counts, not measured times.
+
+For CUDA, :func:`lower_decode_step_for_cuda` lowers the same step with the ``pallas-gpu`` backend
+(``lowering_platforms=("cuda",)``) and lists the kernels it calls: it lowers; nothing is compiled
+or run for a GPU here.
 """
 
 from __future__ import annotations
@@ -72,8 +77,8 @@ def resolve_target(target: str) -> TpuSlice:
     generation = topology.split(":", 1)[0]
     if ":" not in topology or generation not in CHIPS:
         raise ValueError(
-            f"unknown TPU target {target!r}; choose one of {', '.join(TARGETS)} or a libtpu "
-            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)})"
+            f"unknown TPU target {target!r}; choose one of {', '.join(TARGETS)}, a libtpu "
+            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)}), or cuda (lowered only)"
         )
     # Compiling needs libtpu but no chip; several processes may then load it side by side.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -117,6 +122,83 @@ def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan):
     return graphdef, nnx.from_flat_state(leaves)
 
 
+def _decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
+    """``ShapeDtypeStruct``s of a full-width decode step's inputs (after params and pool), and
+    its static sampling flags."""
+    from jaxgen.engine.sampling_tensors import build_sampling_tensors
+    from jaxgen.engine.step_layout import StepLayout
+
+    layout = StepLayout(
+        page_size=page_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(max_num_seqs, 16),
+        max_model_len=max_model_len,
+    )
+    inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
+    tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+    arrays = (
+        inputs.token_ids,
+        inputs.positions,
+        inputs.metadata,
+        inputs.logits_indices,
+        inputs.logits_live,
+        tensors,
+    )
+    abstract = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding), arrays
+    )
+    return abstract, flags
+
+
+def lower_decode_step_for_cuda(
+    config: ModelConfig,
+    *,
+    dtype=jnp.bfloat16,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 64,
+    page_size: int = 16,
+    num_pages: int | None = None,
+) -> dict:
+    """Lowers one decode step for CUDA (one GPU, ``pallas-gpu`` backend) and lists the custom
+    calls it makes. ``num_pages`` defaults to what the step's sequences need, plus the scratch
+    page. Lowering only: no GPU compiler runs, so nothing here says the kernels fit a GPU."""
+    import collections
+    import re
+
+    from jaxgen.backends import PallasGPUBackend
+    from jaxgen.engine.runner import jitted_step
+    from jaxgen.models.llama import LlamaForCausalLM
+
+    if max_model_len < 1 or max_num_seqs < 1:
+        raise ValueError("max_model_len and max_num_seqs must be >= 1")
+    pages_per_seq = -(-max_model_len // page_size)
+    num_pages = num_pages or max_num_seqs * pages_per_seq + 1
+    abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(abstract)
+    backend = PallasGPUBackend()
+    pool = backend.kv_pool_shapes(config, num_pages, page_size, dtype)
+    step_inputs, flags = _decode_step_inputs(page_size, max_num_seqs, max_model_len)
+    start = time.perf_counter()
+    lowered = (
+        jitted_step(graphdef, backend)
+        .trace(params, pool, *step_inputs, flags=flags, head=None)
+        .lower(lowering_platforms=("cuda",))
+    )
+    text = lowered.as_text()
+    seconds = time.perf_counter() - start
+    targets = collections.Counter(re.findall(r"custom_call @([^(\s]+)\(", text))
+    # Each Pallas kernel is a private function (called once per layer) holding its custom call.
+    kernels = collections.Counter(re.findall(r"call @(ragged_paged_attention[\w.]*)\(", text))
+    return {
+        "target": "cuda",
+        "attention_backend": backend.name,
+        "custom_calls": dict(targets),
+        "kernel_calls": dict(kernels),
+        "num_pages": num_pages,
+        "lower_seconds": seconds,
+    }
+
+
 def _per_chip_bytes(tree) -> int:
     """Bytes each chip holds of a tree of sharded ``ShapeDtypeStruct``s."""
     total = 0
@@ -141,8 +223,6 @@ def compile_decode_step(
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning)."""
     from jaxgen.backends import PallasTPUBackend
     from jaxgen.engine.runner import jitted_step
-    from jaxgen.engine.sampling_tensors import build_sampling_tensors
-    from jaxgen.engine.step_layout import StepLayout
 
     tpu = resolve_target(target)
     num_chips = len(tpu.devices)
@@ -183,31 +263,8 @@ def compile_decode_step(
         jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=pool_sharding)
         for shape in backend.kv_pool_shapes(config, num_pages, page_size, dtype)
     ]
-    layout = StepLayout(
-        page_size=page_size,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max(max_num_seqs, 16),
-        max_model_len=max_model_len,
-    )
-    inputs = layout.padding_step(max_num_seqs, pages_per_seq)
-    tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def abstract(tree):
-        return jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=replicated),
-            tree,
-        )
-
-    step_inputs = abstract(
-        (
-            inputs.token_ids,
-            inputs.positions,
-            inputs.metadata,
-            inputs.logits_indices,
-            inputs.logits_live,
-            tensors,
-        )
+    step_inputs, flags = _decode_step_inputs(
+        page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
     step = jitted_step(graphdef, backend)
     start = time.perf_counter()
