@@ -267,9 +267,10 @@ def compile_decode_step(
         page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
     step = jitted_step(graphdef, backend)
+    step_params, head = backend.prepare_params(params, config)  # as the engine's runner does
     start = time.perf_counter()
     with jax.set_mesh(mesh):
-        lowered = step.trace(params, pool, *step_inputs, flags=flags, head=None).lower()
+        lowered = step.trace(step_params, pool, *step_inputs, flags=flags, head=head).lower()
         compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
