@@ -8,11 +8,8 @@ from pallas_kernels.tpu.kv_cache_update import (
     padded_num_kv_heads,
     update_kv_cache_tpu,
 )
-from pallas_kernels.tpu.ragged_paged_attention import (
-    attention_cost,
-    default_block_sizes,
-    ragged_paged_attention_tpu,
-)
+from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
+from pallas_kernels.tpu.ragged_paged_attention_sizes import attention_cost, default_block_sizes
 from pallas_kernels.tpu.reference import (
     ragged_paged_attention_reference_tpu,
     update_kv_cache_reference,

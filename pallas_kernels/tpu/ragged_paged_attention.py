@@ -38,16 +38,15 @@ from pallas_kernels.tpu.kv_cache_update import (
     dtype_packing,
     padded_head_dim,
 )
+from pallas_kernels.tpu.ragged_paged_attention_sizes import (
+    attention_cost,
+    cdiv,
+    default_block_sizes,
+    sublane_rows,
+)
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-KV_BLOCK_TOKENS = 512  # Target tokens per KV block: ~0.25-2 MiB per DMA slab at Hkv 1-8.
-KV_BLOCK_MAX_BYTES = 2 * 1024 * 1024
-PREFILL_BLOCK_ROWS = 256  # q rows (tokens x group) per block for prefill.
 VMEM_SCOPED_DEFAULT = 16 * 1024 * 1024  # v5e scoped default; above it we raise the limit.
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
 
 
 def _attention_kernel(
@@ -100,7 +99,7 @@ def _attention_kernel(
         key_end = jnp.minimum(key_end, pages_per_seq * page_size)
         key_start = 0 if sliding_window is None else jnp.maximum(first_pos - sliding_window + 1, 0)
         block_begin = key_start // block_k
-        block_end = jnp.where(last_row >= first_row, _cdiv(key_end, block_k), 0)
+        block_end = jnp.where(last_row >= first_row, cdiv(key_end, block_k), 0)
         return key_end, block_begin, block_end
 
     def in_block(seq):
@@ -118,7 +117,7 @@ def _attention_kernel(
     def page_copies(seq, kv_block, slot):
         """One DMA per page of the KV block, with whether that page is needed."""
         key_end, _, _ = seq_extent(seq)
-        page_end = _cdiv(key_end, page_size)
+        page_end = cdiv(key_end, page_size)
         copies = []
         for i in range(pages_per_block):
             page = kv_block * pages_per_block + i
@@ -219,30 +218,6 @@ def _attention_kernel(
         out_ref[:, head * group : (head + 1) * group, :] = out.reshape(block_q, group, head_dim)
 
 
-def _sublane_rows(dtype) -> int:
-    return 8 * dtype_packing(dtype)
-
-
-def default_block_sizes(
-    num_tokens: int, max_seqs: int, group: int, page_size: int, pages_per_seq: int, page_bytes: int
-) -> tuple[int, int]:
-    """``(num_kv_pages_per_block, num_queries_per_block)`` for these shapes.
-
-    KV blocks aim at 512 tokens (but at most 2 MiB): a slab big enough that the DMA of the next
-    block hides the compute of this one and per-block overheads (~0.35 us) stay small, and small
-    enough that two slabs plus scores fit the 16 MiB scoped VMEM (Mosaic pads the slab's 2 * Hkv_p
-    rows to a sublane tile, e.g. 4 -> 16 for bf16, so a 512 KiB bf16 slab takes 2 MiB of VMEM).
-    Decode-like calls (no more tokens than sequences) use 8 tokens per query block: every row of a
-    block is computed against every sequence it holds, so fewer rows waste less. Prefill uses ~256 rows (tokens x group), 8..128 tokens: enough MXU work per KV byte.
-    """
-    pages = max(1, min(KV_BLOCK_TOKENS // page_size, KV_BLOCK_MAX_BYTES // page_bytes))
-    pages = min(pages, pages_per_seq)
-    if num_tokens <= max_seqs:
-        return pages, 8
-    block_q = max(8, min(128, PREFILL_BLOCK_ROWS // group) // 8 * 8)
-    return pages, min(block_q, _cdiv(num_tokens, 8) * 8)
-
-
 def _validate(
     q,
     kv_pages,
@@ -280,7 +255,7 @@ def _validate(
             f"kv_pages head_dim {head_dim_padded} must be q head_dim {head_dim} padded to "
             f"{padded_head_dim(head_dim)}"
         )
-    tile = _sublane_rows(kv_pages.dtype)
+    tile = sublane_rows(kv_pages.dtype)
     if not 16 <= page_size <= 256 or page_size % tile:
         raise ValueError(
             f"kv_pages page_size {page_size} must be in [16, 256] and a multiple of {tile}"
@@ -328,35 +303,6 @@ def _validate(
     return num_kv_heads
 
 
-def attention_cost(
-    num_tokens: int,
-    num_q_heads: int,
-    head_dim: int,
-    kv_pages_shape,
-    itemsize: int,
-    max_seqs: int,
-    pages_per_seq: int,
-) -> pl.CostEstimate:
-    """Static cost of one call.
-
-    KV bytes: every page a live sequence can own is read once, i.e. ``min(max_seqs, T) *
-    pages_per_seq`` pages (at most T sequences have queries), capped at the pool size. For a
-    decode step whose block tables are as wide as the longest sequence this is the live KV. A
-    prefill chunk split over several query blocks re-reads its prefix once per block; that extra
-    is not counted (prefill is compute-bound). Flops assume every query sees every page.
-    """
-    num_pages, page_size, num_rows, head_dim_padded = kv_pages_shape
-    page_bytes = page_size * num_rows * head_dim_padded * itemsize
-    kv_pages_read = min(min(max_seqs, num_tokens) * pages_per_seq, num_pages)
-    keys = pages_per_seq * page_size
-    q_bytes = num_tokens * num_q_heads * head_dim_padded * itemsize
-    return pl.CostEstimate(
-        flops=4 * num_tokens * num_q_heads * head_dim_padded * keys,
-        transcendentals=num_tokens * num_q_heads * keys,
-        bytes_accessed=kv_pages_read * page_bytes + 2 * q_bytes,
-    )
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -391,7 +337,7 @@ def _ragged_paged_attention(
     _, page_size, num_rows, head_dim_padded = kv_pages.shape
     max_seqs, pages_per_seq = block_tables.shape
     group = num_q_heads // num_kv_heads
-    padded_tokens = _cdiv(num_tokens, block_q) * block_q
+    padded_tokens = cdiv(num_tokens, block_q) * block_q
     rows = block_q * group
     itemsize = q.dtype.itemsize
 
