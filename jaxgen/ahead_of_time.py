@@ -136,14 +136,7 @@ def _decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, s
     )
     inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
     tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
-    arrays = (
-        inputs.token_ids,
-        inputs.positions,
-        inputs.metadata,
-        inputs.logits_indices,
-        inputs.logits_live,
-        tensors,
-    )
+    arrays = (*inputs.arrays, tensors)
     abstract = jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding), arrays
     )

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 
 from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.replicas import create_engine
@@ -54,7 +55,7 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._stopped = threading.Event()
         self._stats: dict = engine.stats()
-        self._error: BaseException | None = None
+        self.dead: EngineDeadError | None = None  # set once the engine cannot step any more
         self._thread = threading.Thread(target=self._loop, name="jaxgen-engine", daemon=True)
         self._thread.start()
 
@@ -85,6 +86,8 @@ class AsyncLLM:
         """
         if self._stopped.is_set():
             raise RuntimeError("AsyncLLM is shut down")
+        if self.dead is not None:
+            raise self.dead
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         if prompt_token_ids is None:
@@ -160,11 +163,7 @@ class AsyncLLM:
                 except queue.Empty:
                     command = None
             if engine.has_unfinished():
-                try:
-                    outputs = engine.step()
-                except BaseException as e:  # a broken step fails its requests, not the server
-                    self._fail_all(e)
-                    continue
+                outputs = self._step()
                 for out in outputs:
                     self._deliver(out.request_id, out)
                 if not outputs and engine.has_unfinished():
@@ -174,10 +173,32 @@ class AsyncLLM:
             engine.abort(request_id)
         self._stats = engine.stats()
 
+    def _step(self) -> list:
+        """One engine step; a failure ends the requests it concerns and returns no outputs."""
+        try:
+            return self.engine.step()
+        except StepFailed as e:  # the engine recovered; only that step's requests failed
+            self._stats = self.engine.stats()  # counted before anyone hears of the failure
+            for request_id in e.request_ids:
+                self._deliver(request_id, RuntimeError(str(e)))
+            return e.outputs  # what other replicas produced in the same step
+        except EngineDeadError as e:
+            self.dead = e
+            self._stats = self.engine.stats()
+            for request_id in e.request_ids:
+                self._deliver(request_id, RuntimeError(str(e)))
+            self._fail_all(e)
+        except BaseException as e:  # a broken step fails its requests, not the server
+            self._fail_all(e)
+        return []
+
     def _handle(self, command) -> None:
         kind = command[0]
         if kind == "add":
             _, request_id, text, token_ids, params, arrival, done = command
+            if self.dead is not None:
+                done.set_exception(self.dead)
+                return
             try:
                 self.engine.add_request(request_id, text, token_ids, params, arrival_time=arrival)
             except BaseException as e:
@@ -197,9 +218,12 @@ class AsyncLLM:
                 self.engine.abort(request_id)
 
     def _fail_all(self, error: BaseException) -> None:
+        message = (
+            str(error) if isinstance(error, EngineDeadError) else f"engine step failed: {error!r}"
+        )
         for request_id in list(self.engine.requests):
             self.engine.abort(request_id)
-            self._deliver(request_id, RuntimeError(f"engine step failed: {error!r}"))
+            self._deliver(request_id, RuntimeError(message))
 
 
 class concurrent_result:  # noqa: N801 - awaitable set from another thread
@@ -251,4 +275,4 @@ def _delta(out: RequestOutput, sent: dict) -> RequestOutput:
     )
 
 
-__all__ = ["AsyncLLM", "CompletionOutput"]
+__all__ = ["AsyncLLM", "CompletionOutput", "EngineDeadError"]

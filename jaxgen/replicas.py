@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine.errors import StepFailed
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
@@ -129,17 +130,27 @@ class ReplicatedEngine:
             return []
         before = [engine.num_steps for engine in busy]
         if len(busy) == 1:
-            results = [busy[0].step()]
+            results = [_step_or_failure(busy[0])]
         else:
-            results = list(self._pool.map(lambda engine: engine.step(), busy))
+            results = list(self._pool.map(_step_or_failure, busy))
         stepped = [e for e, n in zip(busy, before, strict=True) if e.num_steps != n]
         if stepped:
             self.num_steps += 1
             self.last_batch_size = sum(engine.last_batch_size for engine in stepped)
-        outputs = [out for result in results for out in result]
+        outputs = [out for result in results if isinstance(result, list) for out in result]
         for out in outputs:
             if out.finished:
                 self._release(out.request_id)
+        failures = [result for result in results if isinstance(result, BaseException)]
+        for failure in failures:
+            for request_id in getattr(failure, "request_ids", ()):
+                self._release(request_id)
+        dead = [f for f in failures if not isinstance(f, StepFailed)]
+        if dead:  # a dead replica (or an unexpected error) is the caller's to handle
+            raise dead[0]
+        if failures:  # replicas that recovered: fail their step's requests, deliver the rest
+            failed_ids = [i for failure in failures for i in failure.request_ids]
+            raise StepFailed(failures[0].error, failed_ids, outputs=outputs)
         return outputs
 
     def precompile(self, sampling_params=None) -> int:
@@ -164,3 +175,12 @@ class ReplicatedEngine:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def _step_or_failure(engine) -> list | BaseException:
+    """One replica's step: its outputs, or what it raised (so one replica's failed step does not
+    lose the outputs the others produced in the same step)."""
+    try:
+        return engine.step()
+    except Exception as error:
+        return error

@@ -120,12 +120,14 @@ def start_loading(loader: Callable, loop: asyncio.AbstractEventLoop, loaded, fai
 
 
 async def health(request: Request) -> Response:
-    """``GET /health``: 200 when ready, 503 while loading, draining or failed."""
+    """``GET /health``: 200 when ready, 503 while loading, draining, or failed (the model did
+    not load or the engine died)."""
     state: ServerState = request.app.state.server
-    body = {"status": "ok" if state.phase == READY else state.phase}
-    if state.load_error is not None:
-        body["error"] = str(state.load_error)
-    return JSONResponse(body, status_code=200 if state.phase == READY else 503)
+    status = state.status
+    body = {"status": "ok" if status == READY else status}
+    if state.engine_error is not None:
+        body["error"] = str(state.engine_error)
+    return JSONResponse(body, status_code=200 if status == READY else 503)
 
 
 async def metrics_route(request: Request) -> Response:

@@ -38,6 +38,10 @@ FLAG_SETTINGS = {
     "max_stop_sequences": "max_stop_sequences",
     "max_body_bytes": "max_body_bytes",
     "drain_timeout": "drain_timeout",
+    "body_read_timeout": "body_read_timeout",
+    "header_read_timeout": "header_read_timeout",
+    "keep_alive_timeout": "keep_alive_timeout",
+    "max_connections": "max_connections",
     "log_level": "log_level",
 }
 
@@ -46,7 +50,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds ``jaxgen serve``'s flags (precedence: flags > environment > --properties file)."""
     add = parser.add_argument
     add("--model", help="alias, HF directory, .gguf file or converted dir (env MODEL_ID)")
-    add("--served-model-name", help="model name shown to clients (default: --model)")
+    add(
+        "--served-model-name",
+        nargs="+",
+        help="model name shown to clients (default: --model), then aliases; once given, "
+        "OpenAI requests naming another model get 404",
+    )
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port (default 8080; env PORT)")
     add("--dtype", help="float32/fp32, bfloat16/bf16, float16/fp16 or auto (env DTYPE)")
@@ -94,6 +103,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-stop-sequences", type=int, help="most stop sequences per request (default 4)")
     add("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
     add("--drain-timeout", type=float, help="seconds SIGTERM waits for requests (default 30)")
+    add("--body-read-timeout", type=float, help="seconds to read a request body (default 30)")
+    add(
+        "--header-read-timeout",
+        type=float,
+        help="seconds to read a request's headers from connecting or the previous response "
+        "(default 10)",
+    )
+    add("--keep-alive-timeout", type=float, help="seconds an idle connection stays (default 5)")
+    add("--max-connections", type=int, help="open connections before 503 (default 1024)")
     add("--properties", help="an LMI serving.properties file")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -116,12 +134,11 @@ def check_engine_knobs(settings) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Starts the server; returns the exit code (0 after a SIGTERM drain)."""
-    import uvicorn
-
+    """Starts the server; returns the exit code (0 after a SIGTERM drain, 1 if the model failed
+    to load or the engine died)."""
     from serving.app import create_app
     from serving.loader import build_llm
-    from serving.server import DrainingServer
+    from serving.server import DrainingServer, uvicorn_config
 
     settings = settings_from_args(args)
     check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
@@ -138,14 +155,8 @@ def run_serve(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = create_app(lambda: build_llm(settings), settings, on_fatal=fatal)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-        access_log=False,
+    config = uvicorn_config(
+        app, settings, host=settings.host, port=settings.port, log_level=settings.log_level
     )
     server = DrainingServer(config, app.state.server, settings.drain_timeout)
     logger.info("serving %s on http://%s:%d", settings.model_name, settings.host, settings.port)

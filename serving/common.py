@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
@@ -9,7 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from serving.state import ServerState
 from serving.streaming import ClientDisconnected
-from serving.validation import RequestError, read_json_object
+from serving.validation import RequestError, check_content_type, read_json_object
 
 
 def server_state(request: Request) -> ServerState:
@@ -19,14 +20,23 @@ def server_state(request: Request) -> ServerState:
 async def accept(request: Request) -> tuple[ServerState, dict]:
     """The state and JSON body of a generation request; refuses it while not ready."""
     state = server_state(request)
-    if state.phase != "ready":
+    if state.status != "ready":
         state.admit()  # raises the right 503
     body = getattr(request.state, "json_body", None)
     if body is None:
+        check_content_type(request.headers.get("content-type"))
         try:
-            body = await read_json_object(request, state.limits.max_body_bytes)
+            body = await asyncio.wait_for(
+                read_json_object(request, state.limits.max_body_bytes),
+                state.settings.body_read_timeout,
+            )
         except ClientDisconnect:
             raise ClientDisconnected() from None
+        except asyncio.TimeoutError:
+            raise RequestError(
+                f"the request body took over {state.settings.body_read_timeout:g} s to arrive",
+                kind="timeout",
+            ) from None
         request.state.json_body = body
     return state, body
 

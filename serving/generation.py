@@ -115,6 +115,7 @@ class Generation:
         self.completions = [Completion(index=i) for i in range(params.n)]
         self.metrics: dict | None = None
         self.finished = False
+        self.cut: list[int] = []  # completions ended early (finish_reason "abort" or "error")
         self._pending_text = [""] * params.n
 
     @property
@@ -155,9 +156,16 @@ class Generation:
                     self.state.metrics.success.labels(finish_reason="abort").inc()
                 elif outcome == "error":
                     self.state.metrics.failed.inc()
+                reason = "error" if outcome == "error" else "abort"
                 for completion in self.completions:
-                    completion.finish_reason = completion.finish_reason or "abort"
+                    if completion.finish_reason is None:
+                        completion.finish_reason = reason
+                        self.cut.append(completion.index)
         raise GenerationAborted("the request was aborted before it finished")
+
+    def cut_deltas(self) -> list[Delta]:
+        """A last, empty delta for each completion the stream ended early, giving its reason."""
+        return [Delta(i, "", [], [], None, self.completions[i].finish_reason) for i in self.cut]
 
     async def run(self) -> GenerationResult:
         """Runs to the end and returns the accumulated result."""

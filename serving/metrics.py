@@ -71,6 +71,7 @@ class EngineStatsCollector:
             ("jaxgen_prompt_tokens", "Prompt tokens admitted.", "prompt_tokens_total"),
             ("jaxgen_generation_tokens", "Tokens generated.", "generation_tokens_total"),
             ("jaxgen_engine_steps", "Engine steps run.", "steps"),
+            ("jaxgen_engine_failed_steps", "Engine steps that raised.", "failed_steps"),
         )
         for name, documentation, key in counters:
             yield CounterMetricFamily(name, documentation, value=float(stats.get(key, 0)))

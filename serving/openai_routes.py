@@ -27,12 +27,16 @@ STATUS = {
     "validation": 400,
     "invalid_json": 400,
     "too_large": 413,
+    "unsupported_media_type": 415,
+    "timeout": 408,
     "overloaded": 429,
     "unavailable": 503,
     "not_found": 404,
+    "model_not_found": 404,
     "generation": 500,
     "internal": 500,
 }
+ERROR_CODES = {"model_not_found": "model_not_found"}  # OpenAI's string codes; others: the status
 ERROR_TYPES = {
     "overloaded": "overloaded_error",
     "unavailable": "service_unavailable",
@@ -47,16 +51,20 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 def openai_error(error: RequestError) -> JSONResponse:
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = openai_error_body(error)
+    return JSONResponse(body, status_code=STATUS.get(error.kind, 400), headers=error.headers)
+
+
+def openai_error_body(error: RequestError) -> dict:
     status = STATUS.get(error.kind, 400)
-    body = {
+    return {
         "error": {
             "message": error.message,
             "type": ERROR_TYPES.get(error.kind, "invalid_request_error"),
             "param": error.param,
-            "code": status,
+            "code": ERROR_CODES.get(error.kind, status),
         }
     }
-    return JSONResponse(body, status_code=status)
 
 
 @dataclasses.dataclass
@@ -276,6 +284,11 @@ async def chat_completions(request: Request) -> Response:
 async def serve(request: Request, parse, format_class) -> Response:
     try:
         state, body = await accept(request)
+        model = body.get("model")
+        if isinstance(model, str) and not state.settings.serves_model(model):
+            raise RequestError(
+                f"The model `{model}` does not exist.", param="model", kind="model_not_found"
+            )
         parsed = parse(state, body)
         ticket = state.admit()
     except RequestError as error:
@@ -320,6 +333,10 @@ async def run_all(generations: list[Generation]) -> list:
 
 
 async def stream_chunks(formatter, generations: list[Generation]):
+    """The chunks of a streamed response. A stream the server cuts short (drain, engine
+    failure) ends with a chunk giving each unfinished choice ``finish_reason`` "abort" or
+    "error", then an error event with the status a non-streaming request would get, and no
+    ``[DONE]``: a client that waits for ``[DONE]`` must not take the cut text as whole."""
     try:
         for chunk in formatter.first_chunks():
             yield sse_event(chunk)
@@ -329,27 +346,14 @@ async def stream_chunks(formatter, generations: list[Generation]):
         if formatter.parsed.include_usage:
             yield sse_event(formatter.usage_chunk([g.result for g in generations]))
     except RequestError as error:
-        yield sse_event(
-            {
-                "error": {
-                    "message": error.message,
-                    "type": "invalid_request_error",
-                    "param": error.param,
-                    "code": 400,
-                }
-            }
-        )
+        yield sse_event(openai_error_body(error))
     except (GenerationAborted, GenerationFailed) as error:
-        yield sse_event(
-            {
-                "error": {
-                    "message": f"generation stopped: {error}",
-                    "type": "server_error",
-                    "param": None,
-                    "code": 500,
-                }
-            }
-        )
+        for index, generation in enumerate(generations):
+            for chunk in formatter.chunks(index, generation.cut_deltas()):
+                yield sse_event(chunk)
+        kind = "unavailable" if isinstance(error, GenerationAborted) else "generation"
+        yield sse_event(openai_error_body(RequestError(f"generation stopped: {error}", kind=kind)))
+        return
     yield sse_event("[DONE]")
 
 

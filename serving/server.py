@@ -9,13 +9,42 @@ import time
 
 import uvicorn
 
+from serving.protocol import header_deadline_protocol
+from serving.settings import ServerSettings
+
+
+def uvicorn_config(app, settings: ServerSettings, *, host: str, port: int, log_level: str):
+    """uvicorn's config for the app: the connection cap, keep-alive and header deadlines."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        http=header_deadline_protocol(settings.header_read_timeout),
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keep_alive_timeout,
+    )
+
+
+def exit_code(state) -> int:
+    """The process's exit code once serving ends: 1 if the model failed to load or the engine
+    died (a supervisor should restart the server), else 0."""
+    llm = state.llm
+    if state.load_error is not None or getattr(llm, "dead", None) is not None:
+        return 1
+    return 0
+
 
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first SIGTERM/SIGINT drains before shutting down.
 
     While draining, ``/health`` and new requests get 503; in-flight requests finish, or are
     aborted once ``drain_timeout`` passes. Then uvicorn shuts down and the process exits 0. A
-    second signal exits at once.
+    second signal exits at once. An engine that dies is drained the same way, and the process
+    then exits 1.
     """
 
     def __init__(self, config: uvicorn.Config, state, drain_timeout: float):
@@ -39,6 +68,12 @@ class DrainingServer(uvicorn.Server):
             return
         loop.call_soon_threadsafe(self._start_drain)
 
+    async def on_tick(self, counter: int) -> bool:
+        if not self.draining and getattr(self.state.llm, "dead", None) is not None:
+            self.draining = True
+            self._start_drain()
+        return await super().on_tick(counter)
+
     def _start_drain(self) -> None:
         self._drain_task = asyncio.ensure_future(self._drain())
 
@@ -46,6 +81,7 @@ class DrainingServer(uvicorn.Server):
         try:
             await self.state.drain(self.drain_timeout)
         finally:
+            self.exit_code = max(self.exit_code, exit_code(self.state))
             self.should_exit = True
 
 
@@ -67,15 +103,9 @@ class ServerThread:
     ):
         self.host = host
         self.port = port or free_port(host)
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=self.port,
-            log_level=log_level,
-            lifespan="on",
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
+        state = getattr(app.state, "server", None)
+        settings = state.settings if state is not None else ServerSettings()
+        config = uvicorn_config(app, settings, host=host, port=self.port, log_level=log_level)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 

@@ -18,6 +18,10 @@ DEFAULT_MAX_CONCURRENT_REQUESTS = 128
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_BODY_READ_TIMEOUT = 30.0
+DEFAULT_HEADER_READ_TIMEOUT = 10.0
+DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
+DEFAULT_MAX_CONNECTIONS = 1024
 
 # Engine knobs the server passes to ``EngineConfig`` (only those that were set).
 ENGINE_KNOBS = (
@@ -109,6 +113,7 @@ class ServerSettings:
 
     model: str | None = None
     served_model_name: str | None = None
+    model_aliases: tuple[str, ...] = ()  # more names clients may use (``served_model_name`` set)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     dtype: str = "float32"
@@ -121,6 +126,10 @@ class ServerSettings:
     max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT
+    header_read_timeout: float = DEFAULT_HEADER_READ_TIMEOUT
+    keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     log_level: str = "info"
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     ignored: list[str] = dataclasses.field(default_factory=list)
@@ -129,6 +138,11 @@ class ServerSettings:
     def model_name(self) -> str:
         """The name clients see in ``/info`` and ``/v1/models``."""
         return self.served_model_name or self.model or "smollm2"
+
+    def serves_model(self, name: str | None) -> bool:
+        """Whether a request's ``model`` names this server's model (as vLLM: the served name,
+        which defaults to the model argument, or an alias). Omitted is fine."""
+        return name is None or name == self.model_name or name in self.model_aliases
 
 
 # -- parsing helpers -------------------------------------------------------------------------------
@@ -279,7 +293,10 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
     value, source = take("model")
     settings.model = str(value) if value is not None else None
     value, _ = take("served_model_name")
-    settings.served_model_name = value
+    names = [value] if isinstance(value, str) else list(value or [])
+    names = [n.strip() for name in names for n in str(name).split(",") if n.strip()]
+    if names:  # vLLM's ``--served-model-name NAME [ALIAS ...]``: the first is shown
+        settings.served_model_name, settings.model_aliases = names[0], tuple(names[1:])
     value, source = take("host")
     if value is not None:
         settings.host = str(value)
@@ -299,13 +316,15 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         ("kv_cache_tokens", 1),
         ("max_stop_sequences", 0),
         ("max_body_bytes", 1024),
+        ("max_connections", 1),
     ):
         value, source = take(name)
         if value is not None:
             setattr(settings, name, parse_int(value, name, source, minimum=minimum))
-    value, source = take("drain_timeout")
-    if value is not None:
-        settings.drain_timeout = parse_float(value, "drain_timeout", source)
+    for name in ("drain_timeout", "body_read_timeout", "header_read_timeout", "keep_alive_timeout"):
+        value, source = take(name)
+        if value is not None:
+            setattr(settings, name, parse_float(value, name, source))
     value, _ = take("log_level")
     if value is not None:
         settings.log_level = str(value).lower()

@@ -62,6 +62,16 @@ class Ticket:
         self.released = False
         self.request_ids: set[str] = set()
 
+    @property
+    def engine_error(self) -> BaseException | None:
+        """Why the model cannot serve: it failed to load, or its engine died."""
+        return self.load_error or getattr(self.llm, "dead", None)
+
+    @property
+    def status(self) -> str:
+        """The phase clients see: ``failed`` once the engine is dead, whatever the phase."""
+        return FAILED if getattr(self.llm, "dead", None) is not None else self.phase
+
     def new_request_id(self) -> str:
         request_id = self.state.new_request_id()
         self.request_ids.add(request_id)
@@ -109,6 +119,16 @@ class ServerState:
         if self.phase == LOADING:
             self.phase = READY
 
+    @property
+    def engine_error(self) -> BaseException | None:
+        """Why the model cannot serve: it failed to load, or its engine died."""
+        return self.load_error or getattr(self.llm, "dead", None)
+
+    @property
+    def status(self) -> str:
+        """The phase clients see: ``failed`` once the engine is dead, whatever the phase."""
+        return FAILED if getattr(self.llm, "dead", None) is not None else self.phase
+
     def new_request_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
 
@@ -123,11 +143,14 @@ class ServerState:
 
     def admit(self) -> Ticket:
         """A slot for one request, or a ``RequestError`` (503 not ready, 429 overloaded)."""
-        if self.phase != READY:
+        if self.status != READY:
             self.metrics.rejected.labels(reason="unavailable").inc()
-            message = {LOADING: "Model is loading", FAILED: "Model failed to load"}.get(
-                self.phase, "Server is shutting down"
-            )
+            if self.load_error is not None:
+                message = "Model failed to load"
+            elif self.status == FAILED:
+                message = "The engine failed; the server is shutting down"
+            else:
+                message = "Model is loading" if self.phase == LOADING else "Server is shutting down"
             raise RequestError(message, kind="unavailable")
         if self.in_flight >= self.limits.max_concurrent_requests:
             self.metrics.rejected.labels(reason="overloaded").inc()

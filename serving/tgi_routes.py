@@ -33,13 +33,19 @@ STATUS = {
     "validation": 422,
     "invalid_json": 400,
     "too_large": 413,
+    "unsupported_media_type": 415,
+    "timeout": 408,
     "overloaded": 429,
     "unavailable": 503,
     "not_found": 404,
     "generation": 500,
     "internal": 500,
 }
-ERROR_TYPE = {"invalid_json": "validation", "too_large": "validation"}
+ERROR_TYPE = {
+    "invalid_json": "validation",
+    "too_large": "validation",
+    "unsupported_media_type": "validation",
+}
 PARAM_NAMES = {
     "max_tokens": "max_new_tokens",
     "logprobs": "top_n_tokens",
@@ -52,7 +58,7 @@ DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 def tgi_error(error: RequestError) -> JSONResponse:
     """TGI's error body: ``{"error": message, "error_type": kind}``."""
     body = {"error": error.message, "error_type": ERROR_TYPE.get(error.kind, error.kind)}
-    return JSONResponse(body, status_code=STATUS.get(error.kind, 400))
+    return JSONResponse(body, status_code=STATUS.get(error.kind, 400), headers=error.headers)
 
 
 @dataclasses.dataclass
@@ -314,7 +320,7 @@ async def info(request: Request) -> Response:
         "version": jaxgen.__version__,
         "sha": None,
         "docker_label": None,
-        "status": state.phase,
+        "status": state.status,
         "engine": state.engine_summary(),
     }
     return JSONResponse(answer)

@@ -24,8 +24,9 @@ class RequestError(Exception):
     Args:
         message: shown to the client.
         param: the offending parameter (OpenAI's ``param``), if any.
-        kind: "validation", "invalid_json", "too_large", "overloaded", "unavailable",
-            "not_found" or "generation"; each route family maps it to a status code.
+        kind: "validation", "invalid_json", "too_large", "unsupported_media_type", "timeout",
+            "overloaded", "unavailable", "not_found", "model_not_found" or "generation"; each
+            route family maps it to a status code.
     """
 
     def __init__(self, message: str, *, param: str | None = None, kind: str = "validation"):
@@ -33,6 +34,24 @@ class RequestError(Exception):
         self.message = message
         self.param = param
         self.kind = kind
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """Response headers: a body read that timed out leaves the connection unusable."""
+        return {"connection": "close"} if self.kind == "timeout" else None
+
+
+def check_content_type(content_type: str | None) -> None:
+    """Refuses (415) a body declared as anything but JSON; no content type is taken as JSON."""
+    if content_type is None:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type in ("", "application/json") or media_type.endswith("+json"):
+        return
+    raise RequestError(
+        f"Content-Type must be application/json, got {content_type[:100]!r}",
+        kind="unsupported_media_type",
+    )
 
 
 async def read_json_object(request, max_bytes: int) -> dict[str, Any]:

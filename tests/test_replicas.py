@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import pytest
 
+from jaxgen.engine.errors import StepFailed
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.replicas import ReplicatedEngine
 from jaxgen.sampling_params import SamplingParams
@@ -138,3 +139,23 @@ def test_two_replicas_of_degree_2_match_one(tmp_path, smollm2_tokenizer):
     assert result["chat_tokens"] == 6
     assert result["async_tokens"] == result["expected"]
     assert result["async_requests_routed"] == [3, 3]
+
+
+class FailingEngine(FakeEngine):
+    """A replica whose next step fails and recovers (``StepFailed``), failing its requests."""
+
+    def step(self):
+        failed = list(self.requests)
+        self.requests.clear()
+        raise StepFailed(RuntimeError("injected"), failed)
+
+
+def test_a_replica_failed_step_keeps_the_other_replicas_outputs():
+    engine = ReplicatedEngine([FailingEngine(), FakeEngine(steps_to_finish=1)])
+    for request_id in ("a", "b"):
+        engine.add_request(request_id, None, [1, 2], SamplingParams(max_tokens=1))
+    with pytest.raises(StepFailed) as failure:
+        engine.step()
+    assert len(failure.value.request_ids) == 1 and len(failure.value.outputs) == 1
+    assert {failure.value.request_ids[0], failure.value.outputs[0].request_id} == {"a", "b"}
+    assert not engine.has_unfinished() and sum(engine.outstanding_tokens) == 0

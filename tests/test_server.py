@@ -435,7 +435,9 @@ def test_metrics(http):
 
 # -- admission, disconnects, draining ------------------------------------------------------------------
 def test_overload_gives_429_while_admitted_complete(llm, tiny_model_dir):
-    settings = ServerSettings(model=tiny_model_dir, max_concurrent_requests=2)
+    settings = ServerSettings(
+        model=tiny_model_dir, max_concurrent_requests=2, served_model_name="m"
+    )
     payload = {
         "model": "m",
         "prompt": LONG_PROMPT,
@@ -508,7 +510,9 @@ def test_non_stream_disconnect_aborts(server, http):
     before = metric_value(
         http.get("/metrics").text, 'jaxgen_request_success_total{finish_reason="abort"}'
     )
-    body = json.dumps({"model": "m", "prompt": LONG_PROMPT, "max_tokens": 100, "ignore_eos": True})
+    body = json.dumps(
+        {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 100, "ignore_eos": True}
+    )
     request = (
         f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}"
@@ -563,7 +567,7 @@ def test_health_while_loading_and_after_load_failure(llm, tiny_model_dir):
         release.wait(30)
         return BorrowedLLM(llm)
 
-    settings = ServerSettings(model=tiny_model_dir)
+    settings = ServerSettings(model=tiny_model_dir, served_model_name="m")
     with ServerThread(create_app(slow_loader, settings)) as server:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             loading = client.get("/health")
@@ -615,7 +619,7 @@ def test_engine_failure_ends_requests_with_errors(server, http):
         assert "injected failure" in events[-1]["error"]
         engine.step = broken_step
         failed = http.post(
-            "/v1/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 50}
+            "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 50}
         )
         assert failed.status_code == 500
         assert "injected failure" in failed.json()["error"]["message"]
@@ -647,6 +651,8 @@ def test_sigterm_drains_and_exits_zero(tiny_model_dir):
         "256",
         "--drain-timeout",
         "60",
+        "--served-model-name",
+        "m",
         "--log-level",
         "warning",
     ]

@@ -319,7 +319,7 @@ def test_oversized_and_odd_requests(server, path):
     chunked = client.post(path, content=chunks())  # no content-length: counted while reading
     assert chunked.status_code == 413
     form = client.post(path, data={"inputs": "x"})
-    assert form.status_code == 400 and "error" in form.json()
+    assert form.status_code == 415 and "error" in form.json()  # form-encoded: not JSON
 
 
 def test_server_healthy_afterwards(server):

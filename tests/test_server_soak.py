@@ -167,7 +167,7 @@ async def soak(url: str, counts: collections.Counter, num_requests: int, seed: i
 @pytest.mark.slow
 def test_soak(tiny_model_dir):
     llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
-    settings = ServerSettings(model=tiny_model_dir, max_total_tokens=64)
+    settings = ServerSettings(model=tiny_model_dir, max_total_tokens=64, served_model_name="m")
     app = create_app(llm, settings)
     with ServerThread(app) as server:
         # Warm-up round (not counted): the engine compiles a program per batch shape it meets.

@@ -9,6 +9,7 @@ import jax
 from jaxgen.backends import select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
@@ -19,6 +20,9 @@ from jaxgen.sampling_params import SamplingParams
 
 CPU_DEFAULT_KV_BYTES = 2 << 30
 ACCELERATOR_KV_FRACTION = 0.9
+# Steps that fail in a row, each recovered from, before the engine gives up: a fault that
+# survives a fresh KV pool is the device's, and a restart is the only cure.
+MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
 class LLMEngine:
@@ -94,6 +98,9 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.last_batch_size = 0
+        self.failed_steps = 0
+        self.consecutive_failed_steps = 0
+        self.dead: BaseException | None = None  # why the engine cannot step any more
         self.precompile_compiles = 0
         self.precompile_seconds = 0.0
         if config.precompile:
@@ -177,17 +184,64 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved."""
+        """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved.
+
+        If running the step raises, the engine recovers (see ``_recover``) and raises
+        ``StepFailed`` naming the requests of that step, which it has failed; the others go on.
+        ``EngineDeadError`` means it could not recover: every later step raises it too.
+        """
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
         start = time.perf_counter()
-        result = self.runner.run(scheduled, self._sampling_row)
+        try:
+            result = self.runner.run(scheduled, self._sampling_row)
+        except Exception as error:
+            raise self._recover(scheduled, error) from error
+        self.consecutive_failed_steps = 0
         self.step_time += time.perf_counter() - start
         self.num_steps += 1
         self.last_batch_size = len(scheduled.scheduled)
         got_token = self.scheduler.postprocess(scheduled, result.token_ids)
         return self._postprocess(got_token, result.logprobs)
+
+    def _recover(self, scheduled, error: Exception) -> StepFailed | EngineDeadError:
+        """After a failed step: fails the requests in it, gets the runner a live KV pool and,
+        if the pool had to be replaced, recomputes the other running sequences from their
+        tokens (their cached K/V went with the old pool). Returns the error for ``step`` to
+        raise: ``StepFailed``, or ``EngineDeadError`` once recovery fails or steps keep failing."""
+        self.failed_steps += 1
+        self.consecutive_failed_steps += 1
+        failed = []
+        for item in scheduled.scheduled:
+            request = self.seq_to_request.get(item.seq.seq_id)
+            if request is not None and request.request_id not in failed:
+                failed.append(request.request_id)
+        for request_id in failed:
+            self._fail(request_id)
+        try:
+            if self.runner.recover():
+                self.scheduler.requeue_all()
+                self.scheduler.allocator.reset_prefix_cache()
+        except Exception as recovery_error:
+            self.dead = recovery_error
+        else:
+            if self.consecutive_failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+                self.dead = error
+        if self.dead is not None:
+            return EngineDeadError(f"the engine is dead: {self.dead!r}", failed)
+        return StepFailed(error, failed)
+
+    def _fail(self, request_id: str) -> None:
+        """Ends a request with ``finish_reason="error"`` and frees its pages."""
+        request = self.requests.pop(request_id)
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error")
+                request.finalize(seq)
+            self.seq_to_request.pop(seq.seq_id, None)
 
     def _sampling_row(self, seq) -> SamplingRow:
         request = self.seq_to_request[seq.seq_id]
@@ -237,6 +291,8 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_pages": allocator.prefix_hits,
             "steps": self.num_steps,
+            "failed_steps": self.failed_steps,
+            "engine_dead": self.dead is not None,
             "step_time_s": self.step_time,
             "compiles": compile_counter.compile_count(),
             "precompile_compiles": self.precompile_compiles,

@@ -104,10 +104,27 @@ class ModelRunner:
         )
         self.base_seed = seed
         self.step_counter = 0
-        self.kv_cache = self.backend.allocate_kv_pool(
-            self.config, num_pages, page_size, self.dtype, kv_sharding
-        )
+        self.kv_sharding = kv_sharding
+        self.kv_cache = self._allocate_pool()
         self._step = jitted_step(self.graphdef, self.backend)
+
+    def _allocate_pool(self):
+        return self.backend.allocate_kv_pool(
+            self.config, self.num_pages, self.page_size, self.dtype, self.kv_sharding
+        )
+
+    def recover(self) -> bool:
+        """Makes the runner usable after a step raised. The pool was donated to that step, so
+        it may be deleted: then a new one (same layout and sharding) replaces it. Returns
+        whether the pool was replaced (its contents, every cached K/V, are then gone). Raises
+        ``RuntimeError`` if the parameters are gone too: nothing here can bring them back."""
+        if any(_deleted(leaf) for leaf in jax.tree_util.tree_leaves(self.step_params)):
+            raise RuntimeError("the model parameters were deleted by a failed step")
+        if not any(_deleted(leaf) for leaf in jax.tree_util.tree_leaves(self.kv_cache)):
+            return False
+        self.kv_cache = None  # drop the dead arrays before allocating their replacement
+        self.kv_cache = self._allocate_pool()
+        return True
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -132,11 +149,7 @@ class ModelRunner:
         self.kv_cache, result = self._step(
             self.step_params,
             self.kv_cache,
-            inputs.token_ids,
-            inputs.positions,
-            inputs.metadata,
-            inputs.logits_indices,
-            inputs.logits_live,
+            *inputs.arrays,
             tensors,
             flags=flags,
             head=self.head_kernel,
@@ -191,6 +204,11 @@ class ModelRunner:
                     entry.setdefault(int(t), float(lp))
                 logprobs[seq_id] = entry
         return StepResult(tokens, logprobs)
+
+
+def _deleted(leaf) -> bool:
+    is_deleted = getattr(leaf, "is_deleted", None)
+    return bool(is_deleted()) if is_deleted is not None else False
 
 
 __all__ = ["ModelRunner", "StepResult", "SamplingFlags", "SamplingRow"]

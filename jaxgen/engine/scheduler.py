@@ -175,14 +175,26 @@ class Scheduler:
         return sibling.is_finished or sibling.num_computed_tokens >= sibling.num_prompt_tokens - 1
 
     def _preempt(self, seq: Sequence) -> None:
+        self._requeue(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Frees ``seq``'s pages and puts it first in the queue, to recompute from its tokens."""
         self.running.remove(seq)
         self.allocator.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def requeue_all(self) -> list[Sequence]:
+        """Sends every running sequence back to the queue to be recomputed from its tokens (the
+        KV pool lost their pages' contents); the oldest stays first. Returns them."""
+        requeued = list(self.running)
+        for seq in reversed(requeued):
+            self._requeue(seq)
+        return requeued
 
     def _track_peak(self, scheduled: list[ScheduledSequence]) -> None:
         used = self.allocator.num_used_pages

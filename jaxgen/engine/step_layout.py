@@ -36,6 +36,17 @@ class StepInputs:
     logits_live: np.ndarray  # [2, 2] int32: [begin, end) spans of the real logits rows
     rows: list[ScheduledSequence | None]  # [S]: None for padding
 
+    @property
+    def arrays(self) -> tuple:
+        """The step's array arguments, in the jitted step's order (after params and pool)."""
+        return (
+            self.token_ids,
+            self.positions,
+            self.metadata,
+            self.logits_indices,
+            self.logits_live,
+        )
+
 
 def spans(first: tuple[int, int], second: tuple[int, int]) -> np.ndarray:
     """[2, 2] int32 ``[begin, end)`` of two runs of real rows (the rest is bucket padding)."""
