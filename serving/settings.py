@@ -104,6 +104,11 @@ class SettingsError(ValueError):
     """A setting that cannot be parsed or is out of range; the message names its source."""
 
 
+# ``model`` values that mean "whatever this server serves": huggingface_hub's InferenceClient built
+# from a URL sends "dummy", and TGI's documentation tells OpenAI clients to send "tgi".
+PLACEHOLDER_MODEL_NAMES = ("dummy", "tgi")
+
+
 @dataclasses.dataclass
 class ServerSettings:
     """Everything ``jaxgen serve`` needs: where to listen, which model, limits and engine knobs.
@@ -141,8 +146,14 @@ class ServerSettings:
 
     def serves_model(self, name: str | None) -> bool:
         """Whether a request's ``model`` names this server's model (as vLLM: the served name,
-        which defaults to the model argument, or an alias). Omitted is fine."""
-        return name is None or name == self.model_name or name in self.model_aliases
+        which defaults to the model argument, or an alias). Omitted is fine, and so are the
+        placeholders TGI clients send for "the server's model" (see ``PLACEHOLDER_MODEL_NAMES``)."""
+        return (
+            name is None
+            or name in PLACEHOLDER_MODEL_NAMES
+            or name == self.model_name
+            or name in self.model_aliases
+        )
 
 
 # -- parsing helpers -------------------------------------------------------------------------------

@@ -209,7 +209,7 @@ def test_failed_step_ends_stream_with_error_and_no_done(server):
 
 
 # -- (3) model names, (4) content types ------------------------------------------------------------
-def test_unknown_model_is_404(server):
+def test_unknown_model_is_404(server, monkeypatch):
     for path, body in (
         ("/v1/completions", {"model": "nope", "prompt": PROMPT}),
         ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
@@ -218,12 +218,21 @@ def test_unknown_model_is_404(server):
         assert answer.status_code == 404
         assert answer.json()["error"]["code"] == "model_not_found"
         assert answer.json()["error"]["param"] == "model"
-    for model in ("tiny", "tiny-alias", None):
+    # "dummy": what huggingface_hub's InferenceClient(base_url=...) sends; "tgi": TGI's placeholder
+    for model in ("tiny", "tiny-alias", None, "dummy", "tgi"):
         body = {"prompt": PROMPT, "max_tokens": 2}
         if model is not None:
             body["model"] = model
         answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         assert answer.status_code == 200 and answer.json()["model"] == "tiny"
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # loopback only
+    chat = InferenceClient(base_url=server.url).chat_completion(
+        [{"role": "user", "content": "x"}], max_tokens=2
+    )
+    assert chat.choices[0].message.content is not None
 
 
 @pytest.mark.parametrize("path", ["/generate", "/", "/v1/completions", "/v1/chat/completions"])
