@@ -15,6 +15,7 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 from test_engine_recovery import inject_fault
+from test_server import sse_payloads
 
 from jaxgen.async_llm import AsyncLLM
 from serving.app import create_app
@@ -168,15 +169,6 @@ def test_timeout_flags_parse():
 
 
 # -- (2) streams cut short -------------------------------------------------------------------------
-def sse_payloads(lines) -> list:
-    events = []
-    for line in lines:
-        if line.startswith("data:"):
-            payload = line[5:].strip()
-            events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
 def test_drained_stream_ends_with_abort_and_no_done(llm, tiny_model_dir):
     app = create_app(llm, ServerSettings(model=tiny_model_dir))
     state = app.state.server
@@ -226,7 +218,6 @@ def test_unknown_model_is_404(server, monkeypatch):
         answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         assert answer.status_code == 200 and answer.json()["model"] == "tiny"
     import huggingface_hub.constants
-    from huggingface_hub import InferenceClient
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # loopback only
     chat = InferenceClient(base_url=server.url).chat_completion(
