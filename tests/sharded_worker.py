@@ -68,6 +68,46 @@ def mode_tp(args: dict) -> dict:
     return result
 
 
+def mode_streamed_weight(args: dict) -> dict:
+    """``StreamedWeight``'s shard_map placement on a 4-device model axis, with the pure-jnp
+    product in place of the Pallas kernel (TPU interpret mode does not run under shard_map on
+    simulated CPU devices): the max error against ``x @ w`` per split, and the split read."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from jaxgen.backends.streamed_weight import StreamedWeight
+    from pallas_kernels.tpu.reference import streamed_matmul_reference
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("model",))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((5, 64)), jnp.float32)  # [M, K]
+    result = {}
+    cases = {  # name: (stored shape, spec, transposed)
+        "columns": ((64, 512), PartitionSpec(None, "model"), False),
+        "depth": ((64, 384), PartitionSpec("model", None), False),
+        "replicated": ((64, 200), PartitionSpec(), False),
+        "head": ((100_000, 64), PartitionSpec("model", None), True),  # [V, K], vocab split
+    }
+    for name, (shape, spec, transposed) in cases.items():
+        w = jax.device_put(
+            jnp.asarray(rng.standard_normal(shape), jnp.float32), NamedSharding(mesh, spec)
+        )
+        weight = StreamedWeight.wrap(w, transposed=transposed, mesh=mesh, model_axis="model")
+        product = functools.partial(streamed_matmul_reference, transposed=transposed)
+        out = jax.jit(lambda x, weight, product=product: weight._sharded(product, x))(x, weight)
+        expected = x @ (w.T if transposed else w)
+        result[name] = {
+            "split": weight.split,
+            "stored": list(weight.values.shape),
+            "max_error": float(jnp.abs(out[:, : weight.columns] - expected).max()),
+        }
+    return result
+
+
 def mode_smollm2(args: dict) -> dict:
     """The default model (9 query heads, 3 KV heads): degree 3 vs 1, and degree 2 refused."""
     from jaxgen import LLM

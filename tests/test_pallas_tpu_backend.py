@@ -94,7 +94,10 @@ def test_llama3_8b_shape_compiles_for_v5e_4(tmp_path):
     assert result["attention_backend"] == "pallas-tpu"
     assert chip["temp"] < 0.02 * chip["hbm"]
     assert chip["kv_pool"] >= 0.85 * (chip["hbm"] - chip["weights"])
-    assert step["ratio"] < 1.7  # 1.65 at this commit; the 1.15 target is not met yet
+    # Projections streamed from HBM by the Pallas matmul; the floor is the weights a step reads
+    # (not the untied embedding table, only its rows) plus every sequence's KV.
+    assert "streamed_matmul_kernel" in result["kernels"]
+    assert step["ratio"] <= 1.15  # 1.08 at this commit
     assert main(["plan", "--model", str(path), "--target", "bogus", "--compile"]) == 2
 
 

@@ -167,6 +167,22 @@ def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
     assert all(shape[0] == 2 for shape in gqa["4"]["params"]["kv_pool"]["shards"])
 
 
+def test_streamed_weights_are_placed_as_xla_would_split_the_dot():
+    """The pallas-tpu backend's weights inside shard_map: column-split (outputs split),
+    depth-split (partial products summed over chips), replicated, and a vocab-split embedding
+    used transposed as the LM head, whose 100,000 columns are padded to tile 4 x 128 lanes."""
+    result = run_worker("streamed_weight", {}, num_devices=4)
+    assert {name: case["split"] for name, case in result.items()} == {
+        "columns": "columns",
+        "depth": "depth",
+        "replicated": None,
+        "head": "columns",
+    }
+    assert result["head"]["stored"] == [100_352, 64]  # 4 x 196 x 128
+    for name, case in result.items():
+        assert case["max_error"] < 1e-4, name
+
+
 @pytest.mark.slow
 def test_smollm2_degree_3_matches_degree_1():
     result = run_worker("smollm2", {}, num_devices=8, timeout=600)

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import jax
 import numpy as np
+from flax import nnx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,3 +47,14 @@ class AttentionBackend:
         """Writes ``k``/``v`` ([T, Hkv, D]) into ``kv_layer`` at ``md.slot_mapping`` and returns
         (``[T, Hq, D]`` attention output, the updated ``kv_layer``)."""
         raise NotImplementedError
+
+
+def replace_linear_kernels(params: nnx.State, replace) -> nnx.State:
+    """A copy of ``params`` with each ``Linear`` kernel ``k`` replaced by ``replace(k)`` where
+    that is not None (other leaves shared): how a backend puts kernels in its own form."""
+    leaves = []
+    for path, var in nnx.to_flat_state(params):
+        if path[-1] == "kernel" and (new := replace(var.get_value())) is not None:
+            var = var.replace(new)
+        leaves.append((path, var))
+    return nnx.from_flat_state(leaves)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.attention import row_sequences
+from jaxgen.backends.base import replace_linear_kernels
 from jaxgen.backends.cpu_kernels import (
     PackedWeight,
     can_pack,
@@ -28,13 +29,7 @@ from jaxgen.backends.paired_pool import PairedPoolBackend
 def pack_linear_weights(params: nnx.State) -> nnx.State:
     """A copy of ``params`` with every packable ``Linear`` kernel a ``PackedWeight`` (others
     shared)."""
-    leaves = []
-    for path, var in nnx.to_flat_state(params):
-        value = var.get_value()
-        if path[-1] == "kernel" and can_pack(value):
-            var = var.replace(PackedWeight.pack(value))
-        leaves.append((path, var))
-    return nnx.from_flat_state(leaves)
+    return replace_linear_kernels(params, lambda k: PackedWeight.pack(k) if can_pack(k) else None)
 
 
 @dataclasses.dataclass(frozen=True)

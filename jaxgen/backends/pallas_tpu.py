@@ -12,12 +12,14 @@ holds exactly the head its query heads need (as vLLM does), rather than the whol
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgen.backends.base import AttentionBackend
+from jaxgen.backends.base import AttentionBackend, replace_linear_kernels
+from jaxgen.backends.streamed_weight import StreamedWeight
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
 from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 
@@ -46,6 +48,20 @@ class PallasTPUBackend(AttentionBackend):
         from jax.experimental.pallas import tpu as pltpu
 
         return pltpu.InterpretParams()
+
+    def prepare_params(self, params, config):
+        """``Linear`` kernels as ``StreamedWeight``s (streamed from HBM by a Pallas matmul in
+        decode steps), and a tied embedding wrapped, untransposed, as the LM head kernel."""
+        wrap = functools.partial(
+            StreamedWeight.wrap,
+            mesh=self.mesh,
+            model_axis=self.model_axis,
+            interpret=self.interpret,
+        )
+        head = None
+        if config.tie_word_embeddings:
+            head = wrap(params["embed_tokens"]["embedding"].get_value(), transposed=True)
+        return replace_linear_kernels(params, lambda k: wrap(k) if _streamable(k) else None), head
 
     def kv_heads_per_chip(self, config) -> int:
         """KV heads each chip holds: its share, or the one head its query heads read."""
@@ -117,3 +133,12 @@ class PallasTPUBackend(AttentionBackend):
             out_specs=(heads, self.kv_pool_spec()),
             check_vma=False,
         )(q, k, v, kv_layer, md.slot_mapping, md)
+
+
+def _streamable(kernel) -> bool:
+    """A plain 2-D float kernel (an array, or its ``ShapeDtypeStruct`` ahead of time)."""
+    return (
+        isinstance(kernel, (jax.Array, jax.ShapeDtypeStruct))
+        and kernel.ndim == 2
+        and kernel.dtype in (jnp.bfloat16, jnp.float32)
+    )

@@ -12,8 +12,10 @@ from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 from pallas_kernels.tpu.ragged_paged_attention_sizes import attention_cost, default_block_sizes
 from pallas_kernels.tpu.reference import (
     ragged_paged_attention_reference_tpu,
+    streamed_matmul_reference,
     update_kv_cache_reference,
 )
+from pallas_kernels.tpu.streamed_matmul import streamed_matmul_plan, streamed_matmul_tpu
 
 __all__ = [
     "attention_cost",
@@ -25,6 +27,9 @@ __all__ = [
     "padded_num_kv_heads",
     "ragged_paged_attention_reference_tpu",
     "ragged_paged_attention_tpu",
+    "streamed_matmul_plan",
+    "streamed_matmul_reference",
+    "streamed_matmul_tpu",
     "update_kv_cache_reference",
     "update_kv_cache_tpu",
 ]

@@ -1,4 +1,5 @@
-"""Pure-jnp references for the TPU kernels, on the same interleaved pool layout."""
+"""Pure-jnp references for the TPU kernels (attention and the KV update on the same interleaved
+pool layout; the streamed matmul)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,11 @@ def ragged_paged_attention_reference_tpu(
     probs = jnp.where(valid, jax.nn.softmax(scores, axis=-1), 0.0)
     out = jnp.einsum("thgk,tkhd->thgd", probs, v)
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def streamed_matmul_reference(
+    x: jax.Array, w: jax.Array, *, transposed: bool = False
+) -> jax.Array:  # [M, N]
+    """Pure-jnp ``x @ w`` (``x @ w.T`` when ``transposed``), f32 accumulation, x's dtype."""
+    weight = w.T if transposed else w
+    return jnp.dot(x, weight, preferred_element_type=jnp.float32).astype(x.dtype)

@@ -1,0 +1,155 @@
+"""The pallas-tpu backend's ``Linear`` kernels: weights streamed from HBM by a Pallas matmul.
+
+``StreamedWeight`` wraps a ``Linear`` kernel (or the embedding used as the LM head) and
+provides the kernel protocol of ``jaxgen.models.linear``. Its :meth:`~StreamedWeight.matmul`
+runs ``pallas_kernels.tpu.streamed_matmul`` for decode-sized inputs and XLA's dot for larger
+ones (compute-bound prefill) or shapes the kernel cannot tile. Pallas calls are not partitioned
+by XLA, so under tensor parallelism the call runs inside ``jax.shard_map`` with the weight's own
+split, as XLA would have placed the dot: a column-split weight (q/k/v, gate/up, LM head) gives a
+column-split output; a depth-split one (o, down) sums its partial products over the model axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from pallas_kernels.tpu.streamed_matmul import LANES, streamed_matmul_plan, streamed_matmul_tpu
+
+# Above this many rows a product is compute-bound and XLA's dot, tiled over rows and columns,
+# is the better tool.
+MAX_STREAMED_ROWS = 512
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["values"],
+    meta_fields=["columns", "transposed", "split", "mesh", "model_axis", "interpret"],
+)
+@dataclasses.dataclass(frozen=True)
+class StreamedWeight:
+    """``values``: the weight, [K, N'] or [N', K] when ``transposed``, N' >= ``columns`` (the
+    columns padded so that each chip's share tiles in 128 lanes); ``split``: which of "depth"
+    (K) or "columns" (N) is split over ``model_axis`` of ``mesh``, or None (replicated over
+    the mesh, or on one device when ``mesh`` is None)."""
+
+    values: jax.Array
+    columns: int
+    transposed: bool = False
+    split: str | None = None
+    mesh: Mesh | None = None
+    model_axis: str | None = None
+    interpret: bool = False
+
+    @classmethod
+    def wrap(cls, value, *, transposed=False, mesh=None, model_axis=None, interpret=False):
+        """``value`` (an array, or a ``ShapeDtypeStruct`` when compiling ahead of time) as a
+        ``StreamedWeight``, its split read from its sharding, its columns padded when each
+        chip's share would not tile otherwise."""
+        depth_axis, column_axis = (1, 0) if transposed else (0, 1)
+        split = _split(value, mesh, model_axis, depth_axis)
+        degree = mesh.shape[model_axis] if split == "columns" else 1
+        depth = value.shape[depth_axis] // (mesh.shape[model_axis] if split == "depth" else 1)
+        columns, itemsize = value.shape[column_axis], jnp.dtype(value.dtype).itemsize
+        if streamed_matmul_plan(1, depth, columns // degree, itemsize) is None:
+            padded = -(-columns // (LANES * degree)) * LANES * degree
+            value = _pad(value, column_axis, padded - columns)
+        return cls(value, columns, transposed, split, mesh, model_axis, interpret)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The [K, N] shape of the weight it stands for."""
+        depth = self.values.shape[1 if self.transposed else 0]
+        return (depth, self.columns)
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ w`` ([..., K] -> [..., N]); ``live_rows`` is not needed (padding rows cost
+        only their share of a decode-sized product)."""
+        depth, columns = self.shape
+        rows = math.prod(x.shape[:-1])
+        x2 = x.reshape(rows, depth)
+        if not self._streams(rows, x2.dtype):
+            weight = self.values.T if self.transposed else self.values
+            return jnp.dot(x, weight)[..., :columns]  # slicing the output keeps w's split
+        interpret = False
+        if self.interpret:
+            from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
+
+            interpret = pltpu.InterpretParams()
+        product = functools.partial(
+            streamed_matmul_tpu, transposed=self.transposed, interpret=interpret
+        )
+        if self.mesh is None:
+            out = product(x2, self.values)
+        else:
+            out = self._sharded(product, x2)
+        return out[:, :columns].reshape(*x.shape[:-1], columns)
+
+    def _local_shape(self) -> tuple[int, int]:
+        depth, padded = self.values.shape[::-1] if self.transposed else self.values.shape
+        if self.split is None:
+            return depth, padded
+        degree = self.mesh.shape[self.model_axis]
+        return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
+
+    def _streams(self, rows: int, dtype) -> bool:
+        if rows > MAX_STREAMED_ROWS or dtype != self.values.dtype:
+            return False
+        depth, columns = self._local_shape()
+        return streamed_matmul_plan(rows, depth, columns, jnp.dtype(dtype).itemsize) is not None
+
+    def _sharded(self, product, x2):
+        """The product inside ``shard_map`` over the mesh (each chip its share of w)."""
+        axis, split = self.model_axis, self.split
+        # The weight's spec as stored: [K, N], or [N, K] when transposed.
+        depth_spec, column_spec = (
+            axis if split == "depth" else None,
+            axis if split == "columns" else None,
+        )
+        weight_spec = PartitionSpec(
+            *((column_spec, depth_spec) if self.transposed else (depth_spec, column_spec))
+        )
+
+        def local(x, w):  # x [M, K] or [M, K / chips]; w this chip's share
+            out = product(x, w)
+            return jax.lax.psum(out, axis) if split == "depth" else out
+
+        return jax.shard_map(
+            local,
+            mesh=self.mesh,
+            in_specs=(PartitionSpec(None, depth_spec), weight_spec),
+            out_specs=PartitionSpec(None, column_spec),
+            check_vma=False,
+        )(x2, self.values)
+
+
+def _split(value, mesh, model_axis, depth_axis) -> str | None:
+    """ "depth", "columns" or None: which axis of ``value`` its sharding splits over
+    ``model_axis``."""
+    sharding = getattr(value, "sharding", None)
+    if mesh is None or not isinstance(sharding, NamedSharding):
+        return None
+    spec = tuple(sharding.spec) + (None,) * (value.ndim - len(sharding.spec))
+    if model_axis not in spec:
+        return None
+    return "depth" if spec.index(model_axis) == depth_axis else "columns"
+
+
+def _pad(value, axis: int, amount: int):
+    """``value`` with ``amount`` zero columns appended on ``axis`` (same sharding)."""
+    shape = tuple(n + amount if dim == axis else n for dim, n in enumerate(value.shape))
+    sharding = getattr(value, "sharding", None)
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(shape, value.dtype, sharding=sharding)
+    widths = [(0, amount if dim == axis else 0) for dim in range(value.ndim)]
+    pad = functools.partial(jnp.pad, pad_width=widths)
+    return jax.jit(pad, out_shardings=sharding)(value) if sharding is not None else pad(value)
