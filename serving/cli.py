@@ -8,6 +8,11 @@ import os
 import sys
 
 from jaxgen.backends import BACKENDS
+from jaxgen.engine.engine_config import EngineConfig
+from serving.app import create_app
+from serving.loader import build_llm
+from serving.server import DrainingServer, uvicorn_config
+from serving.settings import engine_knobs, resolve_settings
 
 logger = logging.getLogger("serving")
 
@@ -117,8 +122,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace, environ=None):
-    from serving.settings import resolve_settings
-
     flags = {name: getattr(args, dest, None) for dest, name in FLAG_SETTINGS.items()}
     return resolve_settings(
         flags, os.environ if environ is None else environ, getattr(args, "properties", None)
@@ -127,19 +130,12 @@ def settings_from_args(args: argparse.Namespace, environ=None):
 
 def check_engine_knobs(settings) -> None:
     """Raises ``ValueError`` for engine knobs ``EngineConfig`` refuses."""
-    from jaxgen.engine.engine_config import EngineConfig
-    from serving.settings import engine_knobs
-
     EngineConfig(**engine_knobs(settings, set(EngineConfig.__dataclass_fields__)))
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Starts the server; returns the exit code (0 after a SIGTERM drain, 1 if the model failed
     to load or the engine died)."""
-    from serving.app import create_app
-    from serving.loader import build_llm
-    from serving.server import DrainingServer, uvicorn_config
-
     settings = settings_from_args(args)
     check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
     logging.basicConfig(
@@ -165,8 +161,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m serving`` / ``python -m serving.cli``."""
-    parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__)
+    """``jaxgen serve`` (which runs ``python -m serving``)."""
+    parser = argparse.ArgumentParser(prog="jaxgen serve", description=__doc__)
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
     try:

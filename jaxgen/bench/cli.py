@@ -8,10 +8,19 @@ import os
 import shlex
 import sys
 
+import jax.numpy as jnp
+
+from jaxgen.async_llm import AsyncLLM
 from jaxgen.backends import BACKENDS
-from jaxgen.bench import results
-from jaxgen.bench.workloads import add_workload_args, workload_from_args
-from jaxgen.cli import _add_engine_args, engine_kwargs
+from jaxgen.bench import clients, results, roofline
+from jaxgen.bench.compare import MODES, run_compare, write_compare
+from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
+from jaxgen.bench.peers_run import run_peers
+from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
+from jaxgen.bench.workloads import add_workload_args, tokenizer_for, workload_from_args
+from jaxgen.engine_flags import add_engine_flags, engine_kwargs
+from jaxgen.llm import LLM
+from jaxgen.loaders import load_model
 
 DEFAULT_OUT = "bench-results"
 
@@ -22,13 +31,13 @@ def add_parser(subparsers) -> None:
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     offline = sub.add_parser("offline", help="offline throughput of LLM.generate")
-    _add_engine_args(offline)
+    add_engine_flags(offline)
     _add_common(offline, "offline")
     add_workload_args(offline)
     offline.set_defaults(func=cmd_offline, parser=offline)
 
     sweep = sub.add_parser("sweep", help="latency-throughput sweep over concurrency or rate")
-    _add_engine_args(sweep)
+    add_engine_flags(sweep)
     _add_common(sweep, "sweep")
     add_workload_args(sweep)
     sweep.add_argument(
@@ -101,7 +110,7 @@ def add_parser(subparsers) -> None:
     compare.set_defaults(func=cmd_compare, parser=compare)
 
     peers = sub.add_parser("peers", help="transformers and llama.cpp on the same workload")
-    _add_engine_args(peers)
+    add_engine_flags(peers)
     _add_common(peers, "peers")
     add_workload_args(peers)
     peers.add_argument(
@@ -166,9 +175,6 @@ def _print_table(path: str) -> None:
 
 
 def cmd_offline(args: argparse.Namespace) -> int:
-    from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
-    from jaxgen.llm import LLM
-
     env = results.environment(command_of(args))
     knobs = _engine_kwargs(args)
     llm = LLM(args.model, **knobs)
@@ -211,10 +217,6 @@ def _workload_factory(args: argparse.Namespace, tokenizer):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from jaxgen.bench import clients, roofline
-    from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
-    from jaxgen.bench.workloads import tokenizer_for
-
     env = results.environment(command_of(args))
     levels = parse_levels(args.concurrency)
     rates = parse_levels(args.request_rate, float) if args.request_rate else None
@@ -224,11 +226,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         backend = clients.HTTPBackend(args.url, args.served_model_name)
         max_batch, bytes_per_param, kv_tokens = None, 4.0, None
     else:
-        import jax.numpy as jnp
-
-        from jaxgen.async_llm import AsyncLLM
-        from jaxgen.llm import LLM
-
         llm = LLM(args.model, **_engine_kwargs(args))
         tokenizer = llm.get_tokenizer()
         engine = AsyncLLM(engine=llm.engine)
@@ -281,9 +278,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from jaxgen.bench.compare import MODES, run_compare, write_compare
-    from jaxgen.loaders import load_model
-
     env = results.environment(command_of(args))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -318,8 +312,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_peers(args: argparse.Namespace) -> int:
-    from jaxgen.bench.peers_run import run_peers
-
     env = results.environment(command_of(args))
     run_peers(args, env, _engine_kwargs(args))
     _print_table(os.path.join(args.out, "results.md"))

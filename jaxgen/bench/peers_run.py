@@ -8,6 +8,8 @@ import os
 from jaxgen.bench import peers, plots, results
 from jaxgen.bench.offline import headline, run_offline
 from jaxgen.bench.workloads import workload_from_args
+from jaxgen.llm import LLM
+from jaxgen.loaders import resolve_model
 
 PEERS_COLUMNS = {
     "engine": "engine",
@@ -29,9 +31,6 @@ def _guard(engine: str, config: str, run) -> dict:
 
 def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     """Runs jaxgen (warm pass), then each selected peer; writes results and ``peers.png``."""
-    from jaxgen.llm import LLM
-    from jaxgen.loaders import resolve_model
-
     selected = {p.strip() for p in args.peers.split(",") if p.strip()}
     progress = not args.quiet
     model_path = resolve_model(args.model)
