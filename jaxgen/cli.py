@@ -8,6 +8,7 @@ import sys
 
 from jaxgen import convert, planner
 from jaxgen.bench import cli as bench_cli
+from jaxgen.bench.extra import MissingExtra
 from jaxgen.engine_flags import add_engine_flags, engine_kwargs
 from jaxgen.llm import LLM
 from jaxgen.sampling_params import SamplingParams
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args) or 0
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, MissingExtra) as e:
         print(f"jaxgen: error: {e}", file=sys.stderr)
         return 2
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxgen.async_llm import AsyncLLM
 from jaxgen.backends import BACKENDS
-from jaxgen.bench import clients, results, roofline
+from jaxgen.bench import clients, plots, results, roofline
 from jaxgen.bench.compare import MODES, run_compare, write_compare
 from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
 from jaxgen.bench.peers_run import run_peers
@@ -217,6 +217,7 @@ def _workload_factory(args: argparse.Namespace, tokenizer):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    plots.check_available()
     env = results.environment(command_of(args))
     levels = parse_levels(args.concurrency)
     rates = parse_levels(args.request_rate, float) if args.request_rate else None
@@ -278,6 +279,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    plots.check_available()
     env = results.environment(command_of(args))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -312,6 +314,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_peers(args: argparse.Namespace) -> int:
+    plots.check_available()
     env = results.environment(command_of(args))
     run_peers(args, env, _engine_kwargs(args))
     _print_table(os.path.join(args.out, "results.md"))

@@ -8,6 +8,7 @@ import re
 import subprocess
 import time
 
+from jaxgen.bench.extra import MissingExtra, require
 from jaxgen.bench.workloads import Workload
 
 BATCHED_BENCH_KEYS = ("pp", "tg", "b", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "t", "s")
@@ -31,7 +32,7 @@ def _failed(engine: str, config: str, error: BaseException | str) -> dict:
 # -- transformers ------------------------------------------------------------------------------
 def load_hf_model(model_path: str):
     """A PyTorch fp32 model from an HF directory or a GGUF file (dequantised by transformers)."""
-    import torch
+    import torch  # optional: the bench extra (checked by run_peers)
     from transformers import AutoModelForCausalLM
 
     if os.path.isfile(model_path):
@@ -47,7 +48,7 @@ def transformers_static(
     model, workload: Workload, batch_size: int = 32, pad_token_id: int = 0, progress: bool = True
 ) -> dict:
     """Left-padded batches through ``model.generate`` with ``min_new_tokens=max_new_tokens``."""
-    import torch
+    import torch  # optional: the bench extra (checked by run_peers)
     from tqdm.auto import tqdm
 
     requests = workload.requests
@@ -86,7 +87,7 @@ def transformers_static(
 
 def transformers_continuous(model, workload: Workload, progress: bool = True) -> dict:
     """``model.generate_batch`` (continuous batching), exact lengths via an unreachable EOS."""
-    import torch
+    import torch  # optional: the bench extra (checked by run_peers)
     from transformers import GenerationConfig
 
     if not hasattr(model, "generate_batch"):
@@ -122,10 +123,10 @@ def transformers_continuous(model, workload: Workload, progress: bool = True) ->
 def llama_cpp_python_stream(
     gguf_path: str, workload: Workload, n_ctx: int = 2048, progress: bool = True
 ) -> dict:
-    """One request at a time through llama-cpp-python (``pip install jaxgen[llama-cpp]``)."""
+    """One request at a time through llama-cpp-python (the bench extra)."""
     try:
-        from llama_cpp import Llama
-    except ImportError as e:
+        Llama = require("llama_cpp", "the llama-cpp-python row").Llama
+    except MissingExtra as e:
         return _failed("llama-cpp-python", os.path.basename(gguf_path), e)
     from tqdm.auto import tqdm
 

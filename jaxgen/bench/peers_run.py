@@ -6,6 +6,7 @@ import gc
 import os
 
 from jaxgen.bench import peers, plots, results
+from jaxgen.bench.extra import require
 from jaxgen.bench.offline import headline, run_offline
 from jaxgen.bench.workloads import workload_from_args
 from jaxgen.llm import LLM
@@ -32,6 +33,8 @@ def _guard(engine: str, config: str, run) -> dict:
 def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     """Runs jaxgen (warm pass), then each selected peer; writes results and ``peers.png``."""
     selected = {p.strip() for p in args.peers.split(",") if p.strip()}
+    if selected & {"transformers", "transformers-continuous"}:  # fail before jaxgen's run
+        require("torch", "jaxgen bench peers' transformers rows")
     progress = not args.quiet
     model_path = resolve_model(args.model)
     llm = LLM(args.model, **engine_knobs)
