@@ -9,7 +9,7 @@ import sys
 from jaxgen import convert, planner
 from jaxgen.bench import cli as bench_cli
 from jaxgen.bench.extra import MissingExtra
-from jaxgen.engine_flags import add_engine_flags, engine_kwargs
+from jaxgen.engine_knobs import add_engine_flags, engine_kwargs
 from jaxgen.llm import LLM
 from jaxgen.sampling_params import SamplingParams
 

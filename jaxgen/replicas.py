@@ -52,6 +52,7 @@ class ReplicatedEngine:
         self.engines = engines
         first = engines[0]
         self.loaded, self.config, self.tokenizer = first.loaded, first.config, first.tokenizer
+        self.batching = first.batching
         self.max_model_len = first.max_model_len
         self.kv_bytes_per_token = first.kv_bytes_per_token
         self.outstanding_tokens = [0] * len(engines)  # per replica, unfinished requests only

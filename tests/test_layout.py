@@ -208,3 +208,65 @@ def test_jaxgen_serve_runs_the_server_command_line():
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("usage: jaxgen serve")
     assert "--max-rolling-batch-size" in result.stdout and "--properties" in result.stdout
+
+
+# -- engine knobs: declared once on EngineConfig, everything else derived --------------------------
+def test_knob_table_in_the_docs_is_the_declared_one():
+    from jaxgen.engine_knobs import knob_table, table_in
+
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert table_in(text) == knob_table(), (
+        "docs/configuration.md's knob table differs from EngineConfig's declarations: "
+        "python -m jaxgen.engine_knobs --write docs/configuration.md"
+    )
+
+
+def test_command_lines_take_the_declared_knobs_with_their_defaults():
+    import argparse
+
+    from jaxgen.cli import build_parser
+    from jaxgen.engine_knobs import engine_kwargs, knob_fields
+    from serving.cli import add_serve_arguments
+
+    fields = knob_fields()
+    generate = build_parser().parse_args(["generate"])
+    expected = {f.name: f.default for f in fields if f.flag and not f.knob.serve_only}
+    assert engine_kwargs(generate) == {"dtype": "float32", **expected}
+    offline = build_parser().parse_args(["bench", "offline"])
+    assert engine_kwargs(offline) == engine_kwargs(generate)
+
+    serve = argparse.ArgumentParser()
+    add_serve_arguments(serve)
+    flags = {option for action in serve._actions for option in action.option_strings}
+    assert {f.flag for f in fields if f.flag} <= flags
+    assert all(getattr(serve.parse_args([]), f.name) is None for f in fields if f.flag)
+
+
+def test_server_reads_the_declared_environment_and_properties(tmp_path):
+    from jaxgen.engine_knobs import knob_fields
+    from serving.settings import resolve_settings
+
+    values = {"int": "3", "float": "0.5", "bool": "false", "str": "x", "memory": "64MiB"}
+    for field in knob_fields():
+        expected = resolve_settings({field.name: values[field.kind]}, {})
+        for env in field.knob.env:
+            assert resolve_settings({}, {env: values[field.kind]}) == dataclasses_without_sources(
+                expected, "environment"
+            )
+        for key in field.knob.properties:
+            path = tmp_path / "serving.properties"
+            path.write_text(f"{key}={values[field.kind]}\n")
+            from_file = resolve_settings({}, {}, str(path))
+            assert (from_file.engine, from_file.tensor_parallel_degree) == (
+                expected.engine,
+                expected.tensor_parallel_degree,
+            ), key
+
+
+def dataclasses_without_sources(settings, source: str):
+    """``settings`` as resolved from ``source`` instead of flags."""
+    import dataclasses
+
+    return dataclasses.replace(
+        settings, sources={name: source for name in settings.sources}, ignored=[]
+    )

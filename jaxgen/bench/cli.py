@@ -11,14 +11,13 @@ import sys
 import jax.numpy as jnp
 
 from jaxgen.async_llm import AsyncLLM
-from jaxgen.backends import BACKENDS
 from jaxgen.bench import clients, plots, results, roofline
 from jaxgen.bench.compare import MODES, run_compare, write_compare
 from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
 from jaxgen.bench.peers_run import run_peers
 from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
 from jaxgen.bench.workloads import add_workload_args, tokenizer_for, workload_from_args
-from jaxgen.engine_flags import add_engine_flags, engine_kwargs
+from jaxgen.engine_knobs import add_engine_flags, engine_kwargs
 from jaxgen.llm import LLM
 from jaxgen.loaders import load_model
 
@@ -86,24 +85,13 @@ def add_parser(subparsers) -> None:
 
     compare = sub.add_parser("compare", help="batching strategies on the same workloads")
     _add_common(compare, "compare")
-    compare.add_argument("--model", default=None)
-    compare.add_argument("--dtype", default="float32")
     compare.add_argument("--modes", default="none,static,dynamic,continuous,paged")
     compare.add_argument("--scenario", default="all", choices=["1", "2", "3", "all"])
     compare.add_argument("--num-prompts", type=int, default=64)
-    compare.add_argument("--batch-size", type=int, default=4, help="static/dynamic")
-    compare.add_argument("--max-batch-delay", type=float, default=0.1, help="dynamic (seconds)")
-    compare.add_argument("--max-rolling-batch-size", type=int, default=32, help="continuous/paged")
-    compare.add_argument("--max-rolling-batch-prefill-tokens", type=int, default=512)
-    compare.add_argument("--max-model-len", type=int, default=512)
-    compare.add_argument("--page-size", type=int, default=16)
-    compare.add_argument(
-        "--kv-cache-memory",
-        type=int,
-        default=None,
-        help="bytes for every mode (default: what continuous reserves)",
+    # Every mode runs on the same KV budget: --kv-cache-memory, else what continuous reserves.
+    add_engine_flags(
+        compare, skip=("batching",), defaults={"max_rolling_batch_size": 32, "max_model_len": 512}
     )
-    compare.add_argument("--attention-backend", default="auto", choices=BACKENDS)
     compare.add_argument("--request-rate", type=float, default=2.0, help="scenario 3 (req/s)")
     compare.add_argument("--burstiness", type=float, default=1.0, help="scenario 3")
     compare.add_argument("--seed", type=int, default=0)
@@ -137,7 +125,6 @@ def _add_common(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--no-warmup", action="store_true", help="skip the warm-up pass and precompiling"
     )
-    parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -158,13 +145,12 @@ def command_of(args: argparse.Namespace) -> str:
             if len(action.option_strings[-1]) > 2
             else action.option_strings[0]
         )
-        parts += [flag] if value is True else [flag, str(value)]
+        parts += [flag] if action.nargs == 0 else [flag, str(value)]
     return shlex.join(parts)
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = engine_kwargs(args)
-    kwargs["enable_prefix_caching"] = not args.no_prefix_caching
     kwargs["precompile"] = not args.no_warmup  # every step shape compiled before measuring
     return kwargs
 
@@ -232,7 +218,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         engine = AsyncLLM(engine=llm.engine)
         backend = clients.EngineBackend(engine)
         stats = llm.stats()
-        max_batch = llm.engine.config.num_slots
+        max_batch = llm.engine.batching.num_slots
         bytes_per_param = float(jnp.dtype(llm.loaded.dtype).itemsize)
         kv_tokens = stats["kv_pages_total"] * stats["page_size"]
     make_workload = _workload_factory(args, tokenizer)
@@ -287,21 +273,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--modes must list some of {', '.join(MODES)}, got {args.modes!r}")
     scenarios = [1, 2, 3] if args.scenario == "all" else [int(args.scenario)]
     loaded = load_model(args.model, dtype=args.dtype)
+    knobs = _engine_kwargs(args)
+    del knobs["dtype"]  # the model is loaded once, for every mode
     settings = dict(
         num_prompts=args.num_prompts,
-        max_model_len=args.max_model_len,
-        max_rolling_batch_size=args.max_rolling_batch_size,
-        batch_size=args.batch_size,
-        max_batch_delay=args.max_batch_delay,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
-        kv_cache_memory=args.kv_cache_memory,
         seed=args.seed,
-        page_size=args.page_size,
-        attention_backend=args.attention_backend,
-        max_rolling_batch_prefill_tokens=args.max_rolling_batch_prefill_tokens,
-        enable_prefix_caching=not args.no_prefix_caching,
-        precompile=not args.no_warmup,
+        **knobs,
     )
     rows = run_compare(
         loaded, modes, scenarios, progress=not args.quiet, warmup=not args.no_warmup, **settings

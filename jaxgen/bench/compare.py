@@ -207,7 +207,7 @@ def run_compare(
             llm = LLM(
                 loaded, max_model_len=max_model_len, kv_cache_memory=kv, **knobs, **engine_knobs
             )
-            slots = llm.engine.config.num_slots
+            slots = llm.engine.batching.num_slots
             try:
                 if scenario.arrivals:
                     arrivals = dict(rate=request_rate, burstiness=burstiness, seed=seed)

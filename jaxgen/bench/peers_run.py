@@ -42,7 +42,7 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     workload = workload_from_args(args, tokenizer)
     print(f"[peers] jaxgen {args.batching} on {workload.name}", flush=True)
     row = headline(run_offline(llm, workload, warmup=not args.no_warmup, use_tqdm=progress))
-    slots = llm.engine.config.num_slots
+    slots = llm.engine.batching.num_slots
     rows = [
         peers._row(
             "jaxgen",

@@ -8,13 +8,14 @@ import jax
 
 from jaxgen.backends import select_backend
 from jaxgen.engine import compile_counter
+from jaxgen.engine.batching import batching_plan
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.sampler import SamplingRow
-from jaxgen.engine.scheduler import Scheduler, SchedulerConfig
+from jaxgen.engine.scheduler import Scheduler
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -42,8 +43,9 @@ class LLMEngine:
         page_bytes = backend.kv_bytes_per_page(model_config, page_size, loaded.dtype)
         self.kv_bytes_per_token = page_bytes // page_size
         kv_bytes = self._kv_budget_bytes()
-        slots = config.num_slots
-        if config.batching == "paged":
+        self.batching = batching_plan(config, self.max_model_len)
+        slots = self.batching.num_slots
+        if self.batching.paged:
             num_pages = int(kv_bytes // page_bytes) + 1
             need = -(-self.max_model_len // page_size) + 1
             if num_pages < need:
@@ -63,31 +65,16 @@ class LLMEngine:
                     f"than kv_cache_memory ({kv_bytes} bytes); lower max_model_len or the batch size"
                 )
             num_pages = allocator.num_pages
-        rolling = config.batching in ("paged", "continuous")
-        budget = config.max_rolling_batch_prefill_tokens if rolling else slots * self.max_model_len
-        if rolling and budget < slots:
-            raise ValueError(
-                f"max_rolling_batch_prefill_tokens ({budget}) must be >= max_rolling_batch_size ({slots})"
-            )
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=slots,
-                max_num_batched_tokens=budget,
-                max_model_len=self.max_model_len,
-                batch_at_a_time=not rolling,
-                max_batch_delay=config.max_batch_delay if config.batching == "dynamic" else 0.0,
-            ),
-            allocator,
-        )
+        self.scheduler = Scheduler(self.batching.scheduler, allocator)
         self.runner = ModelRunner(
             loaded,
             num_pages=num_pages,
             page_size=page_size,
             max_num_seqs=slots,
-            max_num_batched_tokens=budget,
+            max_num_batched_tokens=self.batching.scheduler.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             attention_backend=backend,
-            min_decode_batch=slots if config.batching == "static" else 1,
+            min_decode_batch=self.batching.min_decode_batch,
             kv_sharding=kv_sharding,
             seed=config.seed,
         )
