@@ -52,7 +52,6 @@ class ReplicatedEngine:
         self.engines = engines
         first = engines[0]
         self.loaded, self.config, self.tokenizer = first.loaded, first.config, first.tokenizer
-        self.batching = first.batching
         self.max_model_len = first.max_model_len
         self.kv_bytes_per_token = first.kv_bytes_per_token
         self.outstanding_tokens = [0] * len(engines)  # per replica, unfinished requests only
@@ -61,6 +60,11 @@ class ReplicatedEngine:
         self._pool = concurrent.futures.ThreadPoolExecutor(len(engines), "jaxgen-replica")
         self.num_steps = 0
         self.last_batch_size = 0
+
+    @property
+    def batching(self):
+        """What the batching mode means (the same for every replica)."""
+        return self.engines[0].batching
 
     @property
     def runner(self):
