@@ -14,8 +14,10 @@ from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
-from jaxgen.engine.sampler import SamplingRow
+from jaxgen.engine.sampling_tensors import SamplingRow
 from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batches, unpack
+from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -66,21 +68,25 @@ class LLMEngine:
                 )
             num_pages = allocator.num_pages
         self.scheduler = Scheduler(self.batching.scheduler, allocator)
-        self.runner = ModelRunner(
-            loaded,
-            num_pages=num_pages,
+        self.layout = StepLayout(
             page_size=page_size,
             max_num_seqs=slots,
             max_num_batched_tokens=self.batching.scheduler.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            attention_backend=backend,
             min_decode_batch=self.batching.min_decode_batch,
+            full_width_tables=backend.full_width_tables,
+        )
+        self.runner = ModelRunner(
+            loaded,
+            num_pages=num_pages,
+            page_size=page_size,
+            attention_backend=backend,
             kv_sharding=kv_sharding,
-            seed=config.seed,
         )
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
-        self.num_steps = 0
+        self.num_steps = 0  # steps that ran (a failed one does not count)
+        self.step_counter = 0  # batches built: with ``config.seed``, unseeded rows' seeds
         self.step_time = 0.0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -110,7 +116,11 @@ class LLMEngine:
         is every shape (one per token bucket); elsewhere decode-only steps (prefill-holding steps
         compile when first met). Call it before requests arrive. Returns the compiles it took."""
         start = time.perf_counter()
-        compiles = self.runner.precompile(sampling_params)
+        before = compile_counter.compile_count()
+        configs = sampling_params or [SamplingParams(temperature=0.0)]
+        for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
+            self.runner.execute(batch.arrays, batch.flags)
+        compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
         return compiles
@@ -184,15 +194,35 @@ class LLMEngine:
             return []
         start = time.perf_counter()
         try:
-            result = self.runner.run(scheduled, self._sampling_row)
+            batch = self._build_batch(scheduled)
+            output = self.runner.execute(batch.arrays, batch.flags)
         except Exception as error:
             raise self._recover(scheduled, error) from error
         self.consecutive_failed_steps = 0
         self.step_time += time.perf_counter() - start
         self.num_steps += 1
         self.last_batch_size = len(scheduled.scheduled)
-        got_token = self.scheduler.postprocess(scheduled, result.token_ids)
-        return self._postprocess(got_token, result.logprobs)
+        tokens, logprobs = unpack(batch, output)
+        got_token = self.scheduler.postprocess(scheduled, tokens)
+        return self._postprocess(got_token, logprobs)
+
+    def _build_batch(self, scheduled) -> StepBatch:
+        """The step's host batch: a sampling row for each sequence the step completes."""
+        rows = {}
+        for item in scheduled.scheduled:
+            if item.completes:
+                seq = item.seq
+                request = self.seq_to_request[seq.seq_id]
+                rows[seq.seq_id] = SamplingRow(
+                    seq.params,
+                    seq.prompt_token_ids,
+                    seq.output_token_ids,
+                    request.banned_token_ids(seq),
+                )
+        self.step_counter += 1
+        return build_step_batch(
+            self.layout, scheduled, rows, base_seed=self.config.seed, step=self.step_counter - 1
+        )
 
     def _recover(self, scheduled, error: Exception) -> StepFailed | EngineDeadError:
         """After a failed step: fails the requests in it, gets the runner a live KV pool and,
@@ -229,12 +259,6 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
                 request.finalize(seq)
             self.seq_to_request.pop(seq.seq_id, None)
-
-    def _sampling_row(self, seq) -> SamplingRow:
-        request = self.seq_to_request[seq.seq_id]
-        return SamplingRow(
-            seq.params, seq.prompt_token_ids, seq.output_token_ids, request.banned_token_ids(seq)
-        )
 
     def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
         moved: dict[str, Request] = {}
