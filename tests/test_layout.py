@@ -212,7 +212,9 @@ def test_jaxgen_serve_runs_the_server_command_line():
 
 # -- engine knobs: declared once on EngineConfig, everything else derived --------------------------
 def test_knob_table_in_the_docs_is_the_declared_one():
-    from jaxgen.engine_knobs import knob_table, table_in
+    from jaxgen.engine_knobs import knob_table, table_in, undeclared_fields
+
+    assert undeclared_fields() == [], "declare these EngineConfig fields with knob(...)"
 
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert table_in(text) == knob_table(), (

@@ -29,16 +29,10 @@ def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: offline, sweep, compare, peers")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
-    offline = sub.add_parser("offline", help="offline throughput of LLM.generate")
-    add_engine_flags(offline)
-    _add_common(offline, "offline")
-    add_workload_args(offline)
-    offline.set_defaults(func=cmd_offline, parser=offline)
-
-    sweep = sub.add_parser("sweep", help="latency-throughput sweep over concurrency or rate")
-    add_engine_flags(sweep)
-    _add_common(sweep, "sweep")
-    add_workload_args(sweep)
+    _subcommand(sub, "offline", "offline throughput of LLM.generate", cmd_offline)
+    sweep = _subcommand(
+        sub, "sweep", "latency-throughput sweep over concurrency or rate", cmd_sweep
+    )
     sweep.add_argument(
         "--concurrency", default="1,2,4,8,16,32,64", help="closed-loop client counts, e.g. 1,2,4,8"
     )
@@ -81,26 +75,25 @@ def add_parser(subparsers) -> None:
         action="store_true",
         help="skip the matmul/matvec measurement behind the predicted knee",
     )
-    sweep.set_defaults(func=cmd_sweep, parser=sweep)
 
-    compare = sub.add_parser("compare", help="batching strategies on the same workloads")
-    _add_common(compare, "compare")
+    # Every mode runs on the same KV budget: --kv-cache-memory, else what continuous reserves.
+    compare = _subcommand(
+        sub,
+        "compare",
+        "batching strategies on the same workloads",
+        cmd_compare,
+        workload=False,
+        skip=("batching",),
+        defaults={"max_rolling_batch_size": 32, "max_model_len": 512},
+    )
     compare.add_argument("--modes", default="none,static,dynamic,continuous,paged")
     compare.add_argument("--scenario", default="all", choices=["1", "2", "3", "all"])
     compare.add_argument("--num-prompts", type=int, default=64)
-    # Every mode runs on the same KV budget: --kv-cache-memory, else what continuous reserves.
-    add_engine_flags(
-        compare, skip=("batching",), defaults={"max_rolling_batch_size": 32, "max_model_len": 512}
-    )
     compare.add_argument("--request-rate", type=float, default=2.0, help="scenario 3 (req/s)")
     compare.add_argument("--burstiness", type=float, default=1.0, help="scenario 3")
     compare.add_argument("--seed", type=int, default=0)
-    compare.set_defaults(func=cmd_compare, parser=compare)
 
-    peers = sub.add_parser("peers", help="transformers and llama.cpp on the same workload")
-    add_engine_flags(peers)
-    _add_common(peers, "peers")
-    add_workload_args(peers)
+    peers = _subcommand(sub, "peers", "transformers and llama.cpp on the same workload", cmd_peers)
     peers.add_argument(
         "--peers",
         default="transformers,transformers-continuous,llama-cpp-python,llama.cpp",
@@ -117,15 +110,22 @@ def add_parser(subparsers) -> None:
     peers.add_argument("--llama-cpp-bin", default=None, help="folder with llama-batched-bench")
     peers.add_argument("--llama-cpp-types", default="F32,F16", help="requantisations to run")
     peers.add_argument("--llama-cpp-work-dir", default="/tmp/jaxgen-bench-llamacpp")
-    peers.set_defaults(func=cmd_peers, parser=peers)
 
 
-def _add_common(parser: argparse.ArgumentParser, name: str) -> None:
+def _subcommand(sub, name: str, summary: str, func, *, workload: bool = True, **engine_flags):
+    """A ``jaxgen bench`` subcommand with the engine flags, ``--out``, ``--no-warmup``,
+    ``--quiet`` and (``workload``) the workload flags."""
+    parser = sub.add_parser(name, help=summary)
+    add_engine_flags(parser, **engine_flags)
     parser.add_argument("--out", default=os.path.join(DEFAULT_OUT, name), help="results folder")
     parser.add_argument(
         "--no-warmup", action="store_true", help="skip the warm-up pass and precompiling"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    if workload:
+        add_workload_args(parser)
+    parser.set_defaults(func=func, parser=parser)
+    return parser
 
 
 def command_of(args: argparse.Namespace) -> str:

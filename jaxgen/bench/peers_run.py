@@ -27,7 +27,7 @@ def _guard(engine: str, config: str, run) -> dict:
     try:
         return run()
     except Exception as e:  # one peer failing must not lose the others' numbers
-        return peers._failed(engine, config, f"{type(e).__name__}: {e}")
+        return peers.failed_row(engine, config, f"{type(e).__name__}: {e}")
 
 
 def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
@@ -44,7 +44,7 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     row = headline(run_offline(llm, workload, warmup=not args.no_warmup, use_tqdm=progress))
     slots = llm.engine.batching.num_slots
     rows = [
-        peers._row(
+        peers.result_row(
             "jaxgen",
             f"LLM.generate, {args.batching}, {slots} slots, {args.dtype}",
             row["output_tokens"],
@@ -84,7 +84,7 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     gguf = model_path if model_path.endswith(".gguf") else None
     if "llama-cpp-python" in selected:
         if gguf is None:
-            rows.append(peers._failed("llama-cpp-python", "-", "needs a .gguf model"))
+            rows.append(peers.failed_row("llama-cpp-python", "-", "needs a .gguf model"))
         else:
             print("[peers] llama-cpp-python", flush=True)
             context = max(2048, workload.max_total_len)
@@ -97,9 +97,9 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
             )
     if "llama.cpp" in selected:
         if not args.llama_cpp_bin:
-            rows.append(peers._failed("llama.cpp", "-", "pass --llama-cpp-bin DIR"))
+            rows.append(peers.failed_row("llama.cpp", "-", "pass --llama-cpp-bin DIR"))
         elif gguf is None:
-            rows.append(peers._failed("llama.cpp", "-", "needs a .gguf model"))
+            rows.append(peers.failed_row("llama.cpp", "-", "needs a .gguf model"))
         else:
             kinds = [k.strip() for k in args.llama_cpp_types.split(",") if k.strip()]
             rows += peers.llama_cpp_rows(

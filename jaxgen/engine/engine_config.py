@@ -1,6 +1,7 @@
 """Engine knobs, named as users of TGI, DJL/SageMaker LMI and vLLM know them; validated here.
 
-Each field is declared once, with a ``Knob``: its flag, help text and the other servers' names.
+Each field is declared once, with a ``Knob``: its flag, help text and the names ``jaxgen serve``
+reads it under.
 The ``generate``/``bench``/``serve`` command lines, ``jaxgen serve``'s environment and
 ``serving.properties`` keys, and the table in docs/configuration.md are derived from these
 declarations (``jaxgen/engine_knobs.py``). Adding a knob is adding one field here.
@@ -45,9 +46,6 @@ class Knob:
         env: environment variables ``jaxgen serve`` reads it from (first listed wins).
         properties: ``serving.properties`` keys ``jaxgen serve`` reads it from (also as LMI's
             ``OPTION_<KEY>`` environment variables).
-        tgi: Text Generation Inference's nearest knob, for the docs.
-        lmi: DJL Serving / SageMaker LMI's nearest knob, for the docs.
-        vllm: vLLM's nearest knob, for the docs.
     """
 
     help: str
@@ -58,9 +56,6 @@ class Knob:
     default_text: str | None = None
     env: tuple[str, ...] = ()
     properties: tuple[str, ...] = ()
-    tgi: str = "—"
-    lmi: str = "—"
-    vllm: str = "—"
 
 
 def knob(default, **declaration) -> dataclasses.Field:
@@ -98,19 +93,12 @@ class EngineConfig:
         "paged",
         help="none, static, dynamic, continuous (contiguous KV per slot) or paged",
         choices=BATCHING_MODES,
-        tgi="— (always continuous + paged)",
-        lmi="`option.rolling_batch` (`auto`/`vllm`/`lmi-dist` = paged; `disable` = static/dynamic "
-        "batching)",
-        vllm="— (always continuous + paged)",
     )
     max_rolling_batch_size: int = knob(
         64,
         help="most sequences running at once (continuous, paged)",
         env=("MAX_BATCH_SIZE",),
         properties=("option.max_rolling_batch_size",),
-        tgi="`--max-batch-size` / `MAX_BATCH_SIZE`",
-        lmi="`option.max_rolling_batch_size`",
-        vllm="`--max-num-seqs`",
     )
     max_rolling_batch_prefill_tokens: int = knob(
         512,
@@ -118,46 +106,32 @@ class EngineConfig:
         "prefilled in chunks",
         env=("MAX_BATCH_PREFILL_TOKENS",),
         properties=("option.max_rolling_batch_prefill_tokens",),
-        tgi="`--max-batch-prefill-tokens` / `MAX_BATCH_PREFILL_TOKENS` (prefill only)",
-        lmi="`option.max_rolling_batch_prefill_tokens`",
-        vllm="`--max-num-batched-tokens`",
     )
     batch_size: int = knob(
         4,
         help="batch size of static and dynamic batching",
         properties=("batch_size", "option.batch_size"),
-        lmi="`batch_size`",
     )
     max_batch_delay: float = knob(
         0.1,
         help="seconds dynamic batching waits to fill a batch",
         default_text="0.1 (s)",
-        lmi="`max_batch_delay` (**ms**)",
     )
     page_size: int = knob(
         16,
         help="tokens per KV page (a power of two)",
-        tgi="— (fixed by the attention backend)",
-        vllm="`--block-size`",
     )
     max_model_len: int | None = knob(
         None,
         help="longest sequence, prompt + output",
         default_text="`None`: min(model's `max_position_embeddings`, 2048)",
         properties=("option.max_model_len",),
-        tgi="`--max-total-tokens`",
-        lmi="`option.max_model_len`",
-        vllm="`--max-model-len`",
     )
     kv_cache_memory: int | float | None = knob(
         None,
         help="KV pool size: bytes (an int; flags also take 64MiB, 2GiB) or a fraction in (0, 1] "
         "of the device memory free once the weights are loaded (on CPU: of the 2 GiB default)",
         default_text="`None`: 0.9 of free accelerator memory; 2 GiB on CPU",
-        tgi="`--max-batch-total-tokens` (tokens; `jaxgen serve` accepts it too), "
-        "`--cuda-memory-fraction`",
-        lmi="`option.gpu_memory_utilization`",
-        vllm="`--gpu-memory-utilization` (fraction of **total** memory, weights included)",
     )
     attention_backend: str = knob(
         "auto",
@@ -167,24 +141,18 @@ class EngineConfig:
         "projections' matmuls over panel-packed weights; CPU, float32, no tensor parallelism) or "
         "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
         choices=BACKENDS,
-        tgi="`ATTENTION` env",
-        vllm="`VLLM_ATTENTION_BACKEND` env",
     )
     enable_prefix_caching: bool = knob(
         True,
         help="reuse full prompt pages across requests (paged only)",
         flag="--no-prefix-caching",
         properties=("option.enable_prefix_caching",),
-        tgi="`PREFIX_CACHING` env",
-        lmi="`option.enable_prefix_caching`",
-        vllm="`--enable-prefix-caching` / `--no-enable-prefix-caching`",
     )
     seed: int = knob(
         0,
         help="base seed for requests that set none (each unseeded row gets a fresh seed per step)",
         serve_only=True,
         minimum=0,
-        vllm="`--seed`",
     )
     tensor_parallel_degree: int = knob(
         1,
@@ -192,16 +160,11 @@ class EngineConfig:
         serve_only=True,
         env=("NUM_SHARD", "SM_NUM_GPUS"),
         properties=("option.tensor_parallel_degree",),
-        tgi="`--num-shard` / `NUM_SHARD`",
-        lmi="`option.tensor_parallel_degree`",
-        vllm="`--tensor-parallel-size`",
     )
     data_parallel_size: int = knob(
         1,
         help="engine replicas on disjoint device groups of one host, behind one front door",
         flag="",
-        tgi="— (run several servers)",
-        vllm="`--data-parallel-size`",
     )
     precompile: bool = knob(
         False,
