@@ -1,10 +1,9 @@
 """Engine knobs, named as users of TGI, DJL/SageMaker LMI and vLLM know them; validated here.
 
 Each field is declared once, with a ``Knob``: its flag, help text and the names ``jaxgen serve``
-reads it under.
-The ``generate``/``bench``/``serve`` command lines, ``jaxgen serve``'s environment and
-``serving.properties`` keys, and the table in docs/configuration.md are derived from these
-declarations (``jaxgen/engine_knobs.py``). Adding a knob is adding one field here.
+reads it under. The ``generate``/``bench``/``serve`` command lines, the server's environment
+variables and ``serving.properties`` keys, and the table in docs/configuration.md are derived
+from these declarations (``jaxgen/engine_knobs.py``). Adding a knob is adding one field here.
 """
 
 from __future__ import annotations
