@@ -244,6 +244,15 @@ def test_command_lines_take_the_declared_knobs_with_their_defaults():
     assert all(getattr(serve.parse_args([]), f.name) is None for f in fields if f.flag)
 
 
+def as_read_from(settings, source: str):
+    """``settings`` as resolved from ``source`` instead of flags."""
+    import dataclasses
+
+    return dataclasses.replace(
+        settings, sources={name: source for name in settings.sources}, ignored=[]
+    )
+
+
 def test_server_reads_the_declared_environment_and_properties(tmp_path):
     from jaxgen.engine_knobs import knob_fields
     from serving.settings import resolve_settings
@@ -252,7 +261,7 @@ def test_server_reads_the_declared_environment_and_properties(tmp_path):
     for field in knob_fields():
         expected = resolve_settings({field.name: values[field.kind]}, {})
         for env in field.knob.env:
-            assert resolve_settings({}, {env: values[field.kind]}) == dataclasses_without_sources(
+            assert resolve_settings({}, {env: values[field.kind]}) == as_read_from(
                 expected, "environment"
             )
         for key in field.knob.properties:
@@ -263,12 +272,3 @@ def test_server_reads_the_declared_environment_and_properties(tmp_path):
                 expected.engine,
                 expected.tensor_parallel_degree,
             ), key
-
-
-def dataclasses_without_sources(settings, source: str):
-    """``settings`` as resolved from ``source`` instead of flags."""
-    import dataclasses
-
-    return dataclasses.replace(
-        settings, sources={name: source for name in settings.sources}, ignored=[]
-    )
