@@ -43,19 +43,17 @@ def main() -> None:
         lengths=lengths,
     )
     runner, steps = llm.engine.runner, []
-    run = runner.run
+    execute = runner.execute
 
-    def timed_run(out, sampling_row_for):
-        decodes = sum(1 for item in out.scheduled if item.num_new_tokens == 1)
-        prefill_tokens = sum(
-            item.num_new_tokens for item in out.scheduled if item.num_new_tokens > 1
-        )
+    def timed_execute(arrays, flags):
+        live = arrays[2].live_rows  # [2, 2]: [begin, end) of the decode rows, then prefill rows
+        decodes, prefill_tokens = int(live[0][1] - live[0][0]), int(live[1][1] - live[1][0])
         start = time.perf_counter()
-        result = run(out, sampling_row_for)  # returns host values: the step has finished
+        result = execute(arrays, flags)  # returns host values: the step has finished
         steps.append((decodes, prefill_tokens, time.perf_counter() - start))
         return result
 
-    runner.run = timed_run
+    runner.execute = timed_execute
     for index in range(args.passes):
         llm.engine.scheduler.allocator.reset_prefix_cache()
         steps.clear()
@@ -69,7 +67,7 @@ def main() -> None:
 
     groups = collections.defaultdict(list)
     for decodes, prefill_tokens, seconds in steps:
-        bucket = bucket_for(max(decodes, 1), runner.layout.token_buckets)
+        bucket = bucket_for(max(decodes, 1), llm.engine.layout.token_buckets)
         key = "with prefill" if prefill_tokens else f"decode, bucket {bucket:3d}"
         groups[key].append((decodes, seconds))
     print("| steps (last pass) | count | mean live decode rows | mean ms | total s |")

@@ -7,7 +7,7 @@ from jaxgen.sampling_params import SamplingParams
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # lazy: importing jaxgen should not import jax
+def __getattr__(name):  # lazy for start-up time: importing jaxgen does not import jax
     if name == "LLM":
         from jaxgen.llm import LLM
 

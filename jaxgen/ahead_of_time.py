@@ -17,10 +17,12 @@ or run for a GPU here.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
 import os
+import re
 import time
 
 import jax
@@ -29,7 +31,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
 from jaxgen.config import ModelConfig
+from jaxgen.engine.runner import jitted_step
+from jaxgen.engine.sampling_tensors import build_sampling_tensors
+from jaxgen.engine.step_layout import StepLayout
+from jaxgen.loaders import model_config_only
+from jaxgen.models.llama import LlamaForCausalLM
 from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 
 GB = 10**9
@@ -101,15 +109,11 @@ def config_from_path(model: str | None) -> ModelConfig:
     if model is not None and os.path.isfile(model) and model.endswith(".json"):
         with open(model) as f:
             return ModelConfig.from_hf_dict(json.load(f))
-    from jaxgen.planner import model_config_only
-
     return model_config_only(model)
 
 
 def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan):
     """Graph and parameter ``ShapeDtypeStruct``s (with their shardings): no weights exist."""
-    from jaxgen.models.llama import LlamaForCausalLM
-
     abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     leaves = []
@@ -125,9 +129,6 @@ def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan):
 def _decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
     """``ShapeDtypeStruct``s of a full-width decode step's inputs (after params and pool), and
     its static sampling flags."""
-    from jaxgen.engine.sampling_tensors import build_sampling_tensors
-    from jaxgen.engine.step_layout import StepLayout
-
     layout = StepLayout(
         page_size=page_size,
         max_num_seqs=max_num_seqs,
@@ -155,13 +156,6 @@ def lower_decode_step_for_cuda(
     """Lowers one decode step for CUDA (one GPU, ``pallas-gpu`` backend) and lists the custom
     calls it makes. ``num_pages`` defaults to what the step's sequences need, plus the scratch
     page. Lowering only: no GPU compiler runs, so nothing here says the kernels fit a GPU."""
-    import collections
-    import re
-
-    from jaxgen.backends import PallasGPUBackend
-    from jaxgen.engine.runner import jitted_step
-    from jaxgen.models.llama import LlamaForCausalLM
-
     if max_model_len < 1 or max_num_seqs < 1:
         raise ValueError("max_model_len and max_num_seqs must be >= 1")
     pages_per_seq = -(-max_model_len // page_size)
@@ -214,9 +208,6 @@ def compile_decode_step(
 ) -> dict:
     """Compiles one full decode step (``max_num_seqs`` sequences at ``max_model_len``) for
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning)."""
-    from jaxgen.backends import PallasTPUBackend
-    from jaxgen.engine.runner import jitted_step
-
     tpu = resolve_target(target)
     num_chips = len(tpu.devices)
     degree = tensor_parallel_degree or num_chips
@@ -323,8 +314,6 @@ _DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "s8": 1, "u8"
 def vmem_prefetch_bytes(hlo_text: str) -> int:
     """Bytes XLA copies from HBM into VMEM ahead of use (``copy-start``/``slice-start`` whose
     destination layout is in memory space 1) in the compiled entry computation."""
-    import re
-
     entry = hlo_text[hlo_text.find("\nENTRY") :]
     total = 0
     for line in entry.split("\n"):
@@ -343,8 +332,6 @@ def vmem_prefetch_bytes(hlo_text: str) -> int:
 
 def _custom_calls(hlo_text: str) -> list[str]:
     """Names of the Mosaic kernels a lowered step calls."""
-    import re
-
     names = re.findall(r'kernel_name\s*=\s*"([^"]+)"', hlo_text)
     names += re.findall(r"name\s*=\s*\"(ragged_paged_attention|kv_cache_update)[^\"]*\"", hlo_text)
     return names

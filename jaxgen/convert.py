@@ -11,6 +11,10 @@ import argparse
 import os
 import time
 
+from jaxgen.loaders import load_model
+from jaxgen.loaders.orbax_checkpoint import save_orbax
+from jaxgen.sharding import DeferredPlacement
+
 
 def convert(
     model: str | None,
@@ -21,14 +25,9 @@ def convert(
     force: bool = False,
 ) -> str:
     """Converts ``model`` into ``out``; with a degree > 1 the save runs from sharded params."""
-    from jaxgen.loaders import load_model
-    from jaxgen.loaders.orbax_checkpoint import save_orbax
-
     if os.path.exists(out) and os.listdir(out) and not force:
         raise ValueError(f"output directory {out!r} is not empty (pass --force to overwrite)")
     if tensor_parallel_degree > 1:
-        from jaxgen.sharding import DeferredPlacement
-
         loaded = load_model(model, dtype=dtype, place=DeferredPlacement(tensor_parallel_degree))
     else:
         loaded = load_model(model, dtype=dtype)

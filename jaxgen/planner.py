@@ -4,9 +4,18 @@ size where decode turns compute-bound. ``jaxgen plan`` prints it."""
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
 
+import jax.numpy as jnp
+
+from jaxgen.ahead_of_time import (
+    compile_decode_step,
+    config_from_path,
+    lower_decode_step_for_cuda,
+    report_lines,
+)
 from jaxgen.config import ModelConfig
+from jaxgen.loaders import model_config_only
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,23 +144,6 @@ def make_plan(
     )
 
 
-def model_config_only(model: str | None) -> ModelConfig:
-    """The model's config without loading weights (GGUF metadata or ``config.json``)."""
-    from jaxgen.loaders import resolve_model
-    from jaxgen.loaders.gguf_loader import GGUFFile
-    from jaxgen.loaders.hf_checkpoint import load_hf_config
-
-    path = resolve_model(model)
-    if os.path.isfile(path):
-        return ModelConfig.from_hf_dict(GGUFFile(path).hf_config())
-    if os.path.isfile(os.path.join(path, "jaxgen_orbax.json")):
-        import json
-
-        with open(os.path.join(path, "jaxgen_orbax.json")) as f:
-            return ModelConfig.from_hf_dict(json.load(f)["hf_config"])
-    return load_hf_config(path)
-
-
 def cmd_plan(args) -> int:
     if args.target is not None:
         return cmd_plan_target(args)
@@ -187,15 +179,6 @@ def cmd_plan(args) -> int:
 
 def cmd_plan_target(args) -> int:
     """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
-    import jax.numpy as jnp
-
-    from jaxgen.ahead_of_time import (
-        compile_decode_step,
-        config_from_path,
-        lower_decode_step_for_cuda,
-        report_lines,
-    )
-
     if args.target == "cuda":
         result = lower_decode_step_for_cuda(
             config_from_path(args.model),
@@ -205,8 +188,6 @@ def cmd_plan_target(args) -> int:
             page_size=args.page_size,
         )
         if args.json:
-            import json
-
             print(json.dumps(result))
             return 0
         print(f"model: {args.model or 'smollm2 (default)'}")
@@ -228,8 +209,6 @@ def cmd_plan_target(args) -> int:
         tensor_parallel_degree=args.tensor_parallel_degree,
     )
     if args.json:
-        import json
-
         print(json.dumps(result))
     else:
         print(f"model: {args.model or 'smollm2 (default)'}")

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import jax
+
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import StepFailed
 from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.loaders import LoadedModel, load_model, load_sharded
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
+from jaxgen.sharding import DeferredPlacement, shard_loaded
 
 # stats() keys that are per-engine settings (taken from replica 0) or process-wide, not summed.
 _SHARED_STATS = ("batching", "kv_bytes_per_token", "page_size", "max_model_len", "compiles")
@@ -26,16 +30,10 @@ def create_engine(model, *, dtype, config: EngineConfig):
     ``model`` is a name/path or a ``LoadedModel``. Degree 1 and one replica is the plain engine
     on the default device; otherwise parameters are placed on a mesh as they load.
     """
-    from jaxgen.loaders import LoadedModel, load_model
-
     degree, replicas = config.tensor_parallel_degree, config.data_parallel_size
     if degree == 1 and replicas == 1:
         loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
         return LLMEngine(loaded, config)
-    import jax
-
-    from jaxgen.sharding import DeferredPlacement, load_sharded, shard_loaded
-
     devices = jax.devices() if replicas == 1 else jax.local_devices()  # replicas: one host
     placement = DeferredPlacement(degree, replicas, devices)
     loaded = load_sharded(model, dtype=dtype, placement=placement)
@@ -62,6 +60,11 @@ class ReplicatedEngine:
         self._pool = concurrent.futures.ThreadPoolExecutor(len(engines), "jaxgen-replica")
         self.num_steps = 0
         self.last_batch_size = 0
+
+    @property
+    def batching(self):
+        """What the batching mode means (the same for every replica)."""
+        return self.engines[0].batching
 
     @property
     def runner(self):

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.config import ModelConfig
@@ -168,8 +169,6 @@ class ShardingPlan:
 
     def place_state(self, state):
         """Re-places an existing parameter state (``nnx.State``) onto this plan's shardings."""
-        from flax import nnx
-
         leaves = []
         for path, var in nnx.to_flat_state(state):
             value = var.get_value()
@@ -216,12 +215,3 @@ class DeferredPlacement:
         if not self.plans:
             raise RuntimeError("DeferredPlacement used before bind(config)")
         return self.plans[0](path, array)
-
-
-def load_sharded(model, *, dtype, placement: DeferredPlacement):
-    """Loads ``model`` (a name/path or a ``LoadedModel``, re-placed) onto ``placement.plans[0]``."""
-    from jaxgen.loaders import LoadedModel, load_model
-
-    if isinstance(model, LoadedModel):
-        return shard_loaded(model, placement.bind(model.config))
-    return load_model(model, dtype=dtype, place=placement)

@@ -7,49 +7,21 @@ import logging
 import os
 import sys
 
-from jaxgen.backends import BACKENDS
+from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.engine_knobs import add_engine_flags
+from serving.app import create_app
+from serving.loader import build_llm
+from serving.server import DrainingServer, uvicorn_config
+from serving.settings import engine_knobs, resolve_settings
 
 logger = logging.getLogger("serving")
 
-# flag dest -> setting name (all flags default to None so unset ones fall through to env/file).
-FLAG_SETTINGS = {
-    "model": "model",
-    "served_model_name": "served_model_name",
-    "host": "host",
-    "port": "port",
-    "dtype": "dtype",
-    "batching": "batching",
-    "max_rolling_batch_size": "max_rolling_batch_size",
-    "max_rolling_batch_prefill_tokens": "max_rolling_batch_prefill_tokens",
-    "batch_size": "batch_size",
-    "max_batch_delay": "max_batch_delay",
-    "page_size": "page_size",
-    "max_model_len": "max_model_len",
-    "kv_cache_memory": "kv_cache_memory",
-    "attention_backend": "attention_backend",
-    "enable_prefix_caching": "enable_prefix_caching",
-    "precompile": "precompile",
-    "seed": "seed",
-    "tensor_parallel_degree": "tensor_parallel_degree",
-    "max_concurrent_requests": "max_concurrent_requests",
-    "max_input_tokens": "max_input_tokens",
-    "max_total_tokens": "max_total_tokens",
-    "max_batch_total_tokens": "kv_cache_tokens",
-    "max_stop_sequences": "max_stop_sequences",
-    "max_body_bytes": "max_body_bytes",
-    "drain_timeout": "drain_timeout",
-    "body_read_timeout": "body_read_timeout",
-    "header_read_timeout": "header_read_timeout",
-    "keep_alive_timeout": "keep_alive_timeout",
-    "max_connections": "max_connections",
-    "log_level": "log_level",
-}
-
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``jaxgen serve``'s flags (precedence: flags > environment > --properties file)."""
+    """Adds ``jaxgen serve``'s flags (precedence: flags > environment > --properties file).
+    Every flag defaults to None, so one not given falls through to the environment and file."""
+    add_engine_flags(parser, serve=True)
     add = parser.add_argument
-    add("--model", help="alias, HF directory, .gguf file or converted dir (env MODEL_ID)")
     add(
         "--served-model-name",
         nargs="+",
@@ -58,41 +30,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port (default 8080; env PORT)")
-    add("--dtype", help="float32/fp32, bfloat16/bf16, float16/fp16 or auto (env DTYPE)")
-    add("--batching", choices=["none", "static", "dynamic", "continuous", "paged"])
-    add("--max-rolling-batch-size", type=int, help="most running sequences (env MAX_BATCH_SIZE)")
-    add(
-        "--max-rolling-batch-prefill-tokens",
-        type=int,
-        help="token budget per step (env MAX_BATCH_PREFILL_TOKENS)",
-    )
-    add("--batch-size", type=int, help="batch size for static/dynamic batching")
-    add("--max-batch-delay", type=float, help="seconds dynamic batching waits to fill a batch")
-    add("--page-size", type=int, help="tokens per KV page")
-    add("--max-model-len", type=int, help="longest sequence (prompt + output)")
-    add("--kv-cache-memory", help="KV pool: bytes (e.g. 64MiB, 2GiB) or a fraction of free memory")
     add(
         "--max-batch-total-tokens",
+        dest="kv_cache_tokens",
         type=int,
         help="KV pool in tokens instead of bytes (env MAX_BATCH_TOTAL_TOKENS)",
     )
-    add("--attention-backend", choices=BACKENDS)
-    add(
-        "--no-prefix-caching",
-        dest="enable_prefix_caching",
-        action="store_const",
-        const=False,
-        help="do not reuse cached prompt pages between requests",
-    )
-    add(
-        "--no-precompile",
-        dest="precompile",
-        action="store_const",
-        const=False,
-        help="do not compile every step shape at start (first requests then wait on compiles)",
-    )
-    add("--seed", type=int, help="engine base seed for requests without one")
-    add("--tensor-parallel-degree", type=int, help="devices per model (env NUM_SHARD)")
     add(
         "--max-concurrent-requests",
         type=int,
@@ -116,10 +59,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 
 
-def settings_from_args(args: argparse.Namespace, environ=None):
-    from serving.settings import resolve_settings
+def _setting_flags() -> tuple[str, ...]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_arguments(parser)
+    return tuple(action.dest for action in parser._actions if action.dest != "properties")
 
-    flags = {name: getattr(args, dest, None) for dest, name in FLAG_SETTINGS.items()}
+
+# Every flag's dest, which is the name of the setting it gives (``--properties`` names the file).
+FLAG_SETTINGS = _setting_flags()
+
+
+def settings_from_args(args: argparse.Namespace, environ=None):
+    flags = {name: getattr(args, name, None) for name in FLAG_SETTINGS}
     return resolve_settings(
         flags, os.environ if environ is None else environ, getattr(args, "properties", None)
     )
@@ -127,19 +78,12 @@ def settings_from_args(args: argparse.Namespace, environ=None):
 
 def check_engine_knobs(settings) -> None:
     """Raises ``ValueError`` for engine knobs ``EngineConfig`` refuses."""
-    from jaxgen.engine.engine_config import EngineConfig
-    from serving.settings import engine_knobs
-
     EngineConfig(**engine_knobs(settings, set(EngineConfig.__dataclass_fields__)))
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Starts the server; returns the exit code (0 after a SIGTERM drain, 1 if the model failed
     to load or the engine died)."""
-    from serving.app import create_app
-    from serving.loader import build_llm
-    from serving.server import DrainingServer, uvicorn_config
-
     settings = settings_from_args(args)
     check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
     logging.basicConfig(
@@ -165,8 +109,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m serving`` / ``python -m serving.cli``."""
-    parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__)
+    """``jaxgen serve`` (which runs ``python -m serving``)."""
+    parser = argparse.ArgumentParser(prog="jaxgen serve", description=__doc__)
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
     try:

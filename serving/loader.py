@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import jax.numpy as jnp
+
+from jaxgen.async_llm import AsyncLLM
+from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.loaders import load_model
+from jaxgen.replicas import create_engine
 from serving.settings import ServerSettings, SettingsError, engine_knobs
 
 logger = logging.getLogger("serving")
@@ -15,13 +21,6 @@ def build_llm(settings: ServerSettings):
     ``kv_cache_tokens`` (TGI's MAX_BATCH_TOTAL_TOKENS) becomes a KV budget in bytes once the
     model's bytes per token are known (single-device engines only).
     """
-    import jax.numpy as jnp
-
-    from jaxgen.async_llm import AsyncLLM
-    from jaxgen.engine.engine_config import EngineConfig
-    from jaxgen.loaders import load_model
-    from jaxgen.replicas import create_engine
-
     fields = set(EngineConfig.__dataclass_fields__)
     knobs = engine_knobs(settings, fields)
     if "precompile" in fields:  # a server compiles every step shape before it reports healthy

@@ -12,6 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jaxgen.engine.engine_config import parse_kv_cache_memory
+from jaxgen.engine_knobs import KnobField, environment_variables, knob_fields, property_keys
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
@@ -23,21 +26,6 @@ DEFAULT_HEADER_READ_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 1024
 
-# Engine knobs the server passes to ``EngineConfig`` (only those that were set).
-ENGINE_KNOBS = (
-    "batching",
-    "max_rolling_batch_size",
-    "max_rolling_batch_prefill_tokens",
-    "batch_size",
-    "max_batch_delay",
-    "page_size",
-    "max_model_len",
-    "kv_cache_memory",
-    "attention_backend",
-    "enable_prefix_caching",
-    "seed",
-    "precompile",
-)
 DTYPE_ALIASES = {
     "fp32": "float32",
     "float32": "float32",
@@ -50,21 +38,8 @@ DTYPE_ALIASES = {
     "auto": "auto",
 }
 ROLLING_BATCH_PAGED = ("auto", "vllm", "lmi-dist", "lmi_dist", "scheduler", "paged", "true")
-BYTE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-}
-
-# TGI / SageMaker environment variables -> setting names.
+# TGI / SageMaker environment variables -> setting names (the engine knobs' are declared on
+# ``EngineConfig``; among aliases of one setting the first listed wins).
 ENV_VARS = {
     "MODEL_ID": "model",
     "HF_MODEL_ID": "model",
@@ -74,29 +49,20 @@ ENV_VARS = {
     "MAX_INPUT_TOKENS": "max_input_tokens",
     "MAX_INPUT_LENGTH": "max_input_tokens",
     "MAX_TOTAL_TOKENS": "max_total_tokens",
-    "MAX_BATCH_PREFILL_TOKENS": "max_rolling_batch_prefill_tokens",
     "MAX_BATCH_TOTAL_TOKENS": "kv_cache_tokens",
-    "MAX_BATCH_SIZE": "max_rolling_batch_size",
-    "NUM_SHARD": "tensor_parallel_degree",
-    "SM_NUM_GPUS": "tensor_parallel_degree",
+    **environment_variables(),
 }
-# serving.properties keys (also read from OPTION_* environment variables, as LMI does).
+# serving.properties keys (also read from OPTION_* environment variables, as LMI does); LMI's own
+# spellings of two knobs are translated in ``_apply_engine``.
 PROPERTY_KEYS = {
     "option.model_id": "model",
     "option.dtype": "dtype",
-    "option.tensor_parallel_degree": "tensor_parallel_degree",
-    "option.rolling_batch": "rolling_batch",
-    "option.max_rolling_batch_size": "max_rolling_batch_size",
-    "option.max_rolling_batch_prefill_tokens": "max_rolling_batch_prefill_tokens",
-    "option.max_model_len": "max_model_len",
     "option.max_input_len": "max_input_tokens",
     "option.max_concurrent_requests": "max_concurrent_requests",
-    "option.enable_prefix_caching": "enable_prefix_caching",
-    "option.precompile": "precompile",
-    "batch_size": "batch_size",
-    "option.batch_size": "batch_size",
-    "max_batch_delay": "max_batch_delay_ms",
+    "option.rolling_batch": "rolling_batch",  # -> batching
+    "max_batch_delay": "max_batch_delay_ms",  # -> max_batch_delay, in milliseconds
     "option.max_batch_delay": "max_batch_delay_ms",
+    **property_keys(),
 }
 
 
@@ -197,25 +163,12 @@ def parse_dtype(value: Any, source: str) -> str:
     return dtype
 
 
-def parse_kv_cache_memory(value: Any, source: str) -> int | float:
-    """Bytes (``"64MiB"``, ``"2GiB"``, ``67108864``) or a fraction of free memory (``"0.9"``)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        text = repr(value)
-    else:
-        text = str(value).strip().lower()
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]?i?b?)", text)
-    if match is None:
-        raise SettingsError(
-            f"kv_cache_memory from {source} must be bytes (e.g. 64MiB) or a fraction in (0, 1], "
-            f"got {value!r}"
-        )
-    number, unit = float(match.group(1)), match.group(2)
-    if unit == "" and 0 < number <= 1:
-        return number
-    size = int(number * BYTE_UNITS[unit])
-    if size < 1 << 10:
-        raise SettingsError(f"kv_cache_memory from {source} must be at least 1KiB, got {value!r}")
-    return size
+def parse_memory(value: Any, source: str) -> int | float:
+    """``kv_cache_memory``: see ``jaxgen.engine.engine_config.parse_kv_cache_memory``."""
+    try:
+        return parse_kv_cache_memory(value, source)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
 
 
 def read_properties(path: str) -> dict[str, str]:
@@ -323,7 +276,6 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         ("max_concurrent_requests", 1),
         ("max_input_tokens", 1),
         ("max_total_tokens", 2),
-        ("tensor_parallel_degree", 1),
         ("kv_cache_tokens", 1),
         ("max_stop_sequences", 0),
         ("max_body_bytes", 1024),
@@ -350,43 +302,35 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
 
 def _apply_engine(settings: ServerSettings, raw, take) -> None:
     engine = settings.engine
-    for name in (
-        "max_rolling_batch_size",
-        "max_rolling_batch_prefill_tokens",
-        "batch_size",
-        "page_size",
-        "max_model_len",
-        "seed",
-    ):
-        value, source = take(name)
+    for field in knob_fields():
+        value, source = take(field.name)
         if value is not None:
-            engine[name] = parse_int(value, name, source, minimum=0 if name == "seed" else 1)
+            engine[field.name] = _parse_knob(field, value, source)
+    # LMI's spellings: max_batch_delay in milliseconds, option.rolling_batch for batching.
     value, source = take("max_batch_delay")
     delay_ms, ms_source = take("max_batch_delay_ms")
     if delay_ms is not None and (value is None or _rank(ms_source) > _rank(source)):
         engine["max_batch_delay"] = parse_float(delay_ms, "max_batch_delay (ms)", ms_source) / 1000
-    elif value is not None:
-        engine["max_batch_delay"] = parse_float(value, "max_batch_delay", source)
-    value, source = take("kv_cache_memory")
-    if value is not None:
-        engine["kv_cache_memory"] = parse_kv_cache_memory(value, source)
-    value, source = take("attention_backend")
-    if value is not None:
-        engine["attention_backend"] = str(value)
-    value, source = take("enable_prefix_caching")
-    if value is not None:
-        engine["enable_prefix_caching"] = parse_bool(value, "enable_prefix_caching", source)
-    value, source = take("precompile")
-    if value is not None:
-        engine["precompile"] = parse_bool(value, "precompile", source)
     batching, batching_source = take("batching")
     rolling, rolling_source = take("rolling_batch")
     if rolling is not None and (batching is None or _rank(rolling_source) > _rank(batching_source)):
         engine["batching"] = _batching_from_rolling(rolling, rolling_source, engine)
-    elif batching is not None:
-        engine["batching"] = str(batching)
+    # The server keeps the degree itself (a KV budget in tokens is for single-device engines).
+    settings.tensor_parallel_degree = engine.pop("tensor_parallel_degree", None)
     if settings.max_total_tokens is not None and "max_model_len" not in engine:
         engine["max_model_len"] = settings.max_total_tokens
+
+
+def _parse_knob(field: KnobField, value: Any, source: str):
+    if field.kind == "int":
+        return parse_int(value, field.name, source, minimum=field.knob.minimum)
+    if field.kind == "float":
+        return parse_float(value, field.name, source)
+    if field.kind == "bool":
+        return parse_bool(value, field.name, source)
+    if field.kind == "memory":
+        return parse_memory(value, source)
+    return str(value)
 
 
 def _batching_from_rolling(value: Any, source: str, engine: dict) -> str:

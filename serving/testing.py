@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import threading
 
+from jaxgen.async_llm import AsyncLLM
 from serving.server import ServerThread, free_port
 
 _LLMS: dict[tuple, object] = {}
@@ -13,8 +14,6 @@ _LOCK = threading.Lock()
 
 def shared_llm(model: str, **knobs):
     """An ``AsyncLLM`` for ``model`` and ``knobs``, built once per process and reused."""
-    from jaxgen.async_llm import AsyncLLM
-
     key = (model, tuple(sorted(knobs.items())))
     with _LOCK:
         llm = _LLMS.get(key)

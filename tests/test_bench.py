@@ -267,3 +267,24 @@ def test_command_line_rebuilt_from_args(monkeypatch):
     args = build_parser().parse_args(["bench", "sweep", "--concurrency", "1,2", "--no-roofline"])
     assert command_of(args) == "jaxgen bench sweep --concurrency 1,2 --no-roofline"
     assert results.command_line(["/x/bin/jaxgen", "bench", "a b"]) == "jaxgen bench 'a b'"
+
+
+def test_missing_bench_extra_is_named_before_anything_runs(monkeypatch, capsys):
+    """Without matplotlib or torch (the core install), a command needing them stops at once,
+    before loading a model, with an error naming the extra."""
+    import sys
+
+    from jaxgen.cli import main
+
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+        argv = ["bench", "sweep", "--model", "/nonexistent", "--no-roofline", "--quiet"]
+        assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "matplotlib" in error and "pip install 'jaxgen[bench]'" in error
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "torch", None)
+        argv = ["bench", "peers", "--model", "/nonexistent", "--peers", "transformers", "--quiet"]
+        assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "torch" in error and "pip install 'jaxgen[bench]'" in error

@@ -16,15 +16,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jaxgen.engine import sampler, sampling_cutoff
-from jaxgen.engine.sampler import (
+from jaxgen.engine.sampler import apply_penalties, sample
+from jaxgen.engine.sampling_tensors import (
     SamplerOutput,
     SamplingFlags,
     SamplingRow,
     SamplingTensors,
-    apply_penalties,
     build_sampling_tensors,
     min_tokens_banned_ids,
-    sample,
 )
 from jaxgen.sampling_params import SamplingParams
 

@@ -7,12 +7,12 @@ import types
 
 import pytest
 
+from jaxgen.engine.engine_config import parse_kv_cache_memory
 from serving.cli import FLAG_SETTINGS, add_serve_arguments, settings_from_args
 from serving.settings import (
     ServerSettings,
     SettingsError,
     engine_knobs,
-    parse_kv_cache_memory,
     read_properties,
     resolve_settings,
 )

@@ -112,9 +112,9 @@ def test_native_backend_matches_reference(model, tiny_model_dir, sliding_model_d
     ]
     knobs = dict(max_model_len=128, max_rolling_batch_size=4, max_rolling_batch_prefill_tokens=24)
     native = LLM(path, attention_backend="cpu", **knobs)
-    assert native.engine.runner.layout.full_width_tables
+    assert native.engine.layout.full_width_tables
     reference = LLM(path, attention_backend="reference", **knobs)
-    assert not reference.engine.runner.layout.full_width_tables
+    assert not reference.engine.layout.full_width_tables
     got = native.generate(prompts, params, use_tqdm=False)
     want = reference.generate(prompts, params, use_tqdm=False)
     for a, b in zip(got, want, strict=True):
@@ -137,7 +137,7 @@ def test_precompile_covers_every_shape(tiny_model_dir):
     knobs = dict(max_model_len=128, max_rolling_batch_size=8, max_rolling_batch_prefill_tokens=64)
     llm = LLM(tiny_model_dir, precompile=True, **knobs)
     stats = llm.stats()
-    buckets = llm.engine.runner.layout.token_buckets
+    buckets = llm.engine.layout.token_buckets
     assert stats["precompile_compiles"] == len(buckets) == 6  # 2 .. 64
     assert llm.precompile(sampled) == len(buckets)  # the sampling variant of each shape
     before = llm.stats()["compiles"]
@@ -155,6 +155,6 @@ def test_precompile_covers_every_shape(tiny_model_dir):
 
 def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir):
     llm = LLM(tiny_model_dir, attention_backend="reference", max_model_len=64)
-    layout = llm.engine.runner.layout
+    layout = llm.engine.layout
     decode_buckets = [t for t in layout.token_buckets if t <= layout.seq_cap]
     assert llm.precompile() == len(decode_buckets) * len(layout.width_buckets)

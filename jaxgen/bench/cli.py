@@ -8,10 +8,18 @@ import os
 import shlex
 import sys
 
-from jaxgen.backends import BACKENDS
-from jaxgen.bench import results
-from jaxgen.bench.workloads import add_workload_args, workload_from_args
-from jaxgen.cli import _add_engine_args, engine_kwargs
+import jax.numpy as jnp
+
+from jaxgen.async_llm import AsyncLLM
+from jaxgen.bench import clients, plots, results, roofline
+from jaxgen.bench.compare import MODES, run_compare, write_compare
+from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
+from jaxgen.bench.peers_run import run_peers
+from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
+from jaxgen.bench.workloads import add_workload_args, tokenizer_for, workload_from_args
+from jaxgen.engine_knobs import add_engine_flags, engine_kwargs
+from jaxgen.llm import LLM
+from jaxgen.loaders import load_model
 
 DEFAULT_OUT = "bench-results"
 
@@ -21,16 +29,10 @@ def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: offline, sweep, compare, peers")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
-    offline = sub.add_parser("offline", help="offline throughput of LLM.generate")
-    _add_engine_args(offline)
-    _add_common(offline, "offline")
-    add_workload_args(offline)
-    offline.set_defaults(func=cmd_offline, parser=offline)
-
-    sweep = sub.add_parser("sweep", help="latency-throughput sweep over concurrency or rate")
-    _add_engine_args(sweep)
-    _add_common(sweep, "sweep")
-    add_workload_args(sweep)
+    _subcommand(sub, "offline", "offline throughput of LLM.generate", cmd_offline)
+    sweep = _subcommand(
+        sub, "sweep", "latency-throughput sweep over concurrency or rate", cmd_sweep
+    )
     sweep.add_argument(
         "--concurrency", default="1,2,4,8,16,32,64", help="closed-loop client counts, e.g. 1,2,4,8"
     )
@@ -73,37 +75,25 @@ def add_parser(subparsers) -> None:
         action="store_true",
         help="skip the matmul/matvec measurement behind the predicted knee",
     )
-    sweep.set_defaults(func=cmd_sweep, parser=sweep)
 
-    compare = sub.add_parser("compare", help="batching strategies on the same workloads")
-    _add_common(compare, "compare")
-    compare.add_argument("--model", default=None)
-    compare.add_argument("--dtype", default="float32")
+    # Every mode runs on the same KV budget: --kv-cache-memory, else what continuous reserves.
+    compare = _subcommand(
+        sub,
+        "compare",
+        "batching strategies on the same workloads",
+        cmd_compare,
+        workload=False,
+        skip=("batching",),
+        defaults={"max_rolling_batch_size": 32, "max_model_len": 512},
+    )
     compare.add_argument("--modes", default="none,static,dynamic,continuous,paged")
     compare.add_argument("--scenario", default="all", choices=["1", "2", "3", "all"])
     compare.add_argument("--num-prompts", type=int, default=64)
-    compare.add_argument("--batch-size", type=int, default=4, help="static/dynamic")
-    compare.add_argument("--max-batch-delay", type=float, default=0.1, help="dynamic (seconds)")
-    compare.add_argument("--max-rolling-batch-size", type=int, default=32, help="continuous/paged")
-    compare.add_argument("--max-rolling-batch-prefill-tokens", type=int, default=512)
-    compare.add_argument("--max-model-len", type=int, default=512)
-    compare.add_argument("--page-size", type=int, default=16)
-    compare.add_argument(
-        "--kv-cache-memory",
-        type=int,
-        default=None,
-        help="bytes for every mode (default: what continuous reserves)",
-    )
-    compare.add_argument("--attention-backend", default="auto", choices=BACKENDS)
     compare.add_argument("--request-rate", type=float, default=2.0, help="scenario 3 (req/s)")
     compare.add_argument("--burstiness", type=float, default=1.0, help="scenario 3")
     compare.add_argument("--seed", type=int, default=0)
-    compare.set_defaults(func=cmd_compare, parser=compare)
 
-    peers = sub.add_parser("peers", help="transformers and llama.cpp on the same workload")
-    _add_engine_args(peers)
-    _add_common(peers, "peers")
-    add_workload_args(peers)
+    peers = _subcommand(sub, "peers", "transformers and llama.cpp on the same workload", cmd_peers)
     peers.add_argument(
         "--peers",
         default="transformers,transformers-continuous,llama-cpp-python,llama.cpp",
@@ -120,16 +110,22 @@ def add_parser(subparsers) -> None:
     peers.add_argument("--llama-cpp-bin", default=None, help="folder with llama-batched-bench")
     peers.add_argument("--llama-cpp-types", default="F32,F16", help="requantisations to run")
     peers.add_argument("--llama-cpp-work-dir", default="/tmp/jaxgen-bench-llamacpp")
-    peers.set_defaults(func=cmd_peers, parser=peers)
 
 
-def _add_common(parser: argparse.ArgumentParser, name: str) -> None:
+def _subcommand(sub, name: str, summary: str, func, *, workload: bool = True, **engine_flags):
+    """A ``jaxgen bench`` subcommand with the engine flags, ``--out``, ``--no-warmup``,
+    ``--quiet`` and (``workload``) the workload flags."""
+    parser = sub.add_parser(name, help=summary)
+    add_engine_flags(parser, **engine_flags)
     parser.add_argument("--out", default=os.path.join(DEFAULT_OUT, name), help="results folder")
     parser.add_argument(
         "--no-warmup", action="store_true", help="skip the warm-up pass and precompiling"
     )
-    parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    if workload:
+        add_workload_args(parser)
+    parser.set_defaults(func=func, parser=parser)
+    return parser
 
 
 def command_of(args: argparse.Namespace) -> str:
@@ -149,13 +145,12 @@ def command_of(args: argparse.Namespace) -> str:
             if len(action.option_strings[-1]) > 2
             else action.option_strings[0]
         )
-        parts += [flag] if value is True else [flag, str(value)]
+        parts += [flag] if action.nargs == 0 else [flag, str(value)]
     return shlex.join(parts)
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     kwargs = engine_kwargs(args)
-    kwargs["enable_prefix_caching"] = not args.no_prefix_caching
     kwargs["precompile"] = not args.no_warmup  # every step shape compiled before measuring
     return kwargs
 
@@ -166,9 +161,6 @@ def _print_table(path: str) -> None:
 
 
 def cmd_offline(args: argparse.Namespace) -> int:
-    from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
-    from jaxgen.llm import LLM
-
     env = results.environment(command_of(args))
     knobs = _engine_kwargs(args)
     llm = LLM(args.model, **knobs)
@@ -211,10 +203,7 @@ def _workload_factory(args: argparse.Namespace, tokenizer):
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from jaxgen.bench import clients, roofline
-    from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
-    from jaxgen.bench.workloads import tokenizer_for
-
+    plots.check_available()
     env = results.environment(command_of(args))
     levels = parse_levels(args.concurrency)
     rates = parse_levels(args.request_rate, float) if args.request_rate else None
@@ -224,17 +213,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         backend = clients.HTTPBackend(args.url, args.served_model_name)
         max_batch, bytes_per_param, kv_tokens = None, 4.0, None
     else:
-        import jax.numpy as jnp
-
-        from jaxgen.async_llm import AsyncLLM
-        from jaxgen.llm import LLM
-
         llm = LLM(args.model, **_engine_kwargs(args))
         tokenizer = llm.get_tokenizer()
         engine = AsyncLLM(engine=llm.engine)
         backend = clients.EngineBackend(engine)
         stats = llm.stats()
-        max_batch = llm.engine.config.num_slots
+        max_batch = llm.engine.batching.num_slots
         bytes_per_param = float(jnp.dtype(llm.loaded.dtype).itemsize)
         kv_tokens = stats["kv_pages_total"] * stats["page_size"]
     make_workload = _workload_factory(args, tokenizer)
@@ -281,9 +265,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from jaxgen.bench.compare import MODES, run_compare, write_compare
-    from jaxgen.loaders import load_model
-
+    plots.check_available()
     env = results.environment(command_of(args))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -291,21 +273,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--modes must list some of {', '.join(MODES)}, got {args.modes!r}")
     scenarios = [1, 2, 3] if args.scenario == "all" else [int(args.scenario)]
     loaded = load_model(args.model, dtype=args.dtype)
+    knobs = _engine_kwargs(args)
+    del knobs["dtype"]  # the model is loaded once, for every mode
     settings = dict(
         num_prompts=args.num_prompts,
-        max_model_len=args.max_model_len,
-        max_rolling_batch_size=args.max_rolling_batch_size,
-        batch_size=args.batch_size,
-        max_batch_delay=args.max_batch_delay,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
-        kv_cache_memory=args.kv_cache_memory,
         seed=args.seed,
-        page_size=args.page_size,
-        attention_backend=args.attention_backend,
-        max_rolling_batch_prefill_tokens=args.max_rolling_batch_prefill_tokens,
-        enable_prefix_caching=not args.no_prefix_caching,
-        precompile=not args.no_warmup,
+        **knobs,
     )
     rows = run_compare(
         loaded, modes, scenarios, progress=not args.quiet, warmup=not args.no_warmup, **settings
@@ -318,8 +293,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_peers(args: argparse.Namespace) -> int:
-    from jaxgen.bench.peers_run import run_peers
-
+    plots.check_available()
     env = results.environment(command_of(args))
     run_peers(args, env, _engine_kwargs(args))
     _print_table(os.path.join(args.out, "results.md"))

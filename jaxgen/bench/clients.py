@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+from jaxgen.bench.extra import require
 from jaxgen.bench.metrics import RequestTiming
 from jaxgen.bench.workloads import BenchRequest, sampling_params
 
@@ -45,8 +46,7 @@ class HTTPBackend:
     """Streams requests to an OpenAI-compatible server (``POST {url}/v1/completions``)."""
 
     def __init__(self, url: str, model: str | None = None, timeout: float = 600.0):
-        import httpx
-
+        httpx = require("httpx", "jaxgen bench sweep --url")  # optional: the bench extra
         self.url = url.rstrip("/")
         self.name = f"HTTP {self.url}/v1/completions"
         self.model = model

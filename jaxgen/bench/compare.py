@@ -9,6 +9,7 @@ import os
 
 import jax.numpy as jnp
 
+from jaxgen.async_llm import AsyncLLM
 from jaxgen.bench import clients, metrics, plots, results
 from jaxgen.bench.offline import DeviceTimer, headline, run_offline
 from jaxgen.bench.workloads import (
@@ -18,6 +19,7 @@ from jaxgen.bench.workloads import (
     random_workload,
     with_mixed_outputs,
 )
+from jaxgen.llm import LLM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +121,6 @@ def _replay(llm, workload: Workload, offsets: list[float], progress: bool, desc:
     """Sends ``workload`` at ``offsets`` through an ``AsyncLLM`` over ``llm``'s engine."""
     from tqdm.auto import tqdm
 
-    from jaxgen.async_llm import AsyncLLM
-
     engine = AsyncLLM(engine=llm.engine)
     backend = clients.EngineBackend(engine)
     try:
@@ -190,8 +190,6 @@ def run_compare(
     **engine_knobs,
 ) -> list[dict]:
     """One row per (scenario, mode); every engine shares ``loaded`` and the KV budget."""
-    from jaxgen.llm import LLM
-
     kv = kv_cache_memory or kv_budget_bytes(loaded, max_model_len, max_rolling_batch_size)
     rows = []
     for item in scenarios:
@@ -209,7 +207,7 @@ def run_compare(
             llm = LLM(
                 loaded, max_model_len=max_model_len, kv_cache_memory=kv, **knobs, **engine_knobs
             )
-            slots = llm.engine.config.num_slots
+            slots = llm.engine.batching.num_slots
             try:
                 if scenario.arrivals:
                     arrivals = dict(rate=request_rate, burstiness=burstiness, seed=seed)

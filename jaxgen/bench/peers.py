@@ -8,12 +8,14 @@ import re
 import subprocess
 import time
 
+from jaxgen.bench.extra import MissingExtra, require
 from jaxgen.bench.workloads import Workload
 
 BATCHED_BENCH_KEYS = ("pp", "tg", "b", "n_kv", "t_pp", "s_pp", "t_tg", "s_tg", "t", "s")
 
 
-def _row(engine: str, config: str, output_tokens: int, seconds: float, **extra) -> dict:
+def result_row(engine: str, config: str, output_tokens: int, seconds: float, **extra) -> dict:
+    """One engine's row of the peers table."""
     return {
         "engine": engine,
         "config": config,
@@ -24,14 +26,15 @@ def _row(engine: str, config: str, output_tokens: int, seconds: float, **extra) 
     }
 
 
-def _failed(engine: str, config: str, error: BaseException | str) -> dict:
+def failed_row(engine: str, config: str, error: BaseException | str) -> dict:
+    """The row of an engine that could not run, with why."""
     return {"engine": engine, "config": config, "error": str(error)[:300]}
 
 
 # -- transformers ------------------------------------------------------------------------------
 def load_hf_model(model_path: str):
     """A PyTorch fp32 model from an HF directory or a GGUF file (dequantised by transformers)."""
-    import torch
+    import torch  # optional: the bench extra (checked by run_peers)
     from transformers import AutoModelForCausalLM
 
     if os.path.isfile(model_path):
@@ -47,7 +50,7 @@ def transformers_static(
     model, workload: Workload, batch_size: int = 32, pad_token_id: int = 0, progress: bool = True
 ) -> dict:
     """Left-padded batches through ``model.generate`` with ``min_new_tokens=max_new_tokens``."""
-    import torch
+    import torch  # optional: the bench extra (checked by run_peers)
     from tqdm.auto import tqdm
 
     requests = workload.requests
@@ -75,7 +78,7 @@ def transformers_static(
     batches = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
     for batch in tqdm(batches, desc="transformers generate", disable=not progress):
         tokens += run(batch, max(r.output_len for r in batch))
-    return _row(
+    return result_row(
         "transformers",
         f"generate, static batches of {batch_size}, fp32",
         tokens,
@@ -86,14 +89,14 @@ def transformers_static(
 
 def transformers_continuous(model, workload: Workload, progress: bool = True) -> dict:
     """``model.generate_batch`` (continuous batching), exact lengths via an unreachable EOS."""
-    import torch
+    import torch  # optional: the bench extra (checked by run_peers)
     from transformers import GenerationConfig
 
     if not hasattr(model, "generate_batch"):
-        return _failed("transformers", "generate_batch", "not in this transformers version")
+        return failed_row("transformers", "generate_batch", "not in this transformers version")
     lengths = {r.output_len for r in workload.requests}
     if len(lengths) != 1:
-        return _failed("transformers", "generate_batch", "needs one output length")
+        return failed_row("transformers", "generate_batch", "needs one output length")
     config = GenerationConfig(
         max_new_tokens=lengths.pop(), do_sample=False, eos_token_id=-1, pad_token_id=0
     )
@@ -107,9 +110,11 @@ def transformers_continuous(model, workload: Workload, progress: bool = True) ->
         seconds = time.perf_counter() - start
     errors = [o.error for o in outputs.values() if o.error]
     if errors or len(outputs) != len(prompts):
-        return _failed("transformers", "generate_batch", errors[0] if errors else "lost requests")
+        return failed_row(
+            "transformers", "generate_batch", errors[0] if errors else "lost requests"
+        )
     tokens = sum(len(o.generated_tokens) for o in outputs.values())
-    return _row(
+    return result_row(
         "transformers",
         "generate_batch (continuous batching), fp32",
         tokens,
@@ -122,11 +127,11 @@ def transformers_continuous(model, workload: Workload, progress: bool = True) ->
 def llama_cpp_python_stream(
     gguf_path: str, workload: Workload, n_ctx: int = 2048, progress: bool = True
 ) -> dict:
-    """One request at a time through llama-cpp-python (``pip install jaxgen[llama-cpp]``)."""
+    """One request at a time through llama-cpp-python (the bench extra)."""
     try:
-        from llama_cpp import Llama
-    except ImportError as e:
-        return _failed("llama-cpp-python", os.path.basename(gguf_path), e)
+        Llama = require("llama_cpp", "the llama-cpp-python row").Llama
+    except MissingExtra as e:
+        return failed_row("llama-cpp-python", os.path.basename(gguf_path), e)
     from tqdm.auto import tqdm
 
     llm = Llama(
@@ -145,7 +150,7 @@ def llama_cpp_python_stream(
     start, tokens = time.perf_counter(), 0
     for r in tqdm(workload.requests, desc="llama-cpp-python", disable=not progress):
         tokens += one(r.prompt_token_ids, r.output_len)
-    return _row(
+    return result_row(
         "llama-cpp-python",
         f"one stream, {os.path.basename(gguf_path)}",
         tokens,
@@ -233,9 +238,9 @@ def llama_batched_bench(bin_dir: str, model: str, workload: Workload, label: str
     rows = parse_batched_bench(done.stdout + "\n" + done.stderr)
     config = f"llama-batched-bench {label}, -npp {prompt_len} -ntg {output_len} -npl {count}"
     if done.returncode != 0 or not rows:
-        return _failed("llama.cpp", config, done.stderr.strip()[-300:] or "no result rows")
+        return failed_row("llama.cpp", config, done.stderr.strip()[-300:] or "no result rows")
     r = rows[-1]
-    return _row(
+    return result_row(
         "llama.cpp",
         config,
         r["b"] * r["tg"],
@@ -256,7 +261,7 @@ def llama_cpp_rows(
         try:
             models.append((kind, quantize(bin_dir, gguf_path, kind, work_dir)))
         except (OSError, subprocess.CalledProcessError) as e:
-            rows.append(_failed("llama.cpp", f"llama-quantize {kind}", getattr(e, "stderr", e)))
+            rows.append(failed_row("llama.cpp", f"llama-quantize {kind}", getattr(e, "stderr", e)))
     for label, path in models:
         print(f"[peers] llama-batched-bench {label}", flush=True)
         rows.append(llama_batched_bench(bin_dir, path, workload, label))

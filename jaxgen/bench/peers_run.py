@@ -6,8 +6,11 @@ import gc
 import os
 
 from jaxgen.bench import peers, plots, results
+from jaxgen.bench.extra import require
 from jaxgen.bench.offline import headline, run_offline
 from jaxgen.bench.workloads import workload_from_args
+from jaxgen.llm import LLM
+from jaxgen.loaders import resolve_model
 
 PEERS_COLUMNS = {
     "engine": "engine",
@@ -24,15 +27,14 @@ def _guard(engine: str, config: str, run) -> dict:
     try:
         return run()
     except Exception as e:  # one peer failing must not lose the others' numbers
-        return peers._failed(engine, config, f"{type(e).__name__}: {e}")
+        return peers.failed_row(engine, config, f"{type(e).__name__}: {e}")
 
 
 def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     """Runs jaxgen (warm pass), then each selected peer; writes results and ``peers.png``."""
-    from jaxgen.llm import LLM
-    from jaxgen.loaders import resolve_model
-
     selected = {p.strip() for p in args.peers.split(",") if p.strip()}
+    if selected & {"transformers", "transformers-continuous"}:  # fail before jaxgen's run
+        require("torch", "jaxgen bench peers' transformers rows")
     progress = not args.quiet
     model_path = resolve_model(args.model)
     llm = LLM(args.model, **engine_knobs)
@@ -40,9 +42,9 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     workload = workload_from_args(args, tokenizer)
     print(f"[peers] jaxgen {args.batching} on {workload.name}", flush=True)
     row = headline(run_offline(llm, workload, warmup=not args.no_warmup, use_tqdm=progress))
-    slots = llm.engine.config.num_slots
+    slots = llm.engine.batching.num_slots
     rows = [
-        peers._row(
+        peers.result_row(
             "jaxgen",
             f"LLM.generate, {args.batching}, {slots} slots, {args.dtype}",
             row["output_tokens"],
@@ -82,7 +84,7 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
     gguf = model_path if model_path.endswith(".gguf") else None
     if "llama-cpp-python" in selected:
         if gguf is None:
-            rows.append(peers._failed("llama-cpp-python", "-", "needs a .gguf model"))
+            rows.append(peers.failed_row("llama-cpp-python", "-", "needs a .gguf model"))
         else:
             print("[peers] llama-cpp-python", flush=True)
             context = max(2048, workload.max_total_len)
@@ -95,9 +97,9 @@ def run_peers(args, env: dict, engine_knobs: dict) -> list[dict]:
             )
     if "llama.cpp" in selected:
         if not args.llama_cpp_bin:
-            rows.append(peers._failed("llama.cpp", "-", "pass --llama-cpp-bin DIR"))
+            rows.append(peers.failed_row("llama.cpp", "-", "pass --llama-cpp-bin DIR"))
         elif gguf is None:
-            rows.append(peers._failed("llama.cpp", "-", "needs a .gguf model"))
+            rows.append(peers.failed_row("llama.cpp", "-", "needs a .gguf model"))
         else:
             kinds = [k.strip() for k in args.llama_cpp_types.split(",") if k.strip()]
             rows += peers.llama_cpp_rows(

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 
+from jaxgen.bench.extra import require
+
+
+def check_available() -> None:
+    """Raises ``MissingExtra`` now, rather than after a long run, if charts cannot be drawn."""
+    require("matplotlib", "jaxgen bench's charts")
+
 
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    """matplotlib's pyplot on the file-only backend (an optional dependency: the bench extra)."""
+    require("matplotlib", "jaxgen bench's charts").use("Agg")
+    return require("matplotlib.pyplot", "jaxgen bench's charts")
 
 
 def plot_curve(

@@ -7,6 +7,8 @@ import json
 import os
 import random
 
+from jaxgen.loaders import resolve_model
+from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.sampling_params import SamplingParams
 
 CHAT_TEMPLATES = (
@@ -230,9 +232,6 @@ def arrival_offsets(count: int, rate: float, burstiness: float = 1.0, seed: int 
 
 def tokenizer_for(model: str | None):
     """The tokenizer of ``model`` (alias, HF directory, ``.gguf``) without loading weights."""
-    from jaxgen.loaders import resolve_model
-    from jaxgen.loaders.tokenizer import load_tokenizer
-
     return load_tokenizer(resolve_model(model))
 
 

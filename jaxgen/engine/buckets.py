@@ -3,6 +3,9 @@ so a steady workload compiles nothing new."""
 
 from __future__ import annotations
 
+# Top-logprobs counts a step is compiled for: a few executables, not one per requested k.
+LOGPROB_BUCKETS = (1, 5, 20, 1 << 30)
+
 
 def power_of_two_buckets(limit: int, start: int = 1) -> list[int]:
     """``start, 2*start, 4*start, ...`` up to and including the first value ``>= limit``."""
@@ -20,3 +23,8 @@ def bucket_for(n: int, buckets: list[int]) -> int:
         if b >= n:
             return b
     raise ValueError(f"size {n} exceeds the largest bucket {buckets[-1]}")
+
+
+def next_power_of_two(n: int, minimum: int = 1) -> int:
+    """The smallest power of two ``>= max(n, minimum)`` (for widths with no declared limit)."""
+    return 1 << (max(n, minimum, 1) - 1).bit_length()

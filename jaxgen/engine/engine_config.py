@@ -1,53 +1,178 @@
-"""Engine knobs, named as users of TGI, DJL/SageMaker LMI and vLLM know them; validated here."""
+"""Engine knobs, named as users of TGI, DJL/SageMaker LMI and vLLM know them; validated here.
+
+Each field is declared once, with a ``Knob``: its flag, help text and the names ``jaxgen serve``
+reads it under. The ``generate``/``bench``/``serve`` command lines, the server's environment
+variables and ``serving.properties`` keys, and the table in docs/configuration.md are derived
+from these declarations (``jaxgen/engine_knobs.py``). Adding a knob is adding one field here.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from jaxgen.backends import BACKENDS
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
+BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Knob:
+    """How one ``EngineConfig`` field meets its users.
+
+    Args:
+        help: what it means: the flag's ``--help`` and the docs' meaning column.
+        flag: the command-line flag; None: ``--`` and the name with dashes; "": no flag. A
+            boolean knob's flag turns it off (``--no-...``).
+        serve_only: only ``jaxgen serve`` takes the flag (``generate`` and ``bench`` use the
+            same flag for something else, or have no use for it).
+        choices: the values it accepts.
+        minimum: the smallest integer the server's settings accept (EngineConfig checks more).
+        default_text: the docs' default column, where the value alone says too little.
+        env: environment variables ``jaxgen serve`` reads it from (first listed wins).
+        properties: ``serving.properties`` keys ``jaxgen serve`` reads it from (also as LMI's
+            ``OPTION_<KEY>`` environment variables).
+    """
+
+    help: str
+    flag: str | None = None
+    serve_only: bool = False
+    choices: tuple[str, ...] | None = None
+    minimum: int = 1
+    default_text: str | None = None
+    env: tuple[str, ...] = ()
+    properties: tuple[str, ...] = ()
+
+
+def knob(default, **declaration) -> dataclasses.Field:
+    """An ``EngineConfig`` field with its ``Knob`` declaration as metadata."""
+    return dataclasses.field(default=default, metadata={"knob": Knob(**declaration)})
+
+
+def parse_kv_cache_memory(value, source: str = "the command line") -> int | float:
+    """``kv_cache_memory`` from text: bytes (``"64MiB"``, ``"2GiB"``, ``67108864``) or a
+    fraction of free memory (``"0.9"``). Raises ``ValueError`` naming ``source``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = repr(value)
+    else:
+        text = str(value).strip().lower()
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]?i?b?)", text)
+    if match is None:
+        raise ValueError(
+            f"kv_cache_memory from {source} must be bytes (e.g. 64MiB) or a fraction in (0, 1], "
+            f"got {value!r}"
+        )
+    number, unit = float(match.group(1)), match.group(2)
+    if unit == "" and 0 < number <= 1:
+        return number
+    size = int(number * BYTE_UNITS[unit])
+    if size < 1 << 10:
+        raise ValueError(f"kv_cache_memory from {source} must be at least 1KiB, got {value!r}")
+    return size
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """How the engine batches and how much KV memory it may take.
+    """How the engine batches and how much KV memory it may take (see each field's ``Knob``)."""
 
-    Args:
-        batching: "none", "static", "dynamic", "continuous" or "paged" (default).
-        max_rolling_batch_size: most sequences running at once (continuous/paged).
-        max_rolling_batch_prefill_tokens: token budget of one step (prefill chunks + decodes).
-        batch_size: batch size of static/dynamic batching.
-        max_batch_delay: seconds dynamic batching waits to fill a batch.
-        page_size: tokens per KV page.
-        max_model_len: longest sequence (prompt + output); None: min(model's context, 2048).
-        kv_cache_memory: KV pool size: bytes (int), a fraction of free device memory (float in
-            (0, 1]), or None for the default (2 GiB on CPU, 0.9 of free memory elsewhere).
-        attention_backend: "reference" (pure JAX), "pallas-tpu", "pallas-gpu", "pallas" (the
-            platform's Pallas kernels), "cpu" (native kernels, CPU float32) or "auto" (pallas-tpu
-            on TPU, pallas-gpu on GPU, cpu where it builds, else reference).
-        enable_prefix_caching: reuse full prompt pages between requests (paged only).
-        seed: base seed for requests that set none.
-        tensor_parallel_degree: devices one model copy is sharded over (the mesh's "model" axis).
-        data_parallel_size: engine replicas on disjoint device groups, behind one front door.
-        precompile: compile the step for every batch shape when the engine starts (greedy
-            sampling; see ``LLMEngine.precompile``), so no request waits on a compile later.
-    """
-
-    batching: str = "paged"
-    max_rolling_batch_size: int = 64
-    max_rolling_batch_prefill_tokens: int = 512
-    batch_size: int = 4
-    max_batch_delay: float = 0.1
-    page_size: int = 16
-    max_model_len: int | None = None
-    kv_cache_memory: int | float | None = None
-    attention_backend: str = "auto"
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    tensor_parallel_degree: int = 1
-    data_parallel_size: int = 1
-    precompile: bool = False
+    batching: str = knob(
+        "paged",
+        help="none, static, dynamic, continuous (contiguous KV per slot) or paged",
+        choices=BATCHING_MODES,
+    )
+    max_rolling_batch_size: int = knob(
+        64,
+        help="most sequences running at once (continuous, paged)",
+        env=("MAX_BATCH_SIZE",),
+        properties=("option.max_rolling_batch_size",),
+    )
+    max_rolling_batch_prefill_tokens: int = knob(
+        512,
+        help="token budget of one step: prefill chunks and decodes; longer prompts are "
+        "prefilled in chunks",
+        env=("MAX_BATCH_PREFILL_TOKENS",),
+        properties=("option.max_rolling_batch_prefill_tokens",),
+    )
+    batch_size: int = knob(
+        4,
+        help="batch size of static and dynamic batching",
+        properties=("batch_size", "option.batch_size"),
+    )
+    max_batch_delay: float = knob(
+        0.1,
+        help="seconds dynamic batching waits to fill a batch",
+        default_text="0.1 (s)",
+    )
+    page_size: int = knob(
+        16,
+        help="tokens per KV page (a power of two)",
+    )
+    max_model_len: int | None = knob(
+        None,
+        help="longest sequence, prompt + output",
+        default_text="`None`: min(model's `max_position_embeddings`, 2048)",
+        properties=("option.max_model_len",),
+    )
+    kv_cache_memory: int | float | None = knob(
+        None,
+        help="KV pool size: bytes (an int; flags also take 64MiB, 2GiB) or a fraction in (0, 1] "
+        "of the device memory free once the weights are loaded (on CPU: of the 2 GiB default)",
+        default_text="`None`: 0.9 of free accelerator memory; 2 GiB on CPU",
+    )
+    attention_backend: str = knob(
+        "auto",
+        help="reference (pure JAX), pallas-tpu (Mosaic ragged kernel, docs/tpu.md), pallas-gpu "
+        "(decode + ragged prefill kernels), pallas (the platform's Pallas kernels; interpret mode "
+        "on CPU), cpu (native C++ kernels through the XLA FFI: paged decode attention and the "
+        "projections' matmuls over panel-packed weights; CPU, float32, no tensor parallelism) or "
+        "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
+        choices=BACKENDS,
+    )
+    enable_prefix_caching: bool = knob(
+        True,
+        help="reuse full prompt pages across requests (paged only)",
+        flag="--no-prefix-caching",
+        properties=("option.enable_prefix_caching",),
+    )
+    seed: int = knob(
+        0,
+        help="base seed for requests that set none (each unseeded row gets a fresh seed per step)",
+        serve_only=True,
+        minimum=0,
+    )
+    tensor_parallel_degree: int = knob(
+        1,
+        help="devices one model copy is sharded over; must divide the query heads",
+        serve_only=True,
+        env=("NUM_SHARD", "SM_NUM_GPUS"),
+        properties=("option.tensor_parallel_degree",),
+    )
+    data_parallel_size: int = knob(
+        1,
+        help="engine replicas on disjoint device groups of one host, behind one front door",
+        flag="",
+    )
+    precompile: bool = knob(
+        False,
+        help="compile the step for every batch shape when the engine starts, so no request waits "
+        "on a compile later (jaxgen serve and jaxgen bench: on unless turned off)",
+        flag="--no-precompile",
+        serve_only=True,
+        properties=("option.precompile",),
+    )
 
     def __post_init__(self):
         def check(ok, name, what):
@@ -108,15 +233,6 @@ class EngineConfig:
             "attention_backend",
             f"must be one of {', '.join(repr(name) for name in BACKENDS)}",
         )
-
-    @property
-    def num_slots(self) -> int:
-        """Concurrent sequences the strategy runs."""
-        if self.batching == "none":
-            return 1
-        if self.batching in ("static", "dynamic"):
-            return self.batch_size
-        return self.max_rolling_batch_size
 
 
 def _int(x) -> bool:

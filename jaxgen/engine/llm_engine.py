@@ -8,13 +8,16 @@ import jax
 
 from jaxgen.backends import select_backend
 from jaxgen.engine import compile_counter
+from jaxgen.engine.batching import batching_plan
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
-from jaxgen.engine.sampler import SamplingRow
-from jaxgen.engine.scheduler import Scheduler, SchedulerConfig
+from jaxgen.engine.sampling_tensors import SamplingRow
+from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batches, unpack
+from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -42,8 +45,9 @@ class LLMEngine:
         page_bytes = backend.kv_bytes_per_page(model_config, page_size, loaded.dtype)
         self.kv_bytes_per_token = page_bytes // page_size
         kv_bytes = self._kv_budget_bytes()
-        slots = config.num_slots
-        if config.batching == "paged":
+        self.batching = batching_plan(config, self.max_model_len)
+        slots = self.batching.num_slots
+        if self.batching.paged:
             num_pages = int(kv_bytes // page_bytes) + 1
             need = -(-self.max_model_len // page_size) + 1
             if num_pages < need:
@@ -63,37 +67,26 @@ class LLMEngine:
                     f"than kv_cache_memory ({kv_bytes} bytes); lower max_model_len or the batch size"
                 )
             num_pages = allocator.num_pages
-        rolling = config.batching in ("paged", "continuous")
-        budget = config.max_rolling_batch_prefill_tokens if rolling else slots * self.max_model_len
-        if rolling and budget < slots:
-            raise ValueError(
-                f"max_rolling_batch_prefill_tokens ({budget}) must be >= max_rolling_batch_size ({slots})"
-            )
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=slots,
-                max_num_batched_tokens=budget,
-                max_model_len=self.max_model_len,
-                batch_at_a_time=not rolling,
-                max_batch_delay=config.max_batch_delay if config.batching == "dynamic" else 0.0,
-            ),
-            allocator,
+        self.scheduler = Scheduler(self.batching.scheduler, allocator)
+        self.layout = StepLayout(
+            page_size=page_size,
+            max_num_seqs=slots,
+            max_num_batched_tokens=self.batching.scheduler.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            min_decode_batch=self.batching.min_decode_batch,
+            full_width_tables=backend.full_width_tables,
         )
         self.runner = ModelRunner(
             loaded,
             num_pages=num_pages,
             page_size=page_size,
-            max_num_seqs=slots,
-            max_num_batched_tokens=budget,
-            max_model_len=self.max_model_len,
             attention_backend=backend,
-            min_decode_batch=slots if config.batching == "static" else 1,
             kv_sharding=kv_sharding,
-            seed=config.seed,
         )
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
-        self.num_steps = 0
+        self.num_steps = 0  # steps that ran (a failed one does not count)
+        self.step_counter = 0  # batches built: with ``config.seed``, unseeded rows' seeds
         self.step_time = 0.0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -123,7 +116,11 @@ class LLMEngine:
         is every shape (one per token bucket); elsewhere decode-only steps (prefill-holding steps
         compile when first met). Call it before requests arrive. Returns the compiles it took."""
         start = time.perf_counter()
-        compiles = self.runner.precompile(sampling_params)
+        before = compile_counter.compile_count()
+        configs = sampling_params or [SamplingParams(temperature=0.0)]
+        for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
+            self.runner.execute(batch.arrays, batch.flags)
+        compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
         return compiles
@@ -197,15 +194,35 @@ class LLMEngine:
             return []
         start = time.perf_counter()
         try:
-            result = self.runner.run(scheduled, self._sampling_row)
+            batch = self._build_batch(scheduled)
+            output = self.runner.execute(batch.arrays, batch.flags)
         except Exception as error:
             raise self._recover(scheduled, error) from error
         self.consecutive_failed_steps = 0
         self.step_time += time.perf_counter() - start
         self.num_steps += 1
         self.last_batch_size = len(scheduled.scheduled)
-        got_token = self.scheduler.postprocess(scheduled, result.token_ids)
-        return self._postprocess(got_token, result.logprobs)
+        tokens, logprobs = unpack(batch, output)
+        got_token = self.scheduler.postprocess(scheduled, tokens)
+        return self._postprocess(got_token, logprobs)
+
+    def _build_batch(self, scheduled) -> StepBatch:
+        """The step's host batch: a sampling row for each sequence the step completes."""
+        rows = {}
+        for item in scheduled.scheduled:
+            if item.completes:
+                seq = item.seq
+                request = self.seq_to_request[seq.seq_id]
+                rows[seq.seq_id] = SamplingRow(
+                    seq.params,
+                    seq.prompt_token_ids,
+                    seq.output_token_ids,
+                    request.banned_token_ids(seq),
+                )
+        self.step_counter += 1
+        return build_step_batch(
+            self.layout, scheduled, rows, base_seed=self.config.seed, step=self.step_counter - 1
+        )
 
     def _recover(self, scheduled, error: Exception) -> StepFailed | EngineDeadError:
         """After a failed step: fails the requests in it, gets the runner a live KV pool and,
@@ -242,12 +259,6 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
                 request.finalize(seq)
             self.seq_to_request.pop(seq.seq_id, None)
-
-    def _sampling_row(self, seq) -> SamplingRow:
-        request = self.seq_to_request[seq.seq_id]
-        return SamplingRow(
-            seq.params, seq.prompt_token_ids, seq.output_token_ids, request.banned_token_ids(seq)
-        )
 
     def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
         moved: dict[str, Request] = {}

@@ -16,7 +16,25 @@ from jaxgen.engine.sequence import Sequence
 SCRATCH_PAGE = 0
 
 
-class PageAllocator:
+class Allocator:
+    """What both allocators share: ``num_pages`` pages of ``page_size`` tokens (page 0 is
+    scratch), and the counters the engine reports."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.prefix_hits = 0  # pages reused
+        self.peak_used = 0
+
+    @property
+    def num_usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+
+class PageAllocator(Allocator):
     """Free list, per-sequence block tables, reference counts and prefix reuse."""
 
     def __init__(self, num_pages: int, page_size: int, *, enable_prefix_caching: bool = True):
@@ -24,8 +42,7 @@ class PageAllocator:
             raise ValueError(f"num_pages must be >= 2 (page 0 is scratch), got {num_pages}")
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        self.num_pages = num_pages
-        self.page_size = page_size
+        super().__init__(num_pages, page_size)
         self.enable_prefix_caching = enable_prefix_caching
         # Free pages in LRU order; cached (hashed) free pages can still be revived by a prefix hit.
         self.free_pages: collections.OrderedDict[int, None] = collections.OrderedDict(
@@ -40,12 +57,6 @@ class PageAllocator:
         self.page_parent: dict[int, tuple[int, int] | None] = {}
         self.page_generation = [0] * num_pages
         self.hash_to_page: dict[int, int] = {}
-        self.prefix_hits = 0  # pages reused
-        self.peak_used = 0
-
-    @property
-    def num_usable_pages(self) -> int:
-        return self.num_pages - 1
 
     @property
     def num_free_pages(self) -> int:
@@ -54,9 +65,6 @@ class PageAllocator:
     @property
     def num_used_pages(self) -> int:
         return self.num_usable_pages - len(self.free_pages)
-
-    def pages_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether ``seq`` can grow to hold ``num_tokens`` tokens."""
@@ -165,24 +173,17 @@ class PageAllocator:
         self.hash_to_page.clear()
 
 
-class ContiguousAllocator:
+class ContiguousAllocator(Allocator):
     """Per-slot reservation of ``max_model_len`` tokens: continuous batching without paging."""
 
     def __init__(self, num_slots: int, max_model_len: int, page_size: int):
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        self.page_size = page_size
         self.pages_per_slot = -(-max_model_len // page_size)
+        super().__init__(1 + num_slots * self.pages_per_slot, page_size)
         self.num_slots = num_slots
-        self.num_pages = 1 + num_slots * self.pages_per_slot
         self.free_slots = list(range(num_slots))
         self.slot_of: dict[int, int] = {}
-        self.prefix_hits = 0
-        self.peak_used = 0
-
-    @property
-    def num_usable_pages(self) -> int:
-        return self.num_pages - 1
 
     @property
     def num_used_pages(self) -> int:
@@ -191,9 +192,6 @@ class ContiguousAllocator:
     @property
     def num_free_pages(self) -> int:
         return self.num_usable_pages - self.num_used_pages
-
-    def pages_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.page_size)
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         if self.pages_needed(num_tokens) > self.pages_per_slot:

@@ -1,7 +1,7 @@
 """Batched on-device sampling with per-request parameters (vLLM semantics).
 
-The host turns every running sequence into a row of :class:`SamplingTensors` plus static
-:class:`SamplingFlags` (:func:`build_sampling_tensors`); the engine's jitted step calls
+The host turns every running sequence into a row of ``SamplingTensors`` plus static
+``SamplingFlags`` (``sampling_tensors.build_sampling_tensors``); the engine's jitted step calls
 :func:`sample` on the logits of the last position, with the flags as a static argument.
 
 Per row, in vLLM's order: banned tokens -> -inf; repetition, frequency and presence penalties;
@@ -33,39 +33,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgen.engine.sampling_cutoff import (
-    _bisection_cutoff,
-)
+from jaxgen.engine.sampling_cutoff import bisection_cutoff
 from jaxgen.engine.sampling_tensors import (
     GREEDY_TEMPERATURE,
     SamplerOutput,
     SamplingFlags,
-    SamplingRow,
     SamplingTensors,
-    build_sampling_tensors,
-    is_greedy,
-    min_tokens_banned_ids,
-    uses_penalties,
 )
 
 MAX_CANDIDATES = 256  # top scaled logits looked at for top_k / top_p before the exact fallback
 _MAX_BANNED_BY_COMPARISON = 16  # wider ban lists use a scatter
 
-__all__ = [
-    "GREEDY_TEMPERATURE",
-    "MAX_CANDIDATES",
-    "SamplerOutput",
-    "SamplingFlags",
-    "SamplingRow",
-    "SamplingTensors",
-    "apply_penalties",
-    "ban_tokens",
-    "build_sampling_tensors",
-    "is_greedy",
-    "min_tokens_banned_ids",
-    "sample",
-    "uses_penalties",
-]
+__all__ = ["MAX_CANDIDATES", "apply_penalties", "ban_tokens", "sample"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,7 +267,7 @@ def _filter_cutoff(
         exact_top_k_rows = top_k_on & ~top_k_inside
 
         def exact_cutoff(candidate_cutoff):
-            exact = _bisection_cutoff(scaled, top_k, top_p, exact_top_k_rows, exact_top_p_rows)
+            exact = bisection_cutoff(scaled, top_k, top_p, exact_top_k_rows, exact_top_p_rows)
             return jnp.where(covered, candidate_cutoff, exact)
 
         cutoff = jax.lax.cond(jnp.all(covered), lambda c: c, exact_cutoff, cutoff)

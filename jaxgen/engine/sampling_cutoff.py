@@ -9,7 +9,7 @@ import jax.numpy as jnp
 _BISECTION_STEPS = 32  # enough to pin one float32 exactly
 
 
-def _bisection_cutoff(
+def bisection_cutoff(
     scaled: jax.Array,
     top_k: jax.Array,
     top_p: jax.Array,

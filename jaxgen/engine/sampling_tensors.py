@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from jaxgen.engine.buckets import next_power_of_two
 from jaxgen.sampling_params import SamplingParams
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
@@ -141,39 +142,17 @@ def build_sampling_tensors(
     if len(rows) > batch_size:
         raise ValueError(f"{len(rows)} rows do not fit in a batch of {batch_size}")
 
-    temperature = np.zeros(batch_size, np.float32)
-    top_k = np.zeros(batch_size, np.int32)
-    top_p = np.ones(batch_size, np.float32)
-    min_p = np.zeros(batch_size, np.float32)
-    repetition_penalty = np.ones(batch_size, np.float32)
-    presence_penalty = np.zeros(batch_size, np.float32)
-    frequency_penalty = np.zeros(batch_size, np.float32)
-    seeds = np.zeros(batch_size, np.uint32)
-    has_seed = np.zeros(batch_size, np.bool_)
-    steps = np.zeros(batch_size, np.int32)
-
     greedy = [is_greedy(row.params) for row in rows]
     penalised = [uses_penalties(row.params) for row in rows]
-    for index, row in enumerate(rows):
-        params = row.params
-        steps[index] = len(row.output_token_ids)
-        if params.seed is not None:
-            seeds[index] = _fold_seed(params.seed)
-            has_seed[index] = True
-        else:
-            seeds[index] = _derived_seed(base_seed, step_counter, index)
-        repetition_penalty[index] = params.repetition_penalty
-        presence_penalty[index] = params.presence_penalty
-        frequency_penalty[index] = params.frequency_penalty
-        if greedy[index]:
-            continue  # temperature 0 and every filter off, as vLLM does for greedy requests
-        temperature[index] = params.temperature
-        top_k[index] = min(params.top_k, np.iinfo(np.int32).max)
-        top_p[index] = params.top_p
-        min_p[index] = params.min_p
+    per_row = [_row_scalars(row, index, base_seed, step_counter) for index, row in enumerate(rows)]
+    per_row += [_PADDING_SCALARS] * (batch_size - len(rows))
+    columns = list(zip(*per_row, strict=True)) or [()] * len(_SCALAR_DTYPES)
+    scalars = [
+        np.array(column, dtype) for column, dtype in zip(columns, _SCALAR_DTYPES, strict=True)
+    ]
 
     banned_width = max((len(row.banned_token_ids) for row in rows), default=0)
-    banned_width = _bucket(banned_width, _MIN_BANNED_BUCKET) if banned_width else 0
+    banned_width = next_power_of_two(banned_width, _MIN_BANNED_BUCKET) if banned_width else 0
     banned_token_ids = _pad_ids([row.banned_token_ids for row in rows], batch_size, banned_width)
 
     # Only rows that use a penalty carry their history; the others stay all -1.
@@ -185,8 +164,8 @@ def build_sampling_tensors(
     ]
     prompt_width = output_width = 0
     if any(penalised):
-        prompt_width = _bucket(max(len(ids) for ids in prompts))
-        output_width = _bucket(max(len(ids) for ids in outputs))
+        prompt_width = next_power_of_two(max(len(ids) for ids in prompts), _MIN_HISTORY_BUCKET)
+        output_width = next_power_of_two(max(len(ids) for ids in outputs), _MIN_HISTORY_BUCKET)
     prompt_token_ids = _pad_ids(prompts, batch_size, prompt_width)
     output_token_ids = _pad_ids(outputs, batch_size, output_width)
 
@@ -199,27 +178,34 @@ def build_sampling_tensors(
         any_penalties=any(penalised),
         num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
     )
-    tensors = SamplingTensors(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seeds=seeds,
-        has_seed=has_seed,
-        steps=steps,
-        banned_token_ids=banned_token_ids,
-        prompt_token_ids=prompt_token_ids,
-        output_token_ids=output_token_ids,
-    )
+    tensors = SamplingTensors(*scalars, banned_token_ids, prompt_token_ids, output_token_ids)
     return tensors, flags
 
 
-def _bucket(length: int, minimum: int = _MIN_HISTORY_BUCKET) -> int:
-    """Smallest power of two >= max(length, minimum)."""
-    return 1 << (max(length, minimum) - 1).bit_length()
+# SamplingTensors' per-row scalars, in field order (temperature ... steps): their dtypes, and
+# the values of a padding row (greedy, unpenalised).
+_SCALAR_DTYPES = (
+    (np.float32, np.int32, np.float32, np.float32)  # temperature, top_k, top_p, min_p
+    + (np.float32, np.float32, np.float32)  # repetition, presence, frequency penalties
+    + (np.uint32, np.bool_, np.int32)  # seeds, has_seed, steps
+)
+_PADDING_SCALARS = (0.0, 0, 1.0, 0.0) + (1.0, 0.0, 0.0) + (0, False, 0)
+
+
+def _row_scalars(row: SamplingRow, index: int, base_seed: int, step_counter: int) -> tuple:
+    """A row's values of ``SamplingTensors``' per-row scalars, in field order."""
+    params = row.params
+    if is_greedy(params):  # temperature 0 and every filter off, as vLLM does for greedy requests
+        filters = (0.0, 0, 1.0, 0.0)
+    else:
+        top_k = min(params.top_k, np.iinfo(np.int32).max)
+        filters = (params.temperature, top_k, params.top_p, params.min_p)
+    penalties = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+    if params.seed is not None:
+        seed = (_fold_seed(params.seed), True)
+    else:
+        seed = (_derived_seed(base_seed, step_counter, index), False)
+    return (*filters, *penalties, *seed, len(row.output_token_ids))
 
 
 def _pad_ids(id_lists: Sequence[Sequence[int]], batch_size: int, width: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from jaxgen.attention import AttentionMetadata
-from jaxgen.engine.buckets import bucket_for, power_of_two_buckets
+from jaxgen.engine.buckets import bucket_for, next_power_of_two, power_of_two_buckets
 from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.scheduler import ScheduledSequence, SchedulerOutput
 
@@ -73,7 +73,7 @@ class StepLayout:
     @property
     def seq_cap(self) -> int:
         """Sequence slots of the largest steps: the bucket of ``max_num_seqs``."""
-        return power_of_two_buckets(max(self.max_num_seqs, 2), 2)[-1]
+        return next_power_of_two(self.max_num_seqs, 2)
 
     def num_seq_slots(self, num_tokens: int) -> int:
         """Sequence slots (and logits rows) of a step of ``num_tokens`` rows."""

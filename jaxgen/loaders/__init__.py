@@ -3,39 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
+import jax
 import jax.numpy as jnp
 
 from jaxgen.config import ModelConfig
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
 from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.loaders.hf_checkpoint import hf_tensor_getter, load_hf_config
+from jaxgen.loaders.loaded_model import LoadedModel
+from jaxgen.loaders.orbax_checkpoint import METADATA_FILE, load_orbax
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import params_from_hf_tensors
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-@dataclasses.dataclass
-class LoadedModel:
-    """A model ready to run: config, graph, parameter state (device arrays) and tokenizer."""
-
-    config: ModelConfig
-    graphdef: object
-    params: object
-    tokenizer: object
-    source: str
-    dtype: object
-    load_seconds: float
-
-
 def resolve_dtype(dtype) -> object:
     """``"float32"``/``"bfloat16"``/``"float16"`` (or ``"auto"``: bf16 on accelerators) to a dtype."""
     if dtype == "auto":
-        import jax
-
         return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -64,8 +53,6 @@ def load_model(model: str | None = None, *, dtype="float32", place=None) -> Load
     path = resolve_model(model)
     jdtype = resolve_dtype(dtype)
     if os.path.isdir(path) and _is_orbax_dir(path):
-        from jaxgen.loaders.orbax_checkpoint import load_orbax
-
         return load_orbax(path, dtype=jdtype, place=place, start=start)
     if os.path.isfile(path):
         if not path.endswith(".gguf"):
@@ -88,13 +75,33 @@ def load_model(model: str | None = None, *, dtype="float32", place=None) -> Load
     )
 
 
+def load_sharded(model, *, dtype, placement):
+    """Loads ``model`` (a name/path, or a ``LoadedModel`` to re-place) onto the first plan of
+    ``placement`` (a ``jaxgen.sharding.DeferredPlacement``)."""
+    if isinstance(model, LoadedModel):
+        plan = placement.bind(model.config)
+        return dataclasses.replace(model, params=plan.place_state(model.params))
+    return load_model(model, dtype=dtype, place=placement)
+
+
+def model_config_only(model: str | None) -> ModelConfig:
+    """The model's config without loading weights (GGUF metadata or ``config.json``)."""
+    path = resolve_model(model)
+    if os.path.isfile(path):
+        return ModelConfig.from_hf_dict(GGUFFile(path).hf_config())
+    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+        with open(os.path.join(path, METADATA_FILE)) as f:
+            return ModelConfig.from_hf_dict(json.load(f)["hf_config"])
+    return load_hf_config(path)
+
+
 def _bind(place, config: ModelConfig):
     """A deferred ``place`` (one with ``bind(config)``: a sharding plan) bound to the model."""
     return place.bind(config) if hasattr(place, "bind") else place
 
 
 def _is_orbax_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "jaxgen_orbax.json"))
+    return os.path.isfile(os.path.join(path, METADATA_FILE))
 
 
 def _with_tokenizer_eos(config: ModelConfig, tokenizer) -> ModelConfig:
@@ -102,3 +109,13 @@ def _with_tokenizer_eos(config: ModelConfig, tokenizer) -> ModelConfig:
     if getattr(tokenizer, "eos_token_id", None) is not None:
         eos.add(tokenizer.eos_token_id)
     return dataclasses.replace(config, eos_token_ids=tuple(sorted(eos)))
+
+
+__all__ = [
+    "LoadedModel",
+    "load_model",
+    "load_sharded",
+    "model_config_only",
+    "resolve_dtype",
+    "resolve_model",
+]
