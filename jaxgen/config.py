@@ -27,6 +27,7 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
     "FalconForCausalLM": "falcon",
 }
 SUPPORTED_MODEL_TYPES = set(SUPPORTED_ARCHITECTURES.values())
@@ -60,7 +61,7 @@ class RopeScaling:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MoEConfig:
     """A sparse MLP: a softmax router picks ``num_experts_per_token`` of ``num_experts`` SwiGLU
-    experts per token (Mixtral, Qwen3-MoE). ``norm_topk_prob``: renormalise the chosen
+    experts per token (Mixtral, Qwen3-MoE, Qwen2-MoE). ``norm_topk_prob``: renormalise the chosen
     probabilities to sum to 1 (always for Mixtral). ``shared_expert_size``: width of an expert
     every token also runs, gated by a sigmoid (0: none). ``dense_layers``: layers that keep a
     dense MLP of ``intermediate_size`` (Qwen3-MoE's ``mlp_only_layers``/``decoder_sparse_step``)."""
@@ -110,7 +111,7 @@ class ModelConfig:
     attn_logit_softcap: float | None = None  # Gemma 2: cap * tanh(scores / cap)
     final_logit_softcap: float | None = None  # Gemma 2: the same on the LM head's logits
     local_rope_theta: float | None = None  # Gemma 3: RoPE base of sliding layers (unscaled)
-    moe: MoEConfig | None = None  # Mixtral, Qwen3-MoE
+    moe: MoEConfig | None = None  # Mixtral, Qwen3-MoE, Qwen2-MoE
     # Falcon: attention and MLP read the same input, their outputs added to the residual
     # (``parallel_attn``); from one LayerNorm or two (``num_ln_in_parallel_attn``).
     parallel_attention: bool = False
@@ -215,7 +216,7 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
-            qkv_bias=True if model_type == "qwen2" else attention_bias,
+            qkv_bias=_qkv_bias(hf, model_type, attention_bias),
             o_bias=False if model_type == "qwen2" else attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)),
             hidden_act=ACTIVATIONS[act],
@@ -251,6 +252,14 @@ def _family(hf: dict) -> str:
             f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
         )
     return SUPPORTED_ARCHITECTURES[known[0]]
+
+
+def _qkv_bias(hf: dict, model_type: str, attention_bias: bool) -> bool:
+    if model_type == "qwen2":
+        return True
+    if model_type == "qwen2_moe":
+        return bool(hf.get("qkv_bias", True))
+    return attention_bias
 
 
 def _eos_ids(hf: dict) -> tuple[int, ...]:
@@ -327,7 +336,7 @@ def _sliding_layers(hf: dict, model_type: str, num_layers: int):
         return window, ()
     if model_type == "qwen2":
         return (window if hf.get("use_sliding_window") else None), ()
-    if model_type in ("qwen3", "qwen3_moe", "gemma2", "gemma3_text", "mixtral", "phi3"):
+    if model_type in ("qwen3", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3_text", "mixtral", "phi3"):
         if not window:
             return None, ()
         types = hf.get("layer_types")
@@ -367,7 +376,7 @@ def _moe_config(hf: dict, model_type: str, num_layers: int) -> MoEConfig | None:
             expert_size=hf["intermediate_size"],
             norm_topk_prob=True,
         )
-    if model_type == "qwen3_moe":
+    if model_type in ("qwen3_moe", "qwen2_moe"):
         step = hf.get("decoder_sparse_step", 1) or 1
         only = set(hf.get("mlp_only_layers") or ())
         dense = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
@@ -376,6 +385,7 @@ def _moe_config(hf: dict, model_type: str, num_layers: int) -> MoEConfig | None:
             num_experts_per_token=hf.get("num_experts_per_tok", 8),
             expert_size=hf["moe_intermediate_size"],
             norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            shared_expert_size=int(hf.get("shared_expert_intermediate_size") or 0),
             dense_layers=dense,
         )
     return None

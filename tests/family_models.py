@@ -51,6 +51,15 @@ VARIANTS = {
             mlp_only_layers=[0],
         ),
     ),
+    "qwen2-moe-shared-expert": (
+        "qwen2_moe",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+        ),
+    ),
     "falcon-mqa": ("falcon", dict(multi_query=True, num_kv_heads=1)),
     "falcon-40b-grouped": (
         "falcon",
@@ -77,6 +86,7 @@ def _classes(family: str):
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
         "falcon": (transformers.FalconConfig, transformers.FalconForCausalLM),
     }[family]
 

@@ -35,6 +35,7 @@ FAMILY_BLOCKS = {
     "phi3": (DecoderLayer, RMSNorm),
     "mixtral": (DecoderLayer, RMSNorm),
     "qwen3_moe": (DecoderLayer, RMSNorm),
+    "qwen2_moe": (DecoderLayer, RMSNorm),
     "gemma2": (GemmaDecoderLayer, GemmaRMSNorm),
     "gemma3_text": (GemmaDecoderLayer, GemmaRMSNorm),
     "falcon": (FalconDecoderLayer, LayerNorm),
