@@ -336,7 +336,15 @@ def _sliding_layers(hf: dict, model_type: str, num_layers: int):
         return window, ()
     if model_type == "qwen2":
         return (window if hf.get("use_sliding_window") else None), ()
-    if model_type in ("qwen3", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3_text", "mixtral", "phi3"):
+    if model_type in (
+        "qwen3",
+        "qwen3_moe",
+        "qwen2_moe",
+        "gemma2",
+        "gemma3_text",
+        "mixtral",
+        "phi3",
+    ):
         if not window:
             return None, ()
         types = hf.get("layer_types")

@@ -136,7 +136,9 @@ def resolve_rules(
     moe = config.moe
     if moe is not None and moe.expert_size % degree and not moe.num_experts % degree:
         rules["expert"], rules["expert_mlp"] = rules["expert_mlp"], rules["expert"]
-        notes.append(f"experts: expert parallel ({moe.expert_size} units do not split {degree} ways)")
+        notes.append(
+            f"experts: expert parallel ({moe.expert_size} units do not split {degree} ways)"
+        )
     for axis, size, what in (
         ("kv_heads", config.num_kv_heads, "KV heads"),
         ("vocab", config.vocab_size, "vocabulary entries"),

@@ -33,7 +33,9 @@ VARIANTS = {
     "phi3": ("phi3", dict()),
     "phi3-longrope": (
         "phi3",
-        dict(original_max_position_embeddings=32, max_position_embeddings=512, rope_scaling=LONGROPE),
+        dict(
+            original_max_position_embeddings=32, max_position_embeddings=512, rope_scaling=LONGROPE
+        ),
     ),
     "mixtral-top2": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
     "mixtral-top1": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=1)),

@@ -1,7 +1,10 @@
 """GGUF files (llama.cpp's format) through the ``gguf`` package: config, tensors, tokenizer.
 
-Quantised tensors are dequantised at load (Q4_0, Q4_1, Q8_0, F16, BF16, F32). llama.cpp's converter
-permutes Q and K rows into an interleaved rotary layout; we undo that to get HF's rotate-half layout.
+Quantised tensors are dequantised at load (Q4_0, Q4_1, Q8_0, F16, BF16, F32). What llama.cpp's
+converter changes is undone here, so the model sees the Hugging Face checkpoint: for ``llama``
+it permutes Q and K rows into an interleaved rotary layout (we restore rotate-half); for Gemma
+it stores every norm weight plus one (we subtract it); and it renames tensors per architecture
+(``blk.N.ffn_norm`` is Llama's post-attention norm but Gemma's pre-feedforward norm).
 """
 
 from __future__ import annotations
@@ -12,7 +15,25 @@ from collections.abc import Callable
 import numpy as np
 
 SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+# GGUF general.architecture -> HF model_type
+SUPPORTED_GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+}
+_GEMMA = ("gemma2", "gemma3")
+# Gemma-specific block names (they replace the Llama meaning of ffn_norm).
+_GEMMA_LAYER_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
+# rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -21,6 +42,8 @@ _LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -50,7 +73,7 @@ class GGUFFile:
             )
         self.tensors = {}
         for tensor in self.reader.tensors:
-            self.tensors[_hf_tensor_name(tensor.name)] = tensor
+            self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = tensor
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -92,7 +115,37 @@ class GGUFFile:
             config["sliding_window"] = sliding
         if arch == "llama" and any(n.endswith("q_proj.bias") for n in self.tensors):
             config["attention_bias"] = True
+        if arch in _GEMMA:
+            config.update(self._gemma_config(config))
         return config
+
+    def _gemma_config(self, config: dict) -> dict:
+        """Gemma 2/3 fields: soft caps, sliding layers, query scale, local RoPE base."""
+        arch = self.architecture
+        get = lambda k, d=None: self.field(f"{arch}.{k}", d)  # noqa: E731
+        layers = config["num_hidden_layers"]
+        pattern = get("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+        if isinstance(pattern, int):
+            sliding = [bool((i + 1) % pattern) for i in range(layers)]
+        else:
+            sliding = [bool(x) for x in pattern]
+        scalar = config["head_dim"]
+        if layers == _GEMMA_27B_LAYERS[arch]:
+            scalar = config["hidden_size"] // config["num_attention_heads"]
+        out = {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": scalar,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+            "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
+        }
+        if arch == "gemma2":
+            out["attn_logit_softcapping"] = get("attn_logit_softcapping")
+            out["final_logit_softcapping"] = get("final_logit_softcapping")
+        else:
+            out["rope_local_base_freq"] = (
+                10000.0  # llama.cpp's fixed base of Gemma 3's local layers
+            )
+        return out
 
     def get_tensor(self, name: str) -> np.ndarray:
         """Dequantised float32 tensor in HF layout (``[out, in]`` for linear weights)."""
@@ -116,13 +169,15 @@ class GGUFFile:
             kv = name.endswith("k_proj.weight")
             heads = self.field(f"{self.architecture}.attention.head_count" + ("_kv" if kv else ""))
             array = _unpermute_rotary(array, heads)
+        if self.architecture in _GEMMA and name.endswith("norm.weight"):
+            array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
         return array
 
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
 
 
-def _hf_tensor_name(name: str) -> str:
+def _hf_tensor_name(name: str, architecture: str) -> str:
     if name == "token_embd.weight":
         return "model.embed_tokens.weight"
     if name == "output_norm.weight":
@@ -131,6 +186,8 @@ def _hf_tensor_name(name: str) -> str:
         return "lm_head.weight"
     if name.startswith("blk."):
         _, layer, kind, leaf = name.split(".", 3)
+        if architecture in _GEMMA and kind in _GEMMA_LAYER_NAMES:
+            return f"model.layers.{layer}.{_GEMMA_LAYER_NAMES[kind]}.{leaf}"
         if kind in _LAYER_NAMES:
             return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
     return name
