@@ -95,7 +95,9 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
 
 
 # Qwen3 checkpoints do not slide (llama.cpp's qwen3 has no window), so the plain variant.
-@pytest.mark.parametrize("variant", ["qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize(
+    "variant", ["qwen3", "gemma3", pytest.param("gemma2", marks=pytest.mark.slow)]
+)
 def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_gguf):
     hf_dir = save_family_model(str(tmp_path / "hf"), smollm2_tokenizer, variant)
     path = write_gguf_like_llama_cpp(hf_dir, str(tmp_path / "model.gguf"), smollm2_gguf)

@@ -191,3 +191,24 @@ def test_sliding_window_kv_bytes_hold_at_most_the_window(family_dirs):
     per_layer_token = 2 * config.num_kv_heads * config.head_dim * 4
     assert config.kv_bytes_per_sequence(100, 4) == per_layer_token * (8 + 100 + 8)
     assert config.kv_bytes_per_sequence(5, 4) == per_layer_token * 15
+
+
+@pytest.mark.slow  # about 2 minutes on 2 cores: eight engines and their compiles
+def test_tensor_parallel_degrees_match_degree_1(family_dirs):
+    """Qwen3 (dense) and Qwen3-MoE on 8 simulated devices: degrees 2 and 4 give degree 1's
+    tokens and logits; experts split like an MLP (tensor parallel) or whole per device (expert
+    parallel, the rules table's other choice)."""
+    from tests.families_sharded_worker import run_families_worker
+
+    models = {"dense": family_dirs("qwen3"), "moe": family_dirs("qwen3-moe")}
+    result = run_families_worker("tp", {"models": models, "degrees": [1, 2, 4]}, num_devices=8)
+    for name in models:
+        runs = result[name]
+        for degree in ("2", "4"):
+            assert runs[degree]["tokens"] == runs["1"]["tokens"], (name, degree)
+            assert runs[degree]["logits_diff"] < 1e-4, (name, degree)
+    moe = result["moe"]
+    for degree in (2, 4):  # 8 experts of width 32, hidden 64
+        assert moe[str(degree)]["expert_shards"] == [[8, 64, 32 // degree]] * degree
+        assert moe[f"ep{degree}"]["expert_shards"] == [[8 // degree, 64, 32]] * degree
+        assert moe[f"ep{degree}"]["logits_diff"] < 1e-4
