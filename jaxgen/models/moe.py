@@ -4,7 +4,7 @@ experts run as grouped matmuls over the tokens each expert was given.
 Routing (as transformers): ``softmax(router(x))`` in float32, the ``k`` largest probabilities
 per token, renormalised to sum to 1 when ``norm_topk_prob``. Dispatch: the ``T * k`` (token,
 expert) assignments are sorted by expert, so each expert's tokens are one contiguous segment,
-and every expert multiplies only its own segment (:func:`grouped_matmul`). The cost follows the
+and every expert multiplies only its own segment (:func:`grouped_mlp`). The cost follows the
 active experts, not the total: no expert runs on a token that did not pick it.
 """
 
@@ -32,7 +32,7 @@ def route(
 
 
 def block_rows(num_assignments: int, num_experts: int) -> int:
-    """Rows per block of :func:`grouped_matmul`: 1 (one block per assignment: nothing padded)
+    """Rows per block of :func:`grouped_mlp`: 1 (one block per assignment: nothing padded)
     while assignments are no more than experts (decode), else about a fair share per expert."""
     if num_assignments <= num_experts:
         return 1
@@ -40,14 +40,24 @@ def block_rows(num_assignments: int, num_experts: int) -> int:
     return 1 << (share - 1).bit_length()
 
 
-def grouped_matmul(
-    x: jax.Array,  # [N, B, Din] rows of one expert per block
-    weights: jax.Array,  # [E, Din, Dout]
+def grouped_mlp(
+    rows: jax.Array,  # [N, B, D] rows of one expert per block
+    gate_proj: jax.Array,  # [E, D, F]
+    up_proj: jax.Array,  # [E, D, F]
+    down_proj: jax.Array,  # [E, F, D]
     block_expert: jax.Array,  # [N] int32
-) -> jax.Array:  # [N, B, Dout]
-    """Each block of rows times its own expert's weights (the weights of unused experts are
-    never read)."""
-    return jnp.einsum("nbi,nio->nbo", x, weights[block_expert])
+) -> jax.Array:  # [N, B, D]
+    """Each block of rows through its own expert's SwiGLU MLP, one block after another: a block
+    reads only its expert's weights (a dynamic slice, which XLA:CPU copies far faster than it
+    gathers), so unused experts are never read."""
+
+    def block(args):
+        x, expert = args
+        weight = lambda w: jax.lax.dynamic_index_in_dim(w, expert, 0, keepdims=False)  # noqa: E731
+        hidden = jax.nn.silu(jnp.dot(x, weight(gate_proj))) * jnp.dot(x, weight(up_proj))
+        return jnp.dot(hidden, weight(down_proj))
+
+    return jax.lax.map(block, (rows, block_expert))
 
 
 class Dispatch:
@@ -94,9 +104,13 @@ class Experts(nnx.Module):
         num_tokens, d = x.shape
         padded = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
         rows = padded[dispatch.slot_token].reshape(dispatch.num_blocks, dispatch.rows, d)
-        gate = grouped_matmul(rows, self.gate_proj[...], dispatch.block_expert)
-        up = grouped_matmul(rows, self.up_proj[...], dispatch.block_expert)
-        out = grouped_matmul(jax.nn.silu(gate) * up, self.down_proj[...], dispatch.block_expert)
+        out = grouped_mlp(
+            rows,
+            self.gate_proj[...],
+            self.up_proj[...],
+            self.down_proj[...],
+            dispatch.block_expert,
+        )
         out = out.reshape(-1, d) * dispatch.slot_weight[:, None].astype(out.dtype)
         return jnp.zeros((num_tokens + 1, d), x.dtype).at[dispatch.slot_token].add(out)[:-1]
 
