@@ -5,7 +5,9 @@ weights stored plus one) loads to the same parameters and logits as the safetens
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -25,7 +27,13 @@ TOKENIZER_FIELDS = (
     "tokenizer.ggml.eos_token_id",
     "tokenizer.chat_template",
 )
-GGUF_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+GGUF_ARCH = {
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+    "qwen3_moe": "qwen3moe",
+}
 
 
 def copy_tokenizer(writer, source_gguf: str) -> None:
@@ -41,6 +49,21 @@ def copy_tokenizer(writer, source_gguf: str) -> None:
         main = field.types[0]
         sub = field.types[-1] if main == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, value, main, sub_type=sub)
+
+
+def stack_experts(tensors: dict) -> dict:
+    """``...experts.E.gate_proj.weight`` tensors merged into ``...experts.gate_proj.weight``
+    ``[E, out, in]``, as the converter writes MoE layers."""
+    out, experts = {}, {}
+    for name, array in tensors.items():
+        match = re.fullmatch(r"(.*\.experts)\.(\d+)\.(\w+\.weight)", name)
+        if match is None:
+            out[name] = array
+        else:
+            experts.setdefault(f"{match[1]}.{match[3]}", {})[int(match[2])] = array
+    for name, by_index in experts.items():
+        out[name] = np.stack([by_index[i] for i in sorted(by_index)])
+    return out
 
 
 def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str:
@@ -59,8 +82,9 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
     writer.add_feed_forward_length(hf["intermediate_size"])
     writer.add_head_count(hf["num_attention_heads"])
     writer.add_head_count_kv(hf["num_key_value_heads"])
-    writer.add_key_length(hf["head_dim"])
-    writer.add_value_length(hf["head_dim"])
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
     rope = hf.get("rope_parameters") or {}
     if arch == "gemma3":
@@ -75,9 +99,25 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
         writer.add_attn_logit_softcapping(hf["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(hf["final_logit_softcapping"])
         writer.add_sliding_window(hf["sliding_window"])
+    if arch == "phi3":
+        writer.add_rope_dimension_count(head_dim)
+        if rope.get("rope_type") == "longrope":
+            original = rope["original_max_position_embeddings"]
+            scale = hf["max_position_embeddings"] / original
+            writer.add_rope_scaling_orig_ctx_len(original)
+            writer.add_rope_scaling_attn_factors(
+                1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+            )
+            for kind in ("long", "short"):
+                factors = np.asarray(rope[f"{kind}_factor"], np.float32)
+                writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+    if arch == "qwen3moe":
+        writer.add_expert_count(hf.get("num_experts") or hf["num_local_experts"])
+        writer.add_expert_used_count(hf["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(hf["moe_intermediate_size"])
     copy_tokenizer(writer, tokenizer_gguf)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
-    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    tensors = stack_experts(load_file(os.path.join(hf_dir, "model.safetensors")))
     for name, array in tensors.items():
         if name == "lm_head.weight" and hf.get("tie_word_embeddings"):
             continue
@@ -96,7 +136,14 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
 
 # Qwen3 checkpoints do not slide (llama.cpp's qwen3 has no window), so the plain variant.
 @pytest.mark.parametrize(
-    "variant", ["qwen3", "gemma3", pytest.param("gemma2", marks=pytest.mark.slow)]
+    "variant",
+    [
+        "qwen3",
+        "gemma3",
+        pytest.param("gemma2", marks=pytest.mark.slow),
+        pytest.param("phi3-longrope", marks=pytest.mark.slow),
+        pytest.param("qwen3-moe", marks=pytest.mark.slow),
+    ],
 )
 def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_gguf):
     hf_dir = save_family_model(str(tmp_path / "hf"), smollm2_tokenizer, variant)
@@ -112,12 +159,14 @@ def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_
         "tie_word_embeddings",
         "sliding_window",
         "layer_types",
+        "moe",
     ):
         assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.rope_scaling.rope_type == theirs.rope_scaling.rope_type
+    assert ours.rope_scaling.attention_factor == pytest.approx(theirs.rope_scaling.attention_factor)
     if variant.startswith("gemma"):
         assert ours.attn_logit_softcap == theirs.attn_logit_softcap
         assert ours.final_logit_softcap == theirs.final_logit_softcap
-        assert ours.rope_scaling == theirs.rope_scaling
         assert ours.local_rope_theta == theirs.local_rope_theta
     flat_gguf = dict(nnx.to_flat_state(from_gguf.params))
     flat_st = dict(nnx.to_flat_state(from_safetensors.params))

@@ -23,7 +23,17 @@ SUPPORTED_GGUF_ARCHITECTURES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3": "gemma3_text",
+    "phi3": "phi3",
+    "qwen3moe": "qwen3_moe",
 }
+# Stacked expert tensors [E, out, in] -> the per-expert HF projection each slice is.
+_EXPERT_TENSORS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+# Phi-3's fused tensors keep their HF names (split at load like the safetensors ones).
+_PHI3_LAYER_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _GEMMA = ("gemma2", "gemma3")
 # Gemma-specific block names (they replace the Llama meaning of ffn_norm).
 _GEMMA_LAYER_NAMES = {
@@ -44,6 +54,7 @@ _LAYER_NAMES = {
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -71,9 +82,17 @@ class GGUFFile:
                 f"unsupported GGUF architecture {self.architecture!r}; supported: "
                 f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
             )
-        self.tensors = {}
+        self.tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         for tensor in self.reader.tensors:
-            self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = tensor
+            parts = tensor.name.split(".")
+            if len(parts) == 4 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
+                proj = _EXPERT_TENSORS[parts[2]]
+                for expert in range(int(tensor.shape[-1])):  # ggml order: experts outermost last
+                    name = f"model.layers.{parts[1]}.mlp.experts.{expert}.{proj}.weight"
+                    self.tensors[name] = (tensor, expert)
+                continue
+            self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = (tensor, None)
+        self._stacked_cache: tuple[str, np.ndarray] | None = None
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -117,7 +136,33 @@ class GGUFFile:
             config["attention_bias"] = True
         if arch in _GEMMA:
             config.update(self._gemma_config(config))
+        if arch == "phi3":
+            config.update(self._longrope_config(config))
+        if arch == "qwen3moe":
+            config.update(
+                num_experts=get("expert_count"),
+                num_experts_per_tok=get("expert_used_count"),
+                moe_intermediate_size=get("expert_feed_forward_length"),
+                norm_topk_prob=bool(get("expert_weights_norm", True)),  # llama.cpp's default
+            )
         return config
+
+    def _longrope_config(self, config: dict) -> dict:
+        """Phi-3's LongRoPE factors (stored as tensors) and original context."""
+        if "rope_factors_long.weight" not in self.tensors:
+            return {}
+        get = lambda k, d=None: self.field(f"phi3.{k}", d)  # noqa: E731
+        original = get("rope.scaling.original_context_length")
+        return {
+            "rope_scaling": {
+                "rope_type": "longrope",
+                "long_factor": self.get_tensor("rope_factors_long.weight").tolist(),
+                "short_factor": self.get_tensor("rope_factors_short.weight").tolist(),
+                "original_max_position_embeddings": original,
+                "attention_factor": get("rope.scaling.attn_factor"),
+            },
+            "original_max_position_embeddings": original,
+        }
 
     def _gemma_config(self, config: dict) -> dict:
         """Gemma 2/3 fields: soft caps, sliding layers, query scale, local RoPE base."""
@@ -153,7 +198,9 @@ class GGUFFile:
 
         if name not in self.tensors:
             raise ValueError(f"GGUF file {self.path!r} has no tensor for {name!r}")
-        tensor = self.tensors[name]
+        tensor, expert = self.tensors[name]
+        if expert is not None:
+            return self._stacked(tensor)[expert]
         qtype = tensor.tensor_type.name
         if qtype not in SUPPORTED_QUANT_TYPES:
             raise ValueError(
@@ -173,6 +220,14 @@ class GGUFFile:
             array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
         return array
 
+    def _stacked(self, tensor) -> np.ndarray:
+        """A stacked expert tensor ``[E, out, in]``, dequantised once for its E reads."""
+        if self._stacked_cache is None or self._stacked_cache[0] != tensor.name:
+            whole = f"{tensor.name} (stacked)"
+            self.tensors[whole] = (tensor, None)
+            self._stacked_cache = (tensor.name, self.get_tensor(whole))
+        return self._stacked_cache[1]
+
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
 
@@ -188,6 +243,8 @@ def _hf_tensor_name(name: str, architecture: str) -> str:
         _, layer, kind, leaf = name.split(".", 3)
         if architecture in _GEMMA and kind in _GEMMA_LAYER_NAMES:
             return f"model.layers.{layer}.{_GEMMA_LAYER_NAMES[kind]}.{leaf}"
+        if architecture == "phi3" and kind in _PHI3_LAYER_NAMES:
+            return f"model.layers.{layer}.{_PHI3_LAYER_NAMES[kind]}.{leaf}"
         if kind in _LAYER_NAMES:
             return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
     return name
