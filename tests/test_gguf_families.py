@@ -33,6 +33,7 @@ GGUF_ARCH = {
     "gemma3_text": "gemma3",
     "phi3": "phi3",
     "qwen3_moe": "qwen3moe",
+    "mixtral": "llama",
 }
 
 
@@ -49,6 +50,15 @@ def copy_tokenizer(writer, source_gguf: str) -> None:
         main = field.types[0]
         sub = field.types[-1] if main == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, value, main, sub_type=sub)
+
+
+def llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """The converter's rotary permutation of Llama's q/k rows (rotate-half to interleaved)."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def stack_experts(tensors: dict) -> dict:
@@ -111,6 +121,10 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
             for kind in ("long", "short"):
                 factors = np.asarray(rope[f"{kind}_factor"], np.float32)
                 writer.add_tensor(f"rope_factors_{kind}.weight", factors)
+    if arch == "llama":  # Mixtral
+        writer.add_rope_dimension_count(head_dim)
+        writer.add_expert_count(hf["num_local_experts"])
+        writer.add_expert_used_count(hf["num_experts_per_tok"])
     if arch == "qwen3moe":
         writer.add_expert_count(hf.get("num_experts") or hf["num_local_experts"])
         writer.add_expert_used_count(hf["num_experts_per_tok"])
@@ -124,6 +138,9 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         data = array.astype(np.float32)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = hf["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+            data = llama_cpp_permute(data, heads)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1.0  # the converter's Gemma norm shift
         writer.add_tensor(gguf_name, data)
@@ -143,6 +160,7 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
         pytest.param("gemma2", marks=pytest.mark.slow),
         pytest.param("phi3-longrope", marks=pytest.mark.slow),
         pytest.param("qwen3-moe", marks=pytest.mark.slow),
+        pytest.param("mixtral-top2", marks=pytest.mark.slow),
     ],
 )
 def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_gguf):

@@ -26,11 +26,12 @@ SUPPORTED_GGUF_ARCHITECTURES = {
     "phi3": "phi3",
     "qwen3moe": "qwen3_moe",
 }
-# Stacked expert tensors [E, out, in] -> the per-expert HF projection each slice is.
+# Stacked expert tensors [E, out, in] -> the per-expert HF projection each slice is (Qwen3-MoE's
+# name, Mixtral's name: Mixtral is llama.cpp's "llama" architecture with experts).
 _EXPERT_TENSORS = {
-    "ffn_gate_exps": "gate_proj",
-    "ffn_up_exps": "up_proj",
-    "ffn_down_exps": "down_proj",
+    "ffn_gate_exps": ("gate_proj", "w1"),
+    "ffn_up_exps": ("up_proj", "w3"),
+    "ffn_down_exps": ("down_proj", "w2"),
 }
 # Phi-3's fused tensors keep their HF names (split at load like the safetensors ones).
 _PHI3_LAYER_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
@@ -86,10 +87,16 @@ class GGUFFile:
         for tensor in self.reader.tensors:
             parts = tensor.name.split(".")
             if len(parts) == 4 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
-                proj = _EXPERT_TENSORS[parts[2]]
+                mixtral = self.architecture == "llama"
+                proj = _EXPERT_TENSORS[parts[2]][int(mixtral)]
+                block = "block_sparse_moe" if mixtral else "mlp"
                 for expert in range(int(tensor.shape[-1])):  # ggml order: experts outermost last
-                    name = f"model.layers.{parts[1]}.mlp.experts.{expert}.{proj}.weight"
+                    name = f"model.layers.{parts[1]}.{block}.experts.{expert}.{proj}.weight"
                     self.tensors[name] = (tensor, expert)
+                continue
+            if self.architecture == "llama" and tensor.name.endswith("ffn_gate_inp.weight"):
+                name = f"model.layers.{parts[1]}.block_sparse_moe.gate.weight"
+                self.tensors[name] = (tensor, None)
                 continue
             self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = (tensor, None)
         self._stacked_cache: tuple[str, np.ndarray] | None = None
@@ -138,6 +145,12 @@ class GGUFFile:
             config.update(self._gemma_config(config))
         if arch == "phi3":
             config.update(self._longrope_config(config))
+        if arch == "llama" and get("expert_count"):
+            config.update(
+                model_type="mixtral",
+                num_local_experts=get("expert_count"),
+                num_experts_per_tok=get("expert_used_count"),
+            )
         if arch == "qwen3moe":
             config.update(
                 num_experts=get("expert_count"),
