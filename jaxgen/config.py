@@ -177,6 +177,21 @@ class ModelConfig:
         )
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Inverse of ``dataclasses.asdict`` (after a JSON round trip: lists back to tuples,
+        nested dictionaries back to ``RopeScaling`` / ``MoEConfig``)."""
+        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        rope = {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in (data.get("rope_scaling") or {}).items()
+        }
+        data["rope_scaling"] = RopeScaling(**rope)
+        if data.get("moe") is not None:
+            moe = {k: tuple(v) if isinstance(v, list) else v for k, v in data["moe"].items()}
+            data["moe"] = MoEConfig(**moe)
+        return cls(**data)
+
+    @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
         """Builds a config from a Hugging Face ``config.json`` dictionary."""
         model_type = _family(hf)
