@@ -83,6 +83,10 @@ class Plan:
     num_params: int
     weight_bytes: int
     kv_bytes_per_token: int
+    # Per token of a sequence of `context` tokens when sliding-window layers hold at most their
+    # window (equal to kv_bytes_per_token without sliding layers). The page pool allocates
+    # kv_bytes_per_token: it keeps every layer's pages for the sequence's whole length.
+    kv_bytes_per_token_windowed: float
     kv_budget_bytes: int
     num_pages: int
     tokens_that_fit: int
@@ -96,6 +100,8 @@ class Plan:
             f"parameters                  {self.num_params / 1e6:,.1f} M",
             f"weight bytes                {self.weight_bytes / gib:,.3f} GiB",
             f"KV bytes per token          {self.kv_bytes_per_token:,} B",
+            f"  at {context} tokens, windowed {self.kv_bytes_per_token_windowed:,.0f} B"
+            " (sliding-window layers hold at most their window)",
             f"KV budget                   {self.kv_budget_bytes / gib:,.2f} GiB",
             f"pages of {page_size} tokens          {self.num_pages:,}",
             f"tokens that fit             {self.tokens_that_fit:,}",
@@ -135,6 +141,7 @@ def make_plan(
         num_params=config.num_params,
         weight_bytes=weight_bytes,
         kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token_windowed=config.kv_bytes_per_sequence(context, itemsize) / context,
         kv_budget_bytes=budget,
         num_pages=num_pages,
         tokens_that_fit=tokens,

@@ -34,6 +34,11 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("heads", MODEL_AXIS),
     ("kv_heads", MODEL_AXIS),
     ("mlp", MODEL_AXIS),
+    # Mixture of experts: each expert split like an MLP (tensor parallel). Where the expert
+    # width does not split but the expert count does, resolve_rules swaps these two (expert
+    # parallel: whole experts per device).
+    ("expert", None),
+    ("expert_mlp", MODEL_AXIS),
 )
 
 # Parameter path (dotted, e.g. "layers.3.self_attn.q_proj.kernel") -> logical axes, one per dim.
@@ -51,8 +56,21 @@ PARAM_LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"layers\.\d+\.mlp\.(gate|up)_proj\.bias", ("mlp",)),
     (r"layers\.\d+\.mlp\.down_proj\.kernel", ("mlp", "embed")),
     (r"layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.bias", ("embed",)),
-    (r"(layers\.\d+\.(input|post_attention)_layernorm|norm)\.weight", ("embed",)),
-    (r"inv_freq", (None,)),
+    (r"layers\.\d+\.self_attn\.[qk]_norm\.weight", (None,)),  # Qwen3, Gemma 3: per head_dim
+    # Gemma's four norms, Falcon's LayerNorms (weight and bias) and its ln_mlp.
+    (
+        r"(layers\.\d+\.(input|post_attention|pre_feedforward|post_feedforward|mlp)_layernorm"
+        r"|norm)\.(weight|bias)",
+        ("embed",),
+    ),
+    # Mixture of experts: router, stacked experts [E, in, out], Qwen2-MoE's shared expert.
+    (r"layers\.\d+\.mlp\.router\.kernel", ("embed", None)),
+    (r"layers\.\d+\.mlp\.experts\.(gate|up)_proj", ("expert", "embed", "expert_mlp")),
+    (r"layers\.\d+\.mlp\.experts\.down_proj", ("expert", "expert_mlp", "embed")),
+    (r"layers\.\d+\.mlp\.shared_expert\.(gate|up)_proj\.kernel", ("embed", "mlp")),
+    (r"layers\.\d+\.mlp\.shared_expert\.down_proj\.kernel", ("mlp", "embed")),
+    (r"layers\.\d+\.mlp\.shared_expert_gate\.kernel", ("embed", None)),
+    (r"(local_|long_)?inv_freq", (None,)),
 )
 
 # The KV pool of each layer: [num_kv_heads, num_pages, page_size, head_dim].
@@ -116,10 +134,18 @@ def resolve_rules(
         )
     rules = dict(LOGICAL_AXIS_RULES)
     notes = []
+    moe = config.moe
+    if moe is not None and moe.expert_size % degree and not moe.num_experts % degree:
+        rules["expert"], rules["expert_mlp"] = rules["expert_mlp"], rules["expert"]
+        notes.append(
+            f"experts: expert parallel ({moe.expert_size} units do not split {degree} ways)"
+        )
     for axis, size, what in (
         ("kv_heads", config.num_kv_heads, "KV heads"),
         ("vocab", config.vocab_size, "vocabulary entries"),
         ("mlp", config.intermediate_size, "MLP units"),
+        ("expert", moe.num_experts if moe else 0, "experts"),
+        ("expert_mlp", moe.expert_size if moe else 0, "expert MLP units"),
     ):
         if rules[axis] is not None and size % degree:
             rules[axis] = None

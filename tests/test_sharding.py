@@ -89,6 +89,8 @@ def test_rules_are_megatron_style():
         "heads": "model",
         "kv_heads": "model",
         "mlp": "model",
+        "expert": None,
+        "expert_mlp": "model",
     }
     assert logical_axes(("layers", 3, "self_attn", "q_proj", "kernel")) == ("embed", "heads")
     assert logical_axes(("layers", 0, "mlp", "down_proj", "kernel")) == ("mlp", "embed")
@@ -192,3 +194,42 @@ def test_smollm2_degree_3_matches_degree_1():
     assert params["q_proj"]["shards"] == [[576, 192]] * 3  # 3 of 9 heads each
     assert params["k_proj"]["shards"] == [[576, 64]] * 3  # 1 of 3 KV heads each
     assert all(shape[0] == 1 for shape in params["kv_pool"]["shards"])
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["qwen3", "gemma3", "phi3-longrope", "qwen2-moe-shared-expert", "falcon-40b-grouped"],
+)
+def test_every_family_parameter_declares_its_axes_once(variant):
+    from tests.family_models import VARIANTS
+
+    family, overrides = VARIANTS[variant]
+    base = dict(
+        model_type=family,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    hf = {**base, **overrides}
+    if family == "falcon":
+        hf["ffn_hidden_size"] = 128
+    config = ModelConfig.from_hf_dict(hf)
+    _, state = abstract_model(config, jnp.float32)
+    for path, var in nnx.to_flat_state(state):
+        name = path_name(path)
+        matches = [axes for pattern, axes in PARAM_LOGICAL_AXES if re.fullmatch(pattern, name)]
+        assert len(matches) == 1, name
+        assert len(matches[0]) == var.get_value().ndim, name
+
+
+def test_experts_fall_back_to_expert_parallel():
+    from jaxgen.config import MoEConfig
+
+    moe = MoEConfig(num_experts=8, num_experts_per_token=2, expert_size=10)
+    rules, notes = resolve_rules(tiny_config(moe=moe), 4)
+    rules = dict(rules)
+    assert rules["expert"] == "model" and rules["expert_mlp"] is None
+    assert any("expert parallel" in n for n in notes)

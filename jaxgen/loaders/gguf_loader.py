@@ -1,7 +1,10 @@
 """GGUF files (llama.cpp's format) through the ``gguf`` package: config, tensors, tokenizer.
 
-Quantised tensors are dequantised at load (Q4_0, Q4_1, Q8_0, F16, BF16, F32). llama.cpp's converter
-permutes Q and K rows into an interleaved rotary layout; we undo that to get HF's rotate-half layout.
+Quantised tensors are dequantised at load (Q4_0, Q4_1, Q8_0, F16, BF16, F32). What llama.cpp's
+converter changes is undone here, so the model sees the Hugging Face checkpoint: for ``llama``
+it permutes Q and K rows into an interleaved rotary layout (we restore rotate-half); for Gemma
+it stores every norm weight plus one (we subtract it); and it renames tensors per architecture
+(``blk.N.ffn_norm`` is Llama's post-attention norm but Gemma's pre-feedforward norm).
 """
 
 from __future__ import annotations
@@ -12,7 +15,36 @@ from collections.abc import Callable
 import numpy as np
 
 SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+# GGUF general.architecture -> HF model_type
+SUPPORTED_GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+    "qwen3moe": "qwen3_moe",
+}
+# Stacked expert tensors [E, out, in] -> the per-expert HF projection each slice is (Qwen3-MoE's
+# name, Mixtral's name: Mixtral is llama.cpp's "llama" architecture with experts).
+_EXPERT_TENSORS = {
+    "ffn_gate_exps": ("gate_proj", "w1"),
+    "ffn_up_exps": ("up_proj", "w3"),
+    "ffn_down_exps": ("down_proj", "w2"),
+}
+# Phi-3's fused tensors keep their HF names (split at load like the safetensors ones).
+_PHI3_LAYER_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_GEMMA = ("gemma2", "gemma3")
+# Gemma-specific block names (they replace the Llama meaning of ffn_norm).
+_GEMMA_LAYER_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
+# rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -21,6 +53,9 @@ _LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -48,9 +83,23 @@ class GGUFFile:
                 f"unsupported GGUF architecture {self.architecture!r}; supported: "
                 f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
             )
-        self.tensors = {}
+        self.tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         for tensor in self.reader.tensors:
-            self.tensors[_hf_tensor_name(tensor.name)] = tensor
+            parts = tensor.name.split(".")
+            if len(parts) == 4 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
+                mixtral = self.architecture == "llama"
+                proj = _EXPERT_TENSORS[parts[2]][int(mixtral)]
+                block = "block_sparse_moe" if mixtral else "mlp"
+                for expert in range(int(tensor.shape[-1])):  # ggml order: experts outermost last
+                    name = f"model.layers.{parts[1]}.{block}.experts.{expert}.{proj}.weight"
+                    self.tensors[name] = (tensor, expert)
+                continue
+            if self.architecture == "llama" and tensor.name.endswith("ffn_gate_inp.weight"):
+                name = f"model.layers.{parts[1]}.block_sparse_moe.gate.weight"
+                self.tensors[name] = (tensor, None)
+                continue
+            self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = (tensor, None)
+        self._stacked_cache: tuple[str, np.ndarray] | None = None
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -92,7 +141,69 @@ class GGUFFile:
             config["sliding_window"] = sliding
         if arch == "llama" and any(n.endswith("q_proj.bias") for n in self.tensors):
             config["attention_bias"] = True
+        if arch in _GEMMA:
+            config.update(self._gemma_config(config))
+        if arch == "phi3":
+            config.update(self._longrope_config(config))
+        if arch == "llama" and get("expert_count"):
+            config.update(
+                model_type="mixtral",
+                num_local_experts=get("expert_count"),
+                num_experts_per_tok=get("expert_used_count"),
+            )
+        if arch == "qwen3moe":
+            config.update(
+                num_experts=get("expert_count"),
+                num_experts_per_tok=get("expert_used_count"),
+                moe_intermediate_size=get("expert_feed_forward_length"),
+                norm_topk_prob=bool(get("expert_weights_norm", True)),  # llama.cpp's default
+            )
         return config
+
+    def _longrope_config(self, config: dict) -> dict:
+        """Phi-3's LongRoPE factors (stored as tensors) and original context."""
+        if "rope_factors_long.weight" not in self.tensors:
+            return {}
+        get = lambda k, d=None: self.field(f"phi3.{k}", d)  # noqa: E731
+        original = get("rope.scaling.original_context_length")
+        return {
+            "rope_scaling": {
+                "rope_type": "longrope",
+                "long_factor": self.get_tensor("rope_factors_long.weight").tolist(),
+                "short_factor": self.get_tensor("rope_factors_short.weight").tolist(),
+                "original_max_position_embeddings": original,
+                "attention_factor": get("rope.scaling.attn_factor"),
+            },
+            "original_max_position_embeddings": original,
+        }
+
+    def _gemma_config(self, config: dict) -> dict:
+        """Gemma 2/3 fields: soft caps, sliding layers, query scale, local RoPE base."""
+        arch = self.architecture
+        get = lambda k, d=None: self.field(f"{arch}.{k}", d)  # noqa: E731
+        layers = config["num_hidden_layers"]
+        pattern = get("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+        if isinstance(pattern, int):
+            sliding = [bool((i + 1) % pattern) for i in range(layers)]
+        else:
+            sliding = [bool(x) for x in pattern]
+        scalar = config["head_dim"]
+        if layers == _GEMMA_27B_LAYERS[arch]:
+            scalar = config["hidden_size"] // config["num_attention_heads"]
+        out = {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": scalar,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+            "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
+        }
+        if arch == "gemma2":
+            out["attn_logit_softcapping"] = get("attn_logit_softcapping")
+            out["final_logit_softcapping"] = get("final_logit_softcapping")
+        else:
+            out["rope_local_base_freq"] = (
+                10000.0  # llama.cpp's fixed base of Gemma 3's local layers
+            )
+        return out
 
     def get_tensor(self, name: str) -> np.ndarray:
         """Dequantised float32 tensor in HF layout (``[out, in]`` for linear weights)."""
@@ -100,7 +211,9 @@ class GGUFFile:
 
         if name not in self.tensors:
             raise ValueError(f"GGUF file {self.path!r} has no tensor for {name!r}")
-        tensor = self.tensors[name]
+        tensor, expert = self.tensors[name]
+        if expert is not None:
+            return self._stacked(tensor)[expert]
         qtype = tensor.tensor_type.name
         if qtype not in SUPPORTED_QUANT_TYPES:
             raise ValueError(
@@ -116,13 +229,23 @@ class GGUFFile:
             kv = name.endswith("k_proj.weight")
             heads = self.field(f"{self.architecture}.attention.head_count" + ("_kv" if kv else ""))
             array = _unpermute_rotary(array, heads)
+        if self.architecture in _GEMMA and name.endswith("norm.weight"):
+            array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
         return array
+
+    def _stacked(self, tensor) -> np.ndarray:
+        """A stacked expert tensor ``[E, out, in]``, dequantised once for its E reads."""
+        if self._stacked_cache is None or self._stacked_cache[0] != tensor.name:
+            whole = f"{tensor.name} (stacked)"
+            self.tensors[whole] = (tensor, None)
+            self._stacked_cache = (tensor.name, self.get_tensor(whole))
+        return self._stacked_cache[1]
 
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
 
 
-def _hf_tensor_name(name: str) -> str:
+def _hf_tensor_name(name: str, architecture: str) -> str:
     if name == "token_embd.weight":
         return "model.embed_tokens.weight"
     if name == "output_norm.weight":
@@ -131,6 +254,10 @@ def _hf_tensor_name(name: str) -> str:
         return "lm_head.weight"
     if name.startswith("blk."):
         _, layer, kind, leaf = name.split(".", 3)
+        if architecture in _GEMMA and kind in _GEMMA_LAYER_NAMES:
+            return f"model.layers.{layer}.{_GEMMA_LAYER_NAMES[kind]}.{leaf}"
+        if architecture == "phi3" and kind in _PHI3_LAYER_NAMES:
+            return f"model.layers.{layer}.{_PHI3_LAYER_NAMES[kind]}.{leaf}"
         if kind in _LAYER_NAMES:
             return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
     return name

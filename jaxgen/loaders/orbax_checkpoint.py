@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxgen.config import ModelConfig, RopeScaling
+from jaxgen.config import ModelConfig
 from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import abstract_model
@@ -35,10 +35,7 @@ def config_to_dict(config: ModelConfig) -> dict:
 
 
 def config_from_dict(data: dict) -> ModelConfig:
-    data = dict(data)
-    data["rope_scaling"] = RopeScaling(**data.get("rope_scaling", {}))
-    data["eos_token_ids"] = tuple(data.get("eos_token_ids", ()))
-    return ModelConfig(**data)
+    return ModelConfig.from_dict(data)
 
 
 def _flat_params(state) -> dict[str, jax.Array]:

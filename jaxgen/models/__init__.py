@@ -1,5 +1,7 @@
-"""Model definitions (Llama family) and weight conversion."""
+"""Model definitions (every supported family through one decoder stack) and weight conversion."""
 
-from jaxgen.models.llama import LlamaForCausalLM
+from jaxgen.models.causal_lm import FAMILY_BLOCKS, CausalLM
 
-__all__ = ["LlamaForCausalLM"]
+LlamaForCausalLM = CausalLM  # the stack's name before it served other families
+
+__all__ = ["FAMILY_BLOCKS", "CausalLM", "LlamaForCausalLM"]

@@ -1,8 +1,10 @@
-"""Llama-family decoder in Flax NNX (Llama 2/3, Mistral, SmolLM2, Qwen2).
+"""The pre-norm decoder block of the Llama family, and the pieces other families reuse.
 
-The model knows nothing about batching strategy or parallelism: it takes a flat batch of tokens,
-their positions, the per-layer KV pages and the step's attention metadata, and returns hidden
-states plus the updated pages. Parameter names follow Hugging Face's so loaders map 1:1.
+Llama 2/3, Mistral, SmolLM2, Qwen2, Qwen3 (q/k norms, per-layer sliding window), Phi-3 (its
+fused ``qkv_proj``/``gate_up_proj`` are split at load) and the mixture-of-experts Mixtral and
+Qwen3-MoE (a ``SparseMoE`` in place of the MLP) all run this block:
+``x + attn(norm(x))``, then ``x + mlp(norm(x))``. Parameter names follow Hugging Face's so
+loaders map them 1:1. The decoder stack around the blocks is ``jaxgen.models.causal_lm``.
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.attention import AttentionMetadata, attention
+from jaxgen.attention import attention
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear, apply_linears, matmul
-from jaxgen.models.rope import apply_rope, inverse_frequencies, rope_angles
+from jaxgen.models.linear import Linear, apply_linears
+from jaxgen.models.moe import SparseMoE
+from jaxgen.models.rope import apply_rope
 
-KVCache = list  # per layer: that layer's pool in the backend's layout
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+}
 
 
 class RMSNorm(nnx.Module):
+    """``x / rms(x) * weight`` (computed in float32, scaled in the input's dtype, as HF Llama)."""
+
     def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
         self.eps = eps
@@ -35,14 +44,25 @@ def _linear(n_in: int, n_out: int, bias: bool, dtype, rngs: nnx.Rngs) -> Linear:
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+    """Projections, optional per-head q/k norms, RoPE, and the one attention entry point.
+
+    ``norm``: the norm class of the q/k norms (used when ``config.qk_norm``)."""
+
+    def __init__(self, config: ModelConfig, layer: int, *, dtype, rngs: nnx.Rngs, norm=RMSNorm):
         d, hd = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, hd
-        self.sliding_window = config.sliding_window
+        self.sliding_window = config.layer_sliding_window(layer)
+        self.scale = config.attention_scale or hd**-0.5
+        self.soft_cap = config.attn_logit_softcap
         self.q_proj = _linear(d, config.num_heads * hd, config.qkv_bias, dtype, rngs)
         self.k_proj = _linear(d, config.num_kv_heads * hd, config.qkv_bias, dtype, rngs)
         self.v_proj = _linear(d, config.num_kv_heads * hd, config.qkv_bias, dtype, rngs)
         self.o_proj = _linear(config.num_heads * hd, d, config.o_bias, dtype, rngs)
+        if config.qk_norm:
+            self.q_norm = norm(hd, config.rms_norm_eps, dtype=dtype, rngs=rngs)
+            self.k_norm = norm(hd, config.rms_norm_eps, dtype=dtype, rngs=rngs)
+        else:
+            self.q_norm = self.k_norm = None
 
     def __call__(self, x, rope, kv_layer, md, backend):
         tokens, live = x.shape[0], md.live_rows
@@ -50,6 +70,8 @@ class Attention(nnx.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, rope)
         k = apply_rope(k, rope)
         out, kv_layer = attention(
@@ -59,32 +81,42 @@ class Attention(nnx.Module):
             kv_layer,
             md,
             backend=backend,
-            scale=self.head_dim**-0.5,
+            scale=self.scale,
+            soft_cap=self.soft_cap,
             sliding_window=self.sliding_window,
         )
         return self.o_proj(out.reshape(tokens, -1), live), kv_layer
 
 
 class MLP(nnx.Module):
-    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
-        d, f, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+    """Gated MLP: ``down(act(gate(x)) * up(x))`` (SwiGLU, or Gemma's tanh-GELU GeGLU)."""
+
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs, width: int | None = None):
+        d, b = config.hidden_size, config.mlp_bias
+        f = width or config.intermediate_size
+        self.activation = ACTIVATIONS[config.hidden_act]
         self.gate_proj = _linear(d, f, b, dtype, rngs)
         self.up_proj = _linear(d, f, b, dtype, rngs)
         self.down_proj = _linear(f, d, b, dtype, rngs)
 
     def __call__(self, x, live_rows=None):
         gate, up = apply_linears((self.gate_proj, self.up_proj), x, live_rows)
-        hidden = jax.nn.silu(gate) * up
+        hidden = self.activation(gate) * up
         return self.down_proj(hidden, live_rows)
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+    """``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the MLP is sparse on MoE layers."""
+
+    def __init__(self, config: ModelConfig, layer: int, *, dtype, rngs: nnx.Rngs):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, rngs=rngs)
-        self.self_attn = Attention(config, dtype=dtype, rngs=rngs)
+        self.self_attn = Attention(config, layer, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, rngs=rngs)
-        self.mlp = MLP(config, dtype=dtype, rngs=rngs)
+        if config.is_moe_layer(layer):
+            self.mlp = SparseMoE(config, dtype=dtype, rngs=rngs)
+        else:
+            self.mlp = MLP(config, dtype=dtype, rngs=rngs)
 
     def __call__(self, x, rope, kv_layer, md, backend):
         attn, kv_layer = self.self_attn(self.input_layernorm(x), rope, kv_layer, md, backend)
@@ -93,56 +125,10 @@ class DecoderLayer(nnx.Module):
         return x, kv_layer
 
 
-class LlamaForCausalLM(nnx.Module):
-    """Decoder stack plus LM head (tied to the embedding when the config says so)."""
+def __getattr__(name: str):
+    # The decoder stack is jaxgen.models.causal_lm.CausalLM (every family); the old name stays.
+    if name == "LlamaForCausalLM":
+        from jaxgen.models.causal_lm import CausalLM
 
-    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
-        self.config = config
-        self.embed_tokens = nnx.Embed(
-            config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs
-        )
-        self.layers = nnx.List(
-            [DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_layers)]
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, rngs=rngs)
-        if not config.tie_word_embeddings:
-            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
-        self.inv_freq = nnx.Variable(jnp.asarray(inverse_frequencies(config)))
-
-    def __call__(
-        self,
-        token_ids: jax.Array,  # [T]
-        positions: jax.Array,  # [T]
-        kv_cache: KVCache,
-        md: AttentionMetadata,
-        *,
-        backend,  # a jaxgen.backends.AttentionBackend
-    ) -> tuple[jax.Array, KVCache]:  # hidden [T, D], updated pages
-        """Runs the decoder stack (layers unrolled: faster than a scan on XLA CPU)."""
-        x = self.embed_tokens(token_ids)
-        rope = rope_angles(
-            positions, self.inv_freq[...]
-        )  # traced once; XLA may recompute per layer
-        new_cache = []
-        for layer, kv_layer in zip(self.layers, kv_cache, strict=True):
-            x, kv_layer = layer(x, rope, kv_layer, md, backend)
-            new_cache.append(kv_layer)
-        return self.norm(x), new_cache
-
-    def compute_logits(
-        self,
-        hidden: jax.Array,
-        *,
-        head_kernel=None,
-        live_rows: jax.Array | None = None,
-    ) -> jax.Array:  # [N, D] -> [N, V] float32
-        """LM head; ``head_kernel``: a [D, V] kernel to use instead, in any form ``Linear`` takes
-        (the backend's prepared tied embedding, see ``AttentionBackend.prepare_params``);
-        ``live_rows``: the rows that are not padding (see ``Linear``)."""
-        if head_kernel is not None:
-            logits = matmul(hidden, head_kernel, live_rows)
-        elif self.config.tie_word_embeddings:
-            logits = self.embed_tokens.attend(hidden)
-        else:
-            logits = self.lm_head(hidden, live_rows)
-        return logits.astype(jnp.float32)
+        return CausalLM
+    raise AttributeError(name)

@@ -1,4 +1,11 @@
-"""Hugging Face tensors (``{name: array}``, torch layout) to the Flax model's parameter state."""
+"""Hugging Face tensors (``{name: array}``, torch layout) to the Flax model's parameter state.
+
+Our parameter paths follow the Llama names for every family (``layers.3.self_attn.q_proj``,
+``layers.3.mlp.down_proj``), so the sharding rules and kernels see one vocabulary. This module
+maps each path to the family's checkpoint tensors (:func:`read_parameter`), which is where
+fused tensors are split (Phi-3's ``qkv_proj``/``gate_up_proj``, Falcon's ``query_key_value``)
+and per-expert tensors stacked (Mixtral, Qwen3-MoE).
+"""
 
 from __future__ import annotations
 
@@ -10,32 +17,134 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.models.llama import LlamaForCausalLM
-from jaxgen.models.rope import inverse_frequencies
+from jaxgen.models.causal_lm import CausalLM
+from jaxgen.models.rope import rope_buffers
 
 ArrayPlacer = Callable[[tuple, np.ndarray], jax.Array]
+TensorGetter = Callable[[str], np.ndarray]
+
+_LEAF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
+# Our expert parameter -> (Mixtral's, Qwen3-MoE's) per-expert tensor name.
+_EXPERT_NAMES = {
+    "gate_proj": ("w1", "gate_proj"),
+    "up_proj": ("w3", "up_proj"),
+    "down_proj": ("w2", "down_proj"),
+}
+# Falcon: our module path -> its tensor's module path, within a layer.
+_FALCON_LAYER = {
+    "self_attn.o_proj": "self_attention.dense",
+    "mlp.up_proj": "mlp.dense_h_to_4h",
+    "mlp.down_proj": "mlp.dense_4h_to_h",
+}
 
 
 def abstract_model(config: ModelConfig, dtype) -> tuple[nnx.GraphDef, nnx.State]:
     """The model's graph and an abstract state (shapes only), without allocating weights."""
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
     return nnx.split(model)
 
 
 def hf_name(path: tuple) -> str | None:
-    """HF tensor name for a state path such as ``('layers', 0, 'self_attn', 'q_proj', 'kernel')``."""
-    if path == ("inv_freq",):
+    """HF tensor name of a Llama-named path such as ``('layers', 0, 'self_attn', 'q_proj',
+    'kernel')`` (None for RoPE tables, which are computed)."""
+    if path[-1].endswith("inv_freq"):
         return None
     if path[0] == "lm_head":
         return "lm_head.weight" if path[-1] == "kernel" else "lm_head.bias"
     parts = [str(p) for p in path[:-1]]
-    leaf = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}[path[-1]]
-    return "model." + ".".join(parts + [leaf])
+    return "model." + ".".join(parts + [_LEAF[path[-1]]])
+
+
+def _torch_layout(path: tuple, array: np.ndarray) -> np.ndarray:
+    """torch Linear weight [out, in] -> Flax kernel [in, out]."""
+    return array.T if path[-1] == "kernel" else array
+
+
+def read_parameter(config: ModelConfig, path: tuple, get: TensorGetter) -> np.ndarray:
+    """The array of parameter ``path`` in our layout, read from the family's checkpoint names."""
+    family = config.model_type
+    if family == "falcon":
+        return _falcon_parameter(config, path, get)
+    if len(path) > 3 and path[2] == "mlp" and path[3] in ("router", "experts"):
+        return _moe_parameter(config, path, get)
+    if family == "phi3" and len(path) == 5:
+        fused = _phi3_fused(config, path)
+        if fused is not None:
+            name, start, stop = fused
+            return _torch_layout(path, np.asarray(get(name))[start:stop])
+    return _torch_layout(path, np.asarray(get(hf_name(path))))
+
+
+def _moe_parameter(config: ModelConfig, path: tuple, get: TensorGetter) -> np.ndarray:
+    layer, kind = path[1], path[3]
+    block = "block_sparse_moe" if config.model_type == "mixtral" else "mlp"
+    prefix = f"model.layers.{layer}.{block}"
+    if kind == "router":
+        return np.asarray(get(f"{prefix}.gate.weight")).T
+    name = _EXPERT_NAMES[path[4]][0 if config.model_type == "mixtral" else 1]
+    return np.stack(
+        [
+            np.asarray(get(f"{prefix}.experts.{e}.{name}.weight")).T
+            for e in range(config.moe.num_experts)
+        ]
+    )
+
+
+def _phi3_fused(config: ModelConfig, path: tuple) -> tuple[str, int, int] | None:
+    """(fused tensor, first row, end row) of a Phi-3 projection split at load."""
+    layer, module, proj = path[1], path[2], path[3]
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    f = config.intermediate_size
+    rows = {
+        ("self_attn", "q_proj"): (0, q),
+        ("self_attn", "k_proj"): (q, q + kv),
+        ("self_attn", "v_proj"): (q + kv, q + 2 * kv),
+        ("mlp", "gate_proj"): (0, f),
+        ("mlp", "up_proj"): (f, 2 * f),
+    }.get((module, proj))
+    if rows is None:
+        return None
+    fused = "qkv_proj" if module == "self_attn" else "gate_up_proj"
+    return f"model.layers.{layer}.{module}.{fused}.{_LEAF[path[-1]]}", *rows
+
+
+def _falcon_parameter(config: ModelConfig, path: tuple, get: TensorGetter) -> np.ndarray:
+    leaf = _LEAF[path[-1]]
+    if path[0] == "embed_tokens":
+        return np.asarray(get("transformer.word_embeddings.weight"))
+    if path[0] == "norm":
+        return np.asarray(get(f"transformer.ln_f.{leaf}"))
+    if path[0] == "lm_head":
+        return np.asarray(get("lm_head.weight")).T
+    layer, module = path[1], ".".join(str(p) for p in path[2:-1])
+    prefix = f"transformer.h.{layer}"
+    if module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+        fused = np.asarray(get(f"{prefix}.self_attention.query_key_value.{leaf}"))
+        return _torch_layout(path, _split_falcon_qkv(config, fused, module[-6]))
+    if module == "input_layernorm":
+        name = "ln_attn" if config.num_parallel_norms == 2 else "input_layernorm"
+    elif module == "mlp_layernorm":
+        name = "ln_mlp" if config.parallel_attention else "post_attention_layernorm"
+    else:
+        name = _FALCON_LAYER[module]
+    return _torch_layout(path, np.asarray(get(f"{prefix}.{name}.{leaf}")))
+
+
+def _split_falcon_qkv(config: ModelConfig, fused: np.ndarray, which: str) -> np.ndarray:
+    """Rows of ``q``, ``k`` or ``v`` from Falcon's fused QKV: per KV head, its group of query
+    heads, then one key head, then one value head (this covers multi-query, whose single group
+    is every query head, and the old per-head q/k/v interleave, whose groups are one head)."""
+    kv, hd = config.num_kv_heads, config.head_dim
+    group = config.num_heads // kv
+    grouped = fused.reshape(kv, group + 2, hd, *fused.shape[1:])
+    part = {"q": grouped[:, :group], "k": grouped[:, group : group + 1], "v": grouped[:, -1:]}
+    selected = part[which]
+    return selected.reshape(-1, *fused.shape[1:])
 
 
 def params_from_hf_tensors(
     config: ModelConfig,
-    get_tensor: Callable[[str], np.ndarray],
+    get_tensor: TensorGetter,
     *,
     dtype=jnp.float32,
     place: ArrayPlacer | None = None,
@@ -47,31 +156,25 @@ def params_from_hf_tensors(
     """
     graphdef, abstract = abstract_model(config, dtype)
     place = place or (lambda path, arr: jnp.asarray(arr))
-    flat = nnx.to_flat_state(abstract)
+    buffers = rope_buffers(config)
     leaves = []
-    for path, var in flat:
-        if path == ("inv_freq",):
-            leaves.append((path, var.replace(jnp.asarray(inverse_frequencies(config)))))
+    for path, var in nnx.to_flat_state(abstract):
+        if len(path) == 1 and path[0] in buffers:
+            leaves.append((path, var.replace(jnp.asarray(buffers[path[0]]))))
             continue
-        name = hf_name(path)
-        arr = np.asarray(get_tensor(name))
-        if path[-1] == "kernel":
-            arr = arr.T  # torch Linear weight [out, in] -> Flax kernel [in, out]
+        arr = read_parameter(config, path, get_tensor)
         expected = tuple(var.get_value().shape)
         if tuple(arr.shape) != expected:
-            raise ValueError(f"tensor {name!r} has shape {arr.shape}, expected {expected}")
+            raise ValueError(
+                f"parameter {'.'.join(map(str, path))!r} read from the checkpoint has shape "
+                f"{arr.shape}, expected {expected}"
+            )
         arr = arr.astype(jnp.dtype(dtype))
         leaves.append((path, var.replace(place(path, arr))))
     return graphdef, nnx.from_flat_state(leaves)
 
 
-def required_tensor_names(config: ModelConfig) -> list[str]:
-    """Names of every HF tensor the model needs."""
-    _, abstract = abstract_model(config, jnp.float32)
-    return [n for n in (hf_name(p) for p, _ in nnx.to_flat_state(abstract)) if n is not None]
-
-
-def tensors_getter(tensors: Mapping[str, np.ndarray]) -> Callable[[str], np.ndarray]:
+def tensors_getter(tensors: Mapping[str, np.ndarray]) -> TensorGetter:
     """``get_tensor`` over an in-memory mapping, with a clear error for a missing tensor."""
 
     def get(name: str) -> np.ndarray:
