@@ -37,7 +37,7 @@ from jaxgen.engine.runner import jitted_step
 from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.loaders import model_config_only
-from jaxgen.models.llama import LlamaForCausalLM
+from jaxgen.models import LlamaForCausalLM
 from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 
 GB = 10**9

@@ -240,7 +240,7 @@ def test_runner_packs_for_the_cpu_backend_only_and_output_matches(tiny_model_dir
 def test_tied_lm_head_packed_by_the_cpu_backend_runs_through_compute_logits():
     from jaxgen.backends.cpu import CPUBackend
     from jaxgen.config import ModelConfig
-    from jaxgen.models.llama import LlamaForCausalLM
+    from jaxgen.models import LlamaForCausalLM
 
     config = ModelConfig(
         vocab_size=100,

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.models.llama import MLP, Attention
+from jaxgen.models.llama import Attention
+from jaxgen.models.mlp import MLP
 
 
 class GemmaRMSNorm(nnx.Module):

@@ -2,9 +2,10 @@
 
 Llama 2/3, Mistral, SmolLM2, Qwen2, Qwen3 (q/k norms, per-layer sliding window), Phi-3 (its
 fused ``qkv_proj``/``gate_up_proj`` are split at load) and the mixture-of-experts Mixtral and
-Qwen3-MoE (a ``SparseMoE`` in place of the MLP) all run this block:
-``x + attn(norm(x))``, then ``x + mlp(norm(x))``. Parameter names follow Hugging Face's so
-loaders map them 1:1. The decoder stack around the blocks is ``jaxgen.models.causal_lm``.
+Qwen3-MoE (``jaxgen.models.moe.SparseMoE`` in place of the gated MLP of ``jaxgen.models.mlp``)
+all run this block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``. Parameter names follow
+Hugging Face's so loaders map them 1:1. The decoder stack around the blocks is
+``jaxgen.models.causal_lm``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,9 @@ from flax import nnx
 from jaxgen.attention import attention
 from jaxgen.config import ModelConfig
 from jaxgen.models.linear import Linear, apply_linears
+from jaxgen.models.mlp import MLP
 from jaxgen.models.moe import SparseMoE
 from jaxgen.models.rope import apply_rope
-
-ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-}
 
 
 class RMSNorm(nnx.Module):
@@ -88,23 +84,6 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(tokens, -1), live), kv_layer
 
 
-class MLP(nnx.Module):
-    """Gated MLP: ``down(act(gate(x)) * up(x))`` (SwiGLU, or Gemma's tanh-GELU GeGLU)."""
-
-    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs, width: int | None = None):
-        d, b = config.hidden_size, config.mlp_bias
-        f = width or config.intermediate_size
-        self.activation = ACTIVATIONS[config.hidden_act]
-        self.gate_proj = _linear(d, f, b, dtype, rngs)
-        self.up_proj = _linear(d, f, b, dtype, rngs)
-        self.down_proj = _linear(f, d, b, dtype, rngs)
-
-    def __call__(self, x, live_rows=None):
-        gate, up = apply_linears((self.gate_proj, self.up_proj), x, live_rows)
-        hidden = self.activation(gate) * up
-        return self.down_proj(hidden, live_rows)
-
-
 class DecoderLayer(nnx.Module):
     """``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the MLP is sparse on MoE layers."""
 
@@ -123,12 +102,3 @@ class DecoderLayer(nnx.Module):
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x), md.live_rows)
         return x, kv_layer
-
-
-def __getattr__(name: str):
-    # The decoder stack is jaxgen.models.causal_lm.CausalLM (every family); the old name stays.
-    if name == "LlamaForCausalLM":
-        from jaxgen.models.causal_lm import CausalLM
-
-        return CausalLM
-    raise AttributeError(name)

@@ -16,6 +16,7 @@ from flax import nnx
 
 from jaxgen.config import ModelConfig
 from jaxgen.models.linear import Linear
+from jaxgen.models.mlp import MLP
 
 
 def route(
@@ -120,8 +121,6 @@ class SparseMoE(nnx.Module):
     ``sigmoid(shared_expert_gate(x))``."""
 
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
-        from jaxgen.models.llama import MLP
-
         moe, d = config.moe, config.hidden_size
         self.num_experts, self.top_k, self.normalize = (
             moe.num_experts,
