@@ -23,16 +23,29 @@ from jaxgen.backends.cpu_kernels import (
     paged_attention_cpu,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
+from jaxgen.quantization import is_quantized
+
+
+def pack_kernel(kernel):
+    """``kernel`` in the native matmul's form: a float32 array as a ``PackedWeight``, a
+    ``QuantizedWeight`` as it is (XLA dequantises it); others unchanged."""
+    if is_quantized(kernel):
+        if kernel.kind == "fp8":
+            raise ValueError(
+                "quantization='fp8': the 'cpu' attention backend has no fp8 matmul; use "
+                "attention_backend='reference' (XLA) or quantization 'int8' / 'int4'"
+            )
+        return kernel
+    return PackedWeight.pack(kernel) if can_pack(kernel) else kernel
 
 
 def pack_linear_weights(params: nnx.State) -> nnx.State:
-    """A copy of ``params`` with every packable ``Linear`` kernel a ``PackedWeight`` (others
-    shared)."""
+    """A copy of ``params`` with every ``Linear`` kernel in the native matmul's form
+    (:func:`pack_kernel`; others shared)."""
     leaves = []
     for path, var in nnx.to_flat_state(params):
-        value = var.get_value()
-        if path[-1] == "kernel" and can_pack(value):
-            var = var.replace(PackedWeight.pack(value))
+        if path[-1] == "kernel":
+            var = var.replace(pack_kernel(var.get_value()))
         leaves.append((path, var))
     return nnx.from_flat_state(leaves)
 
@@ -48,7 +61,8 @@ class CPUBackend(PairedPoolBackend):
             return params, None
         head = None
         if config.tie_word_embeddings:
-            head = PackedWeight.pack(params["embed_tokens"]["embedding"][...].T)
+            table = params["embed_tokens"]["embedding"].get_value()
+            head = pack_kernel(table) if is_quantized(table) else PackedWeight.pack(table.T)
         return pack_linear_weights(params), head
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxgen.backends import BACKENDS
+from jaxgen.quantization import QUANTIZATION_CHOICES
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
 
@@ -32,6 +33,10 @@ class EngineConfig:
         data_parallel_size: engine replicas on disjoint device groups, behind one front door.
         precompile: compile the step for every batch shape when the engine starts (greedy
             sampling; see ``LLMEngine.precompile``), so no request waits on a compile later.
+        quantization: weights as loaded: "auto" (default: a GGUF keeps its Q8_0/Q4_0/Q4_1
+            types, a float checkpoint stays float), "none" (dequantise to ``dtype``), or
+            "int8" / "int4" / "fp8" (quantise a float checkpoint at load); see
+            ``jaxgen.quantization``.
     """
 
     batching: str = "paged"
@@ -48,6 +53,7 @@ class EngineConfig:
     tensor_parallel_degree: int = 1
     data_parallel_size: int = 1
     precompile: bool = False
+    quantization: str = "auto"
 
     def __post_init__(self):
         def check(ok, name, what):
@@ -103,6 +109,11 @@ class EngineConfig:
             "must be an integer >= 1",
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
+        check(
+            self.quantization in QUANTIZATION_CHOICES,
+            "quantization",
+            f"must be one of {', '.join(repr(name) for name in QUANTIZATION_CHOICES)}",
+        )
         check(
             self.attention_backend in BACKENDS,
             "attention_backend",

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jaxgen.attention import AttentionMetadata, attention
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear, apply_linears, matmul
+from jaxgen.models.linear import Embedding, Linear, apply_linears, matmul
 from jaxgen.models.rope import apply_rope, inverse_frequencies, rope_angles
 
 KVCache = list  # per layer: that layer's pool in the backend's layout
@@ -98,7 +98,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.config = config
-        self.embed_tokens = nnx.Embed(
+        self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs
         )
         self.layers = nnx.List(
