@@ -3,7 +3,8 @@
 Every token of a step is one row of the paged kernel (a prefill token at position ``p`` is a row
 of length ``p + 1`` with its sequence's block table, so the causal mask is the row's length),
 and the step
-runs on a copy of the parameters whose float32 ``Linear`` kernels are ``PackedWeight``s: the
+runs on a copy of the parameters whose float32 ``Linear`` kernels are ``PackedWeight``s (int8 /
+int4 ``QuantizedWeight`` kernels: ``PackedQuantizedWeight``s): the
 model's ``Linear`` runs them on the native matmul through their own methods, so the model never
 imports a kernel.
 """
@@ -17,24 +18,29 @@ from flax import nnx
 
 from jaxgen.attention import row_sequences
 from jaxgen.backends.cpu_kernels import (
+    PackedQuantizedWeight,
     PackedWeight,
     can_pack,
+    can_pack_quantized,
     matmul_kernel_available,
     paged_attention_cpu,
+    quantized_matmul_available,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from jaxgen.quantization import is_quantized
 
 
 def pack_kernel(kernel):
-    """``kernel`` in the native matmul's form: a float32 array as a ``PackedWeight``, a
-    ``QuantizedWeight`` as it is (XLA dequantises it); others unchanged."""
+    """``kernel`` in the native matmul's form: a float32 array as a ``PackedWeight``, an int8 /
+    int4 ``QuantizedWeight`` as a ``PackedQuantizedWeight``; others unchanged (XLA's path)."""
     if is_quantized(kernel):
         if kernel.kind == "fp8":
             raise ValueError(
                 "quantization='fp8': the 'cpu' attention backend has no fp8 matmul; use "
                 "attention_backend='reference' (XLA) or quantization 'int8' / 'int4'"
             )
+        if can_pack_quantized(kernel) and quantized_matmul_available():
+            return PackedQuantizedWeight.pack(kernel)
         return kernel
     return PackedWeight.pack(kernel) if can_pack(kernel) else kernel
 
