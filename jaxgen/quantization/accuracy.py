@@ -1,0 +1,90 @@
+"""How close a quantised model's next-token distributions are to a float model's: teacher-forced
+top-1 agreement and the mean |Δ log-probability| of the float model's own greedy tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxgen.attention import AttentionMetadata
+from jaxgen.backends import select_backend
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    tokens: int  # teacher-forced positions compared
+    top1: float  # fraction where the candidate's argmax equals the reference's
+    mean_abs_logprob_delta: float  # over the reference's argmax tokens
+    max_abs_logit_delta: float
+
+
+def sequence_logits(
+    loaded, sequences: np.ndarray, *, page_size: int = 16, backend: str = "auto"
+) -> np.ndarray:  # [S, L] token ids -> [S, L, V] float32
+    """Logits at every position of equal-length ``sequences``, one prefill step of all of them
+    (``backend`` prepares the parameters as an engine would: the "cpu" one packs them)."""
+    num_seqs, length = sequences.shape
+    attention_backend = select_backend(backend, dtype=loaded.dtype)
+    params, head = attention_backend.prepare_params(loaded.params, loaded.config)
+    pages = -(-length // page_size)
+    kv = attention_backend.allocate_kv_pool(
+        loaded.config, num_seqs * pages + 1, page_size, loaded.dtype
+    )
+    tables = 1 + np.arange(num_seqs * pages, dtype=np.int32).reshape(num_seqs, pages)
+    positions = np.tile(np.arange(length, dtype=np.int32), num_seqs)
+    slots = tables[np.repeat(np.arange(num_seqs), length), positions // page_size] * page_size
+    md = AttentionMetadata(
+        slot_mapping=(slots + positions % page_size).astype(np.int32),
+        cu_q_lens=(np.arange(num_seqs + 1) * length).astype(np.int32),
+        kv_lens=np.full(num_seqs, length, np.int32),
+        block_tables=tables,
+        num_seqs=np.array([num_seqs], np.int32),
+        live_rows=np.array([[0, 0], [0, num_seqs * length]], np.int32),
+    )
+    run = _forward(loaded.graphdef, attention_backend)
+    logits = run(params, kv, sequences.reshape(-1).astype(np.int32), positions, md, head)
+    return np.asarray(logits).reshape(num_seqs, length, -1)
+
+
+@functools.lru_cache(maxsize=8)
+def _forward(graphdef, backend):
+    @jax.jit
+    def run(params, kv, ids, positions, md, head):
+        model = nnx.merge(graphdef, params)
+        hidden, _ = model(ids, positions, kv, md, backend=backend)
+        return model.compute_logits(hidden, head_kernel=head, live_rows=md.live_rows)
+
+    return run
+
+
+def teacher_forced_agreement(
+    reference,
+    candidate,
+    sequences: np.ndarray,  # [S, L] prompt + the reference's greedy continuation
+    first: int,  # positions first - 1 .. L - 2 predict the continuation's tokens
+    *,
+    chunk: int = 4,
+    backend: str = "auto",
+) -> Agreement:
+    """Compares ``candidate``'s teacher-forced predictions with ``reference``'s, ``chunk``
+    sequences per forward pass."""
+    top1 = delta_logprob = max_logit = 0.0
+    count = 0
+    for start in range(0, len(sequences), chunk):
+        batch = sequences[start : start + chunk]
+        ref = sequence_logits(reference, batch, backend=backend)[:, first - 1 : -1]
+        cand = sequence_logits(candidate, batch, backend=backend)[:, first - 1 : -1]
+        greedy = ref.argmax(-1)
+        top1 += float((cand.argmax(-1) == greedy).sum())
+        ref_lp = jax.nn.log_softmax(jnp.asarray(ref), -1)
+        cand_lp = jax.nn.log_softmax(jnp.asarray(cand), -1)
+        picked = np.take_along_axis(np.asarray(ref_lp - cand_lp), greedy[..., None], -1)
+        delta_logprob += float(np.abs(picked).sum())
+        max_logit = max(max_logit, float(np.abs(ref - cand).max()))
+        count += greedy.size
+    return Agreement(count, top1 / count, delta_logprob / count, max_logit)
