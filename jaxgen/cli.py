@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from jaxgen.backends import BACKENDS
+from jaxgen.quantization import QUANTIZATION_CHOICES
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,13 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="bytes (> 1) or a fraction of free device memory (<= 1)",
     )
     parser.add_argument("--attention-backend", default="auto", choices=BACKENDS)
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=QUANTIZATION_CHOICES,
+        help="weights: auto (a GGUF stays quantised, a float checkpoint float), none, or "
+        "int8 / int4 / fp8 quantised at load",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -45,6 +53,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         max_model_len=args.max_model_len,
         kv_cache_memory=kv,
         attention_backend=args.attention_backend,
+        quantization=args.quantization,
     )
 
 

@@ -27,6 +27,7 @@ FLAG_SETTINGS = {
     "max_model_len": "max_model_len",
     "kv_cache_memory": "kv_cache_memory",
     "attention_backend": "attention_backend",
+    "quantization": "quantization",
     "enable_prefix_caching": "enable_prefix_caching",
     "precompile": "precompile",
     "seed": "seed",
@@ -77,6 +78,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV pool in tokens instead of bytes (env MAX_BATCH_TOTAL_TOKENS)",
     )
     add("--attention-backend", choices=BACKENDS)
+    add(
+        "--quantization",
+        help="weights: auto (a GGUF stays quantised), none, int8, int4 or fp8; TGI's eetq / "
+        "bitsandbytes mean int8 (env QUANTIZE, option.quantize)",
+    )
     add(
         "--no-prefix-caching",
         dest="enable_prefix_caching",

@@ -79,6 +79,7 @@ ENV_VARS = {
     "MAX_BATCH_SIZE": "max_rolling_batch_size",
     "NUM_SHARD": "tensor_parallel_degree",
     "SM_NUM_GPUS": "tensor_parallel_degree",
+    "QUANTIZE": "quantization",
 }
 # serving.properties keys (also read from OPTION_* environment variables, as LMI does).
 PROPERTY_KEYS = {
@@ -93,6 +94,7 @@ PROPERTY_KEYS = {
     "option.max_concurrent_requests": "max_concurrent_requests",
     "option.enable_prefix_caching": "enable_prefix_caching",
     "option.precompile": "precompile",
+    "option.quantize": "quantization",
     "batch_size": "batch_size",
     "option.batch_size": "batch_size",
     "max_batch_delay": "max_batch_delay_ms",
@@ -186,6 +188,31 @@ def parse_bool(value: Any, name: str, source: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise SettingsError(f"{name} from {source} must be true or false, got {value!r}")
+
+
+# TGI's QUANTIZE and LMI's option.quantize values whose meaning jaxgen's quantization agrees with
+# (weights quantised at load: EETQ and bitsandbytes' 8-bit are per-channel int8 weight-only).
+# Formats that need a pre-quantised checkpoint (awq, gptq, marlin, exl2) have no equivalent.
+QUANTIZATION_ALIASES = {
+    "auto": "auto",
+    "none": "none",
+    "int8": "int8",
+    "int4": "int4",
+    "fp8": "fp8",
+    "eetq": "int8",
+    "bitsandbytes": "int8",
+    "bitsandbytes8": "int8",
+}
+
+
+def parse_quantization(value: Any, source: str) -> str:
+    quantization = QUANTIZATION_ALIASES.get(str(value).strip().lower())
+    if quantization is None:
+        raise SettingsError(
+            f"quantization from {source} must be one of {', '.join(QUANTIZATION_ALIASES)}, "
+            f"got {value!r}"
+        )
+    return quantization
 
 
 def parse_dtype(value: Any, source: str) -> str:
@@ -373,6 +400,9 @@ def _apply_engine(settings: ServerSettings, raw, take) -> None:
     value, source = take("attention_backend")
     if value is not None:
         engine["attention_backend"] = str(value)
+    value, source = take("quantization")
+    if value is not None:
+        engine["quantization"] = parse_quantization(value, source)
     value, source = take("enable_prefix_caching")
     if value is not None:
         engine["enable_prefix_caching"] = parse_bool(value, "enable_prefix_caching", source)

@@ -131,3 +131,32 @@ def test_other_gguf_types_are_requantised_with_a_log_line(tmp_path, caplog):
     assert quantized.kind == "int8" and "Q5_0: dequantised and requantised to int8" in caplog.text
     expected = gguf_file.get_tensor("model.layers.0.mlp.up_proj.weight").T
     np.testing.assert_allclose(quantized.dequantize(), expected, atol=np.abs(expected).max() / 200)
+
+
+def test_serve_quantization_from_flags_env_and_properties(tmp_path):
+    from serving.settings import SettingsError, resolve_settings
+
+    assert resolve_settings({"quantization": "int4"}, {}).engine["quantization"] == "int4"
+    assert resolve_settings({}, {"QUANTIZE": "eetq"}).engine["quantization"] == "int8"  # TGI
+    assert resolve_settings({}, {"QUANTIZE": "fp8"}).engine["quantization"] == "fp8"
+    properties = tmp_path / "serving.properties"
+    properties.write_text("option.quantize=bitsandbytes8\n")  # LMI
+    assert resolve_settings({}, {}, str(properties)).engine["quantization"] == "int8"
+    with pytest.raises(SettingsError, match=r"quantization from environment .* got 'gptq'"):
+        resolve_settings({}, {"QUANTIZE": "gptq"})
+
+
+def test_serve_bad_quantization_flag_is_one_line_and_exit_2():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "serving", "--quantization", "int3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if "quantization" in line]
+    assert len(lines) == 1 and "must be one of auto, none, int8, int4, fp8" in lines[0]
+    assert lines[0].endswith("got 'int3'")
