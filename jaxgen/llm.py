@@ -26,7 +26,8 @@ class LLM:
             max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
             tensor_parallel_degree, data_parallel_size (see docs/sharding.md), precompile,
             quantization ("auto": a GGUF stays quantised, a float checkpoint float; "none";
-            "int8" / "int4" / "fp8": quantise at load; see ``jaxgen.quantization``).
+            "int8" / "int4" / "fp8": quantise at load; see ``jaxgen.quantization``),
+            kv_cache_dtype ("auto", "int8", "fp8").
     """
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", **engine_knobs):
@@ -48,8 +49,13 @@ class LLM:
 
     def stats(self) -> dict:
         """The engine's counters, plus the weights' form: ``quantization`` (as loaded),
-        ``weight_dtypes`` (parameter count per stored kind) and ``parameter_bytes``."""
-        return {**self.engine.stats(), **weight_stats(self.loaded)}
+        ``weight_dtypes`` (parameter count per stored kind), ``parameter_bytes`` and
+        ``kv_cache_dtype``."""
+        return {
+            **self.engine.stats(),
+            **weight_stats(self.loaded),
+            "kv_cache_dtype": self.engine.config.kv_cache_dtype,
+        }
 
     def precompile(self, sampling_params: SamplingParams | list[SamplingParams] | None = None):
         """Compiles the engine step for every batch shape, once per sampling configuration

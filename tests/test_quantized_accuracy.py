@@ -191,3 +191,20 @@ def test_quantised_at_load_agrees_with_float(float_model_sequences, kind, thresh
     result = teacher_forced_agreement(reference, candidate, sequences, first)
     print(kind, result)
     assert result.tokens == 32 * 64 and result.top1 >= threshold, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_cache_dtype, threshold", [("int8", 0.98), ("fp8", 0.95)])
+def test_8bit_kv_pool_agrees_with_float_pool(float_model_sequences, kv_cache_dtype, threshold):
+    reference, llm = float_model_sequences
+    sequences, first = greedy_sequences(llm, PROMPTS, 64)
+    result = teacher_forced_agreement(
+        reference,
+        reference,
+        sequences,
+        first,
+        backend="reference",
+        candidate_kv_cache_dtype=kv_cache_dtype,
+    )
+    print(kv_cache_dtype, result)
+    assert result.tokens == 32 * 64 and result.top1 >= threshold, result

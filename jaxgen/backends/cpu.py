@@ -27,7 +27,9 @@ from jaxgen.backends.cpu_kernels import (
     quantized_matmul_available,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
+from jaxgen.backends.reference import ReferenceBackend
 from jaxgen.quantization import is_quantized
+from jaxgen.quantization.kv_cache import QuantizedPages
 
 
 def pack_kernel(kernel):
@@ -72,6 +74,8 @@ class CPUBackend(PairedPoolBackend):
         return pack_linear_weights(params), head
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
+        if isinstance(k_pages, QuantizedPages):  # no native 8-bit kernel yet: XLA's path
+            return ReferenceBackend.paged_attention(self, q, k_pages, v_pages, md, **opts)
         seq, position, real = row_sequences(md, q.shape[0])
         lengths = jnp.where(real, position + 1, 0).astype(jnp.int32)  # 0: a padding row
         return paged_attention_cpu(q, k_pages, v_pages, lengths, md.block_tables[seq], **opts)

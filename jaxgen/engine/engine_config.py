@@ -6,6 +6,7 @@ import dataclasses
 
 from jaxgen.backends import BACKENDS
 from jaxgen.quantization import QUANTIZATION_CHOICES
+from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
 
@@ -37,6 +38,8 @@ class EngineConfig:
             types, a float checkpoint stays float), "none" (dequantise to ``dtype``), or
             "int8" / "int4" / "fp8" (quantise a float checkpoint at load); see
             ``jaxgen.quantization``.
+        kv_cache_dtype: the KV pool's values: "auto" (the model dtype), "int8" or "fp8" (e4m3),
+            8-bit with a float32 scale per token and KV head (reference and cpu backends).
     """
 
     batching: str = "paged"
@@ -54,6 +57,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     precompile: bool = False
     quantization: str = "auto"
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         def check(ok, name, what):
@@ -113,6 +117,11 @@ class EngineConfig:
             self.quantization in QUANTIZATION_CHOICES,
             "quantization",
             f"must be one of {', '.join(repr(name) for name in QUANTIZATION_CHOICES)}",
+        )
+        check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {', '.join(repr(name) for name in KV_CACHE_DTYPES)}",
         )
         check(
             self.attention_backend in BACKENDS,

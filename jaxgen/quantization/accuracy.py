@@ -24,12 +24,18 @@ class Agreement:
 
 
 def sequence_logits(
-    loaded, sequences: np.ndarray, *, page_size: int = 16, backend: str = "auto"
+    loaded,
+    sequences: np.ndarray,
+    *,
+    page_size: int = 16,
+    backend: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> np.ndarray:  # [S, L] token ids -> [S, L, V] float32
     """Logits at every position of equal-length ``sequences``, one prefill step of all of them
-    (``backend`` prepares the parameters as an engine would: the "cpu" one packs them)."""
+    (``backend`` prepares the parameters as an engine would: the "cpu" one packs them; every
+    query attends to keys and values read back from a ``kv_cache_dtype`` pool)."""
     num_seqs, length = sequences.shape
-    attention_backend = select_backend(backend, dtype=loaded.dtype)
+    attention_backend = select_backend(backend, dtype=loaded.dtype, kv_cache_dtype=kv_cache_dtype)
     params, head = attention_backend.prepare_params(loaded.params, loaded.config)
     pages = -(-length // page_size)
     kv = attention_backend.allocate_kv_pool(
@@ -70,15 +76,18 @@ def teacher_forced_agreement(
     *,
     chunk: int = 4,
     backend: str = "auto",
+    candidate_kv_cache_dtype: str = "auto",
 ) -> Agreement:
-    """Compares ``candidate``'s teacher-forced predictions with ``reference``'s, ``chunk``
-    sequences per forward pass."""
+    """Compares ``candidate``'s teacher-forced predictions (its pool ``candidate_kv_cache_dtype``)
+    with ``reference``'s (float pool), ``chunk`` sequences per forward pass."""
     top1 = delta_logprob = max_logit = 0.0
     count = 0
     for start in range(0, len(sequences), chunk):
         batch = sequences[start : start + chunk]
         ref = sequence_logits(reference, batch, backend=backend)[:, first - 1 : -1]
-        cand = sequence_logits(candidate, batch, backend=backend)[:, first - 1 : -1]
+        cand = sequence_logits(
+            candidate, batch, backend=backend, kv_cache_dtype=candidate_kv_cache_dtype
+        )[:, first - 1 : -1]
         greedy = ref.argmax(-1)
         top1 += float((cand.argmax(-1) == greedy).sum())
         ref_lp = jax.nn.log_softmax(jnp.asarray(ref), -1)
