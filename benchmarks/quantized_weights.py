@@ -5,7 +5,7 @@ per token; llama.cpp's llama-bench on the same GGUF (2 threads) when a binary is
     python benchmarks/quantized_weights.py [--repeats 3] [--llama-bench PATH] [--json out.json]
 
 Variants: ``float32`` (the GGUF dequantised, ``quantization="none"``), ``int8`` (quantised at
-load from it: per-channel int8, 8-bit LM head) and ``int4-gguf`` (the file's Q4_1 / Q8_0 kept,
+load from it: int8 groups of 32, as Q8_0) and ``int4-gguf`` (the file's Q4_1 / Q8_0 kept,
 ``quantization="auto"``). Single-stream runs are interleaved across variants, best of
 ``--repeats``, all warm, so load from other processes hits each variant alike.
 """

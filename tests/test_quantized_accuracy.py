@@ -14,7 +14,12 @@ from jaxgen.config import ModelConfig
 from jaxgen.loaders import LoadedModel, load_model
 from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.models.weights import params_from_hf_tensors
-from jaxgen.quantization.accuracy import sequence_logits, teacher_forced_agreement
+from jaxgen.quantization.accuracy import (
+    PROMPTS,
+    greedy_sequences,
+    sequence_logits,
+    teacher_forced_agreement,
+)
 
 # The XLA path dequantises every weight per step: slow on the full model, so in the slow suite.
 BACKENDS = [pytest.param("reference", marks=pytest.mark.slow)] + (
@@ -118,60 +123,6 @@ def test_tiny_gguf_kept_quantised_matches_dequantised(tmp_path, qtype, backend):
 
 def _is_quantized(leaf) -> bool:
     return type(leaf).__name__ == "QuantizedWeight"
-
-
-PROMPTS = [
-    "Write a haiku about the sea.",
-    "What is the capital of Japan?",
-    "Explain photosynthesis in one sentence.",
-    "List three prime numbers.",
-    "How do I boil an egg?",
-    "Translate 'good morning' into French.",
-    "Why is the sky blue?",
-    "Give me a name for a pet turtle.",
-    "What does a compiler do?",
-    "Describe a rainy day.",
-    "Who wrote Romeo and Juliet?",
-    "Suggest a healthy breakfast.",
-    "What is 12 times 12?",
-    "Summarise the plot of Cinderella.",
-    "What is machine learning?",
-    "Tell me a fun fact about octopuses.",
-    "How far is the Moon from Earth?",
-    "What is the boiling point of water?",
-    "Recommend a book for a long flight.",
-    "What is a black hole?",
-    "How do bees make honey?",
-    "Write a short thank-you note.",
-    "What causes the seasons?",
-    "Name a famous painter.",
-    "How do plants drink water?",
-    "What is the tallest mountain?",
-    "Give two tips for better sleep.",
-    "What is an atom?",
-    "Describe the taste of lemon.",
-    "What is the speed of light?",
-    "Why do cats purr?",
-    "What is a haiku?",
-]
-
-
-def greedy_sequences(llm, prompts, max_tokens: int) -> tuple[np.ndarray, int]:
-    """Each chat prompt left-aligned at a common start (the longest prompt's length, earlier
-    positions padded by repeating its first token) followed by the float model's greedy tokens."""
-    from jaxgen import SamplingParams
-
-    outputs = llm.chat(
-        [[{"role": "user", "content": p}] for p in prompts],
-        SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-        use_tqdm=False,
-    )
-    first = max(len(o.prompt_token_ids) for o in outputs)
-    rows = []
-    for out in outputs:
-        prompt = list(out.prompt_token_ids)
-        rows.append([prompt[0]] * (first - len(prompt)) + prompt + list(out.outputs[0].token_ids))
-    return np.asarray(rows), first
 
 
 @pytest.fixture(scope="module")
