@@ -102,3 +102,19 @@ def test_bad_kv_cache_dtype_names_value_and_choices(value):
 def test_backends_without_8bit_pools_refuse():
     with pytest.raises(ValueError, match=r"kv_cache_dtype='int8' is supported by .*'pallas-tpu'"):
         select_backend("pallas-tpu", kv_cache_dtype="int8")
+
+
+def test_planner_counts_quantised_bytes(tiny_model_dir):
+    from jaxgen.config import ModelConfig
+    from jaxgen.loaders.hf_checkpoint import load_hf_config
+    from jaxgen.planner import DEVICES, make_plan
+
+    config: ModelConfig = load_hf_config(tiny_model_dir)
+    base = make_plan(config, device=DEVICES["h100"], dtype="bfloat16")
+    small = make_plan(
+        config, device=DEVICES["h100"], dtype="bfloat16", quantization="int8", kv_cache_dtype="int8"
+    )
+    assert small.kv_bytes_per_token == kv_cache.bytes_per_token(config)
+    assert small.kv_bytes_per_token < base.kv_bytes_per_token
+    assert small.weight_bytes == int(config.num_params * (1 + 2 / 32))
+    assert small.num_pages > base.num_pages

@@ -104,3 +104,9 @@ def write(pages, new: jax.Array, slot_mapping: jax.Array):
     return QuantizedPages(
         values.reshape(pages.values.shape), scale_pool.reshape(pages.scales.shape)
     )
+
+
+def bytes_per_token(config) -> int:
+    """Bytes an 8-bit pool takes per token over every layer, K and V: codes plus scales."""
+    per_head = config.head_dim + 4 * _groups(config.head_dim)
+    return 2 * config.num_layers * config.num_kv_heads * per_head
