@@ -65,6 +65,13 @@ inline float HalfToFloat(uint16_t h) {
 #if defined(JAXGEN_QUANTIZED_SIMD)
 constexpr bool kQuantizedSimd = true;
 
+inline float HorizontalSum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
 inline __m256 LoadHalf8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -88,7 +95,53 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
     const int64_t end = std::min(k1, (g + 1) * w.group);
     const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
     const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    if constexpr (kInt4) {
+    if constexpr (R == 1) {
+      // One row: sum x * code over the group, then apply the scale (and the minimum times the
+      // group's sum of x) once, saving the per-k dequantising FMA.
+      __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
+      if constexpr (kInt4) {
+        __m256 xs = _mm256_setzero_ps();
+        int64_t j = k;
+        for (; j + 8 <= end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+        float xsum = HorizontalSum8(xs);
+        for (; j < end; ++j) xsum += x[j];
+        for (; k < end; k += 2) {
+          const __m128i bytes = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
+          const __m128i lo = _mm_and_si128(bytes, low_nibbles);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
+          const __m256 a = _mm256_broadcast_ss(x + k);
+          const __m256 b = _mm256_broadcast_ss(x + k + 1);
+          e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), e0);
+          e1 = _mm256_fmadd_ps(
+              a, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), e1);
+          o0 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), o0);
+          o1 = _mm256_fmadd_ps(
+              b, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), o1);
+        }
+        const __m256 sum_x = _mm256_set1_ps(xsum);
+        acc[0][0] = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc[0][0]);
+        acc[0][1] = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc[0][1]);
+      } else {
+        for (; k < end; ++k) {
+          const __m128i c0 = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+          const __m256 a = _mm256_broadcast_ss(x + k);
+          if ((k - k0) & 1) {
+            o0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), o0);
+            o1 = _mm256_fmadd_ps(
+                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), o1);
+          } else {
+            e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), e0);
+            e1 = _mm256_fmadd_ps(
+                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), e1);
+          }
+        }
+      }
+      acc[0][0] = _mm256_fmadd_ps(_mm256_add_ps(e0, o0), s0, acc[0][0]);
+      acc[0][1] = _mm256_fmadd_ps(_mm256_add_ps(e1, o1), s1, acc[0][1]);
+      continue;
+    } else if constexpr (kInt4) {
       const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
       const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
       for (; k < end; k += 2) {
