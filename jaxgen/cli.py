@@ -7,6 +7,7 @@ import sys
 
 from jaxgen.backends import BACKENDS
 from jaxgen.quantization import QUANTIZATION_CHOICES
+from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="weights: auto (a GGUF stays quantised, a float checkpoint float), none, or "
         "int8 / int4 / fp8 quantised at load",
     )
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV pool values"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -54,6 +58,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         kv_cache_memory=kv,
         attention_backend=args.attention_backend,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 

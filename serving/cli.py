@@ -28,6 +28,7 @@ FLAG_SETTINGS = {
     "kv_cache_memory": "kv_cache_memory",
     "attention_backend": "attention_backend",
     "quantization": "quantization",
+    "kv_cache_dtype": "kv_cache_dtype",
     "enable_prefix_caching": "enable_prefix_caching",
     "precompile": "precompile",
     "seed": "seed",
@@ -83,6 +84,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="weights: auto (a GGUF stays quantised), none, int8, int4 or fp8; TGI's eetq / "
         "bitsandbytes mean int8 (env QUANTIZE, option.quantize)",
     )
+    add("--kv-cache-dtype", help="KV pool values: auto, int8 or fp8 (e4m3)")
     add(
         "--no-prefix-caching",
         dest="enable_prefix_caching",

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
@@ -95,6 +97,7 @@ PROPERTY_KEYS = {
     "option.enable_prefix_caching": "enable_prefix_caching",
     "option.precompile": "precompile",
     "option.quantize": "quantization",
+    "option.kv_cache_dtype": "kv_cache_dtype",
     "batch_size": "batch_size",
     "option.batch_size": "batch_size",
     "max_batch_delay": "max_batch_delay_ms",
@@ -403,6 +406,14 @@ def _apply_engine(settings: ServerSettings, raw, take) -> None:
     value, source = take("quantization")
     if value is not None:
         engine["quantization"] = parse_quantization(value, source)
+    value, source = take("kv_cache_dtype")
+    if value is not None:
+        if str(value) not in KV_CACHE_DTYPES:
+            raise SettingsError(
+                f"kv_cache_dtype from {source} must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {value!r}"
+            )
+        engine["kv_cache_dtype"] = str(value)
     value, source = take("enable_prefix_caching")
     if value is not None:
         engine["enable_prefix_caching"] = parse_bool(value, "enable_prefix_caching", source)

@@ -160,3 +160,11 @@ def test_serve_bad_quantization_flag_is_one_line_and_exit_2():
     lines = [line for line in done.stderr.splitlines() if "quantization" in line]
     assert len(lines) == 1 and "must be one of auto, none, int8, int4, fp8" in lines[0]
     assert lines[0].endswith("got 'int3'")
+
+
+def test_serve_kv_cache_dtype_setting():
+    from serving.settings import SettingsError, resolve_settings
+
+    assert resolve_settings({"kv_cache_dtype": "fp8"}, {}).engine["kv_cache_dtype"] == "fp8"
+    with pytest.raises(SettingsError, match=r"kv_cache_dtype from flags .* got 'int4'"):
+        resolve_settings({"kv_cache_dtype": "int4"}, {})
