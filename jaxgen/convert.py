@@ -30,7 +30,7 @@ def convert(
     if tensor_parallel_degree > 1:
         loaded = load_model(model, dtype=dtype, place=DeferredPlacement(tensor_parallel_degree))
     else:
-        loaded = load_model(model, dtype=dtype)
+        loaded = load_model(model, dtype=dtype, quantization="none")  # orbax holds float arrays
     return save_orbax(loaded, out, tensor_parallel_degree=tensor_parallel_degree)
 
 

@@ -28,6 +28,12 @@ DTYPE_HELP = "float32, bfloat16, float16 or auto (the server also takes fp32, bf
 # The nearest knob of Text Generation Inference, DJL Serving / SageMaker LMI and vLLM, for the
 # docs' table ("—": none); knobs not listed have none anywhere.
 EQUIVALENTS = {
+    "quantization": (
+        "`--quantize` / `QUANTIZE` (`eetq`, `bitsandbytes`: int8; `fp8`)",
+        "`option.quantize`",
+        "`--quantization`",
+    ),
+    "kv_cache_dtype": ("—", "`option.kv_cache_dtype`", "`--kv-cache-dtype`"),
     "batching": (
         "— (always continuous + paged)",
         "`option.rolling_batch` (`auto`/`vllm`/`lmi-dist` = paged; `disable` = static/dynamic "
@@ -176,7 +182,9 @@ def add_engine_flags(
             field.flag,
             dest=field.name,
             type=_ARGUMENT_TYPES[field.kind],
-            choices=knob.choices,
+            # The server checks choices in its settings, where flags, environment and
+            # serving.properties (and their aliases, e.g. TGI's QUANTIZE=eetq) get one message.
+            choices=None if serve else knob.choices,
             default=default,
             help=help_text,
         )

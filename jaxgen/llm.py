@@ -8,6 +8,7 @@ from collections.abc import Sequence as Seq
 
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.outputs import RequestOutput
+from jaxgen.quantization.stats import weight_stats
 from jaxgen.replicas import create_engine
 from jaxgen.sampling_params import SamplingParams
 
@@ -23,7 +24,10 @@ class LLM:
         **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
             max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
             max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
-            tensor_parallel_degree, data_parallel_size (see docs/sharding.md), precompile.
+            tensor_parallel_degree, data_parallel_size (see docs/sharding.md), precompile,
+            quantization ("auto": a GGUF stays quantised, a float checkpoint float; "none";
+            "int8" / "int4" / "fp8": quantise at load; see ``jaxgen.quantization``),
+            kv_cache_dtype ("auto", "int8", "fp8").
     """
 
     def __init__(self, model: str | None = None, *, dtype: str = "float32", **engine_knobs):
@@ -44,7 +48,14 @@ class LLM:
         return self.loaded.tokenizer
 
     def stats(self) -> dict:
-        return self.engine.stats()
+        """The engine's counters, plus the weights' form: ``quantization`` (as loaded),
+        ``weight_dtypes`` (parameter count per stored kind), ``parameter_bytes`` and
+        ``kv_cache_dtype``."""
+        return {
+            **self.engine.stats(),
+            **weight_stats(self.loaded),
+            "kv_cache_dtype": self.engine.config.kv_cache_dtype,
+        }
 
     def precompile(self, sampling_params: SamplingParams | list[SamplingParams] | None = None):
         """Compiles the engine step for every batch shape, once per sampling configuration

@@ -16,6 +16,7 @@ from jaxgen.ahead_of_time import (
 )
 from jaxgen.config import ModelConfig
 from jaxgen.loaders import model_config_only
+from jaxgen.quantization import kv_cache
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,6 +114,11 @@ class Plan:
         ]
 
 
+# Bytes per parameter of each weight quantisation: codes plus float16 scales (and int4's minimums)
+# per group of 32 inputs; fp8 has one scale per output channel.
+WEIGHT_BYTES_PER_PARAM = {"int8": 1 + 2 / 32, "int4": 0.5 + 4 / 32, "fp8": 1.0}
+
+
 def make_plan(
     config: ModelConfig,
     *,
@@ -122,11 +128,17 @@ def make_plan(
     page_size: int = 16,
     memory_utilization: float = 0.9,
     tensor_parallel_degree: int = 1,
+    quantization: str = "none",
+    kv_cache_dtype: str = "auto",
 ) -> Plan:
-    """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``."""
+    """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``; ``quantization``
+    ("int8" / "int4" / "fp8") and ``kv_cache_dtype`` ("int8" / "fp8") count the quantised
+    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``)."""
     itemsize = DTYPE_BYTES[dtype]
-    weight_bytes = config.num_params * itemsize
+    weight_bytes = int(config.num_params * WEIGHT_BYTES_PER_PARAM.get(quantization, itemsize))
     kv_per_token = config.kv_bytes_per_token(itemsize)
+    if kv_cache_dtype != "auto":
+        kv_per_token = kv_cache.bytes_per_token(config)
     total_memory = device.memory_bytes * tensor_parallel_degree
     budget = max(int(total_memory * memory_utilization) - weight_bytes, 0)
     num_pages = budget // (kv_per_token * page_size)
@@ -175,6 +187,8 @@ def cmd_plan(args) -> int:
         page_size=args.page_size,
         memory_utilization=args.memory_utilization,
         tensor_parallel_degree=args.tensor_parallel_degree or 1,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     print(
         f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
@@ -231,6 +245,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--bandwidth", type=float, default=None, help="bytes/s per device")
     parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s per device")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--quantization", default="none", choices=["none", *WEIGHT_BYTES_PER_PARAM])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=kv_cache.KV_CACHE_DTYPES)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--memory-utilization", type=float, default=0.9)

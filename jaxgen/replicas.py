@@ -32,7 +32,11 @@ def create_engine(model, *, dtype, config: EngineConfig):
     """
     degree, replicas = config.tensor_parallel_degree, config.data_parallel_size
     if degree == 1 and replicas == 1:
-        loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype)
+        loaded = (
+            model
+            if isinstance(model, LoadedModel)
+            else load_model(model, dtype=dtype, quantization=config.quantization)
+        )
         return LLMEngine(loaded, config)
     devices = jax.devices() if replicas == 1 else jax.local_devices()  # replicas: one host
     placement = DeferredPlacement(degree, replicas, devices)

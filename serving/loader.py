@@ -40,7 +40,11 @@ def build_llm(settings: ServerSettings):
                 "MAX_BATCH_TOTAL_TOKENS / --max-batch-total-tokens needs a single-device engine; "
                 "give --kv-cache-memory instead"
             )
-        model = load_model(settings.model, dtype=settings.dtype)
+        model = load_model(
+            settings.model,
+            dtype=settings.dtype,
+            quantization=getattr(config, "quantization", "auto"),
+        )
         per_token = model.config.kv_bytes_per_token(jnp.dtype(model.dtype).itemsize)
         knobs["kv_cache_memory"] = settings.kv_cache_tokens * per_token
         config = EngineConfig(**knobs)

@@ -154,6 +154,31 @@ def parse_bool(value: Any, name: str, source: str) -> bool:
     raise SettingsError(f"{name} from {source} must be true or false, got {value!r}")
 
 
+# TGI's QUANTIZE and LMI's option.quantize values whose meaning jaxgen's quantization agrees with
+# (weights quantised at load: EETQ and bitsandbytes' 8-bit are per-channel int8 weight-only).
+# Formats that need a pre-quantised checkpoint (awq, gptq, marlin, exl2) have no equivalent.
+QUANTIZATION_ALIASES = {
+    "auto": "auto",
+    "none": "none",
+    "int8": "int8",
+    "int4": "int4",
+    "fp8": "fp8",
+    "eetq": "int8",
+    "bitsandbytes": "int8",
+    "bitsandbytes8": "int8",
+}
+
+
+def parse_quantization(value: Any, source: str) -> str:
+    quantization = QUANTIZATION_ALIASES.get(str(value).strip().lower())
+    if quantization is None:
+        raise SettingsError(
+            f"quantization from {source} must be one of {', '.join(QUANTIZATION_ALIASES)}, "
+            f"got {value!r}"
+        )
+    return quantization
+
+
 def parse_dtype(value: Any, source: str) -> str:
     dtype = DTYPE_ALIASES.get(str(value).strip().lower())
     if dtype is None:
@@ -322,6 +347,13 @@ def _apply_engine(settings: ServerSettings, raw, take) -> None:
 
 
 def _parse_knob(field: KnobField, value: Any, source: str):
+    if field.name == "quantization":  # TGI's and LMI's spellings too
+        return parse_quantization(value, source)
+    choices = field.knob.choices
+    if choices is not None and field.kind == "str" and str(value) not in choices:
+        raise SettingsError(
+            f"{field.name} from {source} must be one of {', '.join(choices)}, got {value!r}"
+        )
     if field.kind == "int":
         return parse_int(value, field.name, source, minimum=field.knob.minimum)
     if field.kind == "float":

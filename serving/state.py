@@ -8,6 +8,7 @@ import itertools
 import logging
 import time
 
+from jaxgen.quantization.stats import weight_stats
 from serving.generation import TokenTexts
 from serving.metrics import ServerMetrics
 from serving.settings import ServerSettings, SettingsError
@@ -139,6 +140,9 @@ class ServerState:
         summary = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
         if self.llm is not None:
             summary["max_model_len"] = self.llm.max_model_len
+        loaded = getattr(engine, "loaded", None)
+        if loaded is not None:  # weight kinds and parameter bytes, as ``LLM.stats()``
+            summary.update(weight_stats(loaded))
         return summary
 
     def admit(self) -> Ticket:

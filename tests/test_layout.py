@@ -259,14 +259,13 @@ def test_server_reads_the_declared_environment_and_properties(tmp_path):
 
     values = {"int": "3", "float": "0.5", "bool": "false", "str": "x", "memory": "64MiB"}
     for field in knob_fields():
-        expected = resolve_settings({field.name: values[field.kind]}, {})
+        value = field.knob.choices[-1] if field.knob.choices else values[field.kind]
+        expected = resolve_settings({field.name: value}, {})
         for env in field.knob.env:
-            assert resolve_settings({}, {env: values[field.kind]}) == as_read_from(
-                expected, "environment"
-            )
+            assert resolve_settings({}, {env: value}) == as_read_from(expected, "environment")
         for key in field.knob.properties:
             path = tmp_path / "serving.properties"
-            path.write_text(f"{key}={values[field.kind]}\n")
+            path.write_text(f"{key}={value}\n")
             from_file = resolve_settings({}, {}, str(path))
             assert (from_file.engine, from_file.tensor_parallel_degree) == (
                 expected.engine,

@@ -99,14 +99,15 @@ def test_unsupported_gguf_quant_type(tmp_path):
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(1)
     data = np.random.default_rng(0).standard_normal((32, 256)).astype(np.float32)
-    quantized = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q5_0)
-    writer.add_tensor("blk.0.attn_q.weight", quantized, raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+    quantized = gguf.quants.quantize(data, gguf.GGMLQuantizationType.TQ1_0)
+    writer.add_tensor("blk.0.attn_q.weight", quantized, raw_dtype=gguf.GGMLQuantizationType.TQ1_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ValueError, match="unsupported GGUF quantization type Q5_0"):
-        GGUFFile(path).get_tensor("model.layers.0.self_attn.q_proj.weight")
+    for get in (GGUFFile(path).get_tensor, GGUFFile(path).get_quantized):
+        with pytest.raises(ValueError, match="unsupported GGUF quantization type TQ1_0"):
+            get("model.layers.0.self_attn.q_proj.weight")
 
 
 def test_unsupported_rope_scaling():

@@ -133,6 +133,9 @@ def test_health_info_models(http):
     assert info["model_id"] == "tiny"
     assert info["max_total_tokens"] == 256 and info["max_input_tokens"] == 255
     assert info["max_concurrent_requests"] == 128 and info["version"]
+    engine = info["engine"]  # the weights' and KV pool's form
+    assert engine["quantization"] == "auto" and engine["kv_cache_dtype"] == "auto"
+    assert list(engine["weight_dtypes"]) == ["float32"] and engine["parameter_bytes"] > 0
     models = http.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
 

@@ -20,6 +20,7 @@ from jaxgen.backends.cpu_kernels import cpu_kernel_available
 from jaxgen.backends.pallas_gpu import PallasGPUBackend
 from jaxgen.backends.pallas_tpu import PallasTPUBackend
 from jaxgen.backends.reference import ReferenceBackend
+from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 
 BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
 _PLATFORM_PALLAS = {"tpu": "pallas-tpu", "gpu": "pallas-gpu", "cuda": "pallas-gpu"}
@@ -57,13 +58,29 @@ def resolve_backend_name(
 
 
 def select_backend(
-    name: str, *, dtype=jnp.float32, kv_sharding=None, platform: str | None = None
+    name: str,
+    *,
+    dtype=jnp.float32,
+    kv_sharding=None,
+    platform: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> AttentionBackend:
     """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
     paired-layout pool sharding of a tensor-parallel engine, whose mesh and model axis the
-    TPU backend uses for its own layout."""
+    TPU backend uses for its own layout. ``kv_cache_dtype`` "int8" / "fp8" (an 8-bit pool) is
+    supported by the paired-pool backends (reference, cpu) only."""
+    validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
+    if kv_cache_dtype != "auto":
+        if resolved not in ("reference", "cpu"):
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r} is supported by the 'reference' and 'cpu' "
+                f"attention backends, not {resolved!r}"
+            )
+        return {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved](
+            kv_cache_dtype=kv_cache_dtype
+        )
     if resolved == "pallas-tpu":
         interpret = (platform or jax.default_backend()) == "cpu"
         if not sharded:

@@ -3,7 +3,8 @@
 Every token of a step is one row of the paged kernel (a prefill token at position ``p`` is a row
 of length ``p + 1`` with its sequence's block table, so the causal mask is the row's length),
 and the step
-runs on a copy of the parameters whose float32 ``Linear`` kernels are ``PackedWeight``s: the
+runs on a copy of the parameters whose float32 ``Linear`` kernels are ``PackedWeight``s (int8 /
+int4 ``QuantizedWeight`` kernels: ``PackedQuantizedWeight``s): the
 model's ``Linear`` runs them on the native matmul through their own methods, so the model never
 imports a kernel.
 """
@@ -18,18 +19,39 @@ from flax import nnx
 from jaxgen.attention import row_sequences
 from jaxgen.backends.base import replace_linear_kernels
 from jaxgen.backends.cpu_kernels import (
+    PackedQuantizedWeight,
     PackedWeight,
     can_pack,
+    can_pack_quantized,
     matmul_kernel_available,
     paged_attention_cpu,
+    quantized_matmul_available,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
+from jaxgen.backends.reference import ReferenceBackend
+from jaxgen.quantization import is_quantized
+from jaxgen.quantization.kv_cache import QuantizedPages
+
+
+def pack_kernel(kernel):
+    """``kernel`` in the native matmul's form: a float32 array as a ``PackedWeight``, an int8 /
+    int4 ``QuantizedWeight`` as a ``PackedQuantizedWeight``; others unchanged (XLA's path)."""
+    if is_quantized(kernel):
+        if kernel.kind == "fp8":
+            raise ValueError(
+                "quantization='fp8': the 'cpu' attention backend has no fp8 matmul; use "
+                "attention_backend='reference' (XLA) or quantization 'int8' / 'int4'"
+            )
+        if can_pack_quantized(kernel) and quantized_matmul_available():
+            return PackedQuantizedWeight.pack(kernel)
+        return kernel
+    return PackedWeight.pack(kernel) if can_pack(kernel) else kernel
 
 
 def pack_linear_weights(params: nnx.State) -> nnx.State:
-    """A copy of ``params`` with every packable ``Linear`` kernel a ``PackedWeight`` (others
-    shared)."""
-    return replace_linear_kernels(params, lambda k: PackedWeight.pack(k) if can_pack(k) else None)
+    """A copy of ``params`` with every ``Linear`` kernel in the native matmul's form
+    (:func:`pack_kernel`; others shared)."""
+    return replace_linear_kernels(params, pack_kernel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +65,13 @@ class CPUBackend(PairedPoolBackend):
             return params, None
         head = None
         if config.tie_word_embeddings:
-            head = PackedWeight.pack(params["embed_tokens"]["embedding"][...].T)
+            table = params["embed_tokens"]["embedding"].get_value()
+            head = pack_kernel(table) if is_quantized(table) else PackedWeight.pack(table.T)
         return pack_linear_weights(params), head
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
+        if isinstance(k_pages, QuantizedPages):  # no native 8-bit kernel yet: XLA's path
+            return ReferenceBackend.paged_attention(self, q, k_pages, v_pages, md, **opts)
         seq, position, real = row_sequences(md, q.shape[0])
         lengths = jnp.where(real, position + 1, 0).astype(jnp.int32)  # 0: a padding row
         return paged_attention_cpu(q, k_pages, v_pages, lengths, md.block_tables[seq], **opts)

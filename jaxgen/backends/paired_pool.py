@@ -8,45 +8,37 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgen.attention import AttentionMetadata
 from jaxgen.backends.base import AttentionBackend
+from jaxgen.quantization import kv_cache
 
 
 def write_kv(
-    k_pages: jax.Array,  # [Hkv, P, S, D]
-    v_pages: jax.Array,  # [Hkv, P, S, D]
+    k_pages,  # [Hkv, P, S, D], or QuantizedPages
+    v_pages,  # [Hkv, P, S, D], or QuantizedPages
     k: jax.Array,  # [T, Hkv, D]
     v: jax.Array,  # [T, Hkv, D]
     slot_mapping: jax.Array,  # [T]
-) -> tuple[jax.Array, jax.Array]:
-    """Scatters new keys and values into their slots (in place when the pool is donated)."""
-    hkv, pages, page_size, dim = k_pages.shape
-    k_flat = (
-        k_pages.reshape(hkv, pages * page_size, dim)
-        .at[:, slot_mapping]
-        .set(k.swapaxes(0, 1).astype(k_pages.dtype), unique_indices=False)
-    )
-    v_flat = (
-        v_pages.reshape(hkv, pages * page_size, dim)
-        .at[:, slot_mapping]
-        .set(v.swapaxes(0, 1).astype(v_pages.dtype), unique_indices=False)
-    )
-    return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)
+):
+    """Scatters new keys and values into their slots (in place when the pool is donated); an
+    8-bit pool quantises them per token and head (``jaxgen.quantization.kv_cache``)."""
+    return kv_cache.write(k_pages, k, slot_mapping), kv_cache.write(v_pages, v, slot_mapping)
 
 
 @dataclasses.dataclass(frozen=True)
 class PairedPoolBackend(AttentionBackend):
     """A backend over (k_pages, v_pages) per layer; subclasses provide :meth:`paged_attention`
-    over the step's ragged metadata."""
+    over the step's ragged metadata. ``kv_cache_dtype`` "int8" / "fp8": each pool is a
+    ``QuantizedPages`` (8-bit values, a scale per token and head)."""
+
+    kv_cache_dtype: str = "auto"
 
     def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
-        shape = jax.ShapeDtypeStruct(
-            (config.num_kv_heads, num_pages, page_size, config.head_dim), dtype
-        )
-        return [(shape, shape) for _ in range(config.num_layers)]
+        shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
+        pool = kv_cache.pool_shapes(self.kv_cache_dtype, shape, dtype)
+        return [(pool, pool) for _ in range(config.num_layers)]
 
     def kv_pool_sharding(self, kv_sharding: NamedSharding | None):
         return kv_sharding
@@ -56,8 +48,13 @@ class PairedPoolBackend(AttentionBackend):
 
     def allocate_kv_pool(self, config, num_pages, page_size, dtype, kv_sharding=None) -> list:
         shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
-        make = functools.partial(jnp.zeros, shape, dtype)
+        make = functools.partial(kv_cache.zeros, self.kv_cache_dtype, shape, dtype)
         if kv_sharding is not None:
+            if self.kv_cache_dtype != "auto":
+                raise ValueError(
+                    f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported with tensor "
+                    "parallelism yet; use kv_cache_dtype='auto'"
+                )
             make = jax.jit(make, out_shardings=kv_sharding)
         return [(make(), make()) for _ in range(config.num_layers)]
 

@@ -58,9 +58,9 @@ class PallasTPUBackend(AttentionBackend):
             model_axis=self.model_axis,
             interpret=self.interpret,
         )
-        head = None
-        if config.tie_word_embeddings:
-            head = wrap(params["embed_tokens"]["embedding"].get_value(), transposed=True)
+        head, embedding = None, params["embed_tokens"]["embedding"].get_value()
+        if config.tie_word_embeddings and _streamable(embedding):  # a quantised table: XLA's
+            head = wrap(embedding, transposed=True)
         return replace_linear_kernels(params, lambda k: wrap(k) if _streamable(k) else None), head
 
     def kv_heads_per_chip(self, config) -> int:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgen.backends.paired_pool import PairedPoolBackend
+from jaxgen.quantization.kv_cache import QuantizedPages
 from pallas_kernels.paged_attention import MASK_VALUE, gather_pages
 from pallas_kernels.ragged_paged_attention import query_blocks
 
@@ -16,8 +17,8 @@ QUERY_BLOCK = 16  # query rows per attention block of steps larger than their se
 
 def blocked_prefill_attention(
     q: jax.Array,  # [Tp, Hq, D]
-    k_pages: jax.Array,  # [Hkv, P, S, D]
-    v_pages: jax.Array,  # [Hkv, P, S, D]
+    k_pages: jax.Array,  # [Hkv, P, S, D], or QuantizedPages
+    v_pages: jax.Array,  # [Hkv, P, S, D], or QuantizedPages
     query_index: jax.Array,  # [Nb, Bq]
     query_positions: jax.Array,  # [Nb, Bq]
     block_tables: jax.Array,  # [Nb, Wp]
@@ -34,8 +35,8 @@ def blocked_prefill_attention(
     length = block_tables.shape[1] * page_size
     q_padded = jnp.concatenate([q, jnp.zeros((1, num_heads, head_dim), q.dtype)], axis=0)
     qb = q_padded[query_index].reshape(num_blocks, block_q, num_kv_heads, group, head_dim)
-    k = gather_pages(k_pages, block_tables).reshape(num_kv_heads, num_blocks, length, head_dim)
-    v = gather_pages(v_pages, block_tables).reshape(num_kv_heads, num_blocks, length, head_dim)
+    k = _gather(k_pages, block_tables).reshape(num_kv_heads, num_blocks, length, head_dim)
+    v = _gather(v_pages, block_tables).reshape(num_kv_heads, num_blocks, length, head_dim)
     scores = jnp.einsum("nqhgd,hnld->nhgql", qb.astype(jnp.float32) * scale, k.astype(jnp.float32))
     if soft_cap is not None:
         scores = soft_cap * jnp.tanh(scores / soft_cap)
@@ -49,6 +50,13 @@ def blocked_prefill_attention(
     out = out.reshape(num_blocks * block_q, num_heads, head_dim).astype(q.dtype)
     flat = jnp.zeros((num_tokens + 1, num_heads, head_dim), q.dtype)
     return flat.at[query_index.reshape(-1)].set(out)[:num_tokens]
+
+
+def _gather(pages, block_tables: jax.Array) -> jax.Array:
+    """The tables' pages ([Hkv, Nb, Wp, S, D]); an 8-bit pool dequantises only those."""
+    if isinstance(pages, QuantizedPages):
+        return pages.gather(block_tables)
+    return gather_pages(pages, block_tables)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,8 @@ import dataclasses
 import re
 
 from jaxgen.backends import BACKENDS
+from jaxgen.quantization import QUANTIZATION_CHOICES
+from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
 BYTE_UNITS = {
@@ -173,6 +175,22 @@ class EngineConfig:
         serve_only=True,
         properties=("option.precompile",),
     )
+    quantization: str = knob(
+        "auto",
+        help="weights as loaded: auto (a GGUF keeps its Q8_0/Q4_0/Q4_1 types, a float checkpoint "
+        "stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load "
+        "(jaxgen.quantization); TGI's eetq and bitsandbytes mean int8",
+        choices=QUANTIZATION_CHOICES,
+        env=("QUANTIZE",),
+        properties=("option.quantize",),
+    )
+    kv_cache_dtype: str = knob(
+        "auto",
+        help="KV pool values: auto (the model dtype), int8 or fp8 (e4m3): 8-bit with float32 "
+        "scales per token, KV head and 32 head_dim elements (reference and cpu backends)",
+        choices=KV_CACHE_DTYPES,
+        properties=("option.kv_cache_dtype",),
+    )
 
     def __post_init__(self):
         def check(ok, name, what):
@@ -228,6 +246,16 @@ class EngineConfig:
             "must be an integer >= 1",
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
+        check(
+            self.quantization in QUANTIZATION_CHOICES,
+            "quantization",
+            f"must be one of {', '.join(repr(name) for name in QUANTIZATION_CHOICES)}",
+        )
+        check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {', '.join(repr(name) for name in KV_CACHE_DTYPES)}",
+        )
         check(
             self.attention_backend in BACKENDS,
             "attention_backend",

@@ -38,7 +38,10 @@ class LLMEngine:
         model_config = loaded.config
         self.max_model_len = config.max_model_len or min(model_config.max_position_embeddings, 2048)
         backend = select_backend(
-            config.attention_backend, dtype=loaded.dtype, kv_sharding=kv_sharding
+            config.attention_backend,
+            dtype=loaded.dtype,
+            kv_sharding=kv_sharding,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         page_size = config.page_size
         # The backend's pool layout decides the bytes (the TPU's pads head_dim to 128 lanes).

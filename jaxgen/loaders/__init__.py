@@ -18,6 +18,7 @@ from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.orbax_checkpoint import METADATA_FILE, load_orbax
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import params_from_hf_tensors
+from jaxgen.quantization import validate_quantization
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -47,9 +48,26 @@ def resolve_model(model: str | None) -> str:
     return model
 
 
-def load_model(model: str | None = None, *, dtype="float32", place=None) -> LoadedModel:
-    """Loads config, weights and tokenizer from an HF directory, a ``.gguf`` file or the default."""
+def load_model(
+    model: str | None = None, *, dtype="float32", place=None, quantization: str = "auto"
+) -> LoadedModel:
+    """Loads config, weights and tokenizer from an HF directory, a ``.gguf`` file or the default.
+
+    ``quantization`` (``jaxgen.quantization.QUANTIZATION_CHOICES``): ``"auto"`` keeps a GGUF's
+    Q8_0/Q4_0/Q4_1 tensors quantised and a float checkpoint float; ``"none"`` dequantises
+    everything to ``dtype``; ``"int8"``, ``"int4"``, ``"fp8"`` quantise a float checkpoint's
+    linear layers (and embedding / LM head) at load. A sharded load (``place``) is float:
+    ``"auto"`` means ``"none"`` there, and a kind is a ``ValueError``.
+    """
     start = time.perf_counter()
+    validate_quantization(quantization)
+    if place is not None and quantization not in ("auto", "none"):
+        raise ValueError(
+            f"quantization={quantization!r} is not supported with tensor parallelism or "
+            "replicas yet; use quantization='none' or 'auto'"
+        )
+    if place is not None:
+        quantization = "none"
     path = resolve_model(model)
     jdtype = resolve_dtype(dtype)
     if os.path.isdir(path) and _is_orbax_dir(path):
@@ -60,18 +78,34 @@ def load_model(model: str | None = None, *, dtype="float32", place=None) -> Load
         gguf_file = GGUFFile(path)
         config = ModelConfig.from_hf_dict(gguf_file.hf_config())
         graphdef, params = params_from_hf_tensors(
-            config, gguf_file.get_tensor, dtype=jdtype, place=_bind(place, config)
+            config,
+            gguf_file.get_tensor,
+            dtype=jdtype,
+            place=_bind(place, config),
+            quantization=quantization,
+            get_quantized=gguf_file.get_quantized,
         )
         tokenizer = load_tokenizer(path, reader=gguf_file.reader)
     else:
         config = load_hf_config(path)
         graphdef, params = params_from_hf_tensors(
-            config, hf_tensor_getter(path), dtype=jdtype, place=_bind(place, config)
+            config,
+            hf_tensor_getter(path),
+            dtype=jdtype,
+            place=_bind(place, config),
+            quantization=quantization,
         )
         tokenizer = load_tokenizer(path)
     config = _with_tokenizer_eos(config, tokenizer)
     return LoadedModel(
-        config, graphdef, params, tokenizer, path, jdtype, time.perf_counter() - start
+        config,
+        graphdef,
+        params,
+        tokenizer,
+        path,
+        jdtype,
+        time.perf_counter() - start,
+        quantization=quantization,
     )
 
 

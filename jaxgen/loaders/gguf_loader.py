@@ -1,20 +1,41 @@
 """GGUF files (llama.cpp's format) through the ``gguf`` package: config, tensors, tokenizer.
 
-Quantised tensors are dequantised at load (Q4_0, Q4_1, Q8_0, F16, BF16, F32). What llama.cpp's
-converter changes is undone here, so the model sees the Hugging Face checkpoint: for ``llama``
-it permutes Q and K rows into an interleaved rotary layout (we restore rotate-half); for Gemma
-it stores every norm weight plus one (we subtract it); and it renames tensors per architecture
-(``blk.N.ffn_norm`` is Llama's post-attention norm but Gemma's pre-feedforward norm).
+Tensors come out under Hugging Face names, with what llama.cpp's converter changes undone: for
+``llama`` it permutes Q and K rows into an interleaved rotary layout (we restore rotate-half, for
+quantised tensors on their codes and scales alike); for Gemma it stores every norm weight plus
+one (we subtract it); and it renames tensors per architecture (``blk.N.ffn_norm`` is Llama's
+post-attention norm but Gemma's pre-feedforward norm).
+
+``get_tensor`` dequantises any tensor to float32 (``quantization="none"``). ``get_quantized``
+keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orientation
+``[in, out]``: Q8_0 -> int8 groups of 32, Q4_0 -> int4 groups of 32, Q4_1 -> int4 groups of 32
+with minimums, the file's codes and float16 scales unchanged. Other quantised types are
+dequantised and requantised to the nearest kind (5 bits and more: int8; fewer: int4 with
+minimums), with a log line. Stacked expert tensors are dequantised.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 
 import numpy as np
 
+from jaxgen.quantization import QuantizationSpec, QuantizedWeight, pack_int4, quantize_kernel
+
+logger = logging.getLogger(__name__)
+
 SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+FLOAT_TYPES = ("F32", "F16", "BF16")
+KEPT_TYPES = ("Q8_0", "Q4_0", "Q4_1")  # kept as they are by get_quantized
+# Quantised types requantised by get_quantized (gguf dequantises them): at 5 bits or more to
+# int8, below to int4 with minimums.
+REQUANTISED_TYPES = {
+    "Q5_0": "int8", "Q5_1": "int8", "Q6_K": "int8", "Q8_1": "int8", "Q5_K": "int8",
+    "Q8_K": "int8", "Q2_K": "int4", "Q3_K": "int4", "Q4_K": "int4",
+}  # fmt: skip
+BLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 block
 # GGUF general.architecture -> HF model_type
 SUPPORTED_GGUF_ARCHITECTURES = {
     "llama": "llama",
@@ -215,23 +236,75 @@ class GGUFFile:
         if expert is not None:
             return self._stacked(tensor)[expert]
         qtype = tensor.tensor_type.name
-        if qtype not in SUPPORTED_QUANT_TYPES:
+        if qtype not in SUPPORTED_QUANT_TYPES and qtype not in REQUANTISED_TYPES:
             raise ValueError(
                 f"unsupported GGUF quantization type {qtype} for tensor {tensor.name!r}; "
-                f"supported: {', '.join(SUPPORTED_QUANT_TYPES)}"
+                f"supported: {', '.join([*SUPPORTED_QUANT_TYPES, *REQUANTISED_TYPES])}"
             )
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml order is innermost first
-        array = np.asarray(data, dtype=np.float32).reshape(shape)
+        array = self._unpermute(name, np.asarray(data, dtype=np.float32).reshape(shape))
+        if self.architecture in _GEMMA and name.endswith("norm.weight"):
+            array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
+        return array
+
+    def tensor_type(self, name: str) -> str:
+        """The GGUF type name (``"Q4_1"``, ``"F32"``, ...) of HF tensor ``name``."""
+        if name not in self.tensors:
+            raise ValueError(f"GGUF file {self.path!r} has no tensor for {name!r}")
+        return self.tensors[name][0].tensor_type.name
+
+    def get_quantized(self, name: str) -> QuantizedWeight | None:
+        """2-D tensor ``name`` as a ``QuantizedWeight`` ``[in, out]`` (see the module docstring),
+        or None for a float tensor."""
+        qtype = self.tensor_type(name)
+        if qtype in FLOAT_TYPES or self.tensors[name][1] is not None:  # float, or one expert
+            return None
+        if qtype not in KEPT_TYPES:
+            kind = REQUANTISED_TYPES.get(qtype)
+            if kind is None:
+                self.get_tensor(name)  # raises the unsupported-type error
+            logger.info(
+                "GGUF tensor %s is %s: dequantised and requantised to %s (group 32)",
+                name, qtype, kind,
+            )  # fmt: skip
+            spec = QuantizationSpec(kind=kind, group_size=BLOCK, asymmetric=kind == "int4")
+            return quantize_kernel(self.get_tensor(name).T, spec)
+        tensor = self.tensors[name][0]
+        rows, depth = (int(d) for d in reversed(tensor.shape))  # [out, in]
+        blocks = np.asarray(tensor.data).reshape(rows, depth // BLOCK, -1)  # [out, G, bytes]
+        scales = self._unpermute(name, blocks[..., 0:2].copy().view(np.float16)[..., 0])
+        mins = None
+        if qtype == "Q8_0":
+            codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, depth)
+            values = self._unpermute(name, codes).T  # [in, out]
+            kind = "int8"
+        else:
+            if qtype == "Q4_1":
+                mins = self._unpermute(name, blocks[..., 2:4].copy().view(np.float16)[..., 0])
+            nibbles = blocks[..., 4:] if qtype == "Q4_1" else blocks[..., 2:]  # [out, G, 16]
+            # A block's low nibbles are its elements 0-15, the high nibbles 16-31.
+            codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, depth)
+            values = pack_int4(self._unpermute(name, codes).T)
+            kind = "int4"
+        return QuantizedWeight(
+            np.ascontiguousarray(values),
+            np.ascontiguousarray(scales.T),
+            None if mins is None else np.ascontiguousarray(mins.T),
+            kind=kind,
+            group_size=BLOCK,
+            shape=(depth, rows),
+        )
+
+    def _unpermute(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Q/K projection rows (first axis) of a llama GGUF back in HF's rotary layout."""
         if self.architecture == "llama" and (
             name.endswith("q_proj.weight") or name.endswith("k_proj.weight")
         ):
             kv = name.endswith("k_proj.weight")
             heads = self.field(f"{self.architecture}.attention.head_count" + ("_kv" if kv else ""))
-            array = _unpermute_rotary(array, heads)
-        if self.architecture in _GEMMA and name.endswith("norm.weight"):
-            array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
-        return array
+            return _unpermute_rotary(rows, heads)
+        return rows
 
     def _stacked(self, tensor) -> np.ndarray:
         """A stacked expert tensor ``[E, out, in]``, dequantised once for its E reads."""

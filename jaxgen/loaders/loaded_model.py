@@ -18,3 +18,4 @@ class LoadedModel:
     source: str
     dtype: object
     load_seconds: float
+    quantization: str = "none"  # the ``quantization`` it was loaded with ("auto" resolved)

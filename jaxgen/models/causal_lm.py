@@ -20,7 +20,7 @@ from jaxgen.attention import AttentionMetadata, row_sequences
 from jaxgen.config import ModelConfig
 from jaxgen.models.falcon import FalconDecoderLayer, LayerNorm
 from jaxgen.models.gemma import GemmaDecoderLayer, GemmaRMSNorm
-from jaxgen.models.linear import Linear, matmul
+from jaxgen.models.linear import Embedding, Linear, matmul
 from jaxgen.models.llama import DecoderLayer, RMSNorm
 from jaxgen.models.rope import rope_angles, rope_buffers
 
@@ -53,7 +53,7 @@ class CausalLM(nnx.Module):
             )
         layer_class, norm_class = FAMILY_BLOCKS[config.model_type]
         self.config = config
-        self.embed_tokens = nnx.Embed(
+        self.embed_tokens = Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, param_dtype=dtype, rngs=rngs
         )
         self.layers = nnx.List(

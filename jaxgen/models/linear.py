@@ -6,7 +6,8 @@ kernels it has put in its own form (``AttentionBackend.prepare_params``; the "cp
 panel-packed ``PackedWeight``), so :func:`matmuls` dispatches on the kernel alone:
 
 - a plain array ([in, out]): ``jnp.dot``, every row computed;
-- any other object: its own ``kernel.matmul(x, live_rows)``, and when every kernel of a group
+- any other object (a ``jaxgen.quantization.QuantizedWeight``: ``x @ dequantize()`` in XLA;
+  a backend's packed form): its own ``kernel.matmul(x, live_rows)``, and when every kernel of a group
   (q/k/v, gate/up; :func:`apply_linears`) has the same such type, one
   ``type(kernel).matmul_group(x, kernels, live_rows)`` call (one native job, not several).
 
@@ -21,6 +22,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+
+class Embedding(nnx.Embed):
+    """``nnx.Embed`` whose table may also be a quantised kernel.
+
+    A quantised embedding is held as its LM-head kernel (``[hidden, vocab]``, scales grouped
+    along hidden; any object with ``take_columns(ids, dtype)`` and a ``matmul``), so the tied LM
+    head runs the quantised matmul and the lookup dequantises only the looked-up columns."""
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:  # [T] -> [T, D]
+        table = self.embedding.get_value()
+        if isinstance(table, (jax.Array, np.ndarray)):
+            return super().__call__(inputs)
+        return table.take_columns(inputs, self.dtype or jnp.float32)
+
+    def attend(self, query: jax.Array) -> jax.Array:  # [N, D] -> [N, V]
+        table = self.embedding.get_value()
+        if isinstance(table, (jax.Array, np.ndarray)):
+            return super().attend(query)
+        return matmul(query, table)
 
 
 class Linear(nnx.Module):

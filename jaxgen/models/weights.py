@@ -18,10 +18,13 @@ from flax import nnx
 
 from jaxgen.config import ModelConfig
 from jaxgen.models.causal_lm import CausalLM
+from jaxgen.models.linear import Embedding
 from jaxgen.models.rope import rope_buffers
+from jaxgen.quantization import QuantizedWeight, quantize_kernel, spec_for_path
 
 ArrayPlacer = Callable[[tuple, np.ndarray], jax.Array]
 TensorGetter = Callable[[str], np.ndarray]
+QuantizedGetter = Callable[[str], QuantizedWeight | None]
 
 _LEAF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
 # Our expert parameter -> (Mixtral's, Qwen3-MoE's) per-expert tensor name.
@@ -148,22 +151,36 @@ def params_from_hf_tensors(
     *,
     dtype=jnp.float32,
     place: ArrayPlacer | None = None,
+    quantization: str = "none",
+    get_quantized: QuantizedGetter | None = None,
 ) -> tuple[nnx.GraphDef, nnx.State]:
     """Builds the parameter state by pulling each HF tensor through ``get_tensor(name)``.
 
     ``place(path, array)`` puts each converted array on device (default: ``jnp.asarray``), so a
     sharded loader can place slices without materialising the whole tensor everywhere.
+    Quantisable parameters (every ``Linear`` kernel, and an ``Embedding`` table, held then as
+    its ``[hidden, vocab]`` head kernel) become ``QuantizedWeight``s: as the checkpoint stores
+    them when ``get_quantized(name)`` returns one (a GGUF's Q8_0/Q4_0/Q4_1 under
+    ``quantization="auto"``), else quantised at load when ``quantization`` names a kind
+    (``jaxgen.quantization.spec_for_path``).
     """
     graphdef, abstract = abstract_model(config, dtype)
     place = place or (lambda path, arr: jnp.asarray(arr))
     buffers = rope_buffers(config)
+    quantisable = quantisable_paths(config, dtype)
     leaves = []
     for path, var in nnx.to_flat_state(abstract):
         if len(path) == 1 and path[0] in buffers:
             leaves.append((path, var.replace(jnp.asarray(buffers[path[0]]))))
             continue
-        arr = read_parameter(config, path, get_tensor)
         expected = tuple(var.get_value().shape)
+        if path in quantisable:
+            kernel_shape = expected if path[-1] == "kernel" else expected[::-1]  # [in, out]
+            weight = _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantized)
+            if weight is not None:
+                leaves.append((path, var.replace(jax.tree.map(jnp.asarray, weight))))
+                continue
+        arr = read_parameter(config, path, get_tensor)
         if tuple(arr.shape) != expected:
             raise ValueError(
                 f"parameter {'.'.join(map(str, path))!r} read from the checkpoint has shape "
@@ -172,6 +189,48 @@ def params_from_hf_tensors(
         arr = arr.astype(jnp.dtype(dtype))
         leaves.append((path, var.replace(place(path, arr))))
     return graphdef, nnx.from_flat_state(leaves)
+
+
+def quantisable_paths(config: ModelConfig, dtype=jnp.float32) -> set[tuple]:
+    """State paths of the parameters a quantised load may quantise: ``Linear`` kernels and
+    ``Embedding`` tables (whose lookup takes a quantised table)."""
+    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    paths = set()
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, Embedding):
+            paths.add((*path, "embedding"))
+    for path, _ in nnx.to_flat_state(nnx.state(model)):
+        if path[-1] == "kernel":
+            paths.add(path)
+    return paths
+
+
+def _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantized):
+    """The ``QuantizedWeight`` for a quantisable parameter, or None (it stays float): as the
+    checkpoint stores it when one tensor holds exactly this parameter, else quantised from its
+    float array when ``quantization`` names a kind."""
+    weight = None
+    name = _direct_name(config, path)
+    if quantization == "auto" and get_quantized is not None and name is not None:
+        weight = get_quantized(name)
+    spec = spec_for_path(quantization, path)
+    if weight is None and spec is not None:
+        array = np.asarray(read_parameter(config, path, get_tensor), np.float32)
+        weight = quantize_kernel(array if path[-1] == "kernel" else array.T, spec)  # [in, out]
+    if weight is not None and tuple(weight.shape) != tuple(kernel_shape):
+        label = ".".join(map(str, path))
+        raise ValueError(f"parameter {label!r} has shape {weight.shape}, expected {kernel_shape}")
+    return weight
+
+
+def _direct_name(config: ModelConfig, path: tuple) -> str | None:
+    """The checkpoint tensor that is exactly parameter ``path`` (None when the family renames,
+    splits or stacks it: Falcon, Phi-3's fused projections, experts)."""
+    if config.model_type == "falcon" or (len(path) > 3 and path[3] in ("router", "experts")):
+        return None
+    if config.model_type == "phi3" and len(path) == 5 and _phi3_fused(config, path):
+        return None
+    return hf_name(path)
 
 
 def tensors_getter(tensors: Mapping[str, np.ndarray]) -> TensorGetter:

@@ -3,6 +3,7 @@
 
 - ``paged_attention``: paged decode attention (``paged_attention_cpu``).
 - ``matmul``: float32 matmul over panel-packed weights (``PackedWeight``, ``matmul_cpu``).
+- ``matmul_quantized``: int8 / int4 matmul dequantising in registers (``PackedQuantizedWeight``).
 """
 
 from jaxgen.backends.cpu_kernels.matmul import (
@@ -14,10 +15,20 @@ from jaxgen.backends.cpu_kernels.matmul import (
     pack_weight,
     unpack_weight,
 )
+from jaxgen.backends.cpu_kernels.matmul_quantized import (
+    PackedQuantizedWeight,
+    can_pack_quantized,
+    matmul_quantized_cpu_group,
+    quantized_matmul_available,
+)
 from jaxgen.backends.cpu_kernels.paged_attention import cpu_kernel_available, paged_attention_cpu
 
 __all__ = [
+    "PackedQuantizedWeight",
     "PackedWeight",
+    "can_pack_quantized",
+    "matmul_quantized_cpu_group",
+    "quantized_matmul_available",
     "can_pack",
     "cpu_kernel_available",
     "matmul_cpu",

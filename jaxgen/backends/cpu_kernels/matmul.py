@@ -17,6 +17,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import load_library, register
 
@@ -39,7 +40,7 @@ def matmul_kernel_available() -> bool:
 
 def can_pack(w: jax.Array) -> bool:
     """Whether ``w`` is a float32 [K, N] weight ``pack_weight`` takes."""
-    return w.ndim == 2 and w.dtype == jnp.float32
+    return isinstance(w, (jax.Array, np.ndarray)) and w.ndim == 2 and w.dtype == jnp.float32
 
 
 def pack_weight(w: jax.Array) -> jax.Array:  # [K, N] -> [ceil(N / 24), K, 24]

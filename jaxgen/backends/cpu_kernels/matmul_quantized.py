@@ -1,0 +1,154 @@
+"""Quantised-weight matmul for XLA:CPU as a native kernel (C++ through the XLA FFI).
+
+``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8, or int4 with or without minimums,
+float16 scales) repacked into 16-column panels (``native/matmul_quantized.h``) that the kernel
+dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
+weight. Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
+through ``jaxgen.models.linear`` without importing this module. Reference:
+``x @ QuantizedWeight.dequantize()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgen.backends.cpu_kernels.build import load_library, register
+from jaxgen.quantization import QuantizedWeight
+
+TARGET = "jaxgen_matmul_quantized"
+QUANT_PANEL = 16  # kQuantPanel in native/matmul_quantized.h
+
+
+@functools.cache
+def quantized_matmul_available() -> bool:
+    """Builds and registers the kernel once; False without a build or AVX2 + FMA + F16C."""
+    library = load_library()
+    if library is None:
+        return False
+    library.JaxgenQuantizedMatmulHasSimd.restype = ctypes.c_bool
+    if not library.JaxgenQuantizedMatmulHasSimd():
+        return False
+    register(library, "JaxgenMatmulQuantized", TARGET)
+    return True
+
+
+def can_pack_quantized(weight) -> bool:
+    """Whether the native kernel takes ``weight``: int8 or int4 with float16 scales."""
+    return (
+        isinstance(weight, QuantizedWeight)
+        and weight.kind in ("int8", "int4")
+        and weight.scales.dtype == jnp.float16
+    )
+
+
+def _panels(array: jax.Array, columns: int) -> jax.Array:  # [R, N] -> [ceil(N / 16), R, 16]
+    panels = -(-columns // QUANT_PANEL)
+    array = jnp.pad(jnp.asarray(array), ((0, 0), (0, panels * QUANT_PANEL - columns)))
+    return array.reshape(array.shape[0], panels, QUANT_PANEL).transpose(1, 0, 2)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["values", "scales", "mins"],
+    meta_fields=["bits", "columns"],
+)
+@dataclasses.dataclass(frozen=True)
+class PackedQuantizedWeight:
+    """A ``QuantizedWeight`` in the native kernel's panels (a pytree; ``bits``, ``columns``
+    static)."""
+
+    values: jax.Array  # [P, K, 16] int8 or [P, K / 2, 16] uint8
+    scales: jax.Array  # [P, K / group, 16] float16
+    mins: jax.Array | None  # [P, K / group, 16] float16 (int4), else None
+    bits: int  # 8 or 4
+    columns: int  # N
+
+    @classmethod
+    def pack(cls, weight: QuantizedWeight) -> PackedQuantizedWeight:
+        if not can_pack_quantized(weight):
+            raise ValueError(
+                f"the native kernel takes int8 / int4 weights with float16 scales, got "
+                f"{weight.kind} with {weight.scales.dtype} scales"
+            )
+        columns = weight.shape[1]
+        mins = None
+        if weight.kind == "int4":
+            mins = weight.mins if weight.mins is not None else weight.scales * -8  # exact in f16
+            mins = _panels(mins, columns)
+        return cls(
+            _panels(weight.values, columns),
+            _panels(weight.scales, columns),
+            mins,
+            bits=8 if weight.kind == "int8" else 4,
+            columns=columns,
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        depth = self.values.shape[1] * (2 if self.bits == 4 else 1)
+        return (depth, self.columns)
+
+    @property
+    def dtype(self):
+        return jnp.dtype(jnp.float32)
+
+    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ w`` (see :func:`matmul_quantized_cpu_group`)."""
+        return matmul_quantized_cpu_group(x, [self], live_rows=live_rows)[0]
+
+    @staticmethod
+    def matmul_group(
+        x: jax.Array, weights: list[PackedQuantizedWeight], live_rows: jax.Array | None = None
+    ) -> list[jax.Array]:
+        """``[x @ w for w in weights]``: one native call when all have the same bits."""
+        if len({w.bits for w in weights}) > 1:
+            return [w.matmul(x, live_rows) for w in weights]
+        return matmul_quantized_cpu_group(x, weights, live_rows=live_rows)
+
+
+def matmul_quantized_cpu_group(
+    x: jax.Array,  # [..., K] float32
+    weights: list[PackedQuantizedWeight],  # same bits, each [K, N_i]
+    *,
+    live_rows: jax.Array | None = None,  # [2, 2] int32 [begin, end) spans of x's flat rows
+) -> list[jax.Array]:  # each [..., N_i] float32
+    """``[x @ dequant(w_i)]`` in one native call; rows outside ``live_rows`` come out as 0."""
+    if not weights or len({w.bits for w in weights}) != 1:
+        raise ValueError("weights must be one or more PackedQuantizedWeights of the same bits")
+    if x.dtype != jnp.float32:
+        raise ValueError(f"x must be float32 for the CPU kernel, got {x.dtype}")
+    depth = x.shape[-1]
+    for w in weights:
+        if w.shape[0] != depth:
+            raise ValueError(
+                f"x's last dimension {depth} must equal the weight's depth {w.shape[0]}"
+            )
+    if not quantized_matmul_available():
+        raise RuntimeError("the quantised CPU matmul kernel could not be built on this machine")
+    rows = x.reshape(-1, depth)
+    if live_rows is None:
+        live_rows = jnp.array([[0, rows.shape[0]], [0, 0]], jnp.int32)
+    elif live_rows.shape != (2, 2):
+        raise ValueError(
+            f"live_rows must be [2, 2] (two [begin, end) spans), got {live_rows.shape}"
+        )
+    args = []
+    for w in weights:
+        args += [w.values, w.scales] + ([w.mins] if w.bits == 4 else [])
+    shapes = [
+        jax.ShapeDtypeStruct((rows.shape[0], w.values.shape[0] * QUANT_PANEL), jnp.float32)
+        for w in weights
+    ]
+    outs = jax.ffi.ffi_call(TARGET, shapes)(
+        rows, jnp.asarray(live_rows, jnp.int32), *args, bits=np.int64(weights[0].bits)
+    )
+    return [
+        out[:, : w.columns].reshape(*x.shape[:-1], w.columns)
+        for out, w in zip(outs, weights, strict=True)
+    ]

@@ -1,0 +1,382 @@
+// Quantised-weight matmul out[M, N] = x[M, K] @ dequant(w)[K, N] for AVX2 + FMA + F16C, the
+// weights dequantised in registers, never written back to memory.
+//
+// Packed layout (pack_quantized in matmul_quantized.py), panels of 16 columns (two 8-float
+// vectors) whose rows stream contiguously, as the float32 kernel's 24-column panels do:
+//   int8: values [N / 16, K, 16] int8;          w[k, n] = scale[g, n] * value
+//   int4: values [N / 16, K / 2, 16] uint8,     w[k, n] = scale[g, n] * u + min[g, n]
+//         byte (i, n) holding u of row 2i in its low nibble and of row 2i + 1 in its high one
+//         (a symmetric int4 weight packs min = -8 * scale);
+//   scales, mins: [N / 16, K / group, 16] float16 (GGUF's own scale type), g = k / group.
+// A tile of up to 4 rows x 16 columns keeps its 8 accumulators, the group's scales and minimums
+// (4 vectors) and the two dequantised weight vectors of a k in 15 of the 16 vector registers.
+// Without AVX2 + FMA + F16C a portable loop stands in (kQuantizedSimd is false; callers keep
+// the XLA path).
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define JAXGEN_QUANTIZED_SIMD 1
+#endif
+
+namespace jaxgen_cpu {
+
+constexpr int64_t kQuantPanel = 16;        // columns per panel: two 8-float vectors
+constexpr int64_t kQuantBlockDepth = 256;  // k-block: x rows of it stay in L1 across panels
+constexpr int64_t kSliceTileRows = 6;      // rows of a float tile over a dequantised slice
+
+// A quantised weight as the kernel reads it.
+struct QuantizedPanels {
+  const uint8_t* values;   // int8 or packed uint4 codes, layout above
+  const uint16_t* scales;  // float16 bits
+  const uint16_t* mins;    // float16 bits; null for int8
+  int64_t depth, columns, group;  // K, N (padded to 16), rows per scale group
+  bool int4;
+};
+
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int shift = 0;
+    uint32_t m = mantissa;
+    while (!(m & 0x400)) {
+      m <<= 1;
+      ++shift;
+    }
+    bits = sign | ((113 - shift) << 23) | ((m & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+#if defined(JAXGEN_QUANTIZED_SIMD)
+constexpr bool kQuantizedSimd = true;
+
+inline float HorizontalSum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+inline __m256 LoadHalf8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16]; `values` points at the panel's k0 row
+// (int8) or byte row k0 / 2 (int4), `scales` / `mins` at the panel's first group row. Integer
+// codes become floats (vpmovsx/zx + vcvtdq2ps) and one FMA (or multiply) applies the group's
+// scale and minimum; each x element is broadcast once per k and multiplied into both vectors.
+// One row keeps separate accumulators for even and odd k: four FMA chains instead of two.
+template <int R, bool kInt4>
+__attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1,
+                                             const float* x, int64_t ldx, const uint8_t* values,
+                                             const uint16_t* scales, const uint16_t* mins,
+                                             float* c, int64_t ldc, bool accumulate) {
+  __m256 acc[R][2], odd[2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  odd[0] = odd[1] = _mm256_setzero_ps();
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
+    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+    if constexpr (R == 1) {
+      // One row: sum x * code over the group, then apply the scale (and the minimum times the
+      // group's sum of x) once, saving the per-k dequantising FMA.
+      __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
+      if constexpr (kInt4) {
+        __m256 xs = _mm256_setzero_ps();
+        int64_t j = k;
+        for (; j + 8 <= end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+        float xsum = HorizontalSum8(xs);
+        for (; j < end; ++j) xsum += x[j];
+        for (; k < end; k += 2) {
+          const __m128i bytes = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
+          const __m128i lo = _mm_and_si128(bytes, low_nibbles);
+          const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
+          const __m256 a = _mm256_broadcast_ss(x + k);
+          const __m256 b = _mm256_broadcast_ss(x + k + 1);
+          e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), e0);
+          e1 = _mm256_fmadd_ps(
+              a, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), e1);
+          o0 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), o0);
+          o1 = _mm256_fmadd_ps(
+              b, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), o1);
+        }
+        const __m256 sum_x = _mm256_set1_ps(xsum);
+        acc[0][0] = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc[0][0]);
+        acc[0][1] = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc[0][1]);
+      } else {
+        for (; k < end; ++k) {
+          const __m128i c0 = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+          const __m256 a = _mm256_broadcast_ss(x + k);
+          if ((k - k0) & 1) {
+            o0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), o0);
+            o1 = _mm256_fmadd_ps(
+                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), o1);
+          } else {
+            e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), e0);
+            e1 = _mm256_fmadd_ps(
+                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), e1);
+          }
+        }
+      }
+      acc[0][0] = _mm256_fmadd_ps(_mm256_add_ps(e0, o0), s0, acc[0][0]);
+      acc[0][1] = _mm256_fmadd_ps(_mm256_add_ps(e1, o1), s1, acc[0][1]);
+      continue;
+    } else if constexpr (kInt4) {
+      const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
+      const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
+      for (; k < end; k += 2) {
+        const __m128i bytes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
+        const __m128i lo = _mm_and_si128(bytes, low_nibbles);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
+        const __m256 e0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), s0, m0);
+        const __m256 e1 = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s1, m1);
+        const __m256 o0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), s0, m0);
+        const __m256 o1 = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s1, m1);
+        for (int r = 0; r < R; ++r) {
+          const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+          const __m256 b = _mm256_broadcast_ss(x + r * ldx + k + 1);
+          acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
+          if constexpr (R == 1) {
+            odd[0] = _mm256_fmadd_ps(b, o0, odd[0]);
+            odd[1] = _mm256_fmadd_ps(b, o1, odd[1]);
+          } else {
+            acc[r][0] = _mm256_fmadd_ps(b, o0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, o1, acc[r][1]);
+          }
+        }
+      }
+    } else {
+      for (; k < end; ++k) {
+        const __m128i codes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+        const __m256 e0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0);
+        const __m256 e1 = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1);
+        for (int r = 0; r < R; ++r) {
+          const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+          if (R == 1 && ((k - k0) & 1)) {
+            odd[0] = _mm256_fmadd_ps(a, e0, odd[0]);
+            odd[1] = _mm256_fmadd_ps(a, e1, odd[1]);
+          } else {
+            acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (R == 1) {
+    acc[0][0] = _mm256_add_ps(acc[0][0], odd[0]);
+    acc[0][1] = _mm256_add_ps(acc[0][1], odd[1]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = c + r * ldc;
+    for (int j = 0; j < 2; ++j) {
+      const __m256 prior = accumulate ? _mm256_loadu_ps(out + 8 * j) : _mm256_setzero_ps();
+      _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(prior, acc[r][j]));
+    }
+  }
+}
+
+// dst[k - k0, 16] = dequant(panel)[k0:k1, 16]: the slice a multi-tile row block shares, so the
+// codes are converted once per block instead of once per 4-row tile.
+template <bool kInt4>
+void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uint8_t* values,
+                     const uint16_t* scales, const uint16_t* mins, float* dst) {
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
+    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+    if constexpr (kInt4) {
+      const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
+      const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
+      for (; k < end; k += 2) {
+        const __m128i bytes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
+        const __m128i lo = _mm_and_si128(bytes, low_nibbles);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
+        float* row = dst + (k - k0) * kQuantPanel;
+        _mm256_store_ps(row, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), s0, m0));
+        _mm256_store_ps(row + 8, _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s1, m1));
+        _mm256_store_ps(row + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), s0, m0));
+        _mm256_store_ps(row + 24, _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s1, m1));
+      }
+    } else {
+      for (; k < end; ++k) {
+        const __m128i codes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+        float* row = dst + (k - k0) * kQuantPanel;
+        _mm256_store_ps(row, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0));
+        _mm256_store_ps(row + 8, _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1));
+      }
+    }
+  }
+}
+
+// c[R, 16] (+)= x[R, :kc] @ slice[kc, 16] over a dequantised float slice, R <= 6: 12
+// accumulators, two weight vectors and a broadcast. Named accumulators: GCC kept an array of
+// them in memory (a store-to-load chain per k).
+template <int R>
+__attribute__((noinline)) void FloatTile16(int64_t kc, const float* x, int64_t ldx,
+                                           const float* slice, float* c, int64_t ldc,
+                                           bool accumulate) {
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+         a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+  const float* x0 = x;
+  const float* x1 = x + ldx;
+  const float* x2 = x + 2 * ldx;
+  const float* x3 = x + 3 * ldx;
+  const float* x4 = x + 4 * ldx;
+  const float* x5 = x + 5 * ldx;
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 w0 = _mm256_load_ps(slice + k * kQuantPanel);
+    const __m256 w1 = _mm256_load_ps(slice + k * kQuantPanel + 8);
+    __m256 a = _mm256_broadcast_ss(x0 + k);
+    a00 = _mm256_fmadd_ps(a, w0, a00);
+    a01 = _mm256_fmadd_ps(a, w1, a01);
+    if constexpr (R > 1) {
+      a = _mm256_broadcast_ss(x1 + k);
+      a10 = _mm256_fmadd_ps(a, w0, a10);
+      a11 = _mm256_fmadd_ps(a, w1, a11);
+    }
+    if constexpr (R > 2) {
+      a = _mm256_broadcast_ss(x2 + k);
+      a20 = _mm256_fmadd_ps(a, w0, a20);
+      a21 = _mm256_fmadd_ps(a, w1, a21);
+    }
+    if constexpr (R > 3) {
+      a = _mm256_broadcast_ss(x3 + k);
+      a30 = _mm256_fmadd_ps(a, w0, a30);
+      a31 = _mm256_fmadd_ps(a, w1, a31);
+    }
+    if constexpr (R > 4) {
+      a = _mm256_broadcast_ss(x4 + k);
+      a40 = _mm256_fmadd_ps(a, w0, a40);
+      a41 = _mm256_fmadd_ps(a, w1, a41);
+    }
+    if constexpr (R > 5) {
+      a = _mm256_broadcast_ss(x5 + k);
+      a50 = _mm256_fmadd_ps(a, w0, a50);
+      a51 = _mm256_fmadd_ps(a, w1, a51);
+    }
+  }
+  const __m256 sums[6][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}, {a40, a41},
+                             {a50, a51}};
+  for (int r = 0; r < R; ++r) {
+    float* out = c + r * ldc;
+    for (int j = 0; j < 2; ++j) {
+      const __m256 prior = accumulate ? _mm256_loadu_ps(out + 8 * j) : _mm256_setzero_ps();
+      _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(prior, sums[r][j]));
+    }
+  }
+}
+#else
+constexpr bool kQuantizedSimd = false;
+
+template <int R, bool kInt4>
+void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float* x, int64_t ldx,
+                   const uint8_t* values, const uint16_t* scales, const uint16_t* mins, float* c,
+                   int64_t ldc, bool accumulate) {
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < kQuantPanel; ++j) {
+      float total = accumulate ? c[r * ldc + j] : 0.0f;
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t g = k / w.group;
+        const float scale = HalfToFloat(scales[g * kQuantPanel + j]);
+        float weight;
+        if (kInt4) {
+          const uint8_t byte = values[(k - k0) / 2 * kQuantPanel + j];
+          const int u = (k & 1) ? byte >> 4 : byte & 0x0F;
+          weight = scale * static_cast<float>(u) + HalfToFloat(mins[g * kQuantPanel + j]);
+        } else {
+          weight = scale * static_cast<float>(static_cast<int8_t>(values[(k - k0) * kQuantPanel + j]));
+        }
+        total += x[r * ldx + k] * weight;
+      }
+      c[r * ldc + j] = total;
+    }
+  }
+}
+#endif
+
+// out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
+// One 4-row tile dequantises in registers; a block of more rows dequantises each 256 x 16 slice
+// once into an L1-resident scratch and runs float tiles over it (SIMD builds).
+template <bool kInt4>
+void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
+                          int64_t m1, int64_t n0, int64_t n1) {
+  const int64_t K = w.depth, N = w.columns;
+  const int64_t groups = K / w.group;
+  const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
+  const bool shared_slice = kQuantizedSimd && m1 - m0 > 4;
+  alignas(32) float slice[kQuantBlockDepth * kQuantPanel];
+  for (int64_t k0 = 0; k0 < K; k0 += kQuantBlockDepth) {
+    const int64_t k1 = std::min(K, k0 + kQuantBlockDepth);
+    const bool accumulate = k0 > 0;
+    for (int64_t first = n0; first < n1; first += kQuantPanel) {
+      const int64_t panel = first / kQuantPanel;
+      const uint8_t* values = w.values + panel * K * row_bytes + k0 * row_bytes;
+      const uint16_t* scales = w.scales + panel * groups * kQuantPanel;
+      const uint16_t* mins = kInt4 ? w.mins + panel * groups * kQuantPanel : nullptr;
+#if defined(JAXGEN_QUANTIZED_SIMD)
+      if (shared_slice) {
+        DequantizeSlice<kInt4>(w, k0, k1, values, scales, mins, slice);
+        for (int64_t m = m0; m < m1; m += kSliceTileRows) {
+          const float* xs = x + m * K + k0;
+          float* c = out + m * N + first;
+          switch (std::min<int64_t>(kSliceTileRows, m1 - m)) {
+            case 6: FloatTile16<6>(k1 - k0, xs, K, slice, c, N, accumulate); break;
+            case 5: FloatTile16<5>(k1 - k0, xs, K, slice, c, N, accumulate); break;
+            case 4: FloatTile16<4>(k1 - k0, xs, K, slice, c, N, accumulate); break;
+            case 3: FloatTile16<3>(k1 - k0, xs, K, slice, c, N, accumulate); break;
+            case 2: FloatTile16<2>(k1 - k0, xs, K, slice, c, N, accumulate); break;
+            default: FloatTile16<1>(k1 - k0, xs, K, slice, c, N, accumulate); break;
+          }
+        }
+        continue;
+      }
+#endif
+      for (int64_t m = m0; m < m1; m += 4) {
+        const float* xs = x + m * K;
+        float* c = out + m * N + first;
+        switch (std::min<int64_t>(4, m1 - m)) {
+          case 4: QuantizedTile<4, kInt4>(w, k0, k1, xs, K, values, scales, mins, c, N, accumulate); break;
+          case 3: QuantizedTile<3, kInt4>(w, k0, k1, xs, K, values, scales, mins, c, N, accumulate); break;
+          case 2: QuantizedTile<2, kInt4>(w, k0, k1, xs, K, values, scales, mins, c, N, accumulate); break;
+          default: QuantizedTile<1, kInt4>(w, k0, k1, xs, K, values, scales, mins, c, N, accumulate); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace jaxgen_cpu

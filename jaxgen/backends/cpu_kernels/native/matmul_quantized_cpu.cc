@@ -1,0 +1,149 @@
+// Quantised-weight matmul for XLA:CPU, called through the XLA FFI.
+//
+// out_i[M, N_i] = x[M, K] @ dequant(w_i)[K, N_i] for a group of weights of one kind that read
+// the same x (q/k/v; gate/up), each given as its packed values, float16 scales and (int4) float16
+// minimums (matmul_quantized.h has the layout and the tile). As the float32 kernel
+// (matmul_cpu.cc): one call per group, only the rows in the two `live_rows` spans computed (the
+// rest are zeros), the outputs split into (row block, weight, column block) items on the
+// kernels' worker pool. Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "matmul_quantized.h"
+#include "parallel_for.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kSpans = 2;
+
+struct Weight {
+  jaxgen_cpu::QuantizedPanels panels;
+  float* out;
+  int64_t block_columns;
+};
+
+struct Item {
+  int64_t w, m0, m1, n0, n1;
+};
+
+// Rows per block: whole 4-row tiles, enough blocks to give every thread work, at most 64 rows.
+int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads) {
+  const int64_t tiles = (rows + 3) / 4;
+  int64_t blocks = std::max<int64_t>((3 * threads + column_blocks - 1) / column_blocks,
+                                     (rows + 63) / 64);
+  blocks = std::max<int64_t>(1, std::min(blocks, tiles));
+  return (tiles + blocks - 1) / blocks * 4;
+}
+
+ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
+                               ffi::RemainingArgs args, ffi::RemainingRets outs, int64_t bits) {
+  auto xd = x.dimensions();
+  if (xd.size() != 2) return ffi::Error::InvalidArgument("matmul_quantized_cpu: x [M, K]");
+  if (live_rows.element_count() != 2 * kSpans) {
+    return ffi::Error::InvalidArgument("matmul_quantized_cpu: live_rows [2, 2] expected");
+  }
+  if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
+  const bool int4 = bits == 4;
+  const size_t per_weight = int4 ? 3 : 2;
+  if (outs.size() == 0 || args.size() != per_weight * outs.size()) {
+    return ffi::Error::InvalidArgument("matmul_quantized_cpu: arguments per weight mismatch");
+  }
+  const int64_t rows = xd[0], depth = xd[1];
+  std::vector<Weight> group;
+  int64_t column_blocks = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    auto values = args.get<ffi::AnyBuffer>(per_weight * i);
+    auto scales = args.get<ffi::AnyBuffer>(per_weight * i + 1);
+    auto out = outs.get<ffi::Buffer<ffi::F32>>(i);
+    if (!values.has_value() || !scales.has_value() || !out.has_value()) {
+      return ffi::Error::InvalidArgument("matmul_quantized_cpu: bad buffers");
+    }
+    const uint16_t* mins = nullptr;
+    if (int4) {
+      auto m = args.get<ffi::AnyBuffer>(per_weight * i + 2);
+      if (!m.has_value()) return ffi::Error::InvalidArgument("matmul_quantized_cpu: mins");
+      mins = static_cast<const uint16_t*>(m->untyped_data());
+    }
+    auto vd = values->dimensions();
+    auto sd = scales->dimensions();
+    const int64_t code_rows = int4 ? depth / 2 : depth;
+    if (vd.size() != 3 || vd[2] != jaxgen_cpu::kQuantPanel || vd[1] != code_rows ||
+        sd.size() != 3 || sd[0] != vd[0] || sd[2] != jaxgen_cpu::kQuantPanel || sd[1] < 1 ||
+        depth % sd[1] != 0) {
+      return ffi::Error::InvalidArgument("matmul_quantized_cpu: packed weight shapes");
+    }
+    const int64_t panels = vd[0];
+    const int64_t block_panels = panels > 64 ? 8 : 4;
+    const int64_t blocks = (panels + block_panels - 1) / block_panels;
+    jaxgen_cpu::QuantizedPanels p{static_cast<const uint8_t*>(values->untyped_data()),
+                                  static_cast<const uint16_t*>(scales->untyped_data()),
+                                  mins,
+                                  depth,
+                                  panels * jaxgen_cpu::kQuantPanel,
+                                  depth / sd[1],
+                                  int4};
+    group.push_back({p, (*out)->typed_data(), block_panels * jaxgen_cpu::kQuantPanel});
+    column_blocks += blocks;
+  }
+  struct Span {
+    int64_t begin, end, block_rows;
+  } spans[kSpans];
+  const int32_t* bounds = live_rows.typed_data();
+  for (int s = 0; s < kSpans; ++s) {
+    const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
+    const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
+    spans[s] = {begin, end,
+                end > begin ? BlockRows(end - begin, column_blocks, jaxgen_cpu::NumThreads()) : 1};
+  }
+  for (const Weight& w : group) {
+    const int64_t n = w.panels.columns;
+    for (int64_t m = 0; m < rows; ++m) {
+      bool live = false;
+      for (const auto& span : spans) live |= span.begin <= m && m < span.end;
+      if (!live) std::fill(w.out + m * n, w.out + (m + 1) * n, 0.0f);
+    }
+  }
+  std::vector<Item> items;
+  for (const auto& span : spans) {
+    for (int64_t m0 = span.begin; m0 < span.end; m0 += span.block_rows) {
+      const int64_t m1 = std::min(span.end, m0 + span.block_rows);
+      for (int64_t w = 0; w < static_cast<int64_t>(group.size()); ++w) {
+        const int64_t n = group[w].panels.columns;
+        for (int64_t n0 = 0; n0 < n; n0 += group[w].block_columns) {
+          items.push_back({w, m0, m1, n0, std::min(n, n0 + group[w].block_columns)});
+        }
+      }
+    }
+  }
+  const float* xs = x.typed_data();
+  jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>&) {
+    const Item& item = items[i];
+    const Weight& w = group[item.w];
+    if (int4) {
+      jaxgen_cpu::QuantizedMatmulBlock<true>(w.panels, xs, w.out, item.m0, item.m1, item.n0,
+                                             item.n1);
+    } else {
+      jaxgen_cpu::QuantizedMatmulBlock<false>(w.panels, xs, w.out, item.m0, item.m1, item.n0,
+                                              item.n1);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// True when the AVX2 + FMA + F16C path was compiled in; without it callers keep XLA's path.
+extern "C" bool JaxgenQuantizedMatmulHasSimd() { return jaxgen_cpu::kQuantizedSimd; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("bits"));

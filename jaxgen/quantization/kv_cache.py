@@ -1,0 +1,112 @@
+"""The KV pool in 8 bits: int8 or fp8 (e4m3) values with float32 scales per token, KV head and
+32 head_dim elements, quantised when a layer writes its new keys and values, dequantised only
+where attention reads them (the pages it gathers).
+
+Per token (rather than per page and head): a page's scale would have to be known before its
+last token is written, or its earlier tokens requantised; a token's own scales are fixed when
+it is written, so a write stays one scatter. Per 32 elements rather than per head: one scale per
+head let a few large channels set the step of all 64 (SmolLM2's keys), and teacher-forced top-1
+agreement with the float pool rose from 97.4% to 99.5% (int8) and 94.8% to 96.9% (fp8) with two
+scales per head (4 prompts x 48 tokens, default model). Cost: 72 bytes per token and head at
+head_dim 64 against 256 in float32 (0.28x).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+SCALE_GROUP = 32  # head_dim elements per scale (the whole head when head_dim is not a multiple)
+_STORAGE = {"int8": (jnp.int8, 127.0), "fp8": (jnp.float8_e4m3fn, 448.0)}
+
+
+def validate_kv_cache_dtype(value) -> str:
+    if value not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {value!r}"
+        )
+    return value
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=["values", "scales"], meta_fields=[]
+)
+@dataclasses.dataclass(frozen=True)
+class QuantizedPages:
+    """One of a layer's K or V pools: ``values`` [Hkv, P, S, D] int8 / float8_e4m3fn and
+    ``scales`` [Hkv, P, S] float32 (one per token and head)."""
+
+    values: jax.Array
+    scales: jax.Array  # [Hkv, P, S, G]: G = head_dim / SCALE_GROUP scales per token and head
+
+    @property
+    def shape(self):
+        return self.values.shape
+
+    def gather(self, block_tables: jax.Array, dtype=jnp.float32) -> jax.Array:
+        """Pages by id, dequantised: [Hkv, ..., W, S, D] (as ``gather_pages`` of a float pool)."""
+        values = self.values.at[:, block_tables].get(mode="promise_in_bounds")
+        scales = self.scales.at[:, block_tables].get(mode="promise_in_bounds")
+        groups = scales.shape[-1]
+        grouped = values.reshape(*values.shape[:-1], groups, -1).astype(jnp.float32)
+        return (grouped * scales[..., None]).reshape(values.shape).astype(dtype)
+
+
+def _groups(head_dim: int) -> int:
+    return head_dim // SCALE_GROUP if head_dim % SCALE_GROUP == 0 else 1
+
+
+def pool_shapes(kv_cache_dtype: str, shape: tuple, dtype) -> object:
+    """The ``ShapeDtypeStruct`` pytree of one K or V pool of ``shape`` [Hkv, P, S, D]."""
+    if kv_cache_dtype == "auto":
+        return jax.ShapeDtypeStruct(shape, dtype)
+    storage, _ = _STORAGE[kv_cache_dtype]
+    return QuantizedPages(
+        jax.ShapeDtypeStruct(shape, storage),
+        jax.ShapeDtypeStruct((*shape[:-1], _groups(shape[-1])), jnp.float32),
+    )
+
+
+def zeros(kv_cache_dtype: str, shape: tuple, dtype) -> object:
+    if kv_cache_dtype == "auto":
+        return jnp.zeros(shape, dtype)
+    storage, _ = _STORAGE[kv_cache_dtype]
+    scales = jnp.ones((*shape[:-1], _groups(shape[-1])), jnp.float32)
+    return QuantizedPages(jnp.zeros(shape, storage), scales)
+
+
+def write(pages, new: jax.Array, slot_mapping: jax.Array):
+    """``pages`` with ``new`` ([T, Hkv, D]) written at ``slot_mapping`` ([T]); a quantised pool
+    takes each token's values over its own absmax scale."""
+    if not isinstance(pages, QuantizedPages):
+        hkv, num_pages, page_size, dim = pages.shape
+        flat = pages.reshape(hkv, num_pages * page_size, dim)
+        flat = flat.at[:, slot_mapping].set(new.swapaxes(0, 1).astype(pages.dtype))
+        return flat.reshape(pages.shape)
+    hkv, num_pages, page_size, dim = pages.values.shape
+    storage = pages.values.dtype
+    limit = _STORAGE["int8" if storage == jnp.int8 else "fp8"][1]
+    groups = pages.scales.shape[-1]
+    new = new.astype(jnp.float32).swapaxes(0, 1)  # [Hkv, T, D]
+    grouped = new.reshape(*new.shape[:-1], groups, dim // groups)  # [Hkv, T, G, D / G]
+    scales = jnp.max(jnp.abs(grouped), axis=-1) / limit  # [Hkv, T, G]
+    scales = jnp.where(scales == 0, 1.0, scales)
+    codes = (grouped / scales[..., None]).reshape(new.shape)
+    codes = jnp.round(codes) if storage == jnp.int8 else codes
+    values = pages.values.reshape(hkv, num_pages * page_size, dim)
+    values = values.at[:, slot_mapping].set(codes.astype(storage))
+    scale_pool = pages.scales.reshape(hkv, num_pages * page_size, groups)
+    scale_pool = scale_pool.at[:, slot_mapping].set(scales)
+    return QuantizedPages(
+        values.reshape(pages.values.shape), scale_pool.reshape(pages.scales.shape)
+    )
+
+
+def bytes_per_token(config) -> int:
+    """Bytes an 8-bit pool takes per token over every layer, K and V: codes plus scales."""
+    per_head = config.head_dim + 4 * _groups(config.head_dim)
+    return 2 * config.num_layers * config.num_kv_heads * per_head

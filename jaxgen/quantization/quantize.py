@@ -1,0 +1,110 @@
+"""Quantising float kernels at load, and which parameters a ``quantization`` choice quantises.
+
+The rules are by parameter path, as in qwix (Google's JAX quantisation library): every
+``Linear`` kernel takes the chosen kind; the LM head (an untied ``lm_head`` kernel, or a tied
+embedding, held as its head kernel) keeps 8 bits under int4, since its errors reach every logit.
+int8 and int4 use groups of 32 along the input (GGUF's Q8_0 and Q4_1 layouts): per-channel int8
+agreed with the float model on 95.8% of teacher-forced tokens (default model, 32 x 64), under
+the 98% the groups reach, for 6% more bytes.
+Norms, biases and rotary tables stay float. Quantising runs in numpy on the host, one tensor at a
+time, so a float copy of the whole model never sits on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from jaxgen.quantization.quantized_weight import QuantizedWeight, pack_int4, validate_layout
+
+# What users pass: ``auto`` keeps a GGUF's quantised types and a float checkpoint float; ``none``
+# dequantises everything; the others quantise a float checkpoint at load.
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "fp8")
+FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantizationSpec:
+    """One weight's quantisation: ``kind`` with ``group_size`` (None: per output channel) and,
+    for int4, a per-group minimum (``asymmetric``)."""
+
+    kind: str
+    group_size: int | None = None
+    asymmetric: bool = False
+
+
+def validate_quantization(value) -> str:
+    """``value`` if it is a known ``quantization`` choice, else a ``ValueError`` naming it."""
+    if value not in QUANTIZATION_CHOICES:
+        raise ValueError(
+            f"quantization must be one of {', '.join(map(repr, QUANTIZATION_CHOICES))}, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def spec_for_path(quantization: str, path: tuple) -> QuantizationSpec | None:
+    """The spec a parameter at ``path`` gets under ``quantization`` (None: stays float)."""
+    if quantization in ("auto", "none"):
+        return None
+    head = path[-1] == "embedding" or path[0] == "lm_head"
+    if quantization == "int8" or (quantization == "int4" and head):
+        return QuantizationSpec(kind="int8", group_size=32)
+    if quantization == "int4":
+        return QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
+    return QuantizationSpec(kind="fp8")
+
+
+def quantize_kernel(w, spec: QuantizationSpec) -> QuantizedWeight:
+    """``w`` ([K, N] float kernel) quantised per ``spec``, scales grouped along K.
+
+    int8 and int4 scales are float16 (as GGUF's), and the codes are computed against the rounded
+    scale, so native kernels reading float16 scales compute the same weight."""
+    w = np.asarray(w, np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"only [K, N] kernels are quantised, got shape {w.shape}")
+    depth, columns = w.shape
+    group = depth if spec.group_size is None else spec.group_size
+    validate_layout(spec.kind, group, (depth, columns))
+    blocks = w.reshape(depth // group, group, columns)
+    if spec.kind == "fp8":
+        scales = np.abs(blocks).max(axis=1) / FP8_MAX  # [G, N]
+        scales = np.where(scales == 0, 1.0, scales).astype(np.float32)
+        values = (blocks / scales[:, None]).astype(ml_dtypes.float8_e4m3fn)
+        return QuantizedWeight(
+            jnp.asarray(values.reshape(depth, columns)), jnp.asarray(scales), None,
+            kind="fp8", group_size=group, shape=(depth, columns),
+        )  # fmt: skip
+    if spec.kind == "int8":
+        scales = _half(np.abs(blocks).max(axis=1) / 127.0)
+        codes = np.clip(np.rint(blocks / _safe(scales)[:, None]), -127, 127).astype(np.int8)
+        return QuantizedWeight(
+            jnp.asarray(codes.reshape(depth, columns)), jnp.asarray(scales), None,
+            kind="int8", group_size=group, shape=(depth, columns),
+        )  # fmt: skip
+    if spec.asymmetric:
+        low, high = blocks.min(axis=1), blocks.max(axis=1)
+        scales, mins = _half((high - low) / 15.0), low.astype(np.float16)
+        shifted = blocks - mins.astype(np.float32)[:, None]
+        unsigned = np.clip(np.rint(shifted / _safe(scales)[:, None]), 0, 15)
+    else:
+        scales, mins = _half(np.abs(blocks).max(axis=1) / 7.0), None
+        unsigned = np.clip(np.rint(blocks / _safe(scales)[:, None]), -8, 7) + 8
+    values = pack_int4(unsigned.reshape(depth, columns))
+    return QuantizedWeight(
+        jnp.asarray(values), jnp.asarray(scales), None if mins is None else jnp.asarray(mins),
+        kind="int4", group_size=group, shape=(depth, columns),
+    )  # fmt: skip
+
+
+def _half(scales: np.ndarray) -> np.ndarray:
+    return scales.astype(np.float16)
+
+
+def _safe(scales: np.ndarray) -> np.ndarray:
+    """float32 scales with zeros (all-zero groups) as 1, so their codes are 0."""
+    scales = scales.astype(np.float32)
+    return np.where(scales == 0, 1.0, scales)

@@ -1,0 +1,125 @@
+"""``QuantizedWeight``: one quantised-weight representation for every backend.
+
+A ``[K, N]`` kernel (``Linear``'s orientation: input features first) stored as integer or fp8
+``values`` plus per-group ``scales`` along K (and, for asymmetric int4, per-group ``mins``):
+
+| kind | values | dequantised element ``[k, n]`` (``g = k // group_size``) |
+| --- | --- | --- |
+| ``int8`` | int8 ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
+| ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]`` |
+| ``fp8`` | float8_e4m3fn ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
+
+Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
+one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
+onto int8 / int4 / int4-with-mins with group 32 value for value (``jaxgen.loaders.gguf_loader``).
+
+It is a pytree (``values``, ``scales``, ``mins`` are leaves; ``kind``, ``group_size`` and
+``shape`` static), so the jitted step takes it as an argument like any parameter, and it has
+the kernel protocol of ``jaxgen.models.linear``: :meth:`matmul` computes ``x @ dequantize()``
+in XLA (the reference path; XLA fuses the dequantisation into the dot's operand on TPU/GPU).
+Backends with native kernels replace it in ``prepare_params`` (the "cpu" backend's
+``PackedQuantizedWeight``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KINDS = ("int8", "int4", "fp8")
+VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["values", "scales", "mins"],
+    meta_fields=["kind", "group_size", "shape"],
+)
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """A quantised ``[K, N]`` kernel (see the module docstring)."""
+
+    values: jax.Array  # [K, N] int8 / float8_e4m3fn, or [K / 2, N] uint8 (int4)
+    scales: jax.Array  # [K / group_size, N] float16 or float32
+    mins: jax.Array | None  # [K / group_size, N] like scales (asymmetric int4), or None
+    kind: str
+    group_size: int
+    shape: tuple[int, int]  # (K, N)
+
+    def __post_init__(self):
+        validate_layout(self.kind, self.group_size, self.shape)
+
+    @property
+    def dtype(self):
+        """The dtype the weight dequantises to by default (its scales')."""
+        return jnp.dtype(self.scales.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(self))
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:  # [K, N]
+        """The float weight the values and scales stand for."""
+        depth, columns = self.shape
+        groups = depth // self.group_size
+        if self.kind == "int4":
+            low = (self.values & 0x0F).astype(jnp.float32)
+            high = (self.values >> 4).astype(jnp.float32)
+            unsigned = jnp.stack([low, high], axis=1).reshape(depth, columns)
+            codes = unsigned if self.mins is not None else unsigned - 8.0
+        else:
+            codes = self.values.astype(jnp.float32)
+        codes = codes.reshape(groups, self.group_size, columns)
+        weight = codes * self.scales.astype(jnp.float32)[:, None, :]
+        if self.mins is not None:
+            weight = weight + self.mins.astype(jnp.float32)[:, None, :]
+        return weight.reshape(depth, columns).astype(dtype)
+
+    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ dequantize()`` (every row computed; ``live_rows`` is for native kernels)."""
+        del live_rows
+        return jnp.dot(x, self.dequantize(x.dtype))
+
+    def take_columns(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:  # [T] -> [T, K]
+        """Columns ``ids`` dequantised, as rows: the embedding lookup of a quantised tied
+        embedding, which is held as its LM-head kernel ``[hidden, vocab]``."""
+        picked = dataclasses.replace(
+            self,
+            values=jnp.take(self.values, ids, axis=1),
+            scales=jnp.take(self.scales, ids, axis=1),
+            mins=None if self.mins is None else jnp.take(self.mins, ids, axis=1),
+            shape=(self.shape[0], int(ids.shape[0])),
+        )
+        return picked.dequantize(dtype).T
+
+
+def validate_layout(kind: str, group_size: int, shape: tuple[int, int]) -> None:
+    """``ValueError`` for an unknown kind or a group size that does not divide K."""
+    if kind not in KINDS:
+        raise ValueError(f"quantization kind must be one of {KINDS}, got {kind!r}")
+    depth = shape[0]
+    if not isinstance(group_size, int) or group_size < 1 or depth % group_size:
+        raise ValueError(
+            f"group_size {group_size!r} must divide the input width {depth} (K of a {shape} weight)"
+        )
+    if kind == "int4" and group_size % 2:
+        raise ValueError(f"int4 group_size must be even, got {group_size}")
+
+
+def is_quantized(kernel) -> bool:
+    return isinstance(kernel, QuantizedWeight)
+
+
+def pack_int4(unsigned: np.ndarray) -> np.ndarray:  # [K, N] values in [0, 15] -> [K / 2, N]
+    """Two 4-bit codes per byte: row ``2i`` low nibble, row ``2i + 1`` high nibble."""
+    unsigned = np.asarray(unsigned, np.uint8)
+    return unsigned[0::2] | (unsigned[1::2] << 4)
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:  # [K / 2, N] -> [K, N] values in [0, 15]
+    packed = np.asarray(packed, np.uint8)
+    return np.stack([packed & 0x0F, packed >> 4], axis=1).reshape(-1, packed.shape[-1])

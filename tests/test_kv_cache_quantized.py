@@ -1,0 +1,120 @@
+"""8-bit KV pools (``kv_cache_dtype="int8" | "fp8"``): quantised on write, dequantised where
+attention gathers; the same greedy tokens as one-at-a-time decoding over the same 8-bit pool
+through chunked prefill, preemption and prefix reuse; smaller bytes per token; bad values."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgen import LLM, SamplingParams
+from jaxgen.backends import select_backend
+from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.quantization import kv_cache
+
+BACKENDS = ["reference"] + (["cpu"] if jax.default_backend() == "cpu" else [])
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("int8", 0.5 / 127), ("fp8", 2.0**-4)])
+def test_write_then_gather_is_within_half_a_step(dtype, tolerance):
+    rng = np.random.default_rng(0)
+    pages = kv_cache.zeros(dtype, (2, 4, 8, 64), jnp.float32)  # [Hkv, P, S, D]
+    scale = np.asarray([1.0] * 32 + [30.0] * 32)
+    new = jnp.asarray(rng.standard_normal((5, 2, 64)) * scale, jnp.float32)
+    slots = jnp.asarray([8, 9, 17, 31, 10], jnp.int32)
+    pages = kv_cache.write(pages, new, slots)
+    gathered = pages.gather(jnp.arange(4, dtype=jnp.int32))  # [Hkv, P, S, D]
+    flat = np.asarray(gathered).reshape(2, 32, 64)[:, np.asarray(slots)].swapaxes(0, 1)
+    # each 32-element group has its own scale: the small half keeps its precision
+    bound = np.abs(np.asarray(new)).reshape(5, 2, 2, 32).max(-1, keepdims=True) * tolerance
+    error = np.abs(flat - np.asarray(new)).reshape(5, 2, 2, 32)
+    assert (error <= bound * 1.01 + 1e-7).all()
+
+
+def _prompts(count=5):
+    rng = np.random.default_rng(1)
+    shared = rng.integers(0, 1000, 20).tolist()  # a full page shared by every prompt
+    return [shared + rng.integers(0, 1000, int(n)).tolist() for n in (5, 12, 3, 9, 7)[:count]]
+
+
+@pytest.mark.parametrize(
+    "dtype, backend",
+    [("int8", "reference")]
+    + [pytest.param(d, b, marks=pytest.mark.slow) for d in ("int8", "fp8") for b in BACKENDS][1:],
+)
+def test_batching_modes_match_one_at_a_time(tiny_model_dir, dtype, backend):
+    from jaxgen.loaders import load_model
+
+    loaded = load_model(tiny_model_dir)
+    prompts = _prompts()
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    knobs = dict(max_model_len=64, kv_cache_dtype=dtype, attention_backend=backend)
+    reference = [
+        o.token_ids
+        for o in LLM(loaded, batching="none", **knobs).generate(prompts, params, use_tqdm=False)
+    ]
+    float_pool = LLM(loaded, batching="none", max_model_len=64, attention_backend=backend)
+    float_tokens = [o.token_ids for o in float_pool.generate(prompts, params, use_tqdm=False)]
+    assert np.mean(np.asarray(reference) == np.asarray(float_tokens)) > 0.5  # not garbage
+
+    chunked = LLM(loaded, max_rolling_batch_prefill_tokens=16, max_rolling_batch_size=4, **knobs)
+    assert [o.token_ids for o in chunked.generate(prompts, params, use_tqdm=False)] == reference
+
+    page_bytes = chunked.stats()["kv_bytes_per_token"] * 16
+    tiny = LLM(loaded, kv_cache_memory=6 * page_bytes, enable_prefix_caching=False, **knobs)
+    assert [o.token_ids for o in tiny.generate(prompts, params, use_tqdm=False)] == reference
+    assert tiny.stats()["preemptions"] > 0
+
+    reuse = LLM(loaded, **knobs)
+    first = reuse.generate(prompts[:1], params, use_tqdm=False)
+    rest = reuse.generate(prompts[1:], params, use_tqdm=False)
+    assert [o.token_ids for o in first + rest] == reference
+    assert reuse.stats()["prefix_cache_hit_pages"] >= len(prompts) - 1
+
+
+def test_bytes_per_token(tiny_model_dir):
+    from jaxgen.loaders import load_model
+
+    loaded = load_model(tiny_model_dir)
+    stats = {
+        dtype: LLM(loaded, max_model_len=64, kv_cache_dtype=dtype).stats()
+        for dtype in ("auto", "int8", "fp8")
+    }
+    head_dim = loaded.config.head_dim
+    groups = head_dim // 32 if head_dim % 32 == 0 else 1
+    per_head = {"auto": 4 * head_dim, "int8": head_dim + 4 * groups, "fp8": head_dim + 4 * groups}
+    for dtype, row in stats.items():
+        expected = 2 * loaded.config.num_layers * loaded.config.num_kv_heads * per_head[dtype]
+        assert row["kv_bytes_per_token"] == expected
+        assert row["kv_cache_dtype"] == dtype
+
+
+@pytest.mark.parametrize("value", ["int4", "float8", None])
+def test_bad_kv_cache_dtype_names_value_and_choices(value):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of 'auto', 'int8', 'fp8'"):
+        EngineConfig(kv_cache_dtype=value)
+    with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of"):
+        select_backend("reference", kv_cache_dtype=value)
+
+
+def test_backends_without_8bit_pools_refuse():
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='int8' is supported by .*'pallas-tpu'"):
+        select_backend("pallas-tpu", kv_cache_dtype="int8")
+
+
+def test_planner_counts_quantised_bytes(tiny_model_dir):
+    from jaxgen.config import ModelConfig
+    from jaxgen.loaders.hf_checkpoint import load_hf_config
+    from jaxgen.planner import DEVICES, make_plan
+
+    config: ModelConfig = load_hf_config(tiny_model_dir)
+    base = make_plan(config, device=DEVICES["h100"], dtype="bfloat16")
+    small = make_plan(
+        config, device=DEVICES["h100"], dtype="bfloat16", quantization="int8", kv_cache_dtype="int8"
+    )
+    assert small.kv_bytes_per_token == kv_cache.bytes_per_token(config)
+    assert small.kv_bytes_per_token < base.kv_bytes_per_token
+    assert small.weight_bytes == int(config.num_params * (1 + 2 / 32))
+    assert small.num_pages > base.num_pages

@@ -1,0 +1,111 @@
+"""The native int8 / int4 matmul (``PackedQuantizedWeight``) against the pure-jnp reference
+``x @ QuantizedWeight.dequantize()`` in float64: every kind and group size, one row (registers)
+and many (the shared dequantised slice), ragged rows and columns, live-row spans, groups of
+weights in one call, and the "cpu" backend packing a quantised model's kernels."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxgen.backends.cpu import pack_linear_weights
+from jaxgen.backends.cpu_kernels import (
+    PackedQuantizedWeight,
+    matmul_quantized_cpu_group,
+    quantized_matmul_available,
+)
+from jaxgen.models.linear import Linear, apply_linears
+from jaxgen.quantization import QuantizationSpec, QuantizedWeight, quantize_kernel
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not quantized_matmul_available(),
+    reason="needs the CPU backend, a C++ compiler and AVX2 + FMA + F16C",
+)
+
+SPECS = {
+    "int8-channel": QuantizationSpec(kind="int8"),
+    "int8-g32": QuantizationSpec(kind="int8", group_size=32),
+    "int4-g32": QuantizationSpec(kind="int4", group_size=32),
+    "int4-g32-min": QuantizationSpec(kind="int4", group_size=32, asymmetric=True),
+    "int4-g128-min": QuantizationSpec(kind="int4", group_size=128, asymmetric=True),
+}
+
+
+def _reference(x, weight: QuantizedWeight, mask=None):
+    out = np.asarray(x, np.float64) @ np.asarray(weight.dequantize(), np.float64)
+    return out if mask is None else out * mask
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+@pytest.mark.parametrize(
+    "rows, depth, columns",
+    [
+        (1, 640, 192),  # single-stream decode: registers only; a partial k-block
+        (4, 256, 40),  # one full tile, a padded panel
+        (67, 1536, 576),  # a shared slice, ragged rows, depth over several 256-deep blocks
+        (300, 128, 1100),  # several row blocks, the 8-panel column blocks
+    ],
+)
+def test_matches_dequantized_dot(spec, rows, depth, columns):
+    rng = np.random.default_rng(rows + columns)
+    weight = quantize_kernel(rng.standard_normal((depth, columns)), spec)
+    x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
+    actual = jax.jit(lambda x, w: w.matmul(x))(x, PackedQuantizedWeight.pack(weight))
+    np.testing.assert_allclose(
+        np.asarray(actual), _reference(x, weight), rtol=1e-5, atol=2e-6 * depth
+    )
+
+
+def test_group_and_live_rows():
+    rows, depth = 50, 320
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
+    weights = [
+        quantize_kernel(rng.standard_normal((depth, n)), SPECS["int4-g32-min"])
+        for n in (576, 192, 100)
+    ]
+    live = np.array([[0, 9], [12, 45]], np.int32)
+    packed = [PackedQuantizedWeight.pack(w) for w in weights]
+    run = jax.jit(lambda x, ws, live: matmul_quantized_cpu_group(x, ws, live_rows=live))
+    mask = np.zeros((rows, 1))
+    mask[0:9] = mask[12:45] = 1
+    for weight, actual in zip(weights, run(x, packed, live), strict=True):
+        np.testing.assert_allclose(actual, _reference(x, weight, mask), rtol=1e-5, atol=1e-3)
+    assert run.lower(x, packed, live).as_text().count("jaxgen_matmul_quantized") == 1
+    with pytest.raises(ValueError, match="same bits"):
+        matmul_quantized_cpu_group(x, [])
+    with pytest.raises(ValueError, match="depth"):
+        matmul_quantized_cpu_group(x[:, :64], packed[:1])
+    with pytest.raises(ValueError, match="live_rows"):
+        matmul_quantized_cpu_group(x, packed[:1], live_rows=live[:1])
+
+
+def test_fp8_and_float32_scales_are_refused():
+    w = np.random.default_rng(0).standard_normal((64, 32))
+    with pytest.raises(ValueError, match="fp8 with float32 scales"):
+        PackedQuantizedWeight.pack(quantize_kernel(w, QuantizationSpec(kind="fp8")))
+
+
+def test_backend_packs_quantized_linear_kernels():
+    layers = (
+        Linear(64, 48, bias=True, dtype=jnp.float32, rngs=nnx.Rngs(0)),
+        Linear(64, 40, bias=False, dtype=jnp.float32, rngs=nnx.Rngs(1)),
+    )
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((7, 64)), jnp.float32)
+    for layer in layers:
+        kernel = layer.kernel.get_value()
+        layer.kernel.set_value(quantize_kernel(kernel, SPECS["int4-g32-min"]))
+    expected = apply_linears(layers, x)  # XLA: x @ dequantize()
+    graphdef, params = nnx.split(layers)
+    packed = pack_linear_weights(params)
+    assert isinstance(packed[0]["kernel"].get_value(), PackedQuantizedWeight)
+
+    def run(state, x):
+        return apply_linears(nnx.merge(graphdef, state), x)
+
+    for actual, reference in zip(jax.jit(run)(packed, x), expected, strict=True):
+        np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)
+    assert jax.jit(run).lower(packed, x).as_text().count("jaxgen_matmul_quantized") == 1
