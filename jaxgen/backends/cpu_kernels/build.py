@@ -83,3 +83,17 @@ def load_library() -> ctypes.CDLL | None:
 def register(library: ctypes.CDLL, symbol: str, target: str) -> None:
     """Registers the FFI handler ``symbol`` of ``library`` as XLA:CPU custom call ``target``."""
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+
+
+def register_simd_kernel(simd_check: str, symbol: str, target: str) -> bool:
+    """Registers FFI handler ``symbol`` as ``target`` when the library builds and its
+    ``simd_check`` says this CPU has the instructions the kernel needs; False otherwise."""
+    library = load_library()
+    if library is None:
+        return False
+    check = getattr(library, simd_check)
+    check.restype = ctypes.c_bool
+    if not check():
+        return False
+    register(library, symbol, target)
+    return True

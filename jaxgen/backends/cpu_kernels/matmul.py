@@ -11,7 +11,6 @@ or the compiler lacks AVX2 + FMA, and callers keep ``jnp.dot``, the reference.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 
@@ -19,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgen.backends.cpu_kernels.build import load_library, register
+from jaxgen.backends.cpu_kernels.build import register_simd_kernel
 
 TARGET = "jaxgen_matmul_f32"
 PANEL_WIDTH = 24  # kPanelWidth in native/matmul_f32.h
@@ -28,14 +27,7 @@ PANEL_WIDTH = 24  # kPanelWidth in native/matmul_f32.h
 @functools.cache
 def matmul_kernel_available() -> bool:
     """Builds and registers the kernel once; False without a build or without AVX2 + FMA."""
-    library = load_library()
-    if library is None:
-        return False
-    library.JaxgenMatmulHasSimd.restype = ctypes.c_bool
-    if not library.JaxgenMatmulHasSimd():
-        return False
-    register(library, "JaxgenMatmulF32", TARGET)
-    return True
+    return register_simd_kernel("JaxgenMatmulHasSimd", "JaxgenMatmulF32", TARGET)
 
 
 def can_pack(w: jax.Array) -> bool:

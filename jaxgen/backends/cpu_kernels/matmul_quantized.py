@@ -10,7 +10,6 @@ through ``jaxgen.models.linear`` without importing this module. Reference:
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgen.backends.cpu_kernels.build import load_library, register
+from jaxgen.backends.cpu_kernels.build import register_simd_kernel
 from jaxgen.quantization import QuantizedWeight
 
 TARGET = "jaxgen_matmul_quantized"
@@ -28,14 +27,7 @@ QUANT_PANEL = 16  # kQuantPanel in native/matmul_quantized.h
 @functools.cache
 def quantized_matmul_available() -> bool:
     """Builds and registers the kernel once; False without a build or AVX2 + FMA + F16C."""
-    library = load_library()
-    if library is None:
-        return False
-    library.JaxgenQuantizedMatmulHasSimd.restype = ctypes.c_bool
-    if not library.JaxgenQuantizedMatmulHasSimd():
-        return False
-    register(library, "JaxgenMatmulQuantized", TARGET)
-    return True
+    return register_simd_kernel("JaxgenQuantizedMatmulHasSimd", "JaxgenMatmulQuantized", TARGET)
 
 
 def can_pack_quantized(weight) -> bool:
