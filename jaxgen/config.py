@@ -148,6 +148,15 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Number of parameters (embedding counted once when tied; all experts counted)."""
+        return self._count_params(active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token's decode step reads: the experts it is routed to, not all of
+        them, and the LM head but not an untied embedding table (only the token's row)."""
+        return self._count_params(active=True)
+
+    def _count_params(self, *, active: bool) -> int:
         d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
         attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
         gates = 2 if self.model_type == "falcon" else 3
@@ -155,13 +164,14 @@ class ModelConfig:
         for layer in range(self.num_layers):
             if self.is_moe_layer(layer):
                 moe = self.moe
-                mlp = moe.num_experts * (3 * d * moe.expert_size + d)
+                experts = moe.num_experts_per_token if active else moe.num_experts
+                mlp = experts * 3 * d * moe.expert_size + moe.num_experts * d  # + router
                 mlp += 3 * d * moe.shared_expert_size + (d if moe.shared_expert_size else 0)
             else:
                 mlp = gates * d * f
             total += attn + mlp + 2 * d
-        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return total + emb + d
+        tables = 1 if self.tie_word_embeddings or active else 2
+        return total + self.vocab_size * d * tables + d
 
     def kv_bytes_per_token(self, itemsize: int) -> int:
         """Bytes of K and V cached per token over all layers (what the page pool allocates)."""

@@ -133,7 +133,9 @@ def make_plan(
 ) -> Plan:
     """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``; ``quantization``
     ("int8" / "int4" / "fp8") and ``kv_cache_dtype`` ("int8" / "fp8") count the quantised
-    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``)."""
+    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``). The
+    batch-1 decode floor reads the active parameters only (``ModelConfig.num_active_params``:
+    the routed experts, and no untied embedding table)."""
     itemsize = DTYPE_BYTES[dtype]
     weight_bytes = int(config.num_params * WEIGHT_BYTES_PER_PARAM.get(quantization, itemsize))
     kv_per_token = config.kv_bytes_per_token(itemsize)
@@ -159,7 +161,11 @@ def make_plan(
         tokens_that_fit=tokens,
         sequences_at_context=num_pages // pages_per_seq,
         critical_batch_size=critical,
-        decode_floor_ms_batch1=weight_bytes / bandwidth * 1e3,
+        decode_floor_ms_batch1=weight_bytes
+        * config.num_active_params
+        / config.num_params
+        / bandwidth
+        * 1e3,
     )
 
 

@@ -229,3 +229,24 @@ def test_every_backend_honours_soft_cap_and_sliding_window(backend, family_dirs)
     reference = full_sequence_logits(loaded, ids, backend="reference")
     ours = full_sequence_logits(loaded, ids, backend=backend)
     assert np.abs(ours - reference).max() <= 1e-4
+
+
+def test_parameter_counts_of_published_shapes():
+    """Mixtral-8x7B: 46.7B parameters, 12.7B read per token (2 of 8 experts, the LM head but
+    not the untied embedding table); the planner's batch-1 floor reads the active ones."""
+    from jaxgen.planner import DEVICES, make_plan
+
+    mixtral = ModelConfig.from_hf_dict(
+        dict(
+            model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+            num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
+        )
+    )  # fmt: skip
+    assert round(mixtral.num_params / 1e9, 1) == 46.7
+    assert round(mixtral.num_active_params / 1e9, 1) == 12.7
+    plan = make_plan(mixtral, device=DEVICES["h100"], dtype="bfloat16")
+    bandwidth = DEVICES["h100"].bandwidth_bytes_per_s
+    assert plan.decode_floor_ms_batch1 == pytest.approx(
+        mixtral.num_active_params * 2 / bandwidth * 1e3
+    )
