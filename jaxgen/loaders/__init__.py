@@ -9,6 +9,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxgen.config import ModelConfig
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
@@ -18,7 +19,7 @@ from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.orbax_checkpoint import METADATA_FILE, load_orbax
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import params_from_hf_tensors
-from jaxgen.quantization import validate_quantization
+from jaxgen.quantization import is_quantized, validate_quantization
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -114,8 +115,22 @@ def load_sharded(model, *, dtype, placement):
     ``placement`` (a ``jaxgen.sharding.DeferredPlacement``)."""
     if isinstance(model, LoadedModel):
         plan = placement.bind(model.config)
-        return dataclasses.replace(model, params=plan.place_state(model.params))
+        params = plan.place_state(_float_params(model.params, model.dtype))
+        return dataclasses.replace(model, params=params, quantization="none")
     return load_model(model, dtype=dtype, place=placement)
+
+
+def _float_params(params: nnx.State, dtype) -> nnx.State:
+    """``params`` with quantised weights dequantised to ``dtype``: sharded loads hold float
+    weights (as ``load_model`` does when it places them)."""
+    leaves = []
+    for path, var in nnx.to_flat_state(params):
+        value = var.get_value()
+        if is_quantized(value):
+            weight = value.dequantize(dtype)  # [in, out]; an embedding is held as its head kernel
+            var = var.replace(weight if path[-1] == "kernel" else weight.T)
+        leaves.append((path, var))
+    return nnx.from_flat_state(leaves)
 
 
 def model_config_only(model: str | None) -> ModelConfig:
