@@ -63,16 +63,6 @@ class Ticket:
         self.released = False
         self.request_ids: set[str] = set()
 
-    @property
-    def engine_error(self) -> BaseException | None:
-        """Why the model cannot serve: it failed to load, or its engine died."""
-        return self.load_error or getattr(self.llm, "dead", None)
-
-    @property
-    def status(self) -> str:
-        """The phase clients see: ``failed`` once the engine is dead, whatever the phase."""
-        return FAILED if getattr(self.llm, "dead", None) is not None else self.phase
-
     def new_request_id(self) -> str:
         request_id = self.state.new_request_id()
         self.request_ids.add(request_id)
