@@ -36,7 +36,8 @@ ORDER = {
                 "properties": {
                     "sku": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"},
                     "quantity": {"type": "integer", "minimum": 1, "maximum": 9},
-                    "price": {"type": "number", "minimum": 0, "maximum": 100},
+                    # multipleOf bounds the fraction's digits (a sampled model may not stop them)
+                    "price": {"type": "number", "minimum": 0, "maximum": 100, "multipleOf": 0.25},
                 },
                 "required": ["sku", "quantity"],
                 "additionalProperties": False,
@@ -157,7 +158,10 @@ def test_inference_client_grammar_json(server, monkeypatch):
     client = InferenceClient(base_url=server.url)
     schema = {
         "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}, "zip": {"type": "integer"}},
+        "properties": {
+            "city": {"type": "string", "maxLength": 8},
+            "zip": {"type": "integer", "minimum": 10000, "maximum": 99999},
+        },
         "required": ["city", "zip"],
         "additionalProperties": False,
     }

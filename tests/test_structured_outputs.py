@@ -25,7 +25,7 @@ PERSON = {
         "role": {"enum": ["admin", "user", "guest"]},
         "scores": {
             "type": "array",
-            "items": {"type": "number", "minimum": -1, "maximum": 1},
+            "items": {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.25},
             "maxItems": 3,
         },
     },
