@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.structured_outputs import StructuredOutputsParams
+
 
 @dataclasses.dataclass(kw_only=True)
 class SamplingParams:
@@ -21,6 +23,8 @@ class SamplingParams:
         ignore_eos: keep generating past EOS.
         logprobs: if an int k, return per generated token the sampled token's logprob plus the top k.
         skip_special_tokens: drop special tokens from the text.
+        structured_outputs: constrain the output to a JSON schema, regex, choice or grammar
+            (a ``StructuredOutputsParams`` or a dict of its fields).
     """
 
     n: int = 1
@@ -39,6 +43,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -47,6 +52,7 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
         _check(
             self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
