@@ -226,7 +226,9 @@ def _python_value(node):
     if isinstance(node, ast.List):
         return [_python_value(e) for e in node.elts]
     if isinstance(node, ast.Dict):
-        return {_python_value(k): _python_value(v) for k, v in zip(node.keys, node.values)}
+        return {
+            _python_value(k): _python_value(v) for k, v in zip(node.keys, node.values, strict=True)
+        }
     return ast.literal_eval(node)
 
 
@@ -243,7 +245,7 @@ def _python_calls(node) -> list[ParsedCall] | None:
         try:
             arguments = {kw.arg: _python_value(kw.value) for kw in element.keywords}
             text = json.dumps(arguments, ensure_ascii=False)
-        except (ValueError, TypeError, SyntaxError):
+        except (ValueError, TypeError, SyntaxError, AttributeError, RecursionError):
             return None
         if None in arguments:  # **kwargs
             return None

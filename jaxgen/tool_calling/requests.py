@@ -84,8 +84,11 @@ def check_parameters(parameters, param: str) -> None:
     if not isinstance(parameters, dict):
         raise ToolError(param, "must be a JSON Schema object", parameters)
     if parameters and parameters.get("type") != "object":
-        raise ToolError(f"{param}.type", "must be 'object' (arguments are a JSON object)",
-                        parameters.get("type"))
+        raise ToolError(
+            f"{param}.type",
+            "must be 'object' (arguments are a JSON object)",
+            parameters.get("type"),
+        )
     properties = parameters.get("properties")
     if properties is not None and not (
         isinstance(properties, dict) and all(isinstance(v, dict) for v in properties.values())
@@ -109,14 +112,16 @@ def check_tool_choice(
         return ToolChoice(mode="auto" if tools else "none", parallel=parallel)
     if isinstance(choice, str):
         if choice not in CHOICES:
-            raise ToolError(param, f"must be one of {', '.join(CHOICES)} or a named function",
-                            choice)
+            raise ToolError(
+                param, f"must be one of {', '.join(CHOICES)} or a named function", choice
+            )
         if choice != "none" and not tools:
             raise ToolError(param, "needs `tools`", choice)
         return ToolChoice(mode=choice, parallel=parallel)
     if not isinstance(choice, dict) or choice.get("type") != "function":
-        raise ToolError(param, 'must be a string or {"type": "function", "function": {"name"}}',
-                        choice)
+        raise ToolError(
+            param, 'must be a string or {"type": "function", "function": {"name"}}', choice
+        )
     function = choice.get("function")
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):

@@ -32,13 +32,22 @@ class ToolCallStream:
             ``tool_name``, as the grammar forces).
         parser: the format's name for "auto" (see ``formats.TOOL_CALL_PARSERS``).
         tool_name: the function for "named".
+        max_calls: calls kept (later ones are dropped); None keeps all.
     """
 
-    def __init__(self, mode: str, *, parser: str | None = None, tool_name: str | None = None):
+    def __init__(
+        self,
+        mode: str,
+        *,
+        parser: str | None = None,
+        tool_name: str | None = None,
+        max_calls: int | None = None,
+    ):
         if mode not in ("auto", "required", "named"):
             raise ValueError(f"mode must be 'auto', 'required' or 'named', got {mode!r}")
         self.mode = mode
         self.tool_name = tool_name
+        self.max_calls = max_calls
         self.format: ToolCallFormat | None = None
         if mode == "auto":
             self.format = get_format(parser or "hermes")
@@ -154,6 +163,8 @@ class ToolCallStream:
         update.content += text
 
     def _call(self, parsed, update: Update) -> None:
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            return
         call = ToolCall(id=new_call_id(), name=parsed.name, arguments=parsed.arguments)
         update.tool_call_deltas.append({"index": len(self.calls), **call.to_openai()})
         self.calls.append(call)
