@@ -11,6 +11,7 @@ from jaxgen.engine import compile_counter
 from jaxgen.engine.batching import batching_plan
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
+from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
@@ -86,6 +87,9 @@ class LLMEngine:
             attention_backend=backend,
             kv_sharding=kv_sharding,
         )
+        self.grammars = GrammarMasks(
+            grammar_compiler(self.tokenizer, model_config.vocab_size, model_config.eos_token_ids)
+        )
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
         self.num_steps = 0  # steps that ran (a failed one does not count)
@@ -121,8 +125,12 @@ class LLMEngine:
         start = time.perf_counter()
         before = compile_counter.compile_count()
         configs = sampling_params or [SamplingParams(temperature=0.0)]
+        constrained = any(params.structured_outputs is not None for params in configs)
         for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
             self.runner.execute(batch.arrays, batch.flags)
+            if constrained:  # the same shapes with a grammar's bitmask
+                batch = self.grammars.padding_bitmask(batch)
+                self.runner.execute(batch.arrays, batch.flags)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
@@ -150,6 +158,8 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
             )
+        if params.structured_outputs is not None:  # compiled (or cached) before it is queued
+            self.grammars.compiler.compile(params.structured_outputs)
         request = Request(
             request_id,
             prompt,
@@ -163,6 +173,8 @@ class LLMEngine:
         for seq in request.seqs:
             self.scheduler.add(seq)
             self.seq_to_request[seq.seq_id] = request
+        if params.structured_outputs is not None:
+            self.grammars.add([seq.seq_id for seq in request.seqs], params.structured_outputs)
         self.requests[request_id] = request
         self.prompt_tokens_total += len(prompt_token_ids)
         return request
@@ -177,6 +189,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, "abort")
                 request.finalize(seq)
             self.seq_to_request.pop(seq.seq_id, None)
+            self.grammars.release(seq.seq_id)
         return request.output()
 
     def has_unfinished(self) -> bool:
@@ -223,9 +236,10 @@ class LLMEngine:
                     request.banned_token_ids(seq),
                 )
         self.step_counter += 1
-        return build_step_batch(
+        batch = build_step_batch(
             self.layout, scheduled, rows, base_seed=self.config.seed, step=self.step_counter - 1
         )
+        return self.grammars.attach(batch)
 
     def _recover(self, scheduled, error: Exception) -> StepFailed | EngineDeadError:
         """After a failed step: fails the requests in it, gets the runner a live KV pool and,
@@ -262,6 +276,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
                 request.finalize(seq)
             self.seq_to_request.pop(seq.seq_id, None)
+            self.grammars.release(seq.seq_id)
 
     def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
         moved: dict[str, Request] = {}
@@ -271,6 +286,9 @@ class LLMEngine:
                 continue
             self.generation_tokens_total += 1
             reason = request.on_token(seq, logprobs.get(seq.seq_id))
+            grammar_reason = self.grammars.advance(seq.seq_id, seq.output_token_ids[-1])
+            if reason is None or grammar_reason == "error":
+                reason = grammar_reason
             if reason is None and seq.num_tokens >= self.max_model_len:
                 reason = "length"
             if reason is not None:
@@ -284,6 +302,7 @@ class LLMEngine:
                 self.requests.pop(request.request_id, None)
                 for seq in request.seqs:
                     self.seq_to_request.pop(seq.seq_id, None)
+                    self.grammars.release(seq.seq_id)
         return outputs
 
     # -- introspection ----------------------------------------------------------------------------
@@ -313,4 +332,7 @@ class LLMEngine:
             "precompile_s": self.precompile_seconds,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
+            "grammar_mask_s": self.grammars.stats.mask_seconds,
+            "grammar_masked_rows": self.grammars.stats.masked_rows,
+            "grammar_compile_s": self.grammars.compiler.compile_seconds,
         }

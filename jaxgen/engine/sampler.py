@@ -44,7 +44,7 @@ from jaxgen.engine.sampling_tensors import (
 MAX_CANDIDATES = 256  # top scaled logits looked at for top_k / top_p before the exact fallback
 _MAX_BANNED_BY_COMPARISON = 16  # wider ban lists use a scatter
 
-__all__ = ["MAX_CANDIDATES", "apply_penalties", "ban_tokens", "sample"]
+__all__ = ["MAX_CANDIDATES", "apply_penalties", "apply_token_bitmask", "ban_tokens", "sample"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,6 +68,8 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
     batch_size, vocab_size = logits.shape
 
     processed = ban_tokens(logits, tensors.banned_token_ids)
+    if tensors.token_bitmask.shape[1]:  # a static shape: steps without a grammar skip this
+        processed = apply_token_bitmask(processed, tensors.token_bitmask, tensors.constrained)
     if flags.any_penalties:
         processed = apply_penalties(
             processed,
@@ -122,6 +124,28 @@ def ban_tokens(logits: jax.Array, banned_token_ids: jax.Array) -> jax.Array:
     rows = jnp.arange(logits.shape[0])[:, None]
     ids = _drop_padding(banned_token_ids, logits.shape[1])
     return logits.at[rows, ids].set(-jnp.inf, mode="drop")
+
+
+def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array, constrained: jax.Array) -> jax.Array:
+    """Set the logits of tokens a row's grammar forbids to -inf (constrained rows only).
+
+    Args:
+        logits: [B, V] float logits.
+        bitmask: [B, W] int32, bit ``j`` of word ``w`` set iff token ``32 * w + j`` is allowed;
+            tokens at or past ``32 * W`` are forbidden.
+        constrained: [B] bool; other rows are left as they are.
+    """
+    batch_size, vocab_size = logits.shape
+    shifts = jnp.arange(32, dtype=jnp.uint32)
+    words = jax.lax.bitcast_convert_type(bitmask, jnp.uint32)  # [B, W]
+    bits = (words[:, :, None] >> shifts) & 1  # [B, W, 32]
+    allowed = bits.reshape(batch_size, -1).astype(bool)  # [B, 32 * W]
+    width = allowed.shape[1]
+    if width >= vocab_size:
+        allowed = allowed[:, :vocab_size]
+    else:
+        allowed = jnp.pad(allowed, ((0, 0), (0, vocab_size - width)))
+    return jnp.where(constrained[:, None] & ~allowed, -jnp.inf, logits)
 
 
 def apply_penalties(

@@ -41,6 +41,10 @@ class SamplingTensors:
     banned_token_ids: jax.Array  # [B, K] i32, padded with -1
     prompt_token_ids: jax.Array  # [B, Lp] i32, padded with -1; Lp = 0 without penalties
     output_token_ids: jax.Array  # [B, Lo] i32, padded with -1; Lo = 0 without penalties
+    # Constrained decoding (``grammar_masks``): packed allowed tokens, bit j of word w = token
+    # 32 * w + j; W = 0 when no row is constrained. Only rows flagged ``constrained`` are masked.
+    token_bitmask: jax.Array  # [B, W] i32
+    constrained: jax.Array  # [B] bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +182,14 @@ def build_sampling_tensors(
         any_penalties=any(penalised),
         num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
     )
-    tensors = SamplingTensors(*scalars, banned_token_ids, prompt_token_ids, output_token_ids)
+    tensors = SamplingTensors(
+        *scalars,
+        banned_token_ids,
+        prompt_token_ids,
+        output_token_ids,
+        token_bitmask=np.zeros((batch_size, 0), np.int32),  # grammar_masks fills it when needed
+        constrained=np.zeros(batch_size, np.bool_),
+    )
     return tensors, flags
 
 
