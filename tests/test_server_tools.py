@@ -57,10 +57,6 @@ TOOLS = [
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-ENFORCEMENT_MISSING = (
-    "needs the engine's enforcement of SamplingParams.structured_outputs (branch 'structured'): "
-    "until the grammar masks logits, a 'required'/named tool_choice output is unconstrained"
-)
 
 # Hand-written outputs in each parser's format: (parser, output, content, [(name, arguments)])
 OUTPUTS = [
@@ -235,7 +231,6 @@ def test_named_tool_streams_name_then_arguments(oai):
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
-@pytest.mark.skip(reason=ENFORCEMENT_MISSING)
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_and_required_arguments_follow_the_schema(oai, stream):
     for choice in (NAMED, "required"):

@@ -271,10 +271,6 @@ def test_llm_chat_offers_tools_and_parses(smollm2_llm):
         )
 
 
-@pytest.mark.skip(
-    reason="needs the engine's enforcement of SamplingParams.structured_outputs (branch "
-    "'structured'); the interface is merged, the grammar masking is not yet"
-)
 def test_llm_chat_named_and_required_follow_the_schema(smollm2_llm):
     params = SamplingParams(max_tokens=48, temperature=1.0, seed=3)
     named = {"type": "function", "function": {"name": "get_weather"}}
