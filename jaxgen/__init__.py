@@ -3,6 +3,7 @@
 from jaxgen.config import ModelConfig
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
+from jaxgen.structured_outputs import StructuredOutputsParams
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,12 @@ def __getattr__(name):  # lazy for start-up time: importing jaxgen does not impo
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelConfig"]
+__all__ = [
+    "LLM",
+    "AsyncLLM",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "ModelConfig",
+]

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
+from jaxgen.engine.grammar_masks import grammar_compiler
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.replicas import create_engine
@@ -94,6 +95,11 @@ class AsyncLLM:
             text, prompt_token_ids = self.encode(prompt)
         else:
             text = prompt if isinstance(prompt, str) else None
+        if params.structured_outputs is not None:  # compile here, not on the engine thread
+            compiler = grammar_compiler(
+                self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+            )
+            await asyncio.to_thread(compiler.compile, params.structured_outputs)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:

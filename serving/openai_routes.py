@@ -15,7 +15,18 @@ from serving.common import accept, encode_text
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
 from serving.openai_format import ChatFormat, CompletionFormat, usage
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
-from serving.tool_calls import constrain, message_tool_fields, render_prompt, tool_request
+from serving.structured_output_requests import (
+    compile_constraint,
+    constraint_field,
+    openai_structured_outputs,
+)
+from serving.tool_calls import (
+    constrain,
+    constraint_param,
+    message_tool_fields,
+    render_prompt,
+    tool_request,
+)
 from serving.validation import (
     Fields,
     RequestError,
@@ -129,6 +140,7 @@ def parse_common(
         stop=fields.string_list("stop", max_items=limits.max_stop_sequences),
         stop_token_ids=stop_token_ids(fields, limits.vocab_size),
         logprobs=logprobs,
+        structured_outputs=openai_structured_outputs(fields),
     )
     params = []
     for prompt in prompts:
@@ -206,7 +218,6 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
     messages = chat_messages(fields)
     tools = tool_request(state, fields)
     fields.unsupported("functions", allowed=lambda v: v == [])
-    fields.unsupported("response_format", allowed=lambda v: v == {"type": "text"})
     add_generation_prompt = fields.boolean("add_generation_prompt", True)
     want_logprobs = fields.boolean("logprobs", False)
     top = fields.integer("top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
@@ -293,6 +304,9 @@ async def serve(request: Request, parse, format_class) -> Response:
                 f"The model `{model}` does not exist.", param="model", kind="model_not_found"
             )
         parsed = parse(state, body)
+        constraint = parsed.params[0].structured_outputs
+        param = constraint_param(parsed.tools) or constraint_field(body)
+        await compile_constraint(state, constraint, param)
         ticket = state.admit()
     except RequestError as error:
         return openai_error(error)

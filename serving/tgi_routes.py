@@ -21,6 +21,7 @@ from serving.generation import (
 )
 from serving.generation import top_logprobs as top_entries
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
+from serving.structured_output_requests import compile_constraint, tgi_grammar
 from serving.validation import (
     Fields,
     RequestError,
@@ -83,8 +84,7 @@ def parse_request(state, body: dict) -> TgiRequest:
     if not isinstance(inputs, str):
         raise fields.error("inputs", "must be a string")
     p = Fields(fields.data.get("parameters"), "parameters")
-    for key in ("grammar", "adapter_id"):
-        p.unsupported(key)
+    p.unsupported("adapter_id")
     p.unsupported("watermark", allowed=lambda v: v is False)
     p.unsupported("typical_p", allowed=lambda v: isinstance(v, (int, float)) and v >= 1.0)
     p.unsupported("best_of", allowed=lambda v: v == 1)
@@ -137,6 +137,7 @@ def parse_request(state, body: dict) -> TgiRequest:
         stop=stop,
         seed=seed if sampling else None,
         logprobs=top_n_tokens,
+        structured_outputs=tgi_grammar(p),
     )
     return TgiRequest(
         inputs,
@@ -170,6 +171,7 @@ async def generate(request: Request) -> Response:
     try:
         state, body = await accept(request)
         parsed = parse_request(state, body)
+        await compile_constraint(state, parsed.params.structured_outputs, "parameters.grammar")
         ticket = state.admit()
     except RequestError as error:
         return tgi_error(error)
@@ -226,6 +228,7 @@ async def generate_stream(request: Request) -> Response:
     try:
         state, body = await accept(request)
         parsed = parse_request(state, body)
+        await compile_constraint(state, parsed.params.structured_outputs, "parameters.grammar")
         ticket = state.admit()
     except RequestError as error:
         return tgi_error(error)

@@ -79,6 +79,17 @@ def constrain(params: list, tools: ToolRequest, body: dict) -> list:
     return changed
 
 
+def constraint_param(tools) -> str | None:
+    """The field a tool constraint's schema came from (a grammar llguidance refuses is a 400
+    naming it): the named tool's ``parameters``, or ``tools`` for "required"; None without one."""
+    if tools is None or tools.constraint is None:
+        return None
+    if tools.choice.mode == "named":
+        names = [tool["function"]["name"] for tool in tools.tools]
+        return f"tools[{names.index(tools.choice.name)}].function.parameters"
+    return "tools"
+
+
 def finish_reason(reason: str | None, calls: list) -> str | None:
     """A completion that ended normally with calls ends with "tool_calls"."""
     return "tool_calls" if calls and reason == "stop" else reason

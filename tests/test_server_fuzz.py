@@ -84,7 +84,13 @@ TGI_PARAMETERS = {
     "watermark": st.just(False),
     "typical_p": st.just(1.0),
     "best_of": st.just(1),
-    "grammar": st.none(),
+    "grammar": st.sampled_from(
+        [
+            None,
+            {"type": "json", "value": {"type": "object"}},
+            {"type": "regex", "value": "[a-c]+"},
+        ]
+    ),
 }
 OPENAI_COMMON = {
     "model": st.just("tiny"),
@@ -102,6 +108,9 @@ OPENAI_COMMON = {
     "min_tokens": st.just(0),
     "ignore_eos": st.booleans(),
     "user": st.text(max_size=5),
+    "structured_outputs": st.sampled_from(
+        [{"choice": ["yes", "no"]}, {"regex": "[0-9]{2}"}, {"json": {"type": "array"}}]
+    ),
 }
 MESSAGE = st.fixed_dictionaries(
     {
@@ -173,7 +182,16 @@ VALID = {
             "parallel_tool_calls": st.booleans(),
             "logprobs": st.booleans(),
             "max_completion_tokens": SMALL_TOKENS,
-            "response_format": st.just({"type": "text"}),
+            "response_format": st.sampled_from(
+                [
+                    {"type": "text"},
+                    {"type": "json_object"},
+                    {
+                        "type": "json_schema",
+                        "json_schema": {"name": "n", "schema": {"type": "integer"}},
+                    },
+                ]
+            ),
             **OPENAI_COMMON,
         },
     ),
@@ -186,6 +204,8 @@ MUTABLE = {
         ("stream",),
         ("extra",),
         *[("parameters", key) for key in TGI_PARAMETERS],
+        ("parameters", "grammar", "type"),
+        ("parameters", "grammar", "value"),
     ],
     "/v1/completions": [
         ("prompt",),
@@ -217,6 +237,12 @@ MUTABLE = {
         ("messages", 0, "tool_calls"),
         ("messages", 0, "tool_call_id"),
         ("response_format",),
+        ("response_format", "type"),
+        ("response_format", "json_schema"),
+        ("response_format", "json_schema", "schema"),
+        ("structured_outputs", "regex"),
+        ("structured_outputs", "choice"),
+        ("structured_outputs", "json"),
         ("stream_options",),
         ("extra",),
         *[(key,) for key in OPENAI_COMMON],

@@ -28,6 +28,7 @@ WEATHER_PARAMETERS = {
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
     },
     "required": ["city"],
+    "additionalProperties": False,
 }
 TOOLS = [
     {
@@ -250,18 +251,19 @@ def test_named_schema_is_the_arguments():
 
 
 # -- LLM.chat --------------------------------------------------------------------------------------
-def test_llm_chat_offers_tools_and_parses(smollm2_llm):
-    params = SamplingParams(max_tokens=8, temperature=0)
-    out = smollm2_llm.chat(CONVERSATION[:1], params, tools=TOOLS, use_tqdm=False)[0]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_llm_chat_named_call_follows_the_schema(smollm2_llm):
+    params = SamplingParams(max_tokens=32, temperature=0)
+    out = smollm2_llm.chat(
+        CONVERSATION[:1], params, tools=TOOLS, tool_choice=NAMED, use_tqdm=False
+    )[0]
     assert "<tools>" in out.prompt and '"name": "get_weather"' in out.prompt
-    assert out.tool_calls is not None
-    expected = ToolRequest.build(TOOLS).parse(out.text)[1]
-    assert [(c.name, c.arguments) for c in out.tool_calls] == [
-        (c.name, c.arguments) for c in expected
-    ]
-    # "none" offers the tools but reads no calls; no tools: as before
-    out = smollm2_llm.chat(CONVERSATION, params, tools=TOOLS, tool_choice="none", use_tqdm=False)
-    assert out[0].tool_calls is None and "<tool_response>" in out[0].prompt
+    [call] = out.tool_calls
+    assert call.name == "get_weather" and call.id.startswith("call_")
+    assert call.arguments == out.text and out.finish_reason == "stop"  # the whole output
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
     with pytest.raises(ValueError, match="tool_choice.function.name"):
         smollm2_llm.chat(
             CONVERSATION[:1],
@@ -269,20 +271,33 @@ def test_llm_chat_offers_tools_and_parses(smollm2_llm):
             tools=TOOLS,
             tool_choice={"type": "function", "function": {"name": "missing"}},
         )
+    with pytest.raises(ValueError, match="structured_outputs"):
+        constrained = SamplingParams(structured_outputs={"json_object": True})
+        smollm2_llm.chat(CONVERSATION[:1], constrained, tools=TOOLS, tool_choice=NAMED)
 
 
-def test_llm_chat_named_and_required_follow_the_schema(smollm2_llm):
-    params = SamplingParams(max_tokens=48, temperature=1.0, seed=3)
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    out = smollm2_llm.chat(
-        CONVERSATION[:1], params, tools=TOOLS, tool_choice=named, use_tqdm=False
-    )[0]
-    assert [c.name for c in out.tool_calls] == ["get_weather"]
-    jsonschema.validate(json.loads(out.tool_calls[0].arguments), WEATHER_PARAMETERS)
-    out = smollm2_llm.chat(
-        CONVERSATION[:1], params, tools=TOOLS, tool_choice="required", use_tqdm=False
-    )[0]
-    assert out.tool_calls
+@pytest.mark.slow
+def test_llm_chat_auto_and_none(smollm2_llm):
+    params = SamplingParams(max_tokens=8, temperature=0)
+    out = smollm2_llm.chat(CONVERSATION[:1], params, tools=TOOLS, use_tqdm=False)[0]
+    expected = ToolRequest.build(TOOLS).parse(out.text)[1]
+    assert out.tool_calls is not None
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [
+        (c.name, c.arguments) for c in expected
+    ]
+    # "none" offers the tools but reads no calls
+    out = smollm2_llm.chat(CONVERSATION, params, tools=TOOLS, tool_choice="none", use_tqdm=False)
+    assert out[0].tool_calls is None and "<tool_response>" in out[0].prompt
+
+
+@pytest.mark.slow
+def test_llm_chat_required_follows_the_schemas(smollm2_llm):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in check_tools(TOOLS)}
-    for call in out.tool_calls:
-        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    for seed in range(5):
+        params = SamplingParams(max_tokens=64, temperature=1.0, seed=seed)
+        out = smollm2_llm.chat(
+            CONVERSATION[:1], params, tools=TOOLS, tool_choice="required", use_tqdm=False
+        )[0]
+        assert out.tool_calls, out.text
+        for call in out.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])

@@ -1,0 +1,114 @@
+"""Structured output in request bodies: OpenAI's ``response_format``, vLLM's ``structured_outputs``
+(and its older ``guided_*`` fields), TGI's ``parameters.grammar``; each becomes a
+``StructuredOutputsParams``, and its grammar is compiled off the event loop before the request is
+admitted, so a schema or regex llguidance refuses is a 400 naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+
+from jaxgen.engine.grammar_masks import grammar_compiler
+from jaxgen.structured_outputs import StructuredOutputsParams
+from serving.validation import Fields, RequestError
+
+GUIDED_FIELDS = {  # vLLM's older request fields
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def openai_structured_outputs(fields: Fields) -> StructuredOutputsParams | None:
+    """The constraint of an OpenAI body (completions or chat), or None."""
+    found = []
+    response_format = fields.data.get("response_format")
+    if response_format is not None:
+        constraint = _response_format(response_format)
+        if constraint is not None:
+            found.append(("response_format", constraint))
+    raw = fields.data.get("structured_outputs")
+    if raw is not None:
+        if not isinstance(raw, dict):
+            raise fields.error("structured_outputs", "must be an object")
+        kinds = {k: v for k, v in raw.items() if v is not None and v is not False}
+        found.append(("structured_outputs", _params("structured_outputs", **kinds)))
+    for key, kind in GUIDED_FIELDS.items():
+        if fields.data.get(key) is not None:
+            found.append((key, _params(key, **{kind: fields.data[key]})))
+    if len(found) > 1:
+        names = ", ".join(f"`{name}`" for name, _ in found)
+        raise RequestError(f"only one of {names} may be given", param=found[1][0])
+    return found[0][1] if found else None
+
+
+def constraint_field(body: dict) -> str:
+    """The body field a request's constraint came from."""
+    for key in ("response_format", "structured_outputs", *GUIDED_FIELDS):
+        if body.get(key) is not None:
+            return key
+    return "structured_outputs"
+
+
+def _response_format(value) -> StructuredOutputsParams | None:
+    fields = Fields(value, "response_format")
+    kind = fields.data.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        spec = Fields(fields.data.get("json_schema"), "response_format.json_schema")
+        spec.string("name")
+        spec.boolean("strict")
+        spec.string("description")
+        schema = spec.data.get("schema")
+        if schema is None:  # OpenAI's schema is optional: then any JSON object
+            return StructuredOutputsParams(json_object=True)
+        if not isinstance(schema, dict):
+            raise spec.error("schema", "must be a JSON Schema object")
+        return _params("response_format.json_schema.schema", json=schema)
+    raise fields.error("type", "must be 'text', 'json_object' or 'json_schema'")
+
+
+def tgi_grammar(parameters: Fields) -> StructuredOutputsParams | None:
+    """TGI's ``parameters.grammar``: ``{"type": "json" | "json_schema" | "regex", "value": ...}``."""
+    value = parameters.data.get("grammar")
+    if value is None:
+        return None
+    grammar = Fields(value, "parameters.grammar")
+    kind = grammar.string("type")
+    body = grammar.data.get("value")
+    if kind in ("json", "json_schema"):
+        if isinstance(body, dict) and kind == "json_schema" and "schema" in body:
+            body = body["schema"]  # TGI's json_schema: {"name", "schema"}
+        if not isinstance(body, (dict, str)):
+            raise grammar.error("value", "must be a JSON Schema (an object or its JSON text)")
+        return _params("parameters.grammar.value", json=body)
+    if kind == "regex":
+        if not isinstance(body, str) or not body:
+            raise grammar.error("value", "must be a non-empty regular expression")
+        return _params("parameters.grammar.value", regex=body)
+    raise grammar.error("type", "must be 'json', 'json_schema' or 'regex'")
+
+
+def _params(param: str, **kinds) -> StructuredOutputsParams:
+    try:
+        return StructuredOutputsParams(**kinds)
+    except (ValueError, TypeError) as error:
+        raise RequestError(f"`{param}`: {error}"[:600], param=param) from None
+
+
+async def compile_constraint(state, constraint: StructuredOutputsParams | None, param: str):
+    """Compiles ``constraint``'s grammar in a worker thread (cached: the engine reuses it);
+    a grammar llguidance refuses becomes a 400 naming ``param``."""
+    if constraint is None:
+        return
+    llm = state.llm
+    compiler = grammar_compiler(
+        llm.tokenizer, llm.model_config.vocab_size, llm.model_config.eos_token_ids
+    )
+    try:
+        await asyncio.to_thread(compiler.compile, constraint)
+    except ValueError as error:
+        raise RequestError(f"`{param}`: {error}"[:600], param=param) from None
