@@ -126,6 +126,13 @@ CASES = [
             )
         ],
     ),
+    (  # brackets and quotes inside strings, a tuple value
+        "pythonic",
+        """[f(a="x]\\"y", b='[', c=(1, 2))]""",
+        None,
+        [("f", {"a": 'x]"y', "b": "[", "c": [1, 2]})],
+    ),
+    ("pythonic", "[f(a=1), g(b=2)] and more", " and more", [("f", {"a": 1}), ("g", {"b": 2})]),
     ("pythonic", "[1, 2] are numbers", "[1, 2] are numbers", []),
     ("pythonic", "[get_weather('Paris')]", "[get_weather('Paris')]", []),  # positional
     ("pythonic", "[get_weather(city=Paris)]", "[get_weather(city=Paris)]", []),  # a variable

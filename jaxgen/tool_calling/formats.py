@@ -192,29 +192,68 @@ class PythonicFormat(ToolCallFormat):
     needs_special_tokens = True
     _end = "<|python_end|>"
 
+    def __init__(self):
+        self._scans: dict[int, _BracketScan] = {}  # by list start: a stream scans text once
+
     def read(self, text: str, start: int, final: bool) -> Read:
         i = start
         if text.startswith("<|python_start|>", i):
             i = skip_whitespace(text, i + len("<|python_start|>"))
         if i == len(text) or text[i] != "[":
             return Read([], start, "malformed" if final or i < len(text) else "incomplete")
-        close = text.find("]", i)
-        while close != -1:
-            try:
-                tree = ast.parse(text[i : close + 1], mode="eval")
-            except SyntaxError:
-                close = text.find("]", close + 1)
-                continue
-            calls = _python_calls(tree.body)
-            if calls is None:
-                return Read([], start, "malformed")
-            end = skip_whitespace(text, close + 1)
-            if text.startswith(self._end, end):
-                return Read(calls, end + len(self._end), "done")
-            if not final and self._end.startswith(text[end:]):  # the end tag may follow
-                return Read(calls, close + 1, "incomplete")
-            return Read(calls, close + 1, "done")
-        return Read([], start, "malformed" if final else "incomplete")
+        close = self._scans.setdefault(i, _BracketScan(i)).close(text)
+        if close == -1:
+            return Read([], start, "malformed" if final else "incomplete")
+        try:
+            tree = ast.parse(text[i : close + 1], mode="eval")
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return Read([], start, "malformed")
+        calls = _python_calls(tree.body)
+        if calls is None:
+            return Read([], start, "malformed")
+        end = skip_whitespace(text, close + 1)
+        if text.startswith(self._end, end):
+            return Read(calls, end + len(self._end), "done")
+        if not final and self._end.startswith(text[end:]):  # the end tag may follow
+            return Read(calls, close + 1, "incomplete")
+        return Read(calls, close + 1, "done")
+
+
+class _BracketScan:
+    """Finds the bracket that closes the one at ``start``, skipping brackets inside quoted
+    strings; it keeps its place, so text that grows is scanned once."""
+
+    def __init__(self, start: int):
+        self.pos = start
+        self.depth = 0
+        self.quote: str | None = None
+        self.escape = False
+        self.found = -1
+
+    def close(self, text: str) -> int:
+        """The closing bracket's index, or -1 if ``text`` does not hold it yet."""
+        if self.found != -1:
+            return self.found
+        for pos in range(self.pos, len(text)):
+            char = text[pos]
+            if self.quote is not None:
+                if self.escape:
+                    self.escape = False
+                elif char == "\\":
+                    self.escape = True
+                elif char == self.quote:
+                    self.quote = None
+            elif char in "\"'":
+                self.quote = char
+            elif char in "[({":
+                self.depth += 1
+            elif char in "])}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.found = pos
+                    return pos
+        self.pos = len(text)
+        return -1
 
 
 _PYTHON_NAMES = {"true": True, "false": False, "null": None}
