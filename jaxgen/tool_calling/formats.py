@@ -46,10 +46,13 @@ def read_object(text: str, i: int, final: bool, keys: tuple[str, ...]):
     return call, end, None if call is not None else "malformed"
 
 
-def read_json_list(text: str, i: int, final: bool, keys: tuple[str, ...]) -> Read:
-    """``[{call}, {call}, ...]`` starting at ``i`` (which holds ``[``)."""
-    calls: list[ParsedCall] = []
-    i += 1
+def read_json_list(
+    text: str, i: int, final: bool, keys: tuple[str, ...], progress: dict | None = None
+) -> Read:
+    """``[{call}, {call}, ...]`` starting at ``i`` (which holds ``[``). ``progress`` (kept by the
+    caller between reads of a growing text) resumes after the calls already read."""
+    start = i
+    calls, i = _resume(progress, start, i + 1)
     while True:
         i = skip_whitespace(text, i)
         if i == len(text):
@@ -65,14 +68,29 @@ def read_json_list(text: str, i: int, final: bool, keys: tuple[str, ...]) -> Rea
             return Read(calls, i, "malformed" if final else "incomplete")
         if text[i] == ",":
             i += 1
+            _save(progress, start, calls, i)
         elif text[i] == "]":
             return Read(calls, i + 1, "done")
         else:
             return Read(calls, i, "malformed")
 
 
+def _resume(progress: dict | None, start: int, default: int) -> tuple[list[ParsedCall], int]:
+    """The calls read so far in the section at ``start`` and where to go on."""
+    if progress is not None and start in progress:
+        calls, i = progress[start]
+        return list(calls), i
+    return [], default
+
+
+def _save(progress: dict | None, start: int, calls: list[ParsedCall], i: int) -> None:
+    if progress is not None:
+        progress[start] = (tuple(calls), i)
+
+
 class ToolCallFormat:
-    """Base class: a format's markers and its section reader."""
+    """Base class: a format's markers and its section reader. An instance serves one output
+    (it may keep its place between reads of the growing text)."""
 
     name = ""
     markers: tuple[str, ...] = ()
@@ -116,11 +134,14 @@ class Llama3JsonFormat(ToolCallFormat):
     leading_markers = ("{",)
     needs_special_tokens = True
 
+    def __init__(self):
+        self._progress: dict = {}
+
     def read(self, text: str, start: int, final: bool) -> Read:
         i = start
         if text.startswith(self.markers[0], i):
             i += len(self.markers[0])
-        calls: list[ParsedCall] = []
+        calls, i = _resume(self._progress, start, i)
         while True:
             i = skip_whitespace(text, i)
             if i == len(text):
@@ -134,6 +155,7 @@ class Llama3JsonFormat(ToolCallFormat):
             j = skip_whitespace(text, end)
             if j < len(text) and text[j] == ";":
                 i = j + 1
+                _save(self._progress, start, calls, i)
                 continue
             if j == len(text) and not final:
                 return Read(calls, end, "incomplete")  # a ";" may follow
@@ -151,13 +173,16 @@ class MistralFormat(ToolCallFormat):
     _args = "[ARGS]"
     _call_id = re.compile(r"\[CALL_ID\][A-Za-z0-9]*")
 
+    def __init__(self):
+        self._progress: dict = {}
+
     def read(self, text: str, start: int, final: bool) -> Read:
         keys = ("arguments", "parameters")
         i = skip_whitespace(text, start + len(self.markers[0]))
         if i == len(text):
             return Read([], start, "malformed" if final else "incomplete")
         if text[i] == "[":
-            listed = read_json_list(text, i, final, keys)
+            listed = read_json_list(text, i, final, keys, self._progress)
             end = listed.end if listed.calls or listed.status == "done" else start
             return Read(listed.calls, end, listed.status)
         if text[i] == "{":
@@ -299,8 +324,11 @@ class RequiredFormat(ToolCallFormat):
     name = "required"
     leading_markers = ("[",)
 
+    def __init__(self):
+        self._progress: dict = {}
+
     def read(self, text: str, start: int, final: bool) -> Read:
-        return read_json_list(text, start, final, ("parameters", "arguments"))
+        return read_json_list(text, start, final, ("parameters", "arguments"), self._progress)
 
 
 TOOL_CALL_PARSERS: dict[str, type[ToolCallFormat]] = {
