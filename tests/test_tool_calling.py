@@ -143,7 +143,11 @@ def test_tool_choice_defaults_and_modes():
     with pytest.raises(ToolError, match="parallel_tool_calls"):
         ToolRequest.build(TOOLS, parallel_tool_calls="yes")
     # a tool without parameters takes none
-    assert check_tools(TOOLS)[1]["function"]["parameters"] == {"type": "object", "properties": {}}
+    assert check_tools(TOOLS)[1]["function"]["parameters"] == {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
 
 
 @pytest.mark.parametrize(
@@ -296,8 +300,14 @@ def test_llm_chat_required_follows_the_schemas(smollm2_llm):
     for seed in range(5):
         params = SamplingParams(max_tokens=64, temperature=1.0, seed=seed)
         out = smollm2_llm.chat(
-            CONVERSATION[:1], params, tools=TOOLS, tool_choice="required", use_tqdm=False
+            CONVERSATION[:1],
+            params,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            use_tqdm=False,
         )[0]
+        assert out.finish_reason == "stop" and len(out.tool_calls) == 1, out.text
         assert out.tool_calls, out.text
         for call in out.tool_calls:
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])

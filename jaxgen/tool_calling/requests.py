@@ -70,13 +70,15 @@ def check_tools(tools, param: str = "tools") -> list[dict] | None:
         entry = {"name": name}
         if description is not None:
             entry["description"] = description
-        entry["parameters"] = parameters if parameters is not None else empty_parameters()
+        entry["parameters"] = parameters if parameters else empty_parameters()
         checked.append({"type": "function", "function": entry})
     return checked
 
 
 def empty_parameters() -> dict:
-    return {"type": "object", "properties": {}}
+    """The schema of a function whose ``parameters`` are omitted or ``{}``: no arguments (as
+    OpenAI reads it), so a constrained call writes ``{}``."""
+    return {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def check_parameters(parameters, param: str) -> None:
