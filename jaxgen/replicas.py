@@ -21,7 +21,15 @@ from jaxgen.sampling_params import SamplingParams
 from jaxgen.sharding import DeferredPlacement, shard_loaded
 
 # stats() keys that are per-engine settings (taken from replica 0) or process-wide, not summed.
-_SHARED_STATS = ("batching", "kv_bytes_per_token", "page_size", "max_model_len", "compiles")
+# (One grammar compiler serves every replica: its compile time is process-wide.)
+_SHARED_STATS = (
+    "batching",
+    "kv_bytes_per_token",
+    "page_size",
+    "max_model_len",
+    "compiles",
+    "grammar_compile_s",
+)
 
 
 def create_engine(model, *, dtype, config: EngineConfig):

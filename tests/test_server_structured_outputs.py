@@ -56,10 +56,16 @@ RESPONSE_FORMAT = {
 MESSAGES = [{"role": "user", "content": "Write an order as JSON."}]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
-    settings = ServerSettings(model=tiny_model_dir, served_model_name="tiny")
+@pytest.fixture(scope="module", params=["tiny", pytest.param("default", marks=pytest.mark.slow)])
+def server(request, tiny_model_dir):
+    """The tiny model (random weights, the default model's tokenizer) by default; the default
+    model itself in the slow run (the grammar guarantees the format whatever the weights)."""
+    if request.param == "tiny":
+        llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
+        settings = ServerSettings(model=tiny_model_dir, served_model_name="tiny")
+    else:
+        llm = shared_llm(None, max_model_len=512, max_rolling_batch_size=32)
+        settings = ServerSettings(served_model_name="tiny")
     with ServerThread(create_app(llm, settings)) as running:
         yield running
 

@@ -261,3 +261,23 @@ assert "torch" not in {name.split(".")[0] for name, mod in sys.modules.items() i
 def test_grammars_need_no_torch():
     result = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_compiler_takes_gbnf_and_caches_by_constraint(smollm2_tokenizer):
+    from jaxgen.engine.grammar_masks import GrammarCompiler
+    from jaxgen.structured_outputs import StructuredOutputsParams
+
+    tokenizer = smollm2_tokenizer
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    gbnf = StructuredOutputsParams(grammar='root ::= "ab" [0-9]')
+    matcher = compiler.compile(gbnf).deep_copy()
+    for token in tokenizer.encode("ab7", add_special_tokens=False):
+        assert matcher.consume_token(token)
+    assert matcher.is_stopped()
+    same = StructuredOutputsParams(json='{"type": "object", "required": ["a"]}')
+    first = compiler.compile(same)
+    assert (
+        compiler.compile(StructuredOutputsParams(json={"required": ["a"], "type": "object"}))
+        is first
+    )
+    assert compiler.num_compiled == 2
