@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence as Seq
@@ -11,6 +12,7 @@ from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
 from jaxgen.replicas import create_engine
 from jaxgen.sampling_params import SamplingParams
+from jaxgen.tool_calling import ToolRequest, chat_template_of, check_conversation, render_chat
 
 
 class LLM:
@@ -95,25 +97,53 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool | None = None,
+        tool_call_parser: str = "auto",
     ):
-        """Applies the chat template to one conversation or a list of them, then generates."""
+        """Applies the chat template to one conversation or a list of them, then generates.
+
+        With ``tools`` (OpenAI function tools) the template offers them and each completion's
+        ``tool_calls`` holds the calls read from its text (``tool_choice`` "auto", the default;
+        "required" and a named function ``{"type": "function", "function": {"name": ...}}``
+        constrain the output to calls; "none" offers the tools but reads no calls). Messages may
+        hold assistant ``tool_calls`` and ``tool`` results. ``tool_call_parser``: "auto" (from
+        the chat template), "hermes", "llama3_json", "mistral" or "pythonic".
+        See docs/api.md.
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not conversations or not all(isinstance(c, list) and c for c in conversations):
             raise ValueError("messages must be a conversation (list of dicts) or a list of them")
         tokenizer = self.loaded.tokenizer
+        request = ToolRequest.build(
+            tools,
+            tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            tool_call_parser=tool_call_parser,
+            chat_template=chat_template_of(tokenizer, chat_template),
+        )
         prompts = [
-            tokenizer.apply_chat_template(
-                c,
-                tokenize=False,
+            render_chat(
+                tokenizer,
+                check_conversation(c),
+                tools=request.tools,
                 add_generation_prompt=add_generation_prompt,
                 chat_template=chat_template,
             )
             for c in conversations
         ]
+        if request.parses_output:
+            sampling_params = [
+                _with_tools(p, request) for p in _normalize_params(sampling_params, len(prompts))
+            ]
         token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         outs = self.generate(token_lists, sampling_params, use_tqdm=use_tqdm)
         for out, prompt in zip(outs, prompts, strict=True):
             out.prompt = prompt
+            if request.parses_output:
+                for completion in out.outputs:
+                    completion.tool_calls = request.parse(completion.text)[1]
         return outs
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -143,6 +173,22 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[r] for r in order]
+
+
+def _with_tools(params: SamplingParams, request: ToolRequest) -> SamplingParams:
+    """``params`` with the constraint a "required"/named ``tool_choice`` puts on the output, and
+    special tokens kept when the parser's markers are special tokens."""
+    constraint = request.constraint
+    if constraint is not None and params.structured_outputs is not None:
+        raise ValueError(
+            "tool_choice 'required' or a named function cannot be combined with "
+            "sampling_params.structured_outputs"
+        )
+    return dataclasses.replace(
+        params,
+        structured_outputs=constraint or params.structured_outputs,
+        skip_special_tokens=params.skip_special_tokens and not request.needs_special_tokens,
+    )
 
 
 def _normalize_prompts(prompts) -> list:

@@ -15,6 +15,8 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length", "abort" or None while running
     logprobs: list[dict[int, float]] | None = None
     stop_reason: str | int | None = None  # the stop string or token that ended it
+    # ``LLM.chat(..., tools=...)``: the calls read from ``text`` (``jaxgen.tool_calling.ToolCall``)
+    tool_calls: list | None = None
 
 
 @dataclasses.dataclass
@@ -44,3 +46,7 @@ class RequestOutput:
     @property
     def logprobs(self) -> list[dict[int, float]] | None:
         return self.outputs[0].logprobs
+
+    @property
+    def tool_calls(self) -> list | None:
+        return self.outputs[0].tool_calls

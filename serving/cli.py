@@ -55,6 +55,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--keep-alive-timeout", type=float, help="seconds an idle connection stays (default 5)")
     add("--max-connections", type=int, help="open connections before 503 (default 1024)")
+    add(
+        "--tool-call-parser",
+        choices=["auto", "hermes", "llama3_json", "mistral", "pythonic"],
+        help="how chat output is read for tool calls (default auto: from the chat template)",
+    )
     add("--properties", help="an LMI serving.properties file")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 

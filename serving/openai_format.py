@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from serving.generation import GenerationResult, token_logprob, top_logprobs
+from serving.tool_calls import ToolDeltas, tool_message
 
 
 def usage(results: list[GenerationResult]) -> dict:
@@ -148,6 +149,7 @@ class ChatFormat(_Format):
     prefix = "chatcmpl"
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
+    tool_deltas: ToolDeltas | None = None
 
     def entry(self, token_id: int, logprob: float | None) -> dict:
         text = self.texts.text(token_id)
@@ -166,11 +168,15 @@ class ChatFormat(_Format):
         return {"content": content}
 
     def choice(self, prompt_index: int, completion) -> dict:
+        message = {"role": "assistant", "content": completion.text}
+        finish_reason = completion.finish_reason
+        if self.parsed.tools is not None:  # content and tool_calls read from the text
+            message, finish_reason = tool_message(self.parsed.tools, completion.text, finish_reason)
         return {
             "index": self.choice_index(prompt_index, completion.index),
-            "message": {"role": "assistant", "content": completion.text},
+            "message": message,
             "logprobs": self.logprobs(completion.token_ids, completion.logprobs),
-            "finish_reason": completion.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": completion.stop_reason,
         }
 
@@ -192,16 +198,23 @@ class ChatFormat(_Format):
     def chunks(self, prompt_index: int, deltas) -> list[dict]:
         choices = []
         for delta in deltas:
+            index = self.choice_index(prompt_index, delta.index)
+            body = {"content": delta.text} if delta.text or not delta.finish_reason else {}
+            finish_reason = delta.finish_reason
+            if self.parsed.tools is not None:  # content and tool_calls split as they come
+                if self.tool_deltas is None:
+                    self.tool_deltas = ToolDeltas(self.parsed.tools)
+                body, finish_reason = self.tool_deltas.delta(index, delta.text, finish_reason)
+                if not body and not finish_reason and self.parsed.logprobs is None:
+                    continue
             if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
                 continue
             choices.append(
                 {
-                    "index": self.choice_index(prompt_index, delta.index),
-                    "delta": {"content": delta.text}
-                    if delta.text or not delta.finish_reason
-                    else {},
+                    "index": index,
+                    "delta": body,
                     "logprobs": self.logprobs(delta.token_ids, delta.logprobs),
-                    "finish_reason": delta.finish_reason,
+                    "finish_reason": finish_reason,
                     "stop_reason": delta.stop_reason if delta.finish_reason else None,
                 }
             )

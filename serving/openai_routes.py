@@ -20,6 +20,13 @@ from serving.structured_output_requests import (
     constraint_field,
     openai_structured_outputs,
 )
+from serving.tool_calls import (
+    constrain,
+    constraint_param,
+    message_tool_fields,
+    render_prompt,
+    tool_request,
+)
 from serving.validation import (
     Fields,
     RequestError,
@@ -85,6 +92,7 @@ class OpenAIRequest:
     include_usage: bool
     logprobs: int | None
     echo: bool = False
+    tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
 
 
 def parse_common(
@@ -208,23 +216,15 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
 def parse_chat(state, body: dict) -> OpenAIRequest:
     fields = Fields(body)
     messages = chat_messages(fields)
-    fields.unsupported("tools", allowed=lambda v: v == [])
+    tools = tool_request(state, fields)
     fields.unsupported("functions", allowed=lambda v: v == [])
-    fields.unsupported("tool_choice", allowed=lambda v: v in ("none", "auto"))
     add_generation_prompt = fields.boolean("add_generation_prompt", True)
     want_logprobs = fields.boolean("logprobs", False)
     top = fields.integer("top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
     if top is not None and not want_logprobs:
         raise RequestError("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
     tokenizer = state.llm.tokenizer
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-    except Exception as error:  # the template refused the conversation
-        raise RequestError(
-            f"`messages` do not fit the chat template: {error}"[:500], param="messages"
-        ) from None
+    text = render_prompt(state, messages, tools, add_generation_prompt)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     params, n, stream, include_usage = parse_common(
         state,
@@ -234,6 +234,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         logprobs=(top or 0) if want_logprobs else None,
         max_tokens_key="max_completion_tokens",
     )
+    params = constrain(params, tools, body)
     return OpenAIRequest(
         state.settings.model_name,
         [prompt],
@@ -243,11 +244,13 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         stream,
         include_usage,
         (top or 0) if want_logprobs else None,
+        tools=tools if tools.parses_output else None,
     )
 
 
 def chat_messages(fields: Fields) -> list[dict]:
-    """``messages`` as ``[{"role", "content": str}]`` (text content parts are joined)."""
+    """``messages`` as ``[{"role", "content": str}]`` (text content parts are joined), with
+    assistant ``tool_calls`` and tool ``tool_call_id``/``name`` when given."""
     messages = fields.data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise fields.error("messages", "must be a non-empty list of messages")
@@ -272,7 +275,13 @@ def chat_messages(fields: Fields) -> list[dict]:
             content = ""
         elif not isinstance(content, str):
             raise item.error("content", "must be a string or a list of text parts")
-        checked.append({"role": "system" if role == "developer" else role, "content": content})
+        checked.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": content,
+                **message_tool_fields(item.data, role, f"messages[{i}]"),
+            }
+        )
     return checked
 
 
@@ -296,7 +305,8 @@ async def serve(request: Request, parse, format_class) -> Response:
             )
         parsed = parse(state, body)
         constraint = parsed.params[0].structured_outputs
-        await compile_constraint(state, constraint, constraint_field(body))
+        param = constraint_param(parsed.tools) or constraint_field(body)
+        await compile_constraint(state, constraint, param)
         ticket = state.admit()
     except RequestError as error:
         return openai_error(error)

@@ -14,6 +14,7 @@ from typing import Any
 
 from jaxgen.engine.engine_config import parse_kv_cache_memory
 from jaxgen.engine_knobs import KnobField, environment_variables, knob_fields, property_keys
+from jaxgen.tool_calling.formats import TOOL_CALL_PARSERS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -102,6 +103,7 @@ class ServerSettings:
     keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     log_level: str = "info"
+    tool_call_parser: str = "auto"  # how chat output is read for tool calls (jaxgen.tool_calling)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     ignored: list[str] = dataclasses.field(default_factory=list)
 
@@ -316,6 +318,14 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
     value, _ = take("log_level")
     if value is not None:
         settings.log_level = str(value).lower()
+    value, source = take("tool_call_parser")
+    if value is not None:
+        if str(value) not in ("auto", *TOOL_CALL_PARSERS):
+            raise SettingsError(
+                f"tool_call_parser from {source} must be one of auto, "
+                f"{', '.join(TOOL_CALL_PARSERS)}, got {value!r}"
+            )
+        settings.tool_call_parser = str(value)
     _apply_engine(settings, raw, take)
     if settings.max_input_tokens is not None and settings.max_total_tokens is not None:
         if settings.max_input_tokens >= settings.max_total_tokens:

@@ -123,6 +123,38 @@ MESSAGE = st.fixed_dictionaries(
         ),
     }
 )
+TOOL_MESSAGE = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.just("tool"), "content": PROMPT_TEXT, "tool_call_id": st.text(max_size=8)}
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("assistant"),
+            "content": st.none(),
+            "tool_calls": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "id": st.text(max_size=8),
+                        "type": st.just("function"),
+                        "function": st.fixed_dictionaries(
+                            {"name": st.just("f"), "arguments": st.just('{"a": 1}')}
+                        ),
+                    }
+                ),
+                max_size=2,
+            ),
+        }
+    ),
+)
+FUZZ_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    }
+]
 VALID = {
     "tgi": st.fixed_dictionaries(
         {
@@ -141,8 +173,13 @@ VALID = {
         optional={"logprobs": st.sampled_from([0, 2]), "echo": st.booleans(), **OPENAI_COMMON},
     ),
     "/v1/chat/completions": st.fixed_dictionaries(
-        {"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
+        {"messages": st.lists(st.one_of(MESSAGE, TOOL_MESSAGE), min_size=1, max_size=3)},
         optional={
+            "tools": st.just(FUZZ_TOOLS),
+            "tool_choice": st.sampled_from(
+                ["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]
+            ),
+            "parallel_tool_calls": st.booleans(),
             "logprobs": st.booleans(),
             "max_completion_tokens": SMALL_TOKENS,
             "response_format": st.sampled_from(
@@ -191,7 +228,14 @@ MUTABLE = {
         ("top_logprobs",),
         ("max_completion_tokens",),
         ("tools",),
+        ("tools", 0),
+        ("tools", 0, "function"),
+        ("tools", 0, "function", "name"),
+        ("tools", 0, "function", "parameters"),
         ("tool_choice",),
+        ("parallel_tool_calls",),
+        ("messages", 0, "tool_calls"),
+        ("messages", 0, "tool_call_id"),
         ("response_format",),
         ("response_format", "type"),
         ("response_format", "json_schema"),

@@ -169,6 +169,13 @@ def test_flags_override_everything(properties_file):
     assert settings.sources["model"] == "flags"
 
 
+def test_tool_call_parser_flag():
+    assert resolve_settings({}, {}).tool_call_parser == "auto"
+    assert settings_from_args(parse(["--tool-call-parser", "pythonic"]), {}).tool_call_parser == (
+        "pythonic"
+    )
+
+
 def test_unset_flags_fall_through():
     args = parse([])
     assert all(getattr(args, dest) is None for dest in FLAG_SETTINGS)
@@ -204,6 +211,7 @@ def test_kv_cache_memory_units(text, value):
         ({"max_input_tokens": 10, "max_total_tokens": 10}, {}, "max_input_tokens"),
         ({"enable_prefix_caching": "maybe"}, {}, "enable_prefix_caching"),
         ({}, {"OPTION_PRECOMPILE": "sometimes"}, "precompile from environment"),
+        ({"tool_call_parser": "xml"}, {}, "tool_call_parser from flags"),
     ],
 )
 def test_bad_values_name_their_source(flags, environ, message):
