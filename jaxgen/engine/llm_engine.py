@@ -12,6 +12,7 @@ from jaxgen.engine.batching import batching_plan
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
+from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.sampling_tensors import SamplingRow
@@ -122,7 +123,7 @@ class LLMEngine:
         before = compile_counter.compile_count()
         configs = sampling_params or [SamplingParams(temperature=0.0)]
         for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
-            self.runner.execute(batch.arrays, batch.flags)
+            self.runner.execute(batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
@@ -198,7 +199,9 @@ class LLMEngine:
         start = time.perf_counter()
         try:
             batch = self._build_batch(scheduled)
-            output = self.runner.execute(batch.arrays, batch.flags)
+            output, prompt_output = self.runner.execute(
+                batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top
+            )
         except Exception as error:
             raise self._recover(scheduled, error) from error
         self.consecutive_failed_steps = 0
@@ -206,6 +209,9 @@ class LLMEngine:
         self.num_steps += 1
         self.last_batch_size = len(scheduled.scheduled)
         tokens, logprobs = unpack(batch, output)
+        if prompt_output is not None:
+            for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
+                self.seq_to_request[seq_id].on_prompt_logprobs(entries)
         got_token = self.scheduler.postprocess(scheduled, tokens)
         return self._postprocess(got_token, logprobs)
 
