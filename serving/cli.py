@@ -55,6 +55,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--keep-alive-timeout", type=float, help="seconds an idle connection stays (default 5)")
     add("--max-connections", type=int, help="open connections before 503 (default 1024)")
+    add(
+        "--api-key",
+        help="Bearer token required on every route but /health, /ping and "
+        "/metrics (env JAXGEN_API_KEY or VLLM_API_KEY)",
+    )
+    add("--allowed-origins", nargs="+", help="CORS allowed origins (default *; a JSON list too)")
+    add("--allowed-methods", nargs="+", help="CORS allowed methods (default *)")
+    add("--allowed-headers", nargs="+", help="CORS allowed headers (default *)")
+    add(
+        "--allow-credentials",
+        action="store_const",
+        const=True,
+        help="CORS: allow credentials (default off)",
+    )
     add("--properties", help="an LMI serving.properties file")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
 

@@ -14,6 +14,7 @@ from starlette.routing import Route
 from serving.common import accept, encode_text
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
 from serving.openai_format import ChatFormat, CompletionFormat, usage
+from serving.prompt_logprobs_format import logit_bias_field, prompt_logprobs_field
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
 from serving.validation import (
     Fields,
@@ -43,7 +44,13 @@ ERROR_TYPES = {
     "generation": "server_error",
     "internal": "server_error",
 }
-PARAM_NAMES = {"n": "n", "max_tokens": "max_tokens", "logprobs": "logprobs"}
+PARAM_NAMES = {
+    "n": "n",
+    "max_tokens": "max_tokens",
+    "logprobs": "logprobs",
+    "prompt_logprobs": "prompt_logprobs",
+    "logit_bias": "logit_bias",
+}
 MAX_CHOICES = 64
 MAX_LOGPROBS = 20
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -80,6 +87,7 @@ class OpenAIRequest:
     include_usage: bool
     logprobs: int | None
     echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
 
 
 def parse_common(
@@ -90,12 +98,12 @@ def parse_common(
     default_max_tokens,
     logprobs: int | None,
     max_tokens_key: str,
+    prompt_logprobs: int | None = None,
 ) -> tuple[list, int, bool, bool]:
     """Sampling parameters (one per prompt), ``n``, ``stream`` and ``include_usage``."""
     limits = state.limits
     fields.string("model")
     fields.string("user")
-    fields.unsupported("logit_bias")
     fields.unsupported("suffix", allowed=lambda v: v == "")
     n = fields.integer("n", 1, minimum=1, maximum=MAX_CHOICES)
     fields.unsupported("best_of", allowed=lambda v: v == n)
@@ -127,6 +135,8 @@ def parse_common(
         stop=fields.string_list("stop", max_items=limits.max_stop_sequences),
         stop_token_ids=stop_token_ids(fields, limits.vocab_size),
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        logit_bias=logit_bias_field(fields, limits.vocab_size),
     )
     params = []
     for prompt in prompts:
@@ -172,11 +182,11 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
     prompts = [encode_text(state, t) if isinstance(t, str) else t for t in texts]
     logprobs = fields.integer("logprobs", minimum=0, maximum=MAX_LOGPROBS)
     echo = fields.boolean("echo", False)
+    prompt_logprobs = prompt_logprobs_field(fields)
+    # ``echo`` with ``logprobs``: the prompt tokens' logprobs lead the choice's ``logprobs``.
+    engine_prompt_logprobs = prompt_logprobs
     if echo and logprobs is not None:
-        raise RequestError(
-            "`echo` with `logprobs` needs prompt logprobs, which this server does not compute",
-            param="echo",
-        )
+        engine_prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     params, n, stream, include_usage = parse_common(
         state,
         fields,
@@ -184,6 +194,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         default_max_tokens=16,
         logprobs=logprobs,
         max_tokens_key="max_tokens",
+        prompt_logprobs=engine_prompt_logprobs,
     )
     prompt_texts = [t if isinstance(t, str) else None for t in texts]
     return OpenAIRequest(
@@ -196,6 +207,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         include_usage,
         logprobs,
         echo,
+        prompt_logprobs,
     )
 
 
@@ -221,6 +233,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
             f"`messages` do not fit the chat template: {error}"[:500], param="messages"
         ) from None
     prompt = tokenizer.encode(text, add_special_tokens=False)
+    prompt_logprobs = prompt_logprobs_field(fields)
     params, n, stream, include_usage = parse_common(
         state,
         fields,
@@ -228,6 +241,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         default_max_tokens=None,
         logprobs=(top or 0) if want_logprobs else None,
         max_tokens_key="max_completion_tokens",
+        prompt_logprobs=prompt_logprobs,
     )
     return OpenAIRequest(
         state.settings.model_name,
@@ -238,6 +252,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         stream,
         include_usage,
         (top or 0) if want_logprobs else None,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -291,6 +306,7 @@ async def serve(request: Request, parse, format_class) -> Response:
             )
         parsed = parse(state, body)
         ticket = state.admit()
+        ticket.label = request_id_of(request)
     except RequestError as error:
         return openai_error(error)
     streaming = False
@@ -302,9 +318,10 @@ async def serve(request: Request, parse, format_class) -> Response:
         formatter = format_class(
             state,
             parsed,
-            request_id=f"{format_class.prefix}-{uuid.uuid4().hex}",
+            request_id=f"{format_class.prefix}-{request_id_of(request)}",
             created=int(time.time()),
         )
+        formatter.generations = generations  # streamed echo reads the prompt logprobs
         if parsed.stream:
             streaming = True  # the response releases the ticket when it ends
             return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
@@ -319,6 +336,11 @@ async def serve(request: Request, parse, format_class) -> Response:
         if not streaming:
             ticket.release()
     return JSONResponse(formatter.response(results))
+
+
+def request_id_of(request: Request) -> str:
+    """The client's ``X-Request-Id`` (``RequestIdMiddleware``) or a new id."""
+    return getattr(request.state, "request_id", None) or uuid.uuid4().hex
 
 
 async def run_all(generations: list[Generation]) -> list:

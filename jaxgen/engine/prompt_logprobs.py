@@ -43,9 +43,7 @@ class PromptLogprobsBatch:
     spans: list[tuple[Sequence, int, int, int]]
 
 
-def prompt_logprobs(
-    logits: jax.Array, targets: jax.Array, num_top: int
-) -> PromptLogprobsOutput:
+def prompt_logprobs(logits: jax.Array, targets: jax.Array, num_top: int) -> PromptLogprobsOutput:
     """Log-softmax of every row's raw logits at its target, and the top ``num_top``.
 
     Args:
