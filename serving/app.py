@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving import openai_routes, tgi_routes, tokenize_routes
-from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.metrics import ServerMetrics, watch_engine_steps
+from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.settings import ServerSettings
 from serving.state import FAILED, LOADING, READY, ServerState
 from serving.streaming import ClientDisconnected
