@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from jaxgen.engine.buckets import LOGPROB_BUCKETS, bucket_for
-from jaxgen.engine.prompt_logprobs import PromptLogprobsBatch, build_prompt_logprobs
+from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsBatch, build_prompt_logprobs
 from jaxgen.engine.sampling_tensors import (
     SamplerOutput,
     SamplingFlags,
@@ -111,9 +111,8 @@ def precompile_batches(
     logits rows are padding: they touch only the scratch page."""
     variants = []  # (row, prompt top-k or None): one real row gives the flags and widths
     for params in sampling_params:
-        prompt_top = params.prompt_logprobs
+        prompt_top = None if params.prompt_logprobs is None else PROMPT_TOP
         if prompt_top is not None:
-            prompt_top = bucket_for(prompt_top, LOGPROB_BUCKETS)
             variants += [(SamplingRow(params), prompt_top), (PADDING_ROW, prompt_top)]
         variants.append((SamplingRow(params), None))
         banned = min_tokens_banned_ids(params, 0, eos_token_ids)
