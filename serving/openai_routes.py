@@ -234,6 +234,10 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         ) from None
     prompt = tokenizer.encode(text, add_special_tokens=False)
     prompt_logprobs = prompt_logprobs_field(fields)
+    if prompt_logprobs is not None and fields.data.get("stream") is True:  # as vLLM
+        raise RequestError(
+            "`prompt_logprobs` are not available when `stream=True`", param="prompt_logprobs"
+        )
     params, n, stream, include_usage = parse_common(
         state,
         fields,

@@ -394,6 +394,11 @@ def test_server_healthy_afterwards(server):
             {"messages": [{"role": "user", "content": "a"}], "logit_bias": {"a": 1}},
             "logit_bias",
         ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "prompt_logprobs": 0, "stream": True},
+            "prompt_logprobs",
+        ),
         ("/v1/completions", {"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids"),
         ("/tokenize", {"prompt": 5}, "prompt"),
         ("/tokenize", {"messages": "hi"}, "messages"),
