@@ -123,3 +123,25 @@ def test_max_tokens_none_fills_the_context(llm):
     params = SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True)
     out = llm.generate([[1, 2, 3, 4, 5]], params, use_tqdm=False)[0]
     assert len(out.token_ids) == SMALL["max_model_len"] - 5 and out.finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_prompt_logprobs_survive_preemption(loaded):
+    """8 usable pages and long outputs: sequences are preempted and recomputed, and each
+    request's prompt logprobs are still those of a run on its own."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 1000, int(n)).tolist() for n in (20, 25, 30, 18, 22)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
+    alone = LLM(loaded, batching="none", max_model_len=128).generate(
+        prompts, params, use_tqdm=False
+    )
+    page_bytes = loaded.config.kv_bytes_per_token(4) * 16
+    llm = LLM(loaded, max_model_len=128, kv_cache_memory=8 * page_bytes)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["preemptions"] > 0
+    for out, reference in zip(outs, alone, strict=True):
+        assert out.token_ids == reference.token_ids
+        assert out.prompt_logprobs[0] is None and reference.prompt_logprobs[0] is None
+        for got, want in zip(out.prompt_logprobs[1:], reference.prompt_logprobs[1:], strict=True):
+            assert got.keys() == want.keys()
+            assert all(abs(got[t] - want[t]) < 1e-5 for t in got)
