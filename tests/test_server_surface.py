@@ -123,8 +123,16 @@ def test_vllm_prompt_logprobs_field(oai, reference):
     assert chat_entries[0] is None and all(len(e) == 1 for e in chat_entries[1:])
 
 
-def test_decoder_input_details_are_real(http, reference):
+def test_decoder_input_details_are_real(http, server, reference, monkeypatch):
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+
     ids, logprobs = reference
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # loopback only
+    client = InferenceClient(base_url=server.url)
+    out = client.text_generation(PROMPT, max_new_tokens=2, details=True, decoder_input_details=True)
+    assert [t.id for t in out.details.prefill] == ids
+    assert abs(out.details.prefill[1].logprob - logprobs[0, ids[1]]) < 1e-4
     body = {
         "inputs": PROMPT,
         "parameters": {"max_new_tokens": 2, "details": True, "decoder_input_details": True},
