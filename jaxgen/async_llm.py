@@ -271,14 +271,7 @@ def _delta(out: RequestOutput, sent: dict) -> RequestOutput:
             )
         )
         sent[c.index] = (len(c.text), len(c.token_ids), len(c.logprobs or []))
-    return RequestOutput(
-        out.request_id,
-        out.prompt,
-        out.prompt_token_ids,
-        outs,
-        finished=out.finished,
-        metrics=out.metrics,
-    )
+    return dataclasses.replace(out, outputs=outs)
 
 
 __all__ = ["AsyncLLM", "CompletionOutput", "EngineDeadError"]

@@ -29,6 +29,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     metrics: dict | None = None
+    # With ``SamplingParams.prompt_logprobs``: per prompt token, None for the first, then
+    # {token: logprob} (the prompt token's own first, then the top k), vLLM's layout.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     # Convenience accessors for the common n=1 case (vLLM-style single completion).
     @property

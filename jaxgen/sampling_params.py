@@ -25,6 +25,10 @@ class SamplingParams:
         skip_special_tokens: drop special tokens from the text.
         structured_outputs: constrain the output to a JSON schema, regex, choice or grammar
             (a ``StructuredOutputsParams`` or a dict of its fields).
+        prompt_logprobs: if an int k, return per prompt token (after the first) its logprob
+            given the prefix plus the top k (the first token's entry is None). A request asking
+            for them does not reuse cached prefix pages: every position is computed.
+        logit_bias: token id -> bias in [-100, 100] added to its logit before sampling.
     """
 
     n: int = 1
@@ -44,6 +48,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -134,9 +140,46 @@ class SamplingParams:
             self.logprobs,
         )
 
+        _check(
+            self.prompt_logprobs is None
+            or (
+                isinstance(self.prompt_logprobs, int)
+                and not isinstance(self.prompt_logprobs, bool)
+                and 0 <= self.prompt_logprobs <= 20
+            ),
+            "prompt_logprobs",
+            "must be an integer in [0, 20] or None",
+            self.prompt_logprobs,
+        )
+        self.logit_bias = _logit_bias(self.logit_bias)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+MAX_LOGIT_BIAS = 100.0
+
+
+def _logit_bias(bias) -> dict[int, float] | None:
+    """``logit_bias`` checked: token ids (ints >= 0) to finite biases in [-100, 100]."""
+    if not bias:
+        return None
+    _check(isinstance(bias, dict), "logit_bias", "must be a dict of token id -> bias", bias)
+    for token, value in bias.items():
+        _check(
+            isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+            "logit_bias",
+            "keys must be token ids (integers >= 0)",
+            token,
+        )
+        _check(
+            _num(value) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS,
+            "logit_bias",
+            "values must be numbers in [-100, 100]",
+            value,
+        )
+    return {token: float(value) for token, value in bias.items()}
 
 
 def _num(x) -> bool:

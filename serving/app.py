@@ -10,12 +10,15 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving import openai_routes, tgi_routes
+from serving import openai_routes, tgi_routes, tokenize_routes
 from serving.metrics import ServerMetrics, watch_engine_steps
+from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.settings import ServerSettings
 from serving.state import FAILED, LOADING, READY, ServerState
 from serving.streaming import ClientDisconnected
@@ -93,6 +96,7 @@ def create_app(
         Route("/metrics", metrics_route, methods=["GET"]),
         *tgi_routes.ROUTES,
         *openai_routes.ROUTES,
+        *tokenize_routes.ROUTES,
     ]
     handlers = {
         HTTPException: http_error,
@@ -100,9 +104,33 @@ def create_app(
         RequestError: request_error,
         Exception: internal_error,
     }
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=middleware(settings),
+    )
     app.state.server = state
     return app
+
+
+def middleware(settings: ServerSettings) -> list[Middleware]:
+    """CORS outermost (preflights and 401s carry its headers), then ``X-Request-Id``, then the
+    API key when one is set."""
+    stack = [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=list(settings.allowed_methods),
+            allow_headers=list(settings.allowed_headers),
+            allow_credentials=settings.allow_credentials,
+            expose_headers=["x-request-id"],
+        ),
+        Middleware(RequestIdMiddleware),
+    ]
+    if settings.api_key:
+        stack.append(Middleware(ApiKeyMiddleware, api_key=settings.api_key))
+    return stack
 
 
 def start_loading(loader: Callable, loop: asyncio.AbstractEventLoop, loaded, failed) -> None:

@@ -57,8 +57,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-connections", type=int, help="open connections before 503 (default 1024)")
     add(
         "--tool-call-parser",
-        choices=["auto", "hermes", "llama3_json", "mistral", "pythonic"],
-        help="how chat output is read for tool calls (default auto: from the chat template)",
+        help="how chat output is read for tool calls: auto (from the chat template), hermes, "
+        "llama3_json, mistral or pythonic (default auto)",
+    )
+    add(
+        "--api-key",
+        help="Bearer token required on every route but /health, /ping and "
+        "/metrics (env JAXGEN_API_KEY or VLLM_API_KEY)",
+    )
+    add("--allowed-origins", nargs="+", help="CORS allowed origins (default *; a JSON list too)")
+    add("--allowed-methods", nargs="+", help="CORS allowed methods (default *)")
+    add("--allowed-headers", nargs="+", help="CORS allowed headers (default *)")
+    add(
+        "--allow-credentials",
+        action="store_const",
+        const=True,
+        help="CORS: allow credentials (default off)",
     )
     add("--properties", help="an LMI serving.properties file")
     add("--log-level", choices=["critical", "error", "warning", "info", "debug"])

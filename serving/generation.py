@@ -95,6 +95,7 @@ class GenerationResult:
     prompt_token_ids: list[int]
     completions: list[Completion]
     metrics: dict | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # with params.prompt_logprobs
 
 
 class Generation:
@@ -117,10 +118,13 @@ class Generation:
         self.finished = False
         self.cut: list[int] = []  # completions ended early (finish_reason "abort" or "error")
         self._pending_text = [""] * params.n
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def result(self) -> GenerationResult:
-        return GenerationResult(self.prompt_token_ids, self.completions, self.metrics)
+        return GenerationResult(
+            self.prompt_token_ids, self.completions, self.metrics, self.prompt_logprobs
+        )
 
     async def stream(self) -> AsyncIterator[list[Delta]]:
         """Yields each step's deltas; raises ``GenerationAborted``/``GenerationFailed``."""
@@ -174,6 +178,8 @@ class Generation:
         return self.result
 
     def _add(self, output: RequestOutput) -> list[Delta]:
+        if output.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = output.prompt_logprobs
         deltas = []
         for piece in output.outputs:
             completion = self.completions[piece.index]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from serving.generation import GenerationResult, token_logprob, top_logprobs
+from serving.prompt_logprobs_format import echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from serving.tool_calls import ToolDeltas, tool_message
 
 
@@ -29,6 +30,16 @@ class _Format:
         self.parsed = parsed
         self.request_id = request_id
         self.created = created
+        self.results: list[GenerationResult] = []  # set by ``response``
+        self.generations: list = []  # the running ``Generation``s (streamed echo reads them)
+        self.echoed: set[int] = set()  # prompts whose streamed echo chunk went out
+
+    def prompt_logprobs_json(self, prompt_index: int, entries) -> list | None:
+        """vLLM's ``prompt_logprobs`` of one prompt, when the request asked for them."""
+        if self.parsed.prompt_logprobs is None:
+            return None
+        ids = self.parsed.prompts[prompt_index]
+        return vllm_prompt_logprobs(self.texts, ids, entries, self.parsed.prompt_logprobs)
 
     def choice_index(self, prompt_index: int, completion_index: int) -> int:
         return prompt_index * self.parsed.n + completion_index
@@ -54,6 +65,7 @@ class _Format:
         return body
 
     def response(self, results: list[GenerationResult]) -> dict:
+        self.results = results
         choices = []
         for p, result in enumerate(results):
             for completion in result.completions:
@@ -98,17 +110,59 @@ class CompletionFormat(_Format):
             text = self.state.llm.tokenizer.decode(ids, skip_special_tokens=False)
         return text
 
+    @property
+    def echo_logprobs(self) -> bool:
+        return self.parsed.echo and self.parsed.logprobs is not None
+
+    @property
+    def streams_prompt_logprobs(self) -> bool:
+        """Whether a stream's first chunk of a prompt waits for its prompt logprobs."""
+        return self.echo_logprobs or self.parsed.prompt_logprobs is not None
+
+    def prompt_logprobs_object(self, prompt_index: int, entries) -> dict:
+        ids = self.parsed.prompts[prompt_index]
+        return echo_logprobs(self.texts, ids, entries, self.parsed.logprobs)
+
     def choice(self, prompt_index: int, completion) -> dict:
         prefix = self.prompt_text(prompt_index) if self.parsed.echo else ""
-        return {
+        logprobs = self.logprobs(completion.token_ids, completion.logprobs, len(prefix))
+        entries = self.results[prompt_index].prompt_logprobs if self.results else None
+        if self.echo_logprobs:
+            logprobs = join_logprobs(self.prompt_logprobs_object(prompt_index, entries), logprobs)
+        choice = {
             "index": self.choice_index(prompt_index, completion.index),
             "text": prefix + completion.text,
-            "logprobs": self.logprobs(completion.token_ids, completion.logprobs, len(prefix)),
+            "logprobs": logprobs,
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
         }
+        if self.parsed.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self.prompt_logprobs_json(prompt_index, entries)
+        return choice
+
+    def echo_chunk(self, prompt_index: int) -> dict:
+        """The streamed echo of a prompt, with its logprobs once they are known."""
+        entries = None
+        if prompt_index < len(self.generations):
+            entries = self.generations[prompt_index].prompt_logprobs
+        choices = []
+        for i in range(self.parsed.n):
+            choice = {
+                "index": self.choice_index(prompt_index, i),
+                "text": self.prompt_text(prompt_index) if self.parsed.echo else "",
+                "logprobs": self.prompt_logprobs_object(prompt_index, entries)
+                if self.echo_logprobs
+                else None,
+                "finish_reason": None,
+            }
+            if self.parsed.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self.prompt_logprobs_json(prompt_index, entries)
+            choices.append(choice)
+        return self.chunk(choices)
 
     def first_chunks(self) -> list[dict]:
+        if self.streams_prompt_logprobs:  # ``chunks`` sends it with the prompt logprobs
+            return []
         if not self.parsed.echo:
             return []
         return [
@@ -127,6 +181,10 @@ class CompletionFormat(_Format):
         ]
 
     def chunks(self, prompt_index: int, deltas) -> list[dict]:
+        lead = []
+        if self.streams_prompt_logprobs and prompt_index not in self.echoed:
+            self.echoed.add(prompt_index)
+            lead.append(self.echo_chunk(prompt_index))
         choices = []
         for delta in deltas:
             if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
@@ -140,7 +198,7 @@ class CompletionFormat(_Format):
                     "stop_reason": delta.stop_reason if delta.finish_reason else None,
                 }
             )
-        return [self.chunk(choices)] if choices else []
+        return lead + ([self.chunk(choices)] if choices else [])
 
 
 class ChatFormat(_Format):
@@ -150,6 +208,12 @@ class ChatFormat(_Format):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
     tool_deltas: ToolDeltas | None = None
+
+    def response(self, results: list[GenerationResult]) -> dict:
+        body = super().response(results)
+        if self.parsed.prompt_logprobs is not None:  # vLLM: beside the choices
+            body["prompt_logprobs"] = self.prompt_logprobs_json(0, results[0].prompt_logprobs)
+        return body
 
     def entry(self, token_id: int, logprob: float | None) -> dict:
         text = self.texts.text(token_id)

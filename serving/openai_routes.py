@@ -14,6 +14,7 @@ from starlette.routing import Route
 from serving.common import accept, encode_text
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
 from serving.openai_format import ChatFormat, CompletionFormat, usage
+from serving.prompt_logprobs_format import logit_bias_field, prompt_logprobs_field
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
 from serving.structured_output_requests import (
     compile_constraint,
@@ -55,7 +56,13 @@ ERROR_TYPES = {
     "generation": "server_error",
     "internal": "server_error",
 }
-PARAM_NAMES = {"n": "n", "max_tokens": "max_tokens", "logprobs": "logprobs"}
+PARAM_NAMES = {
+    "n": "n",
+    "max_tokens": "max_tokens",
+    "logprobs": "logprobs",
+    "prompt_logprobs": "prompt_logprobs",
+    "logit_bias": "logit_bias",
+}
 MAX_CHOICES = 64
 MAX_LOGPROBS = 20
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -93,6 +100,7 @@ class OpenAIRequest:
     logprobs: int | None
     echo: bool = False
     tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
+    prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
 
 
 def parse_common(
@@ -103,12 +111,12 @@ def parse_common(
     default_max_tokens,
     logprobs: int | None,
     max_tokens_key: str,
+    prompt_logprobs: int | None = None,
 ) -> tuple[list, int, bool, bool]:
     """Sampling parameters (one per prompt), ``n``, ``stream`` and ``include_usage``."""
     limits = state.limits
     fields.string("model")
     fields.string("user")
-    fields.unsupported("logit_bias")
     fields.unsupported("suffix", allowed=lambda v: v == "")
     n = fields.integer("n", 1, minimum=1, maximum=MAX_CHOICES)
     fields.unsupported("best_of", allowed=lambda v: v == n)
@@ -141,6 +149,8 @@ def parse_common(
         stop_token_ids=stop_token_ids(fields, limits.vocab_size),
         logprobs=logprobs,
         structured_outputs=openai_structured_outputs(fields),
+        prompt_logprobs=prompt_logprobs,
+        logit_bias=logit_bias_field(fields, limits.vocab_size),
     )
     params = []
     for prompt in prompts:
@@ -186,11 +196,11 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
     prompts = [encode_text(state, t) if isinstance(t, str) else t for t in texts]
     logprobs = fields.integer("logprobs", minimum=0, maximum=MAX_LOGPROBS)
     echo = fields.boolean("echo", False)
+    prompt_logprobs = prompt_logprobs_field(fields)
+    # ``echo`` with ``logprobs``: the prompt tokens' logprobs lead the choice's ``logprobs``.
+    engine_prompt_logprobs = prompt_logprobs
     if echo and logprobs is not None:
-        raise RequestError(
-            "`echo` with `logprobs` needs prompt logprobs, which this server does not compute",
-            param="echo",
-        )
+        engine_prompt_logprobs = max(logprobs, prompt_logprobs or 0)
     params, n, stream, include_usage = parse_common(
         state,
         fields,
@@ -198,6 +208,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         default_max_tokens=16,
         logprobs=logprobs,
         max_tokens_key="max_tokens",
+        prompt_logprobs=engine_prompt_logprobs,
     )
     prompt_texts = [t if isinstance(t, str) else None for t in texts]
     return OpenAIRequest(
@@ -210,6 +221,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         include_usage,
         logprobs,
         echo,
+        prompt_logprobs,
     )
 
 
@@ -226,6 +238,11 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
     tokenizer = state.llm.tokenizer
     text = render_prompt(state, messages, tools, add_generation_prompt)
     prompt = tokenizer.encode(text, add_special_tokens=False)
+    prompt_logprobs = prompt_logprobs_field(fields)
+    if prompt_logprobs is not None and fields.data.get("stream") is True:  # as vLLM
+        raise RequestError(
+            "`prompt_logprobs` are not available when `stream=True`", param="prompt_logprobs"
+        )
     params, n, stream, include_usage = parse_common(
         state,
         fields,
@@ -233,6 +250,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         default_max_tokens=None,
         logprobs=(top or 0) if want_logprobs else None,
         max_tokens_key="max_completion_tokens",
+        prompt_logprobs=prompt_logprobs,
     )
     params = constrain(params, tools, body)
     return OpenAIRequest(
@@ -245,6 +263,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         include_usage,
         (top or 0) if want_logprobs else None,
         tools=tools if tools.parses_output else None,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -308,6 +327,7 @@ async def serve(request: Request, parse, format_class) -> Response:
         param = constraint_param(parsed.tools) or constraint_field(body)
         await compile_constraint(state, constraint, param)
         ticket = state.admit()
+        ticket.label = request_id_of(request)
     except RequestError as error:
         return openai_error(error)
     streaming = False
@@ -319,9 +339,10 @@ async def serve(request: Request, parse, format_class) -> Response:
         formatter = format_class(
             state,
             parsed,
-            request_id=f"{format_class.prefix}-{uuid.uuid4().hex}",
+            request_id=f"{format_class.prefix}-{request_id_of(request)}",
             created=int(time.time()),
         )
+        formatter.generations = generations  # streamed echo reads the prompt logprobs
         if parsed.stream:
             streaming = True  # the response releases the ticket when it ends
             return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
@@ -336,6 +357,11 @@ async def serve(request: Request, parse, format_class) -> Response:
         if not streaming:
             ticket.release()
     return JSONResponse(formatter.response(results))
+
+
+def request_id_of(request: Request) -> str:
+    """The client's ``X-Request-Id`` (``RequestIdMiddleware``) or a new id."""
+    return getattr(request.state, "request_id", None) or uuid.uuid4().hex
 
 
 async def run_all(generations: list[Generation]) -> list:

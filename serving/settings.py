@@ -7,6 +7,7 @@ parsed and checked here, so a bad setting fails at startup with a message naming
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -51,6 +52,8 @@ ENV_VARS = {
     "MAX_INPUT_LENGTH": "max_input_tokens",
     "MAX_TOTAL_TOKENS": "max_total_tokens",
     "MAX_BATCH_TOTAL_TOKENS": "kv_cache_tokens",
+    "JAXGEN_API_KEY": "api_key",
+    "VLLM_API_KEY": "api_key",
     **environment_variables(),
 }
 # serving.properties keys (also read from OPTION_* environment variables, as LMI does); LMI's own
@@ -104,6 +107,12 @@ class ServerSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     log_level: str = "info"
     tool_call_parser: str = "auto"  # how chat output is read for tool calls (jaxgen.tool_calling)
+    api_key: str | None = None  # Bearer token every route but /health, /ping, /metrics needs
+    # CORS (vLLM's flags and defaults): origins, methods and headers allowed, credentials
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
     ignored: list[str] = dataclasses.field(default_factory=list)
 
@@ -169,6 +178,24 @@ QUANTIZATION_ALIASES = {
     "bitsandbytes": "int8",
     "bitsandbytes8": "int8",
 }
+
+
+def parse_string_list(value: Any, name: str, source: str) -> tuple[str, ...]:
+    """A list of strings: a list, a JSON list (vLLM's ``'["*"]'``) or comma-separated text."""
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]  # one flag value: it may be a JSON list
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise SettingsError(f"{name} from {source} is not a JSON list: {value!r}") from None
+        else:
+            value = [item.strip() for item in text.split(",") if item.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SettingsError(f"{name} from {source} must be a list of strings, got {value!r}")
+    return tuple(value)
 
 
 def parse_quantization(value: Any, source: str) -> str:
@@ -326,6 +353,16 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
                 f"{', '.join(TOOL_CALL_PARSERS)}, got {value!r}"
             )
         settings.tool_call_parser = str(value)
+    value, _ = take("api_key")
+    if value is not None and str(value) != "":
+        settings.api_key = str(value)
+    for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        value, source = take(name)
+        if value is not None:
+            setattr(settings, name, parse_string_list(value, name, source))
+    value, source = take("allow_credentials")
+    if value is not None:
+        settings.allow_credentials = parse_bool(value, "allow_credentials", source)
     _apply_engine(settings, raw, take)
     if settings.max_input_tokens is not None and settings.max_total_tokens is not None:
         if settings.max_input_tokens >= settings.max_total_tokens:

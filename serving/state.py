@@ -62,9 +62,12 @@ class Ticket:
         self.state = state
         self.released = False
         self.request_ids: set[str] = set()
+        self.label: str | None = None  # the client's X-Request-Id, leading its engine ids
 
     def new_request_id(self) -> str:
         request_id = self.state.new_request_id()
+        if self.label:
+            request_id = f"{self.label}-{request_id}"
         self.request_ids.add(request_id)
         self.state.active_request_ids.add(request_id)
         return request_id

@@ -138,6 +138,7 @@ def parse_request(state, body: dict) -> TgiRequest:
         seed=seed if sampling else None,
         logprobs=top_n_tokens,
         structured_outputs=tgi_grammar(p),
+        prompt_logprobs=0 if decoder_input_details and details else None,
     )
     return TgiRequest(
         inputs,
@@ -202,7 +203,9 @@ async def generate(request: Request) -> Response:
             "finish_reason": finish_reason(completion),
             "generated_tokens": len(completion.token_ids),
             "seed": parsed.seed,
-            "prefill": prefill_json(texts, parsed) if parsed.decoder_input_details else [],
+            "prefill": prefill_json(texts, parsed, result.prompt_logprobs)
+            if parsed.decoder_input_details
+            else [],
             "tokens": tokens,
             "best_of_sequences": None,
         }
@@ -218,9 +221,13 @@ async def generate(request: Request) -> Response:
     return JSONResponse(answer, headers=headers)
 
 
-def prefill_json(texts: TokenTexts, parsed: TgiRequest) -> list[dict]:
-    """Prompt tokens (jaxgen computes no prompt logprobs, so ``logprob`` is null)."""
-    return [{"id": t, "text": texts.text(t), "logprob": None} for t in parsed.prompt_token_ids]
+def prefill_json(texts: TokenTexts, parsed: TgiRequest, prompt_logprobs) -> list[dict]:
+    """Prompt tokens with their logprobs given the prefix (the first token's is null)."""
+    entries = prompt_logprobs or [None] * len(parsed.prompt_token_ids)
+    return [
+        {"id": t, "text": texts.text(t), "logprob": token_logprob(entry, t)}
+        for t, entry in zip(parsed.prompt_token_ids, entries, strict=True)
+    ]
 
 
 async def generate_stream(request: Request) -> Response:
@@ -228,6 +235,11 @@ async def generate_stream(request: Request) -> Response:
     try:
         state, body = await accept(request)
         parsed = parse_request(state, body)
+        if parsed.decoder_input_details:  # as TGI: the prefill goes with the whole answer only
+            raise RequestError(
+                "`decoder_input_details` == true is not supported when streaming tokens",
+                param="parameters.decoder_input_details",
+            )
         await compile_constraint(state, parsed.params.structured_outputs, "parameters.grammar")
         ticket = state.admit()
     except RequestError as error:

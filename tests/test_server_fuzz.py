@@ -22,7 +22,10 @@ POST_ROUTES = [
     "/invocations",
     "/v1/completions",
     "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
 ]
+OPENAI_SHAPED = ("/v1", "/tokenize", "/detokenize")  # error bodies in OpenAI's shape
 STREAMING = {"/generate_stream"}
 
 ADVERSARIAL_TEXT = st.sampled_from(
@@ -170,7 +173,13 @@ VALID = {
                 st.lists(st.integers(0, 49151), min_size=1, max_size=4),
             )
         },
-        optional={"logprobs": st.sampled_from([0, 2]), "echo": st.booleans(), **OPENAI_COMMON},
+        optional={
+            "logprobs": st.sampled_from([0, 2]),
+            "echo": st.booleans(),
+            "prompt_logprobs": st.sampled_from([0, 2]),
+            "logit_bias": st.just({"5": -100.0, "7": 3}),
+            **OPENAI_COMMON,
+        },
     ),
     "/v1/chat/completions": st.fixed_dictionaries(
         {"messages": st.lists(st.one_of(MESSAGE, TOOL_MESSAGE), min_size=1, max_size=3)},
@@ -192,8 +201,21 @@ VALID = {
                     },
                 ]
             ),
+            "prompt_logprobs": st.just(0),
             **OPENAI_COMMON,
         },
+    ),
+    "/tokenize": st.one_of(
+        st.fixed_dictionaries(
+            {"prompt": PROMPT_TEXT}, optional={"add_special_tokens": st.booleans()}
+        ),
+        st.fixed_dictionaries(
+            {"messages": st.lists(MESSAGE, min_size=1, max_size=2)},
+            optional={"add_generation_prompt": st.booleans()},
+        ),
+    ),
+    "/detokenize": st.fixed_dictionaries(
+        {"tokens": st.lists(st.integers(0, 49151), max_size=4)}, optional={"model": st.just("tiny")}
     ),
 }
 # Where junk may go: top-level keys, nested parameter keys, message fields.
@@ -214,6 +236,8 @@ MUTABLE = {
         ("suffix",),
         ("best_of",),
         ("logit_bias",),
+        ("logit_bias", "5"),
+        ("prompt_logprobs",),
         ("stream_options",),
         ("extra",),
         *[(key,) for key in OPENAI_COMMON],
@@ -243,10 +267,21 @@ MUTABLE = {
         ("structured_outputs", "regex"),
         ("structured_outputs", "choice"),
         ("structured_outputs", "json"),
+        ("prompt_logprobs",),
+        ("logit_bias",),
         ("stream_options",),
         ("extra",),
         *[(key,) for key in OPENAI_COMMON],
     ],
+    "/tokenize": [
+        ("prompt",),
+        ("messages",),
+        ("messages", 0),
+        ("add_special_tokens",),
+        ("add_generation_prompt",),
+        ("model",),
+    ],
+    "/detokenize": [("tokens",), ("tokens", 0), ("model",)],
 }
 
 
@@ -314,7 +349,7 @@ def check_response(response: httpx.Response, path: str) -> None:
         assert 400 <= response.status_code < 500
         body = response.json()
         assert "error" in body, body
-        if path.startswith("/v1"):
+        if path.startswith(OPENAI_SHAPED):
             assert body["error"]["message"]
         else:
             assert body["error"] and body["error_type"]
@@ -360,7 +395,7 @@ FUZZ = settings(
 @FUZZ
 @given(data=st.data())
 def test_fuzz_structured_bodies(server, path, data):
-    kind = path if path.startswith("/v1") else "tgi"
+    kind = path if path.startswith(OPENAI_SHAPED) else "tgi"
     body = data.draw(VALID[kind], label="valid body")
     for _ in range(data.draw(st.integers(min_value=0, max_value=3), label="mutations")):
         where = data.draw(st.sampled_from(MUTABLE[kind]), label="path")
@@ -407,3 +442,41 @@ def test_server_healthy_afterwards(server):
         time.sleep(0.05)
     metrics = server.client.get("/metrics").text
     assert "jaxgen_request_failure_total 0.0" in metrics
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 100.5}}, "logit_bias"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"1.5": 1}}, "logit_bias"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": {"99999999": 1}}, "logit_bias"),
+        ("/v1/completions", {"prompt": "a", "logit_bias": "1"}, "logit_bias"),
+        ("/v1/completions", {"prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt": "a", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ("/v1/completions", {"prompt": "a", "prompt_logprobs": "2"}, "prompt_logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "prompt_logprobs": 1.5},
+            "prompt_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "logit_bias": {"a": 1}},
+            "logit_bias",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a"}], "prompt_logprobs": 0, "stream": True},
+            "prompt_logprobs",
+        ),
+        ("/v1/completions", {"prompt": "a", "stop_token_ids": [-1]}, "stop_token_ids"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"messages": "hi"}, "messages"),
+        ("/detokenize", {"tokens": [1, "2"]}, "tokens"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    ],
+)
+def test_new_fields_are_refused_by_name(server, path, body, param):
+    response = server.client.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

@@ -13,6 +13,7 @@ from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
+from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.sampling_tensors import SamplingRow
@@ -127,10 +128,12 @@ class LLMEngine:
         configs = sampling_params or [SamplingParams(temperature=0.0)]
         constrained = any(params.structured_outputs is not None for params in configs)
         for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
-            self.runner.execute(batch.arrays, batch.flags)
+            self.runner.execute(batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top)
             if constrained:  # the same shapes with a grammar's bitmask
                 batch = self.grammars.padding_bitmask(batch)
-                self.runner.execute(batch.arrays, batch.flags)
+                self.runner.execute(
+                    batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top
+                )
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
@@ -154,6 +157,9 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[:5]}")
+        bad = [t for t in params.logit_bias or () if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad[:5]}")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
@@ -211,7 +217,9 @@ class LLMEngine:
         start = time.perf_counter()
         try:
             batch = self._build_batch(scheduled)
-            output = self.runner.execute(batch.arrays, batch.flags)
+            output, prompt_output = self.runner.execute(
+                batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top
+            )
         except Exception as error:
             raise self._recover(scheduled, error) from error
         self.consecutive_failed_steps = 0
@@ -219,6 +227,9 @@ class LLMEngine:
         self.num_steps += 1
         self.last_batch_size = len(scheduled.scheduled)
         tokens, logprobs = unpack(batch, output)
+        if prompt_output is not None:
+            for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
+                self.seq_to_request[seq_id].on_prompt_logprobs(entries)
         got_token = self.scheduler.postprocess(scheduled, tokens)
         return self._postprocess(got_token, logprobs)
 

@@ -66,6 +66,22 @@ class Request:
         self.logprobs: list[list[dict[int, float]]] = [[] for _ in range(params.n)]
         self.stop_reasons: list[str | int | None] = [None] * params.n
         self._max_stop_len = max((len(s) for s in params.stop), default=0)
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None
+        self._prompt_logprobs_missing = 0
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
+            self._prompt_logprobs_missing = len(self.prompt_token_ids) - 1
+            self.seqs[0].wants_prompt_logprobs = self._prompt_logprobs_missing > 0
+
+    def on_prompt_logprobs(self, entries: list[tuple[int, dict[int, float]]]) -> None:
+        """Records prompt logprobs by position (a recomputed position keeps its first value);
+        once every position has one, the first sequence may reuse cached pages again."""
+        for position, entry in entries:
+            if self.prompt_logprobs[position] is None:
+                self.prompt_logprobs[position] = entry
+                self._prompt_logprobs_missing -= 1
+        if self._prompt_logprobs_missing == 0:
+            self.seqs[0].wants_prompt_logprobs = False
 
     @property
     def finished(self) -> bool:
@@ -150,4 +166,5 @@ class Request:
             outs,
             finished=self.finished,
             metrics=metrics,
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
         )

@@ -14,6 +14,7 @@ from flax import nnx
 
 from jaxgen.backends import AttentionBackend, select_backend
 from jaxgen.engine import compile_counter
+from jaxgen.engine.prompt_logprobs import PromptLogprobsOutput, prompt_logprobs
 from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_tensors import SamplerOutput, SamplingFlags
 
@@ -34,6 +35,8 @@ def jitted_step(graphdef, backend: AttentionBackend):
         sampling,
         flags,
         head,
+        prompt_targets=None,
+        prompt_top=None,
     ):
         model = nnx.merge(graphdef, params)
         hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
@@ -41,9 +44,14 @@ def jitted_step(graphdef, backend: AttentionBackend):
         logits = model.compute_logits(
             hidden[logits_indices], head_kernel=head, live_rows=logits_live
         )
-        return kv_cache, sample(logits, sampling, flags)
+        sampled = sample(logits, sampling, flags)
+        if prompt_top is None:
+            return kv_cache, sampled
+        # A step holding a prompt-logprobs request: the LM head on every token row too.
+        all_logits = model.compute_logits(hidden, head_kernel=head, live_rows=md.live_rows)
+        return kv_cache, (sampled, prompt_logprobs(all_logits, prompt_targets, prompt_top))
 
-    return jax.jit(step, static_argnames=("flags",), donate_argnums=(1,))
+    return jax.jit(step, static_argnames=("flags", "prompt_top"), donate_argnums=(1,))
 
 
 class ModelRunner:
@@ -99,14 +107,26 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(self.kv_cache))
 
-    def execute(self, arrays: tuple, flags: SamplingFlags) -> SamplerOutput:
+    def execute(
+        self,
+        arrays: tuple,
+        flags: SamplingFlags,
+        prompt_targets=None,
+        prompt_top: int | None = None,
+    ) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """Runs one step on ``arrays`` (``StepBatch.arrays``: the step's inputs, then the
-        sampling tensors) with static ``flags``; the pool is donated and replaced. Returns the
-        sampler's output as numpy arrays: the one device-to-host transfer of the step."""
+        sampling tensors) with static ``flags``; the pool is donated and replaced. With
+        ``prompt_top`` (static; None: off) it also returns each token row's logprob of its
+        ``prompt_targets`` [T] and the top ``prompt_top``. Returns the sampler's output (and
+        the prompt logprobs, or None) as numpy arrays: the one device-to-host transfer."""
+        extra = {}
+        if prompt_top is not None:
+            extra = {"prompt_targets": prompt_targets, "prompt_top": prompt_top}
         self.kv_cache, result = self._step(
-            self.step_params, self.kv_cache, *arrays, flags=flags, head=self.head_kernel
+            self.step_params, self.kv_cache, *arrays, flags=flags, head=self.head_kernel, **extra
         )
-        return jax.device_get(result)
+        result = jax.device_get(result)
+        return result if prompt_top is not None else (result, None)
 
 
 def _deleted(leaf) -> bool:

@@ -4,7 +4,7 @@ The host turns every running sequence into a row of ``SamplingTensors`` plus sta
 ``SamplingFlags`` (``sampling_tensors.build_sampling_tensors``); the engine's jitted step calls
 :func:`sample` on the logits of the last position, with the flags as a static argument.
 
-Per row, in vLLM's order: banned tokens -> -inf; repetition, frequency and presence penalties;
+Per row, in vLLM's order: ``logit_bias`` added; banned tokens -> -inf; repetition, frequency and presence penalties;
 greedy rows (temperature 0, or ``top_k == 1``) take the argmax; the others divide by their
 temperature, apply top_k, then top_p, then min_p, and sample with the key
 ``fold_in(key(seed), step)``.
@@ -44,7 +44,14 @@ from jaxgen.engine.sampling_tensors import (
 MAX_CANDIDATES = 256  # top scaled logits looked at for top_k / top_p before the exact fallback
 _MAX_BANNED_BY_COMPARISON = 16  # wider ban lists use a scatter
 
-__all__ = ["MAX_CANDIDATES", "apply_penalties", "apply_token_bitmask", "ban_tokens", "sample"]
+__all__ = [
+    "MAX_CANDIDATES",
+    "add_logit_bias",
+    "apply_penalties",
+    "apply_token_bitmask",
+    "ban_tokens",
+    "sample",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -67,7 +74,8 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
     logits = logits.astype(jnp.float32)  # [B, V]
     batch_size, vocab_size = logits.shape
 
-    processed = ban_tokens(logits, tensors.banned_token_ids)
+    processed = add_logit_bias(logits, tensors.logit_bias_ids, tensors.logit_bias_values)
+    processed = ban_tokens(processed, tensors.banned_token_ids)
     if tensors.token_bitmask.shape[1]:  # a static shape: steps without a grammar skip this
         processed = apply_token_bitmask(processed, tensors.token_bitmask, tensors.constrained)
     if flags.any_penalties:
@@ -102,6 +110,21 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
         top_token_ids=top_token_ids.astype(jnp.int32),
         top_logprobs=top_logprobs,
     )
+
+
+def add_logit_bias(logits: jax.Array, bias_ids: jax.Array, bias_values: jax.Array) -> jax.Array:
+    """Adds each row's ``logit_bias`` (a no-op, traced away, when the table is empty).
+
+    Args:
+        logits: [B, V] float logits.
+        bias_ids: [B, K] token ids, padded with -1.
+        bias_values: [B, K] biases (0 for padding).
+    """
+    if bias_ids.shape[1] == 0:
+        return logits
+    rows = jnp.arange(logits.shape[0])[:, None]
+    ids = _drop_padding(bias_ids, logits.shape[1])
+    return logits.at[rows, ids].add(bias_values.astype(jnp.float32), mode="drop")
 
 
 def ban_tokens(logits: jax.Array, banned_token_ids: jax.Array) -> jax.Array:

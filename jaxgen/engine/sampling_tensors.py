@@ -16,6 +16,7 @@ from jaxgen.sampling_params import SamplingParams
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 _MIN_HISTORY_BUCKET = 16
 _MIN_BANNED_BUCKET = 4
+_MIN_BIAS_BUCKET = 4
 _UINT32_MASK = 0xFFFFFFFF
 _UINT64_MASK = (1 << 64) - 1
 
@@ -45,6 +46,8 @@ class SamplingTensors:
     # 32 * w + j; W = 0 when no row is constrained. Only rows flagged ``constrained`` are masked.
     token_bitmask: jax.Array  # [B, W] i32
     constrained: jax.Array  # [B] bool
+    logit_bias_ids: jax.Array  # [B, K] i32, padded with -1; K = 0 when no row has a logit_bias
+    logit_bias_values: jax.Array  # [B, K] f32, added to those tokens' logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +185,7 @@ def build_sampling_tensors(
         any_penalties=any(penalised),
         num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
     )
+    bias_ids, bias_values = _logit_bias_table([row.params.logit_bias for row in rows], batch_size)
     tensors = SamplingTensors(
         *scalars,
         banned_token_ids,
@@ -189,6 +193,8 @@ def build_sampling_tensors(
         output_token_ids,
         token_bitmask=np.zeros((batch_size, 0), np.int32),  # grammar_masks fills it when needed
         constrained=np.zeros(batch_size, np.bool_),
+        logit_bias_ids=bias_ids,
+        logit_bias_values=bias_values,
     )
     return tensors, flags
 
@@ -217,6 +223,22 @@ def _row_scalars(row: SamplingRow, index: int, base_seed: int, step_counter: int
     else:
         seed = (_derived_seed(base_seed, step_counter, index), False)
     return (*filters, *penalties, *seed, len(row.output_token_ids))
+
+
+def _logit_bias_table(
+    biases: Sequence[dict[int, float] | None], batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """[batch_size, K] ids (-1 padded) and values of each row's ``logit_bias``; K is a power of
+    two (at least ``_MIN_BIAS_BUCKET``), 0 when no row has one."""
+    width = max((len(bias) for bias in biases if bias), default=0)
+    width = next_power_of_two(width, _MIN_BIAS_BUCKET) if width else 0
+    ids = np.full((batch_size, width), -1, np.int32)
+    values = np.zeros((batch_size, width), np.float32)
+    for index, bias in enumerate(biases):
+        if bias:
+            ids[index, : len(bias)] = list(bias)
+            values[index, : len(bias)] = list(bias.values())
+    return ids, values
 
 
 def _pad_ids(id_lists: Sequence[Sequence[int]], batch_size: int, width: int) -> np.ndarray:

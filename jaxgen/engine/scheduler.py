@@ -139,7 +139,7 @@ class Scheduler:
                 ):
                     skipped.append(self.waiting.popleft())
                     continue
-                if not seq.block_table:
+                if not seq.block_table and not seq.wants_prompt_logprobs:
                     seq.num_computed_tokens = self.allocator.match_prefix(seq)
                     seq.num_cached_tokens = seq.num_computed_tokens
                 num_new = min(seq.num_uncomputed_tokens, budget)

@@ -45,6 +45,9 @@ class Sequence:
         self.depends_on = depends_on  # a sibling whose prompt pages this one waits to share
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        # Set by its ``Request``: compute every prompt position (no prefix-cache reuse) until
+        # the request has the prompt logprobs it asked for (``prompt_logprobs.py``).
+        self.wants_prompt_logprobs = False
 
     @property
     def num_prompt_tokens(self) -> int:

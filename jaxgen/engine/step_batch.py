@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from jaxgen.engine.buckets import LOGPROB_BUCKETS, bucket_for
+from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsBatch, build_prompt_logprobs
 from jaxgen.engine.sampling_tensors import (
     SamplerOutput,
     SamplingFlags,
@@ -37,6 +38,16 @@ class StepBatch:
     sampling: SamplingTensors  # [S] rows, numpy
     flags: SamplingFlags  # static: the jitted step specialises on them
     seqs: list[Sequence | None]  # [S]: the sequence each logits row samples for; None: none
+    prompt: PromptLogprobsBatch | None = None  # None: no sequence of the step wants them
+
+    @property
+    def prompt_top(self) -> int | None:
+        """The step's static prompt-logprobs switch: None (off) or the top-k bucket."""
+        return None if self.prompt is None else self.prompt.num_top
+
+    @property
+    def prompt_targets(self):
+        return None if self.prompt is None else self.prompt.targets
 
     @property
     def arrays(self) -> tuple:
@@ -44,7 +55,14 @@ class StepBatch:
         return (*self.inputs.arrays, self.sampling)
 
 
-def _batch(inputs: StepInputs, rows: list[SamplingRow], seqs, base_seed: int, step: int):
+def _batch(
+    inputs: StepInputs,
+    rows: list[SamplingRow],
+    seqs,
+    base_seed: int,
+    step: int,
+    prompt: PromptLogprobsBatch | None = None,
+):
     tensors, flags = build_sampling_tensors(
         rows, len(inputs.rows), base_seed=base_seed, step_counter=step
     )
@@ -52,7 +70,7 @@ def _batch(inputs: StepInputs, rows: list[SamplingRow], seqs, base_seed: int, st
         flags = dataclasses.replace(
             flags, num_logprobs=bucket_for(flags.num_logprobs, LOGPROB_BUCKETS)
         )
-    return StepBatch(inputs, tensors, flags, seqs)
+    return StepBatch(inputs, tensors, flags, seqs, prompt)
 
 
 def build_step_batch(
@@ -79,7 +97,7 @@ def build_step_batch(
         for item in inputs.rows
     ]
     rows = [PADDING_ROW if seq is None else sampling_rows[seq.seq_id] for seq in seqs]
-    return _batch(inputs, rows, seqs, base_seed, step)
+    return _batch(inputs, rows, seqs, base_seed, step, build_prompt_logprobs(inputs))
 
 
 def precompile_batches(
@@ -87,19 +105,31 @@ def precompile_batches(
 ) -> list[StepBatch]:
     """All-padding batches of every shape ``layout.precompile_shapes`` lists, once per sampling
     variant: each configuration in ``sampling_params``, and the same with its ``min_tokens``
-    bans where it has any. Their logits rows are padding: they touch only the scratch page."""
-    rows = []  # one real row per variant gives the flags and the banned-token width
+    bans where it has any. A configuration with ``prompt_logprobs`` also compiles the steps
+    that compute them: its own row's flags (the step that finishes the prompt) and greedy
+    padding flags (earlier prefill chunks), each with the prompt logprobs switched on. Their
+    logits rows are padding: they touch only the scratch page."""
+    variants = []  # (row, prompt top-k or None): one real row gives the flags and widths
     for params in sampling_params:
-        rows.append(SamplingRow(params))
+        prompt_top = None if params.prompt_logprobs is None else PROMPT_TOP
+        if prompt_top is not None:
+            variants += [(SamplingRow(params), prompt_top), (PADDING_ROW, prompt_top)]
+        variants.append((SamplingRow(params), None))
         banned = min_tokens_banned_ids(params, 0, eos_token_ids)
         if banned:  # while min_tokens is not reached
-            rows.append(SamplingRow(params, banned_token_ids=banned))
+            variants.append((SamplingRow(params, banned_token_ids=banned), prompt_top))
     shapes = layout.precompile_shapes()
     batches = []
-    for row in rows:
+    for row, prompt_top in variants:
         for inputs in shapes:
             padding = len(inputs.rows) - 1
-            batches.append(_batch(inputs, [row] + [PADDING_ROW] * padding, inputs.rows, 0, 0))
+            prompt = None
+            if prompt_top is not None:
+                targets = np.full(len(inputs.token_ids), -1, np.int32)
+                prompt = PromptLogprobsBatch(targets, prompt_top, [])
+            batches.append(
+                _batch(inputs, [row] + [PADDING_ROW] * padding, inputs.rows, 0, 0, prompt)
+            )
     return batches
 
 

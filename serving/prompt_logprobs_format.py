@@ -1,0 +1,101 @@
+"""Prompt logprobs in the OpenAI shapes: the completions ``logprobs`` object of an echoed prompt,
+and vLLM's ``prompt_logprobs`` list; plus the request fields that ask for them and ``logit_bias``."""
+
+from __future__ import annotations
+
+from serving.generation import TokenTexts, finite, token_logprob, top_logprobs
+from serving.validation import Fields, RequestError
+
+MAX_PROMPT_LOGPROBS = 20
+
+
+def prompt_logprobs_field(fields: Fields) -> int | None:
+    """vLLM's ``prompt_logprobs``: how many top logprobs per prompt token (None: off)."""
+    return fields.integer("prompt_logprobs", minimum=0, maximum=MAX_PROMPT_LOGPROBS)
+
+
+def logit_bias_field(fields: Fields, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias``: ``{"token id": bias}`` with biases in [-100, 100]."""
+    value = fields.data.get("logit_bias")
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise fields.error("logit_bias", "must be an object mapping token ids to biases")
+    bias = {}
+    for key, number in value.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None
+        if token is None or token >= vocab_size:
+            raise RequestError(
+                f"`logit_bias` keys must be token ids in [0, {vocab_size}), got {key!r}"[:200],
+                param="logit_bias",
+            )
+        if (
+            not isinstance(number, (int, float))
+            or isinstance(number, bool)
+            or not -100 <= number <= 100
+        ):
+            raise RequestError(
+                f"`logit_bias` values must be numbers in [-100, 100], got {number!r}"[:200],
+                param="logit_bias",
+            )
+        bias[token] = float(number)
+    return bias
+
+
+def echo_logprobs(
+    texts: TokenTexts, prompt_ids: list[int], entries: list | None, count: int
+) -> dict:
+    """The completions ``logprobs`` object of the echoed prompt (the first token's is null)."""
+    entries = entries or [None] * len(prompt_ids)
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    offset = 0
+    for token_id, entry in zip(prompt_ids, entries, strict=True):
+        text = texts.text(token_id)
+        tokens.append(text)
+        token_logprobs.append(token_logprob(entry, token_id))
+        tops.append({texts.text(t): lp for t, lp in top_logprobs(entry, count)} if entry else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def join_logprobs(first: dict, second: dict | None) -> dict:
+    """Two completions ``logprobs`` objects, one after the other."""
+    if second is None:
+        return first
+    return {key: first[key] + second[key] for key in first}
+
+
+def vllm_prompt_logprobs(
+    texts: TokenTexts, prompt_ids: list[int], entries: list | None, count: int
+) -> list | None:
+    """vLLM's ``prompt_logprobs``: per prompt token null (the first) or
+    ``{"token id": {"logprob", "rank", "decoded_token"}}`` for the prompt token and the top
+    ``count``. ``rank`` is the place among the top tokens; null for a prompt token outside them."""
+    if entries is None:
+        return None
+    result = []
+    for token_id, entry in zip(prompt_ids, entries, strict=True):
+        if entry is None:
+            result.append(None)
+            continue
+        ranked = [t for t, _ in top_logprobs(entry, len(entry))]
+        outside = len(entry) > count  # the prompt token is not among the top ``count``
+        if outside:
+            ranked.remove(token_id)
+        result.append(
+            {
+                str(t): {
+                    "logprob": finite(lp),
+                    "rank": None if outside and t == token_id else ranked.index(t) + 1,
+                    "decoded_token": texts.text(t),
+                }
+                for t, lp in entry.items()
+            }
+        )
+    return result

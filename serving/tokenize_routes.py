@@ -1,0 +1,80 @@
+"""vLLM's ``/tokenize`` and ``/detokenize`` (errors in OpenAI's shape)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serving.common import accept
+from serving.openai_routes import chat_messages, openai_error
+from serving.validation import Fields, RequestError, check_token_ids
+
+
+async def tokenize(request: Request) -> Response:
+    """``POST /tokenize``: ``{"prompt"}`` or ``{"messages", "add_generation_prompt"}`` (both with
+    ``add_special_tokens``) -> ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+    try:
+        state, body = await accept(request)
+        fields = Fields(body)
+        model = fields.string("model")
+        if model is not None and not state.settings.serves_model(model):
+            raise RequestError(
+                f"The model `{model}` does not exist.", param="model", kind="model_not_found"
+            )
+        tokenizer = state.llm.tokenizer
+        if "messages" in body:
+            messages = chat_messages(fields)
+            add_generation_prompt = fields.boolean("add_generation_prompt", True)
+            add_special = fields.boolean("add_special_tokens", False)
+            try:
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                )
+            except Exception as error:
+                raise RequestError(
+                    f"`messages` do not fit the chat template: {error}"[:500], param="messages"
+                ) from None
+        else:
+            text = fields.data.get("prompt")
+            if not isinstance(text, str):
+                raise fields.error("prompt", "must be a string (or send `messages`)")
+            add_special = fields.boolean("add_special_tokens", True)
+        return_strs = fields.boolean("return_token_strs", False)
+        tokens = tokenizer.encode(text, add_special_tokens=add_special)
+    except RequestError as error:
+        return openai_error(error)
+    strings = [state.token_texts.text(t) for t in tokens] if return_strs else None
+    return JSONResponse(
+        {
+            "count": len(tokens),
+            "max_model_len": state.limits.max_total_tokens,
+            "tokens": tokens,
+            "token_strs": strings,
+        }
+    )
+
+
+async def detokenize(request: Request) -> Response:
+    """``POST /detokenize``: ``{"tokens"}`` -> ``{"prompt"}``."""
+    try:
+        state, body = await accept(request)
+        fields = Fields(body)
+        model = fields.string("model")
+        if model is not None and not state.settings.serves_model(model):
+            raise RequestError(
+                f"The model `{model}` does not exist.", param="model", kind="model_not_found"
+            )
+        tokens = body.get("tokens")
+        if tokens != []:
+            tokens = check_token_ids(tokens, state.limits.vocab_size, "tokens")
+        text = state.llm.tokenizer.decode(tokens) if tokens else ""
+    except RequestError as error:
+        return openai_error(error)
+    return JSONResponse({"prompt": text})
+
+
+ROUTES = [
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+]
