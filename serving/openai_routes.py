@@ -221,7 +221,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         include_usage,
         logprobs,
         echo,
-        prompt_logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
