@@ -32,3 +32,33 @@ def test_two_processes_degree_8_match_single_process(mha_dir):
         assert result["q_proj_global_shape"] == [64, 64]
         assert result["q_proj_local_shards"] == [[64, 8]] * 4  # one head per device, 4 local
         assert result["tokens"] == expected
+
+
+@pytest.fixture(scope="module")
+def mha4_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-mha4-multihost"))
+    return save_tiny_model(path, smollm2_tokenizer, num_attention_heads=4, num_key_value_heads=4)
+
+
+@pytest.mark.slow  # about 2 min on a loaded 2-core CPU
+def test_four_processes_degree_4_match_single_process_and_serve_from_process_0(mha4_dir):
+    """Four processes of one device each (a group of 4 hosts, as a v5e-16 slice is 4 hosts of
+    4 chips, in miniature), degree 4: every all-reduce crosses processes. First every process
+    runs the same ``generate``; then the pod entry point's path: process 0 serves the prompts
+    through ``AsyncLLM`` over a ``LeaderEngine`` while the other three follow its steps."""
+    from jaxgen import LLM
+
+    expected = generate(LLM(mha4_dir, **ENGINE))
+    results = run_cluster(
+        {"model": mha4_dir, "serve": True}, num_processes=4, devices_per_process=1, timeout=600
+    )
+    assert sorted(r["process_index"] for r in results) == [0, 1, 2, 3]
+    for result in results:
+        assert result["process_count"] == 4
+        assert result["global_devices"] == 4 and result["local_devices"] == 1
+        assert result["q_proj_local_shards"] == [[64, 16]]  # one of 4 heads of 16
+        assert result["tokens"] == expected
+    leader = next(r for r in results if r["process_index"] == 0)
+    assert leader["served_tokens"] == expected
+    followers = [r["followed_steps"] for r in results if r["process_index"] != 0]
+    assert followers == [leader["published_steps"]] * 3
