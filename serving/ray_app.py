@@ -148,15 +148,17 @@ class JaxgenReplica:
         self.settings = resolve_settings(flags, os.environ)
         check_engine_knobs(self.settings)
         self.llm = await asyncio.to_thread(build_llm, self.settings)  # the event loop stays free
-        self.app = create_app(self.llm, self.settings, metric_labels={"replica": self.replica_id})
+        self.server_app = create_app(
+            self.llm, self.settings, metric_labels={"replica": self.replica_id}
+        )
         logger.info("replica %s ready (%s)", self.replica_id, self.settings.model_name)
 
     def __serve_build_asgi_app__(self):
-        return ReplicaHeader(self.app, self.replica_id)
+        return ReplicaHeader(self.server_app, self.replica_id)
 
     async def check_health(self) -> None:
         """Ray's health check: raises once the engine cannot serve (Ray then replaces us)."""
-        error = self.app.state.server.engine_error
+        error = self.server_app.state.server.engine_error
         if error is not None:
             raise RuntimeError(f"jaxgen engine failed: {error}")
 
