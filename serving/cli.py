@@ -19,9 +19,9 @@ from serving.server import DrainingServer, uvicorn_config
 logger = logging.getLogger("serving")
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(args: argparse.Namespace, build=build_llm) -> int:
     """Starts the server; returns the exit code (0 after a SIGTERM drain, 1 if the model failed
-    to load or the engine died)."""
+    to load or the engine died). ``build(settings)`` makes its ``AsyncLLM``."""
     settings = settings_from_args(args)
     check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
     logging.basicConfig(
@@ -36,7 +36,7 @@ def run_serve(args: argparse.Namespace) -> int:
             server.exit_code = 1
             server.should_exit = True
 
-    app = create_app(lambda: build_llm(settings), settings, on_fatal=fatal)
+    app = create_app(lambda: build(settings), settings, on_fatal=fatal)
     config = uvicorn_config(
         app, settings, host=settings.host, port=settings.port, log_level=settings.log_level
     )

@@ -163,10 +163,19 @@ def test_a_killed_replica_fails_retriably_and_ray_replaces_it(ray_serve):
     while time.monotonic() < deadline and replica_states() != {"RUNNING": 2}:
         time.sleep(2)
     assert replica_states() == {"RUNNING": 2}
-    after = run_requests(ray_serve, 16)
-    assert [r["outcome"] for r in after] == ["ok"] * 16
-    assert victim not in {r["replica"] for r in after}
-    assert len({r["replica"] for r in after}) == 2  # the replacement serves too
+    # The proxy learns of the new replica shortly after it runs: send until it answers.
+    seen: set = set()
+    for _ in range(20):
+        after = run_requests(ray_serve, 8)
+        assert [r["outcome"] for r in after] == ["ok"] * 8
+        seen |= {r["replica"] for r in after}
+        if len(seen) == 2:
+            break
+        time.sleep(2)
+    assert victim not in seen and len(seen) == 2, seen  # the replacement serves too
+    print(
+        f"fault test outcomes: {outcomes.count('ok')} ok, {outcomes.count('retriable')} retriable"
+    )
 
 
 def test_deleting_the_application_drains_requests_in_flight(ray_serve):
@@ -176,8 +185,8 @@ def test_deleting_the_application_drains_requests_in_flight(ray_serve):
         time.sleep(1.0)
         serve.delete(APP, _blocking=False)
 
-    results = run_requests(ray_serve, 6, max_tokens=48, on_start=delete_soon)
-    started = [r for r in results if r["outcome"] == "ok"]
-    # Requests the proxy had routed finish; any that arrived after the delete are refused, and
-    # not as a hang.
-    assert started and all(r["outcome"] in ("ok", "retriable") for r in results), results
+    # Six requests (one per worker thread) are in flight when the delete starts: Ray stops
+    # routing to the replicas, waits for their requests (graceful_shutdown_timeout_s), and only
+    # then runs the app's lifespan shutdown and stops the engines. Every one completes.
+    results = run_requests(ray_serve, 6, workers=6, max_tokens=48, on_start=delete_soon)
+    assert [r["outcome"] for r in results] == ["ok"] * 6, results
