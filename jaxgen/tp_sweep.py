@@ -305,17 +305,12 @@ def sweep_lines(sweep: Sweep) -> list[str]:
         "S = sequences in flight on the slice (spread over the copies); cells: output tokens/s "
         "of the slice; '-': more sequences than the copies hold"
     )
+    sources = sorted(
+        {f"{r.step_bytes_batch} seq/copy ({r.step_bytes_source})" for r in sweep.rows if r.fits}
+    )
     lines.append(
         "step GB/chip: bytes one decode step reads per chip at "
-        + ", ".join(
-            sorted(
-                {
-                    f"{r.step_bytes_batch} seq/copy ({r.step_bytes_source})"
-                    for r in sweep.rows
-                    if r.fits
-                }
-            )
-        )
+        + (", ".join(sources) or "-")
         + "; 'c' = libtpu's compiler count (a count, not a time)"
     )
     for name, best in (("latency", sweep.best_latency), ("throughput", sweep.best_throughput)):
