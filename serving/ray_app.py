@@ -109,10 +109,6 @@ class ReplicaHeader:
         self.app = app
         self.header = (REPLICA_HEADER.encode(), replica_id.encode())
 
-    @property
-    def state(self):
-        return self.app.state
-
     def add_exception_handler(self, *args) -> None:  # Ray maps its overload errors to 503
         self.app.add_exception_handler(*args)
 
@@ -208,11 +204,17 @@ def build_app(args: dict[str, Any]):
 
 def run(flags: dict[str, Any], options: ReplicaOptions, *, host: str, port: int) -> int:
     """``jaxgen serve --ray``: connects to ``RAY_ADDRESS`` (or starts a local Ray instance),
-    deploys the replicas behind Ray's HTTP proxy on ``host:port`` and blocks until interrupted;
-    then deletes the application (draining each replica) and disconnects."""
+    deploys the replicas behind Ray's HTTP proxy on ``host:port`` and blocks until interrupted
+    (Ctrl-C or SIGTERM); then deletes the application (draining each replica) and disconnects."""
+    import signal
+
     import ray
 
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
     application = build_deployment(flags, options)
+    signal.signal(signal.SIGTERM, interrupt)
     address = os.environ.get("RAY_ADDRESS")
     ray.init(address=address or None)  # None: a local instance on this machine
     logger.info("Ray at %s", address or "a new local instance")
