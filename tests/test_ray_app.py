@@ -90,3 +90,16 @@ def test_jaxgen_serve_ray_flags_reach_the_replicas(monkeypatch):
     assert options.num_replicas == 2 and options.cpus == 0.5
     assert options.graceful_shutdown_timeout_s == 12.0  # the drain timeout, by default
     assert kw == {"host": "127.0.0.1", "port": 9000}
+
+
+def test_health_check_fails_once_the_engine_is_dead():
+    import asyncio
+    from types import SimpleNamespace
+
+    def replica(error):
+        server = SimpleNamespace(engine_error=error)
+        return SimpleNamespace(server_app=SimpleNamespace(state=SimpleNamespace(server=server)))
+
+    asyncio.run(ray_app.JaxgenReplica.check_health(replica(None)))
+    with pytest.raises(RuntimeError, match="jaxgen engine failed: step raised"):
+        asyncio.run(ray_app.JaxgenReplica.check_health(replica(RuntimeError("step raised"))))
