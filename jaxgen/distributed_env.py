@@ -73,6 +73,8 @@ def _with_port(host: str, environ: Mapping[str, str], name: str) -> str:
     host = host.strip()
     if not host:
         raise ValueError(f"{name} is empty")
+    if any(c.isspace() for c in host):  # e.g. libtpu's "WARNING: could not determine ..."
+        raise ValueError(f"{name} is not a host name: {host[:60]!r}")
     if host.rsplit(":", 1)[-1].isdigit() and ":" in host:
         return host  # already host:port
     return f"{host}:{_port(environ)}"

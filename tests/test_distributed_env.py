@@ -75,6 +75,10 @@ def test_explicit_jax_variables_win_over_the_orchestrators():
         ),
         ({"TPU_WORKER_HOSTNAMES": ",", "TPU_WORKER_ID": "0"}, "TPU_WORKER_HOSTNAMES is empty"),
         (
+            {"TPU_WORKER_HOSTNAMES": "WARNING: could not determine", "TPU_WORKER_ID": "0"},
+            "TPU_WORKER_HOSTNAMES is not a host name",
+        ),
+        (
             {
                 "LWS_LEADER_ADDRESS": "a",
                 "LWS_GROUP_SIZE": "2",
