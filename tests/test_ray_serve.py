@@ -103,9 +103,10 @@ def one_request(url: str, index: int, *, max_tokens: int = 8) -> dict:
         return {"outcome": "ok" if ok else f"other: finish {finish}", "replica": replica}
     except openai.APIStatusError as error:
         status = error.status_code
-        return {"outcome": "retriable" if status >= 500 else f"other: {status}", "replica": None}
-    except openai.APIConnectionError:  # includes a stream cut mid-response
-        return {"outcome": "retriable", "replica": None}
+        outcome = "retriable" if status >= 500 else f"other: {status}"
+        return {"outcome": outcome, "replica": None, "detail": f"HTTP {status}"}
+    except openai.APIConnectionError as error:  # includes a stream cut mid-response
+        return {"outcome": "retriable", "replica": None, "detail": type(error).__name__}
 
 
 def run_requests(url: str, count: int, *, workers: int = 8, max_tokens: int = 8, on_start=None):
