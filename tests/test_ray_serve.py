@@ -175,7 +175,8 @@ def test_a_killed_replica_fails_retriably_and_ray_replaces_it(ray_serve):
         time.sleep(2)
     assert victim not in seen and len(seen) == 2, seen  # the replacement serves too
     print(
-        f"fault test outcomes: {outcomes.count('ok')} ok, {outcomes.count('retriable')} retriable"
+        f"fault test: {outcomes.count('ok')} ok, {outcomes.count('retriable')} retriable",
+        sorted(r["detail"] for r in results if "detail" in r),
     )
 
 
