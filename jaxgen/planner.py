@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import jax.numpy as jnp
 
@@ -17,6 +18,7 @@ from jaxgen.ahead_of_time import (
 from jaxgen.config import ModelConfig
 from jaxgen.loaders import model_config_only
 from jaxgen.quantization import kv_cache
+from jaxgen.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,6 +172,10 @@ def make_plan(
 
 
 def cmd_plan(args) -> int:
+    if args.sweep_tp:
+        if args.target is None or args.target == "cuda":
+            raise ValueError("--sweep-tp needs --target (a TPU slice such as v5e-8)")
+        return cmd_sweep_tp(args)
     if args.target is not None:
         return cmd_plan_target(args)
     if args.compile:
@@ -243,6 +249,47 @@ def cmd_plan_target(args) -> int:
     return 0
 
 
+def cmd_sweep_tp(args) -> int:
+    """``jaxgen plan --target SLICE --sweep-tp [--compile]``: replicas against tensor
+    parallelism on the slice (see ``jaxgen.tp_sweep``)."""
+    config = config_from_path(args.model)
+    compiled = {}
+    if args.compile:
+        for degree in divisor_degrees(slice_spec(args.target).num_chips, config):
+            try:
+                compiled[degree] = compile_decode_step(
+                    config,
+                    args.target,
+                    dtype=jnp.dtype(args.dtype),
+                    max_model_len=args.context,
+                    max_num_seqs=args.max_num_seqs,
+                    page_size=args.page_size,
+                    kv_cache_memory=args.kv_cache_memory,
+                    tensor_parallel_degree=degree,
+                )
+            except ValueError as error:  # the weights (or one sequence) do not fit a chip
+                print(f"TP {degree}: not compiled: {error}", file=sys.stderr)
+    sweep = sweep_tp(
+        config,
+        args.target,
+        dtype=args.dtype,
+        weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM.get(args.quantization),
+        weights_label=None if args.quantization == "none" else args.quantization,
+        context=args.context,
+        page_size=args.page_size,
+        memory_utilization=args.memory_utilization,
+        latency_target_s=args.latency_target_ms / 1e3,
+        collective_latency_s=args.collective_latency_us / 1e6,
+        compiled=compiled,
+    )
+    if args.json:
+        print(json.dumps(sweep.to_dict()))
+    else:
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print("\n".join(sweep_lines(sweep)))
+    return 0
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="KV capacity and critical batch size")
     parser.add_argument("--model", default=None)
@@ -270,4 +317,19 @@ def add_parser(subparsers) -> None:
         "--kv-cache-memory", type=float, default=0.9, help="fraction of HBM left after weights"
     )
     target.add_argument("--json", action="store_true", help="one JSON object")
+    target.add_argument(
+        "--sweep-tp",
+        action="store_true",
+        help="every tensor-parallel degree dividing the slice: copies, capacity, predicted "
+        "tokens/s (datasheet roofline; --compile calibrates it with compiler byte counts)",
+    )
+    target.add_argument(
+        "--latency-target-ms", type=float, default=50.0, help="--sweep-tp: ms per output token"
+    )
+    target.add_argument(
+        "--collective-latency-us",
+        type=float,
+        default=10.0,
+        help="--sweep-tp: assumed fixed cost of one all-reduce",
+    )
     parser.set_defaults(func=cmd_plan)

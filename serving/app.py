@@ -34,6 +34,7 @@ def create_app(
     settings: ServerSettings | None = None,
     *,
     on_fatal: Callable[[BaseException], None] | None = None,
+    metric_labels: dict[str, str] | None = None,
 ) -> Starlette:
     """Builds the server app.
 
@@ -43,9 +44,10 @@ def create_app(
             meanwhile) and shut down with the app.
         settings: limits and names (``ServerSettings()`` by default).
         on_fatal: called if loading fails (the CLI uses it to exit).
+        metric_labels: labels added to every metric sample (a Ray Serve replica's id).
     """
     settings = settings or ServerSettings()
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(metric_labels)
     state = ServerState(settings, metrics)
     owned = callable(llm) and not hasattr(llm, "generate")
     unsubscribe: list[Callable[[], None]] = []

@@ -4,105 +4,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
-from jaxgen.engine.engine_config import EngineConfig
-from jaxgen.engine_knobs import add_engine_flags
 from serving.app import create_app
+from serving.flags import (
+    FLAG_SETTINGS,
+    add_serve_arguments,
+    check_engine_knobs,
+    settings_from_args,
+)
 from serving.loader import build_llm
 from serving.server import DrainingServer, uvicorn_config
-from serving.settings import engine_knobs, resolve_settings
 
 logger = logging.getLogger("serving")
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds ``jaxgen serve``'s flags (precedence: flags > environment > --properties file).
-    Every flag defaults to None, so one not given falls through to the environment and file."""
-    add_engine_flags(parser, serve=True)
-    add = parser.add_argument
-    add(
-        "--served-model-name",
-        nargs="+",
-        help="model name shown to clients (default: --model), then aliases; once given, "
-        "OpenAI requests naming another model get 404",
-    )
-    add("--host", help="address to listen on (default 127.0.0.1)")
-    add("--port", type=int, help="port (default 8080; env PORT)")
-    add(
-        "--max-batch-total-tokens",
-        dest="kv_cache_tokens",
-        type=int,
-        help="KV pool in tokens instead of bytes (env MAX_BATCH_TOTAL_TOKENS)",
-    )
-    add(
-        "--max-concurrent-requests",
-        type=int,
-        help="requests in flight before 429 (default 128; env MAX_CONCURRENT_REQUESTS)",
-    )
-    add("--max-input-tokens", type=int, help="longest prompt (env MAX_INPUT_TOKENS)")
-    add("--max-total-tokens", type=int, help="prompt + new tokens limit (env MAX_TOTAL_TOKENS)")
-    add("--max-stop-sequences", type=int, help="most stop sequences per request (default 4)")
-    add("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
-    add("--drain-timeout", type=float, help="seconds SIGTERM waits for requests (default 30)")
-    add("--body-read-timeout", type=float, help="seconds to read a request body (default 30)")
-    add(
-        "--header-read-timeout",
-        type=float,
-        help="seconds to read a request's headers from connecting or the previous response "
-        "(default 10)",
-    )
-    add("--keep-alive-timeout", type=float, help="seconds an idle connection stays (default 5)")
-    add("--max-connections", type=int, help="open connections before 503 (default 1024)")
-    add(
-        "--tool-call-parser",
-        help="how chat output is read for tool calls: auto (from the chat template), hermes, "
-        "llama3_json, mistral or pythonic (default auto)",
-    )
-    add(
-        "--api-key",
-        help="Bearer token required on every route but /health, /ping and "
-        "/metrics (env JAXGEN_API_KEY or VLLM_API_KEY)",
-    )
-    add("--allowed-origins", nargs="+", help="CORS allowed origins (default *; a JSON list too)")
-    add("--allowed-methods", nargs="+", help="CORS allowed methods (default *)")
-    add("--allowed-headers", nargs="+", help="CORS allowed headers (default *)")
-    add(
-        "--allow-credentials",
-        action="store_const",
-        const=True,
-        help="CORS: allow credentials (default off)",
-    )
-    add("--properties", help="an LMI serving.properties file")
-    add("--log-level", choices=["critical", "error", "warning", "info", "debug"])
-
-
-def _setting_flags() -> tuple[str, ...]:
-    parser = argparse.ArgumentParser(add_help=False)
-    add_serve_arguments(parser)
-    return tuple(action.dest for action in parser._actions if action.dest != "properties")
-
-
-# Every flag's dest, which is the name of the setting it gives (``--properties`` names the file).
-FLAG_SETTINGS = _setting_flags()
-
-
-def settings_from_args(args: argparse.Namespace, environ=None):
-    flags = {name: getattr(args, name, None) for name in FLAG_SETTINGS}
-    return resolve_settings(
-        flags, os.environ if environ is None else environ, getattr(args, "properties", None)
-    )
-
-
-def check_engine_knobs(settings) -> None:
-    """Raises ``ValueError`` for engine knobs ``EngineConfig`` refuses."""
-    EngineConfig(**engine_knobs(settings, set(EngineConfig.__dataclass_fields__)))
-
-
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(args: argparse.Namespace, build=build_llm) -> int:
     """Starts the server; returns the exit code (0 after a SIGTERM drain, 1 if the model failed
-    to load or the engine died)."""
+    to load or the engine died). ``build(settings)`` makes its ``AsyncLLM``."""
     settings = settings_from_args(args)
     check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
     logging.basicConfig(
@@ -117,7 +36,7 @@ def run_serve(args: argparse.Namespace) -> int:
             server.exit_code = 1
             server.should_exit = True
 
-    app = create_app(lambda: build_llm(settings), settings, on_fatal=fatal)
+    app = create_app(lambda: build(settings), settings, on_fatal=fatal)
     config = uvicorn_config(
         app, settings, host=settings.host, port=settings.port, log_level=settings.log_level
     )
@@ -127,12 +46,76 @@ def run_serve(args: argparse.Namespace) -> int:
     return server.exit_code
 
 
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """``jaxgen serve --ray``'s flags: replicas on Ray Serve (the ``ray`` extra)."""
+    ray = parser.add_argument_group(
+        "Ray Serve replicas (pip install 'jaxgen[ray]'; RAY_ADDRESS connects to a cluster)"
+    )
+    add = ray.add_argument
+    add("--ray", action="store_true", help="serve replicas on Ray Serve behind Ray's HTTP proxy")
+    add("--num-replicas", type=int, default=1, help="replicas (fixed unless --max-replicas)")
+    add("--min-replicas", type=int, default=1, help="autoscaling lower bound")
+    add("--max-replicas", type=int, default=None, help="autoscale up to this many replicas")
+    add(
+        "--target-ongoing-requests",
+        type=float,
+        default=8.0,
+        help="autoscaling target of requests in flight per replica",
+    )
+    add("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves")
+    add("--replica-tpus", type=int, default=0, help="TPU chips each replica reserves")
+    add("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves")
+    add(
+        "--graceful-shutdown-timeout",
+        type=float,
+        default=None,
+        help="seconds Ray waits for a stopping replica's requests (default: --drain-timeout)",
+    )
+
+
+def run_ray(args: argparse.Namespace) -> int:
+    """``jaxgen serve --ray``: the same settings, served by Ray Serve replicas."""
+    settings = settings_from_args(args)
+    check_engine_knobs(settings)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Imported here: Ray is an optional dependency that only --ray needs.
+    try:
+        from serving import ray_app
+    except ImportError as error:
+        raise ValueError(f"--ray needs Ray Serve: pip install 'jaxgen[ray]' ({error})") from None
+    options = ray_app.ReplicaOptions(
+        num_replicas=args.num_replicas,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        target_ongoing_requests=args.target_ongoing_requests,
+        max_ongoing_requests=settings.max_concurrent_requests,
+        cpus=args.replica_cpus,
+        tpus=args.replica_tpus,
+        gpus=args.replica_gpus,
+        graceful_shutdown_timeout_s=(
+            settings.drain_timeout
+            if args.graceful_shutdown_timeout is None
+            else args.graceful_shutdown_timeout
+        ),
+    )
+    flags = {name: getattr(args, name, None) for name in FLAG_SETTINGS}
+    flags = {name: value for name, value in flags.items() if value is not None}
+    flags.pop("host", None)  # the proxy listens; replicas do not
+    flags.pop("port", None)
+    return ray_app.run(flags, options, host=settings.host, port=settings.port)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``jaxgen serve`` (which runs ``python -m serving``)."""
     parser = argparse.ArgumentParser(prog="jaxgen serve", description=__doc__)
     add_serve_arguments(parser)
+    add_ray_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        if args.ray:
+            return run_ray(args)
         return run_serve(args)
     except (ValueError, FileNotFoundError) as error:
         print(f"jaxgen serve: error: {error}", file=sys.stderr)

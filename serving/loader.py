@@ -16,7 +16,12 @@ logger = logging.getLogger("serving")
 
 
 def build_llm(settings: ServerSettings):
-    """Loads the model and starts an ``AsyncLLM`` with the settings' engine knobs.
+    """Loads the model and starts an ``AsyncLLM`` with the settings' engine knobs."""
+    return AsyncLLM(engine=build_engine(settings))
+
+
+def build_engine(settings: ServerSettings):
+    """Loads the model into an engine with the settings' engine knobs.
 
     ``kv_cache_tokens`` (TGI's MAX_BATCH_TOTAL_TOKENS) becomes a KV budget in bytes once the
     model's bytes per token are known (single-device engines only).
@@ -50,4 +55,4 @@ def build_llm(settings: ServerSettings):
         config = EngineConfig(**knobs)
     engine = create_engine(model, dtype=settings.dtype, config=config)
     logger.info("loaded %s (%s)", engine.loaded.source, config)
-    return AsyncLLM(engine=engine)
+    return engine

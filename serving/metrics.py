@@ -77,10 +77,30 @@ class EngineStatsCollector:
             yield CounterMetricFamily(name, documentation, value=float(stats.get(key, 0)))
 
 
-class ServerMetrics:
-    """The app's registry and the metrics the routes update."""
+class ConstantLabels:
+    """A registry's metrics with the same labels added to every sample (e.g. a replica's id, so
+    a scraper that merges replicas can tell them apart)."""
 
-    def __init__(self):
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
+        self.registry = registry
+        self.labels = dict(labels)
+
+    def collect(self):
+        for family in self.registry.collect():
+            samples = [
+                sample._replace(labels={**self.labels, **sample.labels})
+                for sample in family.samples
+            ]
+            family.samples = samples
+            yield family
+
+
+class ServerMetrics:
+    """The app's registry and the metrics the routes update; ``labels`` are added to every
+    sample when rendered."""
+
+    def __init__(self, labels: dict[str, str] | None = None):
+        self.labels = dict(labels or {})
         self.registry = CollectorRegistry()
         self.stats_source: Callable[[], dict | None] = lambda: None
         self.registry.register(EngineStatsCollector(lambda: self.stats_source()))
@@ -132,6 +152,8 @@ class ServerMetrics:
         )
 
     def render(self) -> bytes:
+        if self.labels:
+            return generate_latest(ConstantLabels(self.registry, self.labels))
         return generate_latest(self.registry)
 
     def observe_finished(

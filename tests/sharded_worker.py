@@ -223,8 +223,44 @@ def mode_multihost(args: dict) -> dict:
         "q_proj_local_shards": shard_shapes(q),
         "tokens": tokens,
     }
+    if args.get("serve"):
+        result.update(serve_from_process_0(llm.engine))
     jax.distributed.shutdown()
     return result
+
+
+def serve_from_process_0(engine) -> dict:
+    """The pod entry point's path: process 0 runs the prompts through ``AsyncLLM`` over a
+    ``LeaderEngine`` (arriving at different steps), the others follow its steps."""
+    import asyncio
+
+    import jax
+
+    from jaxgen import AsyncLLM, SamplingParams
+    from jaxgen.multihost import LeaderEngine, StepChannel, follow_leader
+
+    channel = StepChannel()
+    if jax.process_index() != 0:
+        return {"followed_steps": follow_leader(engine, channel, poll_s=5.0)}
+    leader = LeaderEngine(engine, channel)
+    llm = AsyncLLM(engine=leader)
+
+    async def one(index: int, prompt: str) -> list[int]:
+        await asyncio.sleep(0.3 * index)  # later requests join a running batch
+        tokens = []
+        async for out in llm.generate(prompt, SamplingParams(**SAMPLING), request_id=f"s{index}"):
+            tokens += out.token_ids
+        return tokens
+
+    async def run() -> list[list[int]]:
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS))))
+
+    try:
+        served = asyncio.run(run())
+    finally:
+        llm.shutdown()
+        leader.shutdown()
+    return {"served_tokens": served, "published_steps": leader.steps_published}
 
 
 # -- parent side (no jax imports) ------------------------------------------------------------------

@@ -271,3 +271,24 @@ def test_server_reads_the_declared_environment_and_properties(tmp_path):
                 expected.engine,
                 expected.tensor_parallel_degree,
             ), key
+
+
+def test_ray_is_imported_only_by_the_ray_app():
+    """Ray Serve is the optional ``ray`` extra: one module imports it, and the server (its
+    command line included, ``--ray`` parsed lazily) starts without it."""
+    importers = sorted(
+        str(path.relative_to(ROOT))
+        for module, path in first_party_modules().items()
+        if any(name.split(".")[0] == "ray" for name, _ in imported_names(module, path))
+    )
+    assert importers == ["serving/ray_app.py"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    code = (
+        "import sys, serving.cli, serving.app, serving.pod\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -105,5 +105,6 @@ def test_notebook_runs_on_tiny_model(name, tiny_model_dir, monkeypatch):
         assert "knee at concurrency" in text
     elif name == "03_sharding_and_capacity":
         assert "greedy outputs identical" in text and "critical batch size" in text
+        assert "best for throughput (T): TP 8" in text  # section 6, the replicas-vs-TP sweep
     elif name == "04_serving" and "serving package: found" in text:
         assert "exit code: 0" in text
