@@ -1,7 +1,9 @@
 """Page allocators for the KV pool. Plain Python: never imports jax.
 
 ``PageAllocator`` hands out pages just in time, reference-counts them, and reuses full pages whose
-token prefix was computed before (hash of the page's tokens chained with its parent's hash).
+token prefix was computed before (hash of the page's tokens chained with its parent's hash; the
+chain starts from the sequence's K/V variant, so keys rotated with LongRoPE's long factors are
+never shared with a sequence that uses the short ones).
 ``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
 covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
 Page 0 is never handed out: padding tokens write their K/V there.
@@ -54,7 +56,7 @@ class PageAllocator(Allocator):
         # A hit must match a page's tokens and, exactly, the prefix before them: the page (and its
         # generation, bumped when the page is reused) that holds the prefix it was computed after.
         # So a hash collision never shares the K/V of another prefix.
-        self.page_parent: dict[int, tuple[int, int] | None] = {}
+        self.page_parent: dict[int, tuple[int, int] | str | None] = {}
         self.page_generation = [0] * num_pages
         self.hash_to_page: dict[int, int] = {}
 
@@ -101,8 +103,7 @@ class PageAllocator(Allocator):
         if not self.enable_prefix_caching:
             return 0
         tokens = seq.token_ids
-        parent = None
-        prefix = None  # exactly which page holds the K/V of the tokens matched so far
+        parent = prefix = _chain_root(seq)  # prefix: which page holds the K/V matched so far
         matched = 0
         for start in range(0, len(tokens) - 1 - self.page_size + 1, self.page_size):
             chunk = tuple(tokens[start : start + self.page_size])
@@ -126,8 +127,7 @@ class PageAllocator(Allocator):
         if not self.enable_prefix_caching:
             return
         tokens = seq.token_ids
-        parent = None
-        prefix = None
+        parent = prefix = _chain_root(seq)
         num_full = min(seq.num_computed_tokens, len(tokens)) // self.page_size
         for i in range(num_full):
             page = seq.block_table[i]
@@ -147,7 +147,9 @@ class PageAllocator(Allocator):
             parent = key
             prefix = (found, self.page_generation[found])
 
-    def _holds(self, page: int, prefix: tuple[int, int] | None, chunk: tuple[int, ...]) -> bool:
+    def _holds(
+        self, page: int, prefix: tuple[int, int] | str | None, chunk: tuple[int, ...]
+    ) -> bool:
         """Whether cached ``page`` holds the K/V of ``chunk`` right after exactly ``prefix``."""
         return (
             page in self.page_tokens
@@ -171,6 +173,11 @@ class PageAllocator(Allocator):
         self.page_tokens.clear()
         self.page_parent.clear()
         self.hash_to_page.clear()
+
+
+def _chain_root(seq: Sequence) -> str | None:
+    """The start of a sequence's page-hash chain: what, besides tokens, its K/V depend on."""
+    return "long_rope" if seq.long_rope else None
 
 
 class ContiguousAllocator(Allocator):
