@@ -217,10 +217,11 @@ def test_tensor_parallel_degrees_match_degree_1(family_dirs):
     """Qwen3 (dense) and Qwen3-MoE on 8 simulated devices: degrees 2 and 4 give degree 1's
     tokens and logits; experts split like an MLP (tensor parallel) or whole per device (expert
     parallel, the rules table's other choice)."""
-    from tests.families_sharded_worker import run_families_worker
+    from tests.sharded_worker import run_worker
 
     models = {"dense": family_dirs("qwen3"), "moe": family_dirs("qwen3-moe")}
-    result = run_families_worker("tp", {"models": models, "degrees": [1, 2, 4]}, num_devices=8)
+    args = {"models": models, "degrees": [1, 2, 4]}
+    result = run_worker("families_tp", args, num_devices=8, timeout=600)
     for name in models:
         runs = result[name]
         for degree in ("2", "4"):

@@ -50,12 +50,16 @@ class LLMEngine:
         self.kv_bytes_per_token = page_bytes // page_size
         kv_bytes = self._kv_budget_bytes()
         self.batching = batching_plan(config, self.max_model_len)
-        if model_config.rope_scaling.rope_type == "longrope":
-            scheduler_config = dataclasses.replace(
+        self.batching = dataclasses.replace(
+            self.batching,
+            scheduler=dataclasses.replace(
                 self.batching.scheduler,
-                long_rope_threshold=model_config.rope_scaling.original_max_position_embeddings,
-            )
-            self.batching = dataclasses.replace(self.batching, scheduler=scheduler_config)
+                long_rope_threshold=model_config.rope_scaling.original_max_position_embeddings
+                if model_config.rope_scaling.rope_type == "longrope"
+                else None,
+                sliding_window=model_config.every_layer_sliding_window,
+            ),
+        )
         slots = self.batching.num_slots
         if self.batching.paged:
             num_pages = int(kv_bytes // page_bytes) + 1

@@ -3,7 +3,9 @@
 ``PageAllocator`` hands out pages just in time, reference-counts them, and reuses full pages whose
 token prefix was computed before (hash of the page's tokens chained with its parent's hash; the
 chain starts from the sequence's K/V variant, so keys rotated with LongRoPE's long factors are
-never shared with a sequence that uses the short ones).
+never shared with a sequence that uses the short ones). When every layer of the model attends
+within a sliding window, ``free_before`` releases a sequence's pages that no query will read
+again; their block-table entries become the scratch page, so positions keep their pages.
 ``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
 covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
 Page 0 is never handed out: padding tokens write their K/V there.
@@ -133,6 +135,10 @@ class PageAllocator(Allocator):
             page = seq.block_table[i]
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
             key = hash((parent, chunk))
+            if page == SCRATCH_PAGE:  # left the sliding window after it was registered
+                page = self.hash_to_page.get(key)
+                if page is None or not self._holds(page, prefix, chunk):
+                    return  # its cached copy is gone: later pages cannot name their prefix
             if page not in self.page_hash:
                 if key not in self.hash_to_page:
                     self.hash_to_page[key] = page
@@ -160,13 +166,29 @@ class PageAllocator(Allocator):
     def free(self, seq: Sequence) -> None:
         """Releases ``seq``'s pages (shared pages stay until their last user frees them)."""
         for page in reversed(seq.block_table):
-            self.ref_counts[page] -= 1
-            assert self.ref_counts[page] >= 0, f"page {page} freed twice"
-            if self.ref_counts[page] == 0:
-                self.free_pages[page] = None  # cached pages: most recently used at the end
-                if page not in self.page_hash:
-                    self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
+            if page != SCRATCH_PAGE:
+                self._release(page)
         seq.block_table = []
+
+    def free_before(self, seq: Sequence, position: int) -> int:
+        """Releases ``seq``'s pages that hold only tokens before ``position`` (sliding-window
+        attention reads them no more); their block-table entries become the scratch page.
+        Returns how many pages were released."""
+        released = 0
+        for i in range(min(max(position, 0) // self.page_size, len(seq.block_table))):
+            if seq.block_table[i] != SCRATCH_PAGE:
+                self._release(seq.block_table[i])
+                seq.block_table[i] = SCRATCH_PAGE
+                released += 1
+        return released
+
+    def _release(self, page: int) -> None:
+        self.ref_counts[page] -= 1
+        assert self.ref_counts[page] >= 0, f"page {page} freed twice"
+        if self.ref_counts[page] == 0:
+            self.free_pages[page] = None  # cached pages: most recently used at the end
+            if page not in self.page_hash:
+                self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
 
     def reset_prefix_cache(self) -> None:
         self.page_hash.clear()
@@ -221,6 +243,9 @@ class ContiguousAllocator(Allocator):
 
     def register_full_pages(self, seq: Sequence) -> None:
         pass
+
+    def free_before(self, seq: Sequence, position: int) -> int:
+        return 0  # a slot's pages are reserved whatever it holds
 
     def free(self, seq: Sequence) -> None:
         slot = self.slot_of.pop(seq.seq_id, None)

@@ -5,7 +5,9 @@ sequences are admitted while slots, the token budget and pages last. A prompt lo
 budget is prefilled in chunks, so no step stalls the running decodes by more than one budget.
 When pages run out, the newest running sequence is preempted (its pages freed, recomputed later).
 LongRoPE models (Phi-3) rotate a sequence longer than their original context with other factors:
-a sequence that grows past it is recomputed in place, as transformers' generation does.
+a sequence that grows past it is recomputed in place, as transformers' generation does. When
+every layer attends within a sliding window (Mistral), pages that left every query's window are
+freed as sequences advance.
 The batch policy turns the same machinery into the simpler strategies: ``static``/``dynamic``/
 ``none`` admit a new batch only when the previous one has finished.
 """
@@ -16,6 +18,7 @@ import collections
 import dataclasses
 import time
 
+from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.sequence import Sequence, SequenceStatus
 
 
@@ -30,6 +33,8 @@ class SchedulerConfig:
     max_batch_delay: float = 0.0  # dynamic: wait this long for a full batch
     # LongRoPE's original context: a longer sequence uses the long factors for all its keys.
     long_rope_threshold: int | None = None
+    # Every layer's sliding window (None: some layer attends to every earlier token).
+    sliding_window: int | None = None
 
 
 @dataclasses.dataclass
@@ -232,6 +237,8 @@ class Scheduler:
         for seq in self.running:
             tokens = seq.num_computed_tokens + new_tokens.get(seq.seq_id, 0)
             for i, page in enumerate(seq.block_table):
+                if page == SCRATCH_PAGE:  # released: out of the sliding window
+                    continue
                 fill[page] = max(fill.get(page, 0), min(page_size, max(0, tokens - i * page_size)))
         return sum(fill.values())
 
@@ -248,6 +255,10 @@ class Scheduler:
                 seq.output_token_ids.append(sampled[seq.seq_id])
                 got_token.append(seq)
             self.allocator.register_full_pages(seq)
+            if self.config.sliding_window is not None:
+                # The next query (position num_computed_tokens) reads keys from here on.
+                first_read = seq.num_computed_tokens - self.config.sliding_window + 1
+                self.allocator.free_before(seq, first_read)
             if not seq.long_rope and self._wants_long_rope(seq):
                 self._recompute_with_long_rope(seq)
         return got_token

@@ -57,38 +57,10 @@ _EXPERT_TENSORS = {
     "ffn_down_exps": ("down_proj", "w2"),
 }
 # Phi-3's fused tensors keep their HF names (split at load like the safetensors ones).
-_PHI3_LAYER_NAMES = {
-    "attn_qkv": "self_attention.query_key_value",
-    "attn_output": "self_attention.dense",
-    "ffn_up": "mlp.dense_h_to_4h",
-    "ffn_down": "mlp.dense_4h_to_h",
-    "attn_norm_2": "ln_attn",
-}
-_FALCON_NAMES = {
-    "token_embd.weight": "transformer.word_embeddings.weight",
-    "output_norm.weight": "transformer.ln_f.weight",
-    "output_norm.bias": "transformer.ln_f.bias",
-    "output.weight": "lm_head.weight",
-}
-
-_LAYER_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_PHI3_LAYER_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _GEMMA = ("gemma2", "gemma3")
 # Gemma-specific block names (they replace the Llama meaning of ffn_norm).
 _GEMMA_LAYER_NAMES = {
-    "attn_qkv": "self_attention.query_key_value",
-    "attn_output": "self_attention.dense",
-    "ffn_up": "mlp.dense_h_to_4h",
-    "ffn_down": "mlp.dense_4h_to_h",
-    "attn_norm_2": "ln_attn",
-}
-_FALCON_NAMES = {
-    "token_embd.weight": "transformer.word_embeddings.weight",
-    "output_norm.weight": "transformer.ln_f.weight",
-    "output_norm.bias": "transformer.ln_f.bias",
-    "output.weight": "lm_head.weight",
-}
-
-_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
@@ -96,7 +68,6 @@ _LAYER_NAMES = {
 # Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
 # rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
-
 # Falcon's tensors under its HF names (``transformer.h.N...``). Falcon-40B's two LayerNorms are
 # ``attn_norm`` (its ``ln_mlp``) and ``attn_norm_2`` (its ``ln_attn``); 7B's one is ``attn_norm``.
 _FALCON_LAYER_NAMES = {
