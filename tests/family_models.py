@@ -147,3 +147,24 @@ def save_family_model(path: str, tokenizer, variant: str, *, seed: int = 0) -> s
     """Writes the tiny random checkpoint ``variant`` of :data:`VARIANTS` to ``path``."""
     family, overrides = VARIANTS[variant]
     return save_tiny_model(path, tokenizer, arch=family, seed=seed, **overrides)
+
+
+def hf_greedy_tokens(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """transformers' (fp32) greedy ``generate`` of exactly ``max_tokens`` new tokens per prompt,
+    one prompt at a time."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    for prompt in prompts:
+        with torch.no_grad():
+            tokens = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        out.append(tokens[0, len(prompt) :].tolist())
+    return out

@@ -12,7 +12,7 @@ from jaxgen import LLM, SamplingParams
 from jaxgen.config import ModelConfig
 from jaxgen.loaders import load_model
 from jaxgen.models.full_forward import full_sequence_logits
-from tests.family_models import VARIANTS, save_family_model
+from tests.family_models import VARIANTS, hf_greedy_tokens, save_family_model
 
 LENGTHS = (3, 20, 41)  # windows are 8 tokens; LongRoPE's original context is 32
 
@@ -80,22 +80,6 @@ def test_variants_cover_the_options(family_dirs):
     assert longrope.attention_factor > 1.0
 
 
-def hf_generate(path, prompts, max_tokens):
-    hf = hf_model(path)
-    out = []
-    for prompt in prompts:
-        with torch.no_grad():
-            tokens = hf.generate(
-                torch.tensor([prompt]),
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        out.append(tokens[0, len(prompt) :].tolist())
-    return out
-
-
 GENERATE_FAST = ("qwen3-sliding", "gemma2", "qwen3-moe")
 GENERATE_SLOW = (
     "gemma3",
@@ -121,7 +105,7 @@ def check_engine_generation(
     if prompts is None:
         rng = np.random.default_rng(3)
         prompts = [rng.integers(0, 1000, int(n)).tolist() for n in lengths]
-    expected = hf_generate(path, prompts, max_tokens)
+    expected = hf_greedy_tokens(path, prompts, max_tokens)
     loaded = load_model(path)
     page_bytes = loaded.config.kv_bytes_per_token(4) * 16
     llm = LLM(

@@ -5,32 +5,13 @@ windows still equals transformers' (paged, chunked prefill, prefix caching)."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from jaxgen import LLM, SamplingParams
 from jaxgen.loaders import load_model
-from tests.family_models import save_tiny_model
+from tests.family_models import hf_greedy_tokens, save_tiny_model
 
 WINDOW = 8
 PAGE_SIZE = 4
-
-
-def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    import transformers
-
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = []
-    for prompt in prompts:
-        with torch.no_grad():
-            tokens = hf.generate(
-                torch.tensor([prompt]),
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        out.append(tokens[0, len(prompt) :].tolist())
-    return out
 
 
 def test_all_sliding_model_frees_out_of_window_pages_and_generates_as_transformers(
@@ -55,7 +36,7 @@ def test_all_sliding_model_frees_out_of_window_pages_and_generates_as_transforme
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.token_ids for o in outs] == hf_greedy(path, prompts, max_tokens)
+    assert [o.token_ids for o in outs] == hf_greedy_tokens(path, prompts, max_tokens)
     assert llm.stats()["kv_pages_used"] == 0
 
 
