@@ -31,6 +31,10 @@ class AttentionMetadata:
     # [2, 2] int32 [begin, end) of the real decode rows and of the real prefill rows; the rest is
     # bucket padding, which the native CPU matmul skips. None: every row is real.
     live_rows: jax.Array | None = None
+    # [S] bool: LongRoPE sequences whose K/V are rotated with the long factors (the engine
+    # decides per sequence, see the scheduler). None: those holding more than the original
+    # context after this step, right for a whole-sequence forward.
+    long_rope: jax.Array | None = None
 
 
 def row_sequences(md: AttentionMetadata, num_tokens: int):

@@ -142,6 +142,12 @@ class ModelConfig:
             return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
         return self.sliding_window
 
+    @property
+    def every_layer_sliding_window(self) -> int | None:
+        """The window when every layer slides (Mistral), else None (some layer is global)."""
+        windows = {self.layer_sliding_window(i) for i in range(self.num_layers)}
+        return self.sliding_window if windows == {self.sliding_window} else None
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer not in self.moe.dense_layers
 

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from tests.family_models import save_tiny_model
+
 # Tests compile for TPU with libtpu (no chip): let test processes load it side by side.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -26,43 +28,6 @@ def smollm2_tokenizer(smollm2_gguf):
     from jaxgen.loaders.tokenizer import load_tokenizer
 
     return load_tokenizer(smollm2_gguf)
-
-
-def save_tiny_model(
-    path: str, tokenizer, *, arch: str = "llama", seed: int = 0, **overrides
-) -> str:
-    """Writes a small random HF checkpoint (safetensors) plus the SmolLM2 tokenizer to ``path``."""
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    base = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        rms_norm_eps=1e-5,
-    )
-    base.update(overrides)
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[arch]
-    model = model_cls(config_cls(**base)).eval()
-    with torch.no_grad():  # larger weights than the init's 0.02 std make logits informative
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")

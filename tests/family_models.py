@@ -82,6 +82,9 @@ def _classes(family: str):
     import transformers
 
     return {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
@@ -93,12 +96,15 @@ def _classes(family: str):
     }[family]
 
 
-def save_family_model(path: str, tokenizer, variant: str, *, seed: int = 0) -> str:
-    """Writes the tiny random checkpoint ``variant`` of :data:`VARIANTS` to ``path``."""
+def save_tiny_model(
+    path: str, tokenizer, *, arch: str = "llama", seed: int = 0, **overrides
+) -> str:
+    """Writes a small random HF checkpoint of family ``arch`` (a transformers ``model_type``;
+    2 layers, hidden 64, GQA 4/2, untied) plus the SmolLM2 tokenizer to ``path``; ``overrides``
+    are config fields."""
     import torch
 
-    family, overrides = VARIANTS[variant]
-    config_cls, model_cls = _classes(family)
+    config_cls, model_cls = _classes(arch)
     torch.manual_seed(seed)
     base = dict(
         vocab_size=len(tokenizer),
@@ -113,24 +119,52 @@ def save_family_model(path: str, tokenizer, variant: str, *, seed: int = 0) -> s
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,
     )
-    if family == "gemma2" or family == "gemma3_text":
+    gemma = arch.startswith("gemma")
+    if gemma:
         base.update(head_dim=16, query_pre_attn_scalar=16, tie_word_embeddings=True)
-    if family == "falcon":
+    if arch == "falcon":
         base.pop("num_key_value_heads")
         base.pop("intermediate_size")
         base.update(ffn_hidden_size=128, alibi=False, layer_norm_epsilon=1e-5)
-    if family != "falcon":
-        base["rms_norm_eps"] = 1e-6 if family.startswith("gemma") else 1e-5
+    else:
+        base["rms_norm_eps"] = 1e-6 if gemma else 1e-5
     base.update(overrides)
     model = model_cls(config_cls(**base)).eval()
     with torch.no_grad():  # larger weights than the init's 0.02 std make logits informative
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
-            elif "norm" in name or "ln" in name:
-                p.normal_(0.0 if family.startswith("gemma") else 1.0, 0.1)
+            elif "norm" in name or "ln" in name:  # Gemma's norms scale by (1 + weight)
+                p.normal_(0.0 if gemma else 1.0, 0.1)
             else:
                 p.normal_(0.0, 0.05)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_family_model(path: str, tokenizer, variant: str, *, seed: int = 0) -> str:
+    """Writes the tiny random checkpoint ``variant`` of :data:`VARIANTS` to ``path``."""
+    family, overrides = VARIANTS[variant]
+    return save_tiny_model(path, tokenizer, arch=family, seed=seed, **overrides)
+
+
+def hf_greedy_tokens(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """transformers' (fp32) greedy ``generate`` of exactly ``max_tokens`` new tokens per prompt,
+    one prompt at a time."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    for prompt in prompts:
+        with torch.no_grad():
+            tokens = hf.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        out.append(tokens[0, len(prompt) :].tolist())
+    return out

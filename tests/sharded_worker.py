@@ -198,6 +198,54 @@ def mode_orbax(args: dict) -> dict:
     return {"params_equal": equal, "params": param_report(llm), "tokens": generate(llm)}
 
 
+FAMILY_PROMPTS = [[101, 202, 303, 404, 505], [7, 8, 9], [1000, 2000, 3000, 4000, 5000, 6000, 7000]]
+FAMILY_IDS = list(range(100, 140))
+
+
+def mode_families_tp(args: dict) -> dict:
+    """Tokens, logits and expert shard shapes of each family model at each degree, tensor
+    parallel (the rules table's choice) and, for MoE, expert parallel."""
+    import dataclasses
+
+    import numpy as np
+
+    from jaxgen import LLM
+    from jaxgen.loaders import load_model
+    from jaxgen.models.full_forward import full_sequence_logits
+    from jaxgen.sharding import ShardingPlan, make_mesh, shard_loaded
+
+    result = {}
+    for name, path in args["models"].items():
+        runs, reference = {}, None
+        for degree in args["degrees"]:
+            llm = LLM(path, tensor_parallel_degree=degree, **ENGINE)
+            logits = full_sequence_logits(llm.loaded, FAMILY_IDS)
+            reference = logits if reference is None else reference
+            run = {
+                "tokens": generate(llm, FAMILY_PROMPTS),
+                "logits_diff": float(np.abs(logits - reference).max()),
+            }
+            layer = llm.loaded.params["layers"][0]
+            if "experts" in layer["mlp"]:
+                run["expert_shards"] = shard_shapes(layer["mlp"]["experts"]["gate_proj"][...])
+            runs[degree] = run
+        loaded = load_model(path)
+        if "experts" in loaded.params["layers"][0]["mlp"]:
+            for degree in args["degrees"][1:]:
+                plan = ShardingPlan.create(loaded.config, make_mesh(degree))
+                rules = dict(plan.rules, expert="model", expert_mlp=None)
+                plan = dataclasses.replace(plan, rules=tuple(rules.items()))
+                sharded = shard_loaded(loaded, plan)
+                logits = full_sequence_logits(sharded, FAMILY_IDS)
+                gate = sharded.params["layers"][0]["mlp"]["experts"]["gate_proj"][...]
+                runs[f"ep{degree}"] = {
+                    "logits_diff": float(np.abs(logits - reference).max()),
+                    "expert_shards": shard_shapes(gate),
+                }
+        result[name] = runs
+    return result
+
+
 def mode_multihost(args: dict) -> dict:
     """One process of a 2-process CPU cluster: degree 8 over both processes' devices."""
     import jax

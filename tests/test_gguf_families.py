@@ -1,6 +1,7 @@
-"""GGUF round trip for Qwen3 and Gemma 2/3: a tiny HF checkpoint written as llama.cpp's converter
-lays it out (its tensor-name map from the ``gguf`` package, its metadata keys, Gemma's norm
-weights stored plus one) loads to the same parameters and logits as the safetensors load."""
+"""GGUF round trip for every family llama.cpp exports: a tiny HF checkpoint written as llama.cpp's
+converter lays it out (its tensor-name map from the ``gguf`` package, its metadata keys, Gemma's
+norm weights stored plus one, Llama's rotary and Falcon's QKV row orders) loads to the same
+parameters and logits as the safetensors load."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ GGUF_ARCH = {
     "phi3": "phi3",
     "qwen3_moe": "qwen3moe",
     "mixtral": "llama",
+    "falcon": "falcon",
 }
 
 
@@ -76,16 +78,36 @@ def stack_experts(tensors: dict) -> dict:
     return out
 
 
-def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str:
-    """What ``convert_hf_to_gguf.py`` writes for these architectures, in float32."""
-    import gguf
-    from safetensors.numpy import load_file
+def llama_cpp_falcon_qkv(weights: np.ndarray, hf: dict) -> np.ndarray:
+    """The converter's Falcon QKV reorder: per KV head (its query heads, one key, one value) to
+    all query heads, all key heads, all value heads."""
+    heads, kv_heads = hf["num_attention_heads"], hf.get("num_kv_heads") or 1
+    head_dim = hf["hidden_size"] // heads
+    grouped = weights.reshape(kv_heads, heads // kv_heads + 2, head_dim, -1)
+    q = grouped[:, :-2].reshape(heads * head_dim, -1)
+    k = grouped[:, -2].reshape(kv_heads * head_dim, -1)
+    v = grouped[:, -1].reshape(kv_heads * head_dim, -1)
+    return np.concatenate([q, k, v]).reshape(weights.shape)
 
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        hf = json.load(f)
-    arch = GGUF_ARCH[hf["model_type"]]
+
+def write_falcon_header(writer, hf: dict) -> None:
+    """The converter's Falcon metadata: a fixed 2048 context and ``4 * hidden`` MLP width (not
+    read from config.json), LayerNorm epsilon, no head dimension."""
+    writer.add_context_length(2048)
+    writer.add_tensor_data_layout("jploski")
+    writer.add_embedding_length(hf["hidden_size"])
+    writer.add_feed_forward_length(4 * hf["hidden_size"])
+    writer.add_block_count(hf["num_hidden_layers"])
+    writer.add_head_count(hf["num_attention_heads"])
+    writer.add_head_count_kv(hf.get("num_kv_heads") or 1)
+    writer.add_layer_norm_eps(hf["layer_norm_epsilon"])
+
+
+def write_llama_like_header(writer, hf: dict, arch: str) -> None:
+    """The converter's metadata for the Llama-like architectures (Qwen3, Gemma, Phi-3, MoE)."""
+    import gguf
+
     layers = hf["num_hidden_layers"]
-    writer = gguf.GGUFWriter(out, arch)
     writer.add_context_length(hf["max_position_embeddings"])
     writer.add_embedding_length(hf["hidden_size"])
     writer.add_block_count(layers)
@@ -129,6 +151,22 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
         writer.add_expert_count(hf.get("num_experts") or hf["num_local_experts"])
         writer.add_expert_used_count(hf["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(hf["moe_intermediate_size"])
+
+
+def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str:
+    """What ``convert_hf_to_gguf.py`` writes for these architectures, in float32."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        hf = json.load(f)
+    arch = GGUF_ARCH[hf["model_type"]]
+    layers = hf["num_hidden_layers"]
+    writer = gguf.GGUFWriter(out, arch)
+    if arch == "falcon":
+        write_falcon_header(writer, hf)
+    else:
+        write_llama_like_header(writer, hf, arch)
     copy_tokenizer(writer, tokenizer_gguf)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
     tensors = stack_experts(load_file(os.path.join(hf_dir, "model.safetensors")))
@@ -141,6 +179,8 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = hf["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             data = llama_cpp_permute(data, heads)
+        if arch == "falcon" and "query_key_value" in name:
+            data = llama_cpp_falcon_qkv(data, hf)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1.0  # the converter's Gemma norm shift
         writer.add_tensor(gguf_name, data)
@@ -161,6 +201,8 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
         pytest.param("phi3-longrope", marks=pytest.mark.slow),
         pytest.param("qwen3-moe", marks=pytest.mark.slow),
         pytest.param("mixtral-top2", marks=pytest.mark.slow),
+        "falcon-40b-grouped",
+        pytest.param("falcon-mqa", marks=pytest.mark.slow),
     ],
 )
 def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_gguf):
@@ -171,7 +213,11 @@ def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_
     for field in (
         "model_type",
         "num_layers",
+        "intermediate_size",
+        "num_kv_heads",
         "head_dim",
+        "parallel_attention",
+        "num_parallel_norms",
         "qk_norm",
         "attention_scale",
         "tie_word_embeddings",
@@ -180,6 +226,7 @@ def test_gguf_matches_safetensors(variant, tmp_path, smollm2_tokenizer, smollm2_
         "moe",
     ):
         assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.rms_norm_eps == pytest.approx(theirs.rms_norm_eps)  # stored as float32
     assert ours.rope_scaling.rope_type == theirs.rope_scaling.rope_type
     assert ours.rope_scaling.attention_factor == pytest.approx(theirs.rope_scaling.attention_factor)
     if variant.startswith("gemma"):

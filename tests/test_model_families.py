@@ -12,7 +12,7 @@ from jaxgen import LLM, SamplingParams
 from jaxgen.config import ModelConfig
 from jaxgen.loaders import load_model
 from jaxgen.models.full_forward import full_sequence_logits
-from tests.family_models import VARIANTS, save_family_model
+from tests.family_models import VARIANTS, hf_greedy_tokens, save_family_model
 
 LENGTHS = (3, 20, 41)  # windows are 8 tokens; LongRoPE's original context is 32
 
@@ -80,22 +80,6 @@ def test_variants_cover_the_options(family_dirs):
     assert longrope.attention_factor > 1.0
 
 
-def hf_generate(path, prompts, max_tokens):
-    hf = hf_model(path)
-    out = []
-    for prompt in prompts:
-        with torch.no_grad():
-            tokens = hf.generate(
-                torch.tensor([prompt]),
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        out.append(tokens[0, len(prompt) :].tolist())
-    return out
-
-
 GENERATE_FAST = ("qwen3-sliding", "gemma2", "qwen3-moe")
 GENERATE_SLOW = (
     "gemma3",
@@ -107,11 +91,21 @@ GENERATE_SLOW = (
 )
 
 
-def check_engine_generation(path, *, lengths=(13, 21, 9, 17), preempt: bool = True):
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(0, 1000, int(n)).tolist() for n in lengths]
-    max_tokens = 14
-    expected = hf_generate(path, prompts, max_tokens)
+def check_engine_generation(
+    path,
+    *,
+    lengths=(13, 21, 9, 17),
+    prompts: list[list[int]] | None = None,
+    preempt: bool = True,
+    max_tokens: int = 14,
+    prefix_caching: bool = False,
+) -> dict:
+    """Greedy tokens through a paged engine (prefill budget 16, 4 slots, a 5-page pool that
+    preempts) equal transformers' ``generate``; returns the engine's stats."""
+    if prompts is None:
+        rng = np.random.default_rng(3)
+        prompts = [rng.integers(0, 1000, int(n)).tolist() for n in lengths]
+    expected = hf_greedy_tokens(path, prompts, max_tokens)
     loaded = load_model(path)
     page_bytes = loaded.config.kv_bytes_per_token(4) * 16
     llm = LLM(
@@ -121,7 +115,7 @@ def check_engine_generation(path, *, lengths=(13, 21, 9, 17), preempt: bool = Tr
         max_rolling_batch_prefill_tokens=16,
         max_rolling_batch_size=4,
         kv_cache_memory=(5 if preempt else 32) * page_bytes,
-        enable_prefix_caching=False,
+        enable_prefix_caching=prefix_caching,
     )
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -130,6 +124,7 @@ def check_engine_generation(path, *, lengths=(13, 21, 9, 17), preempt: bool = Tr
     if preempt:
         assert stats["preemptions"] > 0
     assert stats["kv_pages_used"] == 0
+    return stats
 
 
 @pytest.mark.parametrize("variant", GENERATE_FAST)
@@ -143,13 +138,21 @@ def test_engine_greedy_matches_generate_slow(variant, family_dirs):
     check_engine_generation(family_dirs(variant))
 
 
-@pytest.mark.slow
-def test_longrope_generation_within_the_original_context(family_dirs):
-    """Sequences up to the original 32 tokens rotate with the short factors. (Past it,
-    transformers' Phi-3 drops its cache and recomputes every key with the long factors; the
-    engine keeps the keys it wrote, so generation that crosses the boundary differs; see
-    docs/architecture.md.)"""
-    check_engine_generation(family_dirs("phi3-longrope"), lengths=(13, 9, 17))
+def test_longrope_generation_across_the_original_context(family_dirs):
+    """LongRoPE with an original context of 32: sequences growing past it (prompts of 21 and
+    25 tokens, 16 new tokens) are recomputed with the long factors as transformers' Phi-3
+    generation does; a 40-token prompt uses them from its first chunk; a 9-token one stays
+    short. The prefix cache is on: the recomputed pages must not be confused with the short
+    ones of the same tokens (the two 25-token prompts share them)."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 1000, n).tolist() for n in (21, 9, 40, 25)]
+    stats = check_engine_generation(
+        family_dirs("phi3-longrope"),
+        prompts=[*prompts, prompts[-1]],
+        max_tokens=16,
+        prefix_caching=True,
+    )
+    assert stats["rope_recomputes"] >= 3
 
 
 def test_falcon_alibi_names_the_field():
@@ -198,10 +201,11 @@ def test_tensor_parallel_degrees_match_degree_1(family_dirs):
     """Qwen3 (dense) and Qwen3-MoE on 8 simulated devices: degrees 2 and 4 give degree 1's
     tokens and logits; experts split like an MLP (tensor parallel) or whole per device (expert
     parallel, the rules table's other choice)."""
-    from tests.families_sharded_worker import run_families_worker
+    from tests.sharded_worker import run_worker
 
     models = {"dense": family_dirs("qwen3"), "moe": family_dirs("qwen3-moe")}
-    result = run_families_worker("tp", {"models": models, "degrees": [1, 2, 4]}, num_devices=8)
+    args = {"models": models, "degrees": [1, 2, 4]}
+    result = run_worker("families_tp", args, num_devices=8, timeout=600)
     for name in models:
         runs = result[name]
         for degree in ("2", "4"):

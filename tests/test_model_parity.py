@@ -8,7 +8,7 @@ import torch
 
 from jaxgen.loaders import load_model
 from jaxgen.models.full_forward import full_sequence_logits
-from tests.conftest import save_tiny_model
+from tests.family_models import save_tiny_model
 
 TINY_VARIANTS = {
     "llama-gqa-untied": dict(arch="llama"),

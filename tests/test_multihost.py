@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import save_tiny_model
+from tests.family_models import save_tiny_model
 from tests.sharded_worker import ENGINE, PROMPTS, generate, run_cluster
 
 

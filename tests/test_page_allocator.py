@@ -640,3 +640,25 @@ def test_fake_kv_helper_catches_a_wrongly_shared_page():
     b.num_computed_tokens = 2
     with pytest.raises(AssertionError):
         check_shared_content(alloc, kv, b)
+
+
+def test_free_before_releases_pages_out_of_the_window_and_keeps_positions():
+    alloc = PageAllocator(16, 4)
+    seq = make_seq(range(18))
+    assert alloc.allocate(seq, 18)  # 5 pages
+    seq.num_computed_tokens = 18
+    alloc.register_full_pages(seq)
+    used = alloc.num_used_pages
+    assert alloc.free_before(seq, 9) == 2  # pages of tokens 0-3 and 4-7
+    assert seq.block_table[:2] == [SCRATCH_PAGE, SCRATCH_PAGE] and len(seq.block_table) == 5
+    assert alloc.num_used_pages == used - 2
+    assert alloc.free_before(seq, 9) == 0  # already released
+    assert alloc.allocate(seq, 22)  # grows at the end, positions unchanged
+    assert len(seq.block_table) == 6
+    seq.num_computed_tokens = 20
+    alloc.register_full_pages(seq)  # walks past the released pages
+    alloc.free(seq)
+    assert alloc.num_used_pages == 0
+    # The released prompt pages were cached while live: a new sequence reuses the whole prefix.
+    again = make_seq(range(18))
+    assert alloc.match_prefix(again) == 16

@@ -9,7 +9,7 @@ from jaxgen.engine.errors import StepFailed
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.replicas import ReplicatedEngine
 from jaxgen.sampling_params import SamplingParams
-from tests.conftest import save_tiny_model
+from tests.family_models import save_tiny_model
 from tests.sharded_worker import run_worker
 
 

@@ -787,3 +787,54 @@ SchedulerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestSchedulerMachine = SchedulerMachine.TestCase
+
+
+def test_a_sequence_crossing_the_long_rope_threshold_is_recomputed_in_place():
+    """LongRoPE: once a sequence holds more than the original context, its keys (rotated with
+    the short factors) are recomputed with the long ones: its pages are freed, it stays
+    running, and its next step prefills every token; the short pages stay cached under the
+    short variant only."""
+    allocator = PageAllocator(16, 4)
+    config = SchedulerConfig(
+        max_num_seqs=2, max_num_batched_tokens=64, max_model_len=32, long_rope_threshold=8
+    )
+    scheduler = Scheduler(config, allocator)
+    seq = Sequence(list(range(7)), max_tokens=10)
+    scheduler.add(seq)
+    out = scheduler.schedule()
+    assert [s.num_new_tokens for s in out.scheduled] == [7] and not seq.long_rope
+    scheduler.postprocess(out, {seq.seq_id: 100})  # 8 tokens: still within the context
+    assert seq.num_computed_tokens == 7 and not seq.long_rope
+    out = scheduler.schedule()
+    scheduler.postprocess(out, {seq.seq_id: 101})  # 9 tokens: crossed
+    assert seq.long_rope and seq.num_computed_tokens == 0 and seq.block_table == []
+    assert scheduler.running == [seq] and scheduler.num_rope_recomputes == 1
+    assert allocator.num_used_pages == 0
+    out = scheduler.schedule()
+    assert [s.num_new_tokens for s in out.scheduled] == [9] and out.scheduled[0].completes
+    scheduler.postprocess(out, {seq.seq_id: 102})
+    assert scheduler.num_rope_recomputes == 1  # once only
+
+    # The short pages of the first 8 tokens are cached for short sequences only.
+    short = Sequence(list(range(7)) + [100, 5], max_tokens=1)
+    assert allocator.match_prefix(short) == 8
+    long = Sequence(list(range(7)) + [100, 5], max_tokens=1)
+    long.long_rope = True
+    assert allocator.match_prefix(long) == 8  # the recomputed sequence's long pages
+    assert set(long.block_table).isdisjoint(short.block_table)
+
+
+def test_a_prompt_longer_than_the_long_rope_threshold_uses_the_long_factors_from_the_start():
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=2, max_num_batched_tokens=4, max_model_len=32, long_rope_threshold=8
+        ),
+        PageAllocator(16, 4),
+    )
+    seq = Sequence(list(range(10)), max_tokens=4)
+    scheduler.add(seq)
+    for _ in range(3):  # chunks of 4, 4, 2: every one rotated with the long factors
+        out = scheduler.schedule()
+        assert seq.long_rope
+        scheduler.postprocess(out, {seq.seq_id: 1} if out.scheduled[0].completes else {})
+    assert seq.num_generated == 1 and scheduler.num_rope_recomputes == 0

@@ -26,7 +26,7 @@ from jaxgen.sharding import (
     path_name,
     resolve_rules,
 )
-from tests.conftest import save_tiny_model
+from tests.family_models import save_tiny_model
 from tests.sharded_worker import run_worker
 
 SMOLLM2_SHAPE = dict(

@@ -10,7 +10,7 @@ from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.scheduler import ScheduledSequence, SchedulerOutput
 from jaxgen.engine.sequence import Sequence
 from jaxgen.engine.step_layout import StepLayout
-from tests.conftest import save_tiny_model
+from tests.family_models import save_tiny_model
 
 
 def _sequence(prompt_len: int, computed: int, pages: list[int], outputs: int = 0) -> Sequence:

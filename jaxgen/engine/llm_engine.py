@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -51,6 +52,16 @@ class LLMEngine:
         self.kv_bytes_per_token = page_bytes // page_size
         kv_bytes = self._kv_budget_bytes()
         self.batching = batching_plan(config, self.max_model_len)
+        self.batching = dataclasses.replace(
+            self.batching,
+            scheduler=dataclasses.replace(
+                self.batching.scheduler,
+                long_rope_threshold=model_config.rope_scaling.original_max_position_embeddings
+                if model_config.rope_scaling.rope_type == "longrope"
+                else None,
+                sliding_window=model_config.every_layer_sliding_window,
+            ),
+        )
         slots = self.batching.num_slots
         if self.batching.paged:
             num_pages = int(kv_bytes // page_bytes) + 1
@@ -333,6 +344,7 @@ class LLMEngine:
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "preemptions": self.scheduler.num_preemptions,
+            "rope_recomputes": self.scheduler.num_rope_recomputes,
             "prefix_cache_hit_pages": allocator.prefix_hits,
             "steps": self.num_steps,
             "failed_steps": self.failed_steps,

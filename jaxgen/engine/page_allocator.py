@@ -1,7 +1,11 @@
 """Page allocators for the KV pool. Plain Python: never imports jax.
 
 ``PageAllocator`` hands out pages just in time, reference-counts them, and reuses full pages whose
-token prefix was computed before (hash of the page's tokens chained with its parent's hash).
+token prefix was computed before (hash of the page's tokens chained with its parent's hash; the
+chain starts from the sequence's K/V variant, so keys rotated with LongRoPE's long factors are
+never shared with a sequence that uses the short ones). When every layer of the model attends
+within a sliding window, ``free_before`` releases a sequence's pages that no query will read
+again; their block-table entries become the scratch page, so positions keep their pages.
 ``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
 covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
 Page 0 is never handed out: padding tokens write their K/V there.
@@ -54,7 +58,7 @@ class PageAllocator(Allocator):
         # A hit must match a page's tokens and, exactly, the prefix before them: the page (and its
         # generation, bumped when the page is reused) that holds the prefix it was computed after.
         # So a hash collision never shares the K/V of another prefix.
-        self.page_parent: dict[int, tuple[int, int] | None] = {}
+        self.page_parent: dict[int, tuple[int, int] | str | None] = {}
         self.page_generation = [0] * num_pages
         self.hash_to_page: dict[int, int] = {}
 
@@ -101,8 +105,7 @@ class PageAllocator(Allocator):
         if not self.enable_prefix_caching:
             return 0
         tokens = seq.token_ids
-        parent = None
-        prefix = None  # exactly which page holds the K/V of the tokens matched so far
+        parent = prefix = _chain_root(seq)  # prefix: which page holds the K/V matched so far
         matched = 0
         for start in range(0, len(tokens) - 1 - self.page_size + 1, self.page_size):
             chunk = tuple(tokens[start : start + self.page_size])
@@ -126,13 +129,16 @@ class PageAllocator(Allocator):
         if not self.enable_prefix_caching:
             return
         tokens = seq.token_ids
-        parent = None
-        prefix = None
+        parent = prefix = _chain_root(seq)
         num_full = min(seq.num_computed_tokens, len(tokens)) // self.page_size
         for i in range(num_full):
             page = seq.block_table[i]
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
             key = hash((parent, chunk))
+            if page == SCRATCH_PAGE:  # left the sliding window after it was registered
+                page = self.hash_to_page.get(key)
+                if page is None or not self._holds(page, prefix, chunk):
+                    return  # its cached copy is gone: later pages cannot name their prefix
             if page not in self.page_hash:
                 if key not in self.hash_to_page:
                     self.hash_to_page[key] = page
@@ -147,7 +153,9 @@ class PageAllocator(Allocator):
             parent = key
             prefix = (found, self.page_generation[found])
 
-    def _holds(self, page: int, prefix: tuple[int, int] | None, chunk: tuple[int, ...]) -> bool:
+    def _holds(
+        self, page: int, prefix: tuple[int, int] | str | None, chunk: tuple[int, ...]
+    ) -> bool:
         """Whether cached ``page`` holds the K/V of ``chunk`` right after exactly ``prefix``."""
         return (
             page in self.page_tokens
@@ -158,19 +166,40 @@ class PageAllocator(Allocator):
     def free(self, seq: Sequence) -> None:
         """Releases ``seq``'s pages (shared pages stay until their last user frees them)."""
         for page in reversed(seq.block_table):
-            self.ref_counts[page] -= 1
-            assert self.ref_counts[page] >= 0, f"page {page} freed twice"
-            if self.ref_counts[page] == 0:
-                self.free_pages[page] = None  # cached pages: most recently used at the end
-                if page not in self.page_hash:
-                    self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
+            if page != SCRATCH_PAGE:
+                self._release(page)
         seq.block_table = []
+
+    def free_before(self, seq: Sequence, position: int) -> int:
+        """Releases ``seq``'s pages that hold only tokens before ``position`` (sliding-window
+        attention reads them no more); their block-table entries become the scratch page.
+        Returns how many pages were released."""
+        released = 0
+        for i in range(min(max(position, 0) // self.page_size, len(seq.block_table))):
+            if seq.block_table[i] != SCRATCH_PAGE:
+                self._release(seq.block_table[i])
+                seq.block_table[i] = SCRATCH_PAGE
+                released += 1
+        return released
+
+    def _release(self, page: int) -> None:
+        self.ref_counts[page] -= 1
+        assert self.ref_counts[page] >= 0, f"page {page} freed twice"
+        if self.ref_counts[page] == 0:
+            self.free_pages[page] = None  # cached pages: most recently used at the end
+            if page not in self.page_hash:
+                self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
 
     def reset_prefix_cache(self) -> None:
         self.page_hash.clear()
         self.page_tokens.clear()
         self.page_parent.clear()
         self.hash_to_page.clear()
+
+
+def _chain_root(seq: Sequence) -> str | None:
+    """The start of a sequence's page-hash chain: what, besides tokens, its K/V depend on."""
+    return "long_rope" if seq.long_rope else None
 
 
 class ContiguousAllocator(Allocator):
@@ -214,6 +243,9 @@ class ContiguousAllocator(Allocator):
 
     def register_full_pages(self, seq: Sequence) -> None:
         pass
+
+    def free_before(self, seq: Sequence, position: int) -> int:
+        return 0  # a slot's pages are reserved whatever it holds
 
     def free(self, seq: Sequence) -> None:
         slot = self.slot_of.pop(seq.seq_id, None)

@@ -4,6 +4,10 @@ Each step: running sequences first (decodes, then unfinished prefill chunks), FC
 sequences are admitted while slots, the token budget and pages last. A prompt longer than the
 budget is prefilled in chunks, so no step stalls the running decodes by more than one budget.
 When pages run out, the newest running sequence is preempted (its pages freed, recomputed later).
+LongRoPE models (Phi-3) rotate a sequence longer than their original context with other factors:
+a sequence that grows past it is recomputed in place, as transformers' generation does. When
+every layer attends within a sliding window (Mistral), pages that left every query's window are
+freed as sequences advance.
 The batch policy turns the same machinery into the simpler strategies: ``static``/``dynamic``/
 ``none`` admit a new batch only when the previous one has finished.
 """
@@ -14,6 +18,7 @@ import collections
 import dataclasses
 import time
 
+from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.sequence import Sequence, SequenceStatus
 
 
@@ -26,6 +31,10 @@ class SchedulerConfig:
     max_model_len: int
     batch_at_a_time: bool = False  # static / dynamic / none: admit only into an empty engine
     max_batch_delay: float = 0.0  # dynamic: wait this long for a full batch
+    # LongRoPE's original context: a longer sequence uses the long factors for all its keys.
+    long_rope_threshold: int | None = None
+    # Every layer's sliding window (None: some layer attends to every earlier token).
+    sliding_window: int | None = None
 
 
 @dataclasses.dataclass
@@ -70,6 +79,7 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_rope_recomputes = 0  # sequences recomputed on crossing LongRoPE's threshold
         self.kv_tokens_peak = 0
         self.kv_pages_peak = 0
 
@@ -139,9 +149,11 @@ class Scheduler:
                 ):
                     skipped.append(self.waiting.popleft())
                     continue
-                if not seq.block_table and not seq.wants_prompt_logprobs:
-                    seq.num_computed_tokens = self.allocator.match_prefix(seq)
-                    seq.num_cached_tokens = seq.num_computed_tokens
+                if not seq.block_table:
+                    seq.long_rope = self._wants_long_rope(seq)
+                    if not seq.wants_prompt_logprobs:  # those compute every position
+                        seq.num_computed_tokens = self.allocator.match_prefix(seq)
+                        seq.num_cached_tokens = seq.num_computed_tokens
                 num_new = min(seq.num_uncomputed_tokens, budget)
                 if not self.allocator.allocate(seq, seq.num_computed_tokens + num_new):
                     if not self.running and not scheduled:
@@ -173,6 +185,20 @@ class Scheduler:
 
     def _prefix_ready(self, sibling: Sequence) -> bool:
         return sibling.is_finished or sibling.num_computed_tokens >= sibling.num_prompt_tokens - 1
+
+    def _wants_long_rope(self, seq: Sequence) -> bool:
+        threshold = self.config.long_rope_threshold
+        return threshold is not None and seq.num_tokens > threshold
+
+    def _recompute_with_long_rope(self, seq: Sequence) -> None:
+        """A sequence that just grew past LongRoPE's threshold: its cached keys were rotated
+        with the short factors, so it drops its pages and computes every token again (as one
+        prefill, chunked like any other) with the long ones. It stays running."""
+        self.allocator.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.long_rope = True
+        self.num_rope_recomputes += 1
 
     def _preempt(self, seq: Sequence) -> None:
         self._requeue(seq)
@@ -212,6 +238,8 @@ class Scheduler:
         for seq in self.running:
             tokens = seq.num_computed_tokens + new_tokens.get(seq.seq_id, 0)
             for i, page in enumerate(seq.block_table):
+                if page == SCRATCH_PAGE:  # released: out of the sliding window
+                    continue
                 fill[page] = max(fill.get(page, 0), min(page_size, max(0, tokens - i * page_size)))
         return sum(fill.values())
 
@@ -228,4 +256,10 @@ class Scheduler:
                 seq.output_token_ids.append(sampled[seq.seq_id])
                 got_token.append(seq)
             self.allocator.register_full_pages(seq)
+            if self.config.sliding_window is not None:
+                # The next query (position num_computed_tokens) reads keys from here on.
+                first_read = seq.num_computed_tokens - self.config.sliding_window + 1
+                self.allocator.free_before(seq, first_read)
+            if not seq.long_rope and self._wants_long_rope(seq):
+                self._recompute_with_long_rope(seq)
         return got_token

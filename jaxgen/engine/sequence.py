@@ -44,6 +44,8 @@ class Sequence:
         self.first_scheduled_time: float | None = None
         self.depends_on = depends_on  # a sibling whose prompt pages this one waits to share
         self.num_preemptions = 0
+        # LongRoPE: its K/V are rotated with the long factors (set by the scheduler).
+        self.long_rope = False
         self.finish_reason: str | None = None
         # Set by its ``Request``: compute every prompt position (no prefix-cache reuse) until
         # the request has the prompt logprobs it asked for (``prompt_logprobs.py``).

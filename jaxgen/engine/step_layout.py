@@ -110,6 +110,7 @@ class StepLayout:
         slots = np.full(num_tokens, SCRATCH_PAGE * self.page_size, np.int32)
         cu_q_lens = np.full(num_seqs + 1, total, np.int32)
         kv_lens = np.zeros(num_seqs, np.int32)
+        long_rope = np.zeros(num_seqs, bool)
         tables = np.zeros((num_seqs, width), np.int32)
         logits_indices = np.zeros(num_seqs, np.int32)
         row = 0
@@ -126,6 +127,7 @@ class StepLayout:
             slots[row:end] = table[pos // self.page_size] * self.page_size + pos % self.page_size
             cu_q_lens[index] = row
             kv_lens[index] = start + count
+            long_rope[index] = seq.long_rope
             tables[index, : len(table)] = table
             logits_indices[index] = end - 1
             row = end
@@ -136,6 +138,7 @@ class StepLayout:
             block_tables=tables,
             num_seqs=np.array([len(items)], np.int32),
             live_rows=spans((0, num_decode), (num_decode, total)),
+            long_rope=long_rope,
         )
         rows: list = items + [None] * (num_seqs - len(items))
         live = spans((0, num_decode), (num_decode, len(items)))
@@ -152,6 +155,7 @@ class StepLayout:
             block_tables=np.zeros((num_seqs, width or self.full_width), np.int32),
             num_seqs=np.zeros(1, np.int32),
             live_rows=spans((0, 0), (num_tokens, num_tokens)),
+            long_rope=np.zeros(num_seqs, bool),
         )
         zeros = np.zeros(num_tokens, np.int32)
         live = spans((0, 0), (num_seqs, num_seqs))

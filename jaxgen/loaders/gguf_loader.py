@@ -2,9 +2,10 @@
 
 Tensors come out under Hugging Face names, with what llama.cpp's converter changes undone: for
 ``llama`` it permutes Q and K rows into an interleaved rotary layout (we restore rotate-half, for
-quantised tensors on their codes and scales alike); for Gemma it stores every norm weight plus
-one (we subtract it); and it renames tensors per architecture (``blk.N.ffn_norm`` is Llama's
-post-attention norm but Gemma's pre-feedforward norm).
+quantised tensors on their codes and scales alike); for Falcon it reorders the fused QKV rows
+from per-KV-head groups to all queries, all keys, all values (we restore the groups); for Gemma
+it stores every norm weight plus one (we subtract it); and it renames tensors per architecture
+(``blk.N.ffn_norm`` is Llama's post-attention norm but Gemma's pre-feedforward norm).
 
 ``get_tensor`` dequantises any tensor to float32 (``quantization="none"``). ``get_quantized``
 keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orientation
@@ -46,6 +47,7 @@ SUPPORTED_GGUF_ARCHITECTURES = {
     "gemma3": "gemma3_text",
     "phi3": "phi3",
     "qwen3moe": "qwen3_moe",
+    "falcon": "falcon",
 }
 # Stacked expert tensors [E, out, in] -> the per-expert HF projection each slice is (Qwen3-MoE's
 # name, Mixtral's name: Mixtral is llama.cpp's "llama" architecture with experts).
@@ -66,6 +68,21 @@ _GEMMA_LAYER_NAMES = {
 # Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
 # rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+# Falcon's tensors under its HF names (``transformer.h.N...``). Falcon-40B's two LayerNorms are
+# ``attn_norm`` (its ``ln_mlp``) and ``attn_norm_2`` (its ``ln_attn``); 7B's one is ``attn_norm``.
+_FALCON_LAYER_NAMES = {
+    "attn_qkv": "self_attention.query_key_value",
+    "attn_output": "self_attention.dense",
+    "ffn_up": "mlp.dense_h_to_4h",
+    "ffn_down": "mlp.dense_4h_to_h",
+    "attn_norm_2": "ln_attn",
+}
+_FALCON_NAMES = {
+    "token_embd.weight": "transformer.word_embeddings.weight",
+    "output_norm.weight": "transformer.ln_f.weight",
+    "output_norm.bias": "transformer.ln_f.bias",
+    "output.weight": "lm_head.weight",
+}
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -105,6 +122,7 @@ class GGUFFile:
                 f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
             )
         self.tensors = {}  # HF name -> (GGUF tensor, expert index or None)
+        self._gguf_names = {tensor.name for tensor in self.reader.tensors}
         for tensor in self.reader.tensors:
             parts = tensor.name.split(".")
             if len(parts) == 4 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
@@ -119,8 +137,22 @@ class GGUFFile:
                 name = f"model.layers.{parts[1]}.block_sparse_moe.gate.weight"
                 self.tensors[name] = (tensor, None)
                 continue
+            if self.architecture == "falcon":
+                self.tensors[self._falcon_tensor_name(tensor.name)] = (tensor, None)
+                continue
             self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = (tensor, None)
         self._stacked_cache: tuple[str, np.ndarray] | None = None
+
+    def _falcon_tensor_name(self, name: str) -> str:
+        if name in _FALCON_NAMES:
+            return _FALCON_NAMES[name]
+        _, layer, kind, leaf = name.split(".", 3)
+        if kind == "attn_norm":  # the MLP's norm when the layer has a second (attention) norm
+            two_norms = f"blk.{layer}.attn_norm_2.weight" in self._gguf_names
+            kind_name = "ln_mlp" if two_norms else "input_layernorm"
+        else:
+            kind_name = _FALCON_LAYER_NAMES.get(kind, kind)
+        return f"transformer.h.{layer}.{kind_name}.{leaf}"
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -129,6 +161,8 @@ class GGUFFile:
     def hf_config(self) -> dict:
         """A HF ``config.json``-style dictionary from the GGUF metadata."""
         arch = self.architecture
+        if arch == "falcon":
+            return self._falcon_config()
         get = lambda k, d=None: self.field(f"{arch}.{k}", d)  # noqa: E731
         num_heads = get("attention.head_count")
         hidden = get("embedding_length")
@@ -180,6 +214,39 @@ class GGUFFile:
                 norm_topk_prob=bool(get("expert_weights_norm", True)),  # llama.cpp's default
             )
         return config
+
+    def _falcon_config(self) -> dict:
+        """Falcon's ``config.json`` fields. llama.cpp runs every Falcon as parallel attention
+        and MLP without linear biases: 7B's multi-query layout, or 40B's grouped KV heads
+        (``new_decoder_architecture``) with a second LayerNorm when ``attn_norm_2`` exists. The
+        converter writes ``4 * hidden`` as the MLP width whatever the checkpoint's, so the width
+        is read from ``ffn_up``'s shape."""
+        get = lambda k, d=None: self.field(f"falcon.{k}", d)  # noqa: E731
+        num_heads = get("attention.head_count")
+        num_kv_heads = get("attention.head_count_kv", 1)
+        two_norms = "transformer.h.0.ln_attn.weight" in self.tensors
+        up = self.tensors["transformer.h.0.mlp.dense_h_to_4h.weight"][0]
+        return {
+            "model_type": "falcon",
+            "vocab_size": get("vocab_size") or len(self.field("tokenizer.ggml.tokens", [])),
+            "hidden_size": get("embedding_length"),
+            "ffn_hidden_size": int(up.shape[-1]),  # ggml order: [in, out]
+            "num_hidden_layers": get("block_count"),
+            "num_attention_heads": num_heads,
+            "num_kv_heads": num_kv_heads,
+            "multi_query": num_kv_heads == 1,
+            "new_decoder_architecture": num_kv_heads > 1 or two_norms,
+            "num_ln_in_parallel_attn": 2 if two_norms else 1,
+            "parallel_attn": True,
+            "alibi": False,
+            "bias": "transformer.h.0.self_attention.query_key_value.bias" in self.tensors,
+            "layer_norm_epsilon": get("attention.layer_norm_epsilon", 1e-5),
+            "rope_theta": get("rope.freq_base", 10000.0),
+            "max_position_embeddings": get("context_length", 2048),
+            "tie_word_embeddings": "lm_head.weight" not in self.tensors,
+            "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
+        }
 
     def _longrope_config(self, config: dict) -> dict:
         """Phi-3's LongRoPE factors (stored as tensors) and original context."""
@@ -297,7 +364,11 @@ class GGUFFile:
         )
 
     def _unpermute(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Q/K projection rows (first axis) of a llama GGUF back in HF's rotary layout."""
+        """Q/K projection rows (first axis) of a llama GGUF back in HF's rotary layout; Falcon's
+        fused QKV rows back in HF's per-KV-head groups."""
+        if self.architecture == "falcon" and "query_key_value" in name:
+            heads = self.field("falcon.attention.head_count")
+            return _falcon_grouped_qkv(rows, heads, self.field("falcon.attention.head_count_kv", 1))
         if self.architecture == "llama" and (
             name.endswith("q_proj.weight") or name.endswith("k_proj.weight")
         ):
@@ -334,6 +405,18 @@ def _hf_tensor_name(name: str, architecture: str) -> str:
         if kind in _LAYER_NAMES:
             return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
     return name
+
+
+def _falcon_grouped_qkv(rows: np.ndarray, num_heads: int, num_kv_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's Falcon QKV reorder: all query heads, all key heads, all value
+    heads back to per KV head its group of query heads, one key head, one value head."""
+    head_dim = rows.shape[0] // (num_heads + 2 * num_kv_heads)
+    rest = rows.shape[1:]
+    q_rows, k_rows = num_heads * head_dim, num_kv_heads * head_dim
+    q = rows[:q_rows].reshape(num_kv_heads, num_heads // num_kv_heads, head_dim, *rest)
+    k = rows[q_rows : q_rows + k_rows].reshape(num_kv_heads, 1, head_dim, *rest)
+    v = rows[q_rows + k_rows :].reshape(num_kv_heads, 1, head_dim, *rest)
+    return np.concatenate([q, k, v], axis=1).reshape(rows.shape)
 
 
 def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:

@@ -78,9 +78,13 @@ class CausalLM(nnx.Module):
         inv_freq = self.inv_freq[...]
         if hasattr(self, "long_inv_freq"):
             # LongRoPE, as transformers: a sequence longer than the original context rotates
-            # with the long factors (its cached keys keep the rotation they were written with).
+            # with the long factors (the engine says which, and recomputes a sequence that
+            # crosses the boundary, so its cached keys are rotated alike).
             seq, _, _ = row_sequences(md, positions.shape[0])
-            long = md.kv_lens[seq] > scaling.original_max_position_embeddings  # [T]
+            if md.long_rope is None:
+                long = md.kv_lens[seq] > scaling.original_max_position_embeddings  # [T]
+            else:
+                long = md.long_rope[seq]  # [T]
             inv_freq = jnp.where(long[:, None], self.long_inv_freq[...][None], inv_freq[None])
         rope = rope_angles(positions, inv_freq, scaling.attention_factor)
         local = None
