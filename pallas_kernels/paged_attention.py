@@ -82,8 +82,11 @@ def next_power_of_2(value: int) -> int:
     return 1 if value <= 1 else 1 << (value - 1).bit_length()
 
 
-def validate_common(q, k_pages, v_pages, *, scale, soft_cap, sliding_window) -> None:
-    """Checks the arguments both kernels share; raises ``ValueError`` naming the argument."""
+def validate_common(
+    q, k_pages, v_pages, *, scale, soft_cap, sliding_window, pool_dtypes=FLOAT_DTYPES
+) -> None:
+    """Checks the arguments both kernels share; raises ``ValueError`` naming the argument.
+    ``pool_dtypes``: the pool dtypes accepted (an 8-bit pool's values: int8, float8_e4m3fn)."""
     if q.ndim != 3:
         raise ValueError(f"q must have rank 3, got shape {q.shape}")
     if k_pages.ndim != 4:
@@ -94,9 +97,10 @@ def validate_common(q, k_pages, v_pages, *, scale, soft_cap, sliding_window) -> 
         raise ValueError(f"v_pages shape {v_pages.shape} != k_pages shape {k_pages.shape}")
     if q.dtype not in FLOAT_DTYPES:
         raise ValueError(f"q dtype must be float32, bfloat16 or float16, got {q.dtype}")
-    if k_pages.dtype not in FLOAT_DTYPES or v_pages.dtype != k_pages.dtype:
+    if k_pages.dtype not in pool_dtypes or v_pages.dtype != k_pages.dtype:
         raise ValueError(
-            f"k_pages and v_pages must share a float dtype, got {k_pages.dtype}, {v_pages.dtype}"
+            f"k_pages and v_pages must share a dtype of {[str(d) for d in pool_dtypes]}, got "
+            f"{k_pages.dtype}, {v_pages.dtype}"
         )
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_pages.shape[0]
