@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+EIGHT_BIT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))  # an 8-bit pool's values
 
 
 def gather_pages(
@@ -116,6 +117,20 @@ def validate_common(
         raise ValueError(f"soft_cap must be positive, got {soft_cap}")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+
+
+def validate_scales(values, k_scales, v_scales) -> None:
+    """An 8-bit pool's scales: float32 ``[Hkv, P, S, G]`` beside ``values`` [Hkv, P, S, D], G
+    dividing D; raises ``ValueError`` naming the argument."""
+    groups = k_scales.shape[-1] if k_scales.ndim == 4 else 0
+    for name, scales in (("k_pages.scales", k_scales), ("v_pages.scales", v_scales)):
+        if scales.shape != (*values.shape[:3], groups) or scales.dtype != jnp.float32:
+            raise ValueError(
+                f"{name} must be float32 [Hkv, P, S, G] beside values {values.shape}, got "
+                f"{scales.dtype} {scales.shape}"
+            )
+    if not groups or values.shape[-1] % groups:
+        raise ValueError(f"{groups} scale groups must divide head_dim {values.shape[-1]}")
 
 
 def validate_int_array(name: str, array: jax.Array, shape: tuple[int, ...]) -> None:
