@@ -131,10 +131,13 @@ def _pool_shapes(kind, pool_bytes):
 
 @needs_libtpu
 @pytest.mark.tpu_compile
-@pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize(
-    "num_tokens,max_seqs,pages_per_seq",
-    [pytest.param(64, 64, 64, id="decode-64x2048"), pytest.param(512, 8, 64, id="prefill")],
+    "kind,num_tokens,max_seqs,pages_per_seq",
+    [
+        pytest.param("int8", 64, 64, 64, id="int8-decode-64x2048"),
+        pytest.param("fp8", 64, 64, 64, id="fp8-decode-64x2048", marks=pytest.mark.slow),
+        pytest.param("int8", 512, 8, 64, id="int8-prefill", marks=pytest.mark.slow),
+    ],
 )
 def test_attention_on_8bit_pool_aot_compile_v5e(
     v5e_mesh,  # noqa: F811
