@@ -12,14 +12,15 @@ holds exactly the head its query heads need (as vLLM does), rather than the whol
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.backends.base import AttentionBackend, replace_linear_kernels
+from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.backends.streamed_weight import StreamedWeight
+from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
 from pallas_kernels.tpu.kv_pool_quantized import (
@@ -63,17 +64,25 @@ class PallasTPUBackend(AttentionBackend):
 
     def prepare_params(self, params, config):
         """``Linear`` kernels as ``StreamedWeight``s (streamed from HBM by a Pallas matmul in
-        decode steps), and a tied embedding wrapped, untransposed, as the LM head kernel."""
-        wrap = functools.partial(
-            StreamedWeight.wrap,
-            mesh=self.mesh,
-            model_axis=self.model_axis,
-            interpret=self.interpret,
-        )
-        head, embedding = None, params["embed_tokens"]["embedding"].get_value()
-        if config.tie_word_embeddings and _streamable(embedding):  # a quantised table: XLA's
-            head = wrap(embedding, transposed=True)
-        return replace_linear_kernels(params, lambda k: wrap(k) if _streamable(k) else None), head
+        decode steps; int8 / int4 ``QuantizedWeight``s as ``StreamedQuantizedWeight``s,
+        dequantised in VMEM), and a tied embedding wrapped, untransposed, as the LM head kernel
+        (a quantised table is held as its head kernel already)."""
+        placement = dict(mesh=self.mesh, model_axis=self.model_axis, interpret=self.interpret)
+
+        def wrap(kernel, transposed=False):
+            if is_quantized(kernel):
+                if kernel.kind not in ("int8", "int4"):
+                    return None  # fp8: XLA's dot on the dequantised weight
+                return StreamedQuantizedWeight.wrap(kernel, **placement)
+            if not _streamable(kernel):
+                return None
+            return StreamedWeight.wrap(kernel, transposed=transposed, **placement)
+
+        head = None
+        if config.tie_word_embeddings:
+            embedding = params["embed_tokens"]["embedding"].get_value()
+            head = wrap(embedding, transposed=not is_quantized(embedding))
+        return replace_linear_kernels(params, wrap), head
 
     def kv_heads_per_chip(self, config) -> int:
         """KV heads each chip holds: its share, or the one head its query heads read."""
