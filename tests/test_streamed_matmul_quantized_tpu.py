@@ -90,4 +90,7 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
     accessed = {kind: r["decode_step"]["bytes_accessed"] for kind, r in results.items()}
     kv = results["none"]["decode_step"]["live_kv_bytes"]
     assert (accessed["int8"] - kv) / (accessed["none"] - kv) < 0.8  # 0.75 at this commit
-    assert results["int8"]["decode_step"]["ratio"] <= 1.15
+    # No copy of the weights: the compiler's temporaries stay small.
+    assert (
+        results["int8"]["per_chip_bytes"]["temp"] < 0.02 * results["int8"]["per_chip_bytes"]["hbm"]
+    )
