@@ -38,6 +38,9 @@ from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
+from jaxgen.models.weights import quantisable_paths
+from jaxgen.quantization.quantize import spec_for_path, validate_quantization
+from jaxgen.quantization.quantized_weight import VALUE_DTYPES, QuantizedWeight
 from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 
 GB = 10**9
@@ -112,18 +115,50 @@ def config_from_path(model: str | None) -> ModelConfig:
     return model_config_only(model)
 
 
-def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan):
-    """Graph and parameter ``ShapeDtypeStruct``s (with their shardings): no weights exist."""
+def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan, quantization: str = "none"):
+    """Graph and parameter ``ShapeDtypeStruct``s (with their shardings): no weights exist.
+    ``quantization`` "int8" / "int4" / "fp8": the parameters a load would quantise
+    (``spec_for_path``) are ``QuantizedWeight``s of ``ShapeDtypeStruct``s, as loaded."""
     abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
+    quantisable = quantisable_paths(config, dtype) if quantization != "none" else set()
     leaves = []
     for path, var in nnx.to_flat_state(state):
         value = var.get_value()
+        spec = spec_for_path(quantization, path) if path in quantisable else None
+        if spec is not None:
+            kernel_shape = value.shape if path[-1] == "kernel" else value.shape[::-1]  # [in, out]
+            weight = abstract_quantized_weight(kernel_shape, spec)
+            shardings = plan.quantized_shardings(path, weight)
+            weight = jax.tree_util.tree_map(
+                lambda leaf, sharding: jax.ShapeDtypeStruct(
+                    leaf.shape, leaf.dtype, sharding=sharding
+                ),
+                weight,
+                shardings,
+            )
+            leaves.append((path, var.replace(weight)))
+            continue
         sharding = plan.sharding_for(path)
         leaves.append(
             (path, var.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)))
         )
     return graphdef, nnx.from_flat_state(leaves)
+
+
+def abstract_quantized_weight(shape: tuple[int, int], spec) -> QuantizedWeight:
+    """The ``QuantizedWeight`` of ``ShapeDtypeStruct``s a ``[K, N]`` kernel quantised per
+    ``spec`` loads as (``jaxgen.quantization.quantize_kernel``: float16 scales for int8 and
+    int4, float32 per channel for fp8)."""
+    depth, columns = shape
+    group = spec.group_size or depth
+    scales = jax.ShapeDtypeStruct(
+        (depth // group, columns), jnp.float32 if spec.kind == "fp8" else jnp.float16
+    )
+    rows = depth // 2 if spec.kind == "int4" else depth
+    values = jax.ShapeDtypeStruct((rows, columns), VALUE_DTYPES[spec.kind])
+    mins = scales if spec.asymmetric else None
+    return QuantizedWeight(values, scales, mins, kind=spec.kind, group_size=group, shape=shape)
 
 
 def _decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
@@ -205,9 +240,17 @@ def compile_decode_step(
     page_size: int = 16,
     kv_cache_memory: float = 0.9,
     tensor_parallel_degree: int | None = None,
+    quantization: str = "none",
+    kv_cache_dtype: str = "auto",
 ) -> dict:
     """Compiles one full decode step (``max_num_seqs`` sequences at ``max_model_len``) for
-    ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning)."""
+    ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning).
+    ``quantization`` "int8" / "int4" / "fp8": the weights as a quantised load holds them (the
+    step streams int8 / int4 codes and scales through the quantised Pallas matmul);
+    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 32)."""
+    validate_quantization(quantization)
+    if quantization == "auto":
+        quantization = "none"
     tpu = resolve_target(target)
     num_chips = len(tpu.devices)
     degree = tensor_parallel_degree or num_chips
@@ -224,10 +267,14 @@ def compile_decode_step(
     )
     plan = ShardingPlan.create(config, mesh)  # ValueError when the degree does not split heads
     backend = (
-        PallasTPUBackend(mesh=mesh, model_axis=MODEL_AXIS) if degree > 1 else PallasTPUBackend()
+        PallasTPUBackend(mesh=mesh, model_axis=MODEL_AXIS, kv_cache_dtype=kv_cache_dtype)
+        if degree > 1
+        else PallasTPUBackend(kv_cache_dtype=kv_cache_dtype)
     )
-    graphdef, params = _abstract_params(config, dtype, plan)
-    weight_bytes = _per_chip_bytes(params)
+    graphdef, params = _abstract_params(config, dtype, plan, quantization)
+    step_params, head = backend.prepare_params(params, config)  # as the engine's runner does
+    # Quantised weights: what the step reads (the prepared form holds float32 scales).
+    weight_bytes = _per_chip_bytes(params if quantization == "none" else (step_params, head))
     hbm = tpu.chip.hbm_bytes
     if weight_bytes >= hbm:
         raise ValueError(
@@ -243,15 +290,27 @@ def compile_decode_step(
             f"one sequence of max_model_len={max_model_len} needs ({pages_per_seq + 1})"
         )
     pool_sharding = backend.kv_pool_sharding() or NamedSharding(mesh, PartitionSpec())
-    pool = [
-        jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=pool_sharding)
-        for shape in backend.kv_pool_shapes(config, num_pages, page_size, dtype)
-    ]
+    pool = []
+    for layer in backend.kv_pool_shapes(config, num_pages, page_size, dtype):
+        # One sharding for every leaf, or (an 8-bit pool under tensor parallelism) one per leaf.
+        shardings = (
+            jax.tree_util.tree_map(lambda _: pool_sharding, layer)
+            if isinstance(pool_sharding, NamedSharding)
+            else pool_sharding
+        )
+        pool.append(
+            jax.tree_util.tree_map(
+                lambda leaf, sharding: jax.ShapeDtypeStruct(
+                    leaf.shape, leaf.dtype, sharding=sharding
+                ),
+                layer,
+                shardings,
+            )
+        )
     step_inputs, flags = _decode_step_inputs(
         page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
     step = jitted_step(graphdef, backend)
-    step_params, head = backend.prepare_params(params, config)  # as the engine's runner does
     start = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = step.trace(step_params, pool, *step_inputs, flags=flags, head=head).lower()
@@ -263,6 +322,8 @@ def compile_decode_step(
     kv_bytes_per_token = config.kv_bytes_per_token(jnp.dtype(dtype).itemsize) // min(
         degree, config.num_kv_heads
     )
+    if kv_cache_dtype != "auto":  # codes and scales as the pool lays them out, per chip
+        kv_bytes_per_token = page_bytes // page_size
     pool_bytes = num_pages * page_bytes
     # Live KV: every sequence at max_model_len, or the whole pool when they do not all fit.
     live_kv = min(max_num_seqs * max_model_len * kv_bytes_per_token, pool_bytes)
@@ -283,6 +344,8 @@ def compile_decode_step(
         "attention_backend": backend.name,
         "kernels": kernels,
         "dtype": jnp.dtype(dtype).name,
+        "quantization": quantization,
+        "kv_cache_dtype": kv_cache_dtype,
         "max_num_seqs": max_num_seqs,
         "max_model_len": max_model_len,
         "page_size": page_size,
@@ -344,7 +407,8 @@ def report_lines(result: dict) -> list[str]:
     used = chip["weights"] + chip["kv_pool"] + chip["temp"]
     return [
         f"target {result['target']} ({result['topology']}): {result['num_chips']} x {result['chip']}, "
-        f"tensor parallel {result['tensor_parallel_degree']}, {result['dtype']}",
+        f"tensor parallel {result['tensor_parallel_degree']}, {result['dtype']}, weights "
+        f"{result['quantization']}, KV {result['kv_cache_dtype']}",
         f"attention backend           {result['attention_backend']} ({', '.join(result['kernels']) or 'no kernels found'})",
         "per chip (compiler and datasheet counts, not measured on hardware):",
         f"  weights                   {chip['weights'] / gb:8.3f} GB",

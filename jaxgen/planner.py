@@ -240,6 +240,8 @@ def cmd_plan_target(args) -> int:
         page_size=args.page_size,
         kv_cache_memory=args.kv_cache_memory,
         tensor_parallel_degree=args.tensor_parallel_degree,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if args.json:
         print(json.dumps(result))

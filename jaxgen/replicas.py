@@ -48,7 +48,9 @@ def create_engine(model, *, dtype, config: EngineConfig):
         return LLMEngine(loaded, config)
     devices = jax.devices() if replicas == 1 else jax.local_devices()  # replicas: one host
     placement = DeferredPlacement(degree, replicas, devices)
-    loaded = load_sharded(model, dtype=dtype, placement=placement)
+    loaded = load_sharded(
+        model, dtype=dtype, placement=placement, quantization=config.quantization
+    )
     engines = [LLMEngine(loaded, config, kv_sharding=placement.plans[0].kv_sharding)]
     for plan in placement.plans[1:]:
         engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))

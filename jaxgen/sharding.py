@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.config import ModelConfig
+from jaxgen.quantization.quantized_weight import QuantizedWeight, is_quantized
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -186,6 +187,41 @@ class ShardingPlan:
     def kv_sharding(self) -> NamedSharding:
         return NamedSharding(self.mesh, self.spec(KV_POOL_LOGICAL_AXES))
 
+    def quantized_shardings(self, path: Sequence, weight) -> QuantizedWeight:
+        """Shardings of a ``QuantizedWeight``'s leaves (a ``QuantizedWeight`` of
+        ``NamedSharding``s): values, scales and mins split along the weight's logical axes, as
+        the float kernel would be (an embedding is held as its [hidden, vocab] head kernel).
+        Columns split freely; the input dim only at group boundaries (``ValueError`` naming the
+        tensor otherwise)."""
+        axes = logical_axes(path)
+        if path[-1] == "embedding":
+            axes = axes[::-1]
+        spec = self.spec(axes)
+        if spec[0] is not None:
+            degree = self.mesh.shape[spec[0]]
+            groups = weight.shape[0] // weight.group_size
+            if groups % degree:
+                raise ValueError(
+                    f"quantised weight {path_name(path)!r} ({weight.kind}, {groups} groups of "
+                    f"{weight.group_size} along its input dim {weight.shape[0]}) cannot be split "
+                    f"{degree} ways at group boundaries; use a tensor_parallel_degree dividing "
+                    f"{groups}, or quantization='none'"
+                )
+        sharding = NamedSharding(self.mesh, spec)
+        return jax.tree_util.tree_map(lambda _: sharding, weight)
+
+    def place_quantized(self, path: Sequence, weight) -> QuantizedWeight:
+        """Places a ``QuantizedWeight`` (host or device leaves) per :meth:`quantized_shardings`."""
+        shardings = self.quantized_shardings(path, weight)
+
+        def place(leaf, sharding):
+            if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+                return jax.device_put(leaf, sharding)
+            host = np.asarray(leaf)
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+        return jax.tree_util.tree_map(place, weight, shardings)
+
     def __call__(self, path: Sequence, array: np.ndarray) -> jax.Array:
         """Places a host array; each device (of any process) gets only its own slice."""
         array = np.asarray(array)
@@ -194,11 +230,14 @@ class ShardingPlan:
         )
 
     def place_state(self, state):
-        """Re-places an existing parameter state (``nnx.State``) onto this plan's shardings."""
+        """Re-places an existing parameter state (``nnx.State``) onto this plan's shardings
+        (a ``QuantizedWeight`` stays quantised: :meth:`place_quantized`)."""
         leaves = []
         for path, var in nnx.to_flat_state(state):
             value = var.get_value()
-            if isinstance(value, jax.Array) and value.is_fully_addressable:
+            if is_quantized(value):
+                value = self.place_quantized(path, value)
+            elif isinstance(value, jax.Array) and value.is_fully_addressable:
                 value = jax.device_put(value, self.sharding_for(path))
             else:
                 value = self(path, np.asarray(value))

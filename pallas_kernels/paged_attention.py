@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+EIGHT_BIT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))  # an 8-bit pool's values
 
 
 def gather_pages(
@@ -82,8 +83,11 @@ def next_power_of_2(value: int) -> int:
     return 1 if value <= 1 else 1 << (value - 1).bit_length()
 
 
-def validate_common(q, k_pages, v_pages, *, scale, soft_cap, sliding_window) -> None:
-    """Checks the arguments both kernels share; raises ``ValueError`` naming the argument."""
+def validate_common(
+    q, k_pages, v_pages, *, scale, soft_cap, sliding_window, pool_dtypes=FLOAT_DTYPES
+) -> None:
+    """Checks the arguments both kernels share; raises ``ValueError`` naming the argument.
+    ``pool_dtypes``: the pool dtypes accepted (an 8-bit pool's values: int8, float8_e4m3fn)."""
     if q.ndim != 3:
         raise ValueError(f"q must have rank 3, got shape {q.shape}")
     if k_pages.ndim != 4:
@@ -94,9 +98,10 @@ def validate_common(q, k_pages, v_pages, *, scale, soft_cap, sliding_window) -> 
         raise ValueError(f"v_pages shape {v_pages.shape} != k_pages shape {k_pages.shape}")
     if q.dtype not in FLOAT_DTYPES:
         raise ValueError(f"q dtype must be float32, bfloat16 or float16, got {q.dtype}")
-    if k_pages.dtype not in FLOAT_DTYPES or v_pages.dtype != k_pages.dtype:
+    if k_pages.dtype not in pool_dtypes or v_pages.dtype != k_pages.dtype:
         raise ValueError(
-            f"k_pages and v_pages must share a float dtype, got {k_pages.dtype}, {v_pages.dtype}"
+            f"k_pages and v_pages must share a dtype of {[str(d) for d in pool_dtypes]}, got "
+            f"{k_pages.dtype}, {v_pages.dtype}"
         )
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_pages.shape[0]
@@ -112,6 +117,20 @@ def validate_common(q, k_pages, v_pages, *, scale, soft_cap, sliding_window) -> 
         raise ValueError(f"soft_cap must be positive, got {soft_cap}")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+
+
+def validate_scales(values, k_scales, v_scales) -> None:
+    """An 8-bit pool's scales: float32 ``[Hkv, P, S, G]`` beside ``values`` [Hkv, P, S, D], G
+    dividing D; raises ``ValueError`` naming the argument."""
+    groups = k_scales.shape[-1] if k_scales.ndim == 4 else 0
+    for name, scales in (("k_pages.scales", k_scales), ("v_pages.scales", v_scales)):
+        if scales.shape != (*values.shape[:3], groups) or scales.dtype != jnp.float32:
+            raise ValueError(
+                f"{name} must be float32 [Hkv, P, S, G] beside values {values.shape}, got "
+                f"{scales.dtype} {scales.shape}"
+            )
+    if not groups or values.shape[-1] % groups:
+        raise ValueError(f"{groups} scale groups must divide head_dim {values.shape[-1]}")
 
 
 def validate_int_array(name: str, array: jax.Array, shape: tuple[int, ...]) -> None:

@@ -23,6 +23,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.paged_attention import (
+    EIGHT_BIT_DTYPES,
+    FLOAT_DTYPES,
     MASK_VALUE,
     compiler_params,
     default_pages_per_compute_block,
@@ -33,6 +35,7 @@ from pallas_kernels.paged_attention import (
     online_softmax_step,
     validate_common,
     validate_int_array,
+    validate_scales,
 )
 
 
@@ -93,22 +96,40 @@ def ragged_paged_attention_reference(
     return out.astype(q.dtype)
 
 
+def dequantize_block(
+    codes: jax.Array,  # [K, D] int8 / float8_e4m3fn
+    scales: jax.Array,  # [n, S, G] float32, n * S = K
+    dtype,
+) -> jax.Array:  # [K, D]
+    """8-bit codes times the scale of their token and lane group (G groups of D / G lanes)."""
+    block_k, head_dim = codes.shape
+    groups = scales.shape[-1]
+    scales = scales.reshape(block_k, groups)
+    lane_group = jnp.arange(head_dim, dtype=jnp.int32) // (head_dim // groups)  # [D]
+    one_hot = (lane_group[None, :] == jnp.arange(groups, dtype=jnp.int32)[:, None]).astype(
+        jnp.float32
+    )  # [G, D]
+    full = jnp.sum(scales[:, :, None] * one_hot[None, :, :], axis=1)  # [K, D]
+    return (codes.astype(jnp.float32) * full).astype(dtype)
+
+
 def _ragged_kernel(
     counts_ref,  # [N] whole array: query tokens in each block (0 for unused blocks)
     positions_ref,  # [N] whole array: position of each block's first query
     kv_lens_ref,  # [N] whole array: keys cached for each block's sequence
     block_tables_ref,  # [W_padded] pages of this block's sequence
     q_ref,  # [block_q * group, D], row r is token r // group, head r % group
-    k_pages_ref,  # [P, S, D] this KV head's pool
+    k_pages_ref,  # [P, S, D] this KV head's pool (8-bit codes when quantized)
     v_pages_ref,  # [P, S, D]
-    out_ref,  # [block_q * group, D]
-    *,
+    *refs,  # 8-bit pool: k_scales_ref, v_scales_ref [P, S, G]; then out_ref [block_q * group, D]
     group: int,
     scale: float,
     soft_cap: float | None,
     sliding_window: int | None,
     pages_per_compute_block: int,
+    quantized: bool = False,
 ):
+    out_ref = refs[-1]
     rows, head_dim = q_ref.shape
     page_size = k_pages_ref.shape[1]
     block_k = pages_per_compute_block * page_size
@@ -132,6 +153,9 @@ def _ragged_kernel(
         page_ids = block_tables_ref[pl.ds(block * pages_per_compute_block, pages_per_compute_block)]
         k = k_pages_ref[page_ids].reshape(block_k, head_dim)
         v = v_pages_ref[page_ids].reshape(block_k, head_dim)
+        if quantized:  # codes times their group's scale, in registers
+            k = dequantize_block(k, refs[0][page_ids], q_ref.dtype)
+            v = dequantize_block(v, refs[1][page_ids], q_ref.dtype)
         key_pos = block * block_k + jnp.arange(block_k, dtype=jnp.int32)
         mask = (key_pos[None, :] <= q_pos[:, None]) & (key_pos[None, :] < kv_len)
         if sliding_window is not None:
@@ -184,8 +208,8 @@ def query_blocks(cu_q_lens, kv_lens, num_seqs, *, num_tokens, block_q, num_block
 )
 def ragged_paged_attention(
     q: jax.Array,  # [T, Hq, D]
-    k_pages: jax.Array,  # [Hkv, P, S, D]
-    v_pages: jax.Array,  # [Hkv, P, S, D]
+    k_pages,  # [Hkv, P, S, D], or QuantizedPages (8-bit values [Hkv, P, S, D], scales [.., G])
+    v_pages,  # as k_pages
     kv_lens: jax.Array,  # [S]
     block_tables: jax.Array,  # [S, W]
     cu_q_lens: jax.Array,  # [S + 1]
@@ -205,7 +229,9 @@ def ragged_paged_attention(
     Args:
       q: ``[num_tokens, num_heads, head_dim]``; sequence s owns rows
         ``cu_q_lens[s]:cu_q_lens[s + 1]``.
-      k_pages: ``[num_kv_heads, num_pages, page_size, head_dim]`` key pool (chunk already written).
+      k_pages: ``[num_kv_heads, num_pages, page_size, head_dim]`` key pool (chunk already written),
+        or a ``QuantizedPages`` 8-bit pool (int8 / fp8 values and float32 scales per token and
+        lane group), dequantised block by block inside the kernel.
       v_pages: value pool, same shape and dtype as ``k_pages``.
       kv_lens: ``[max_seqs]`` int32 keys cached per sequence, the current chunk included.
       block_tables: ``[max_seqs, pages_per_seq]`` int32 page ids of each sequence, in order.
@@ -223,8 +249,19 @@ def ragged_paged_attention(
     Returns:
       ``[num_tokens, num_heads, head_dim]`` attention output in ``q.dtype``.
     """
+    scales = []
+    if hasattr(k_pages, "scales"):  # an 8-bit pool
+        scales = [k_pages.scales, v_pages.scales]
+        k_pages, v_pages = k_pages.values, v_pages.values
+        validate_scales(k_pages, *scales)
     validate_common(
-        q, k_pages, v_pages, scale=scale, soft_cap=soft_cap, sliding_window=sliding_window
+        q,
+        k_pages,
+        v_pages,
+        scale=scale,
+        soft_cap=soft_cap,
+        sliding_window=sliding_window,
+        pool_dtypes=EIGHT_BIT_DTYPES if scales else FLOAT_DTYPES,
     )
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, _, page_size, _ = k_pages.shape
@@ -273,6 +310,7 @@ def ragged_paged_attention(
         soft_cap=soft_cap,
         sliding_window=sliding_window,
         pages_per_compute_block=pages_per_compute_block,
+        quantized=bool(scales),
     )
     meta_spec = pl.BlockSpec((num_blocks,), lambda i, h: (0,))
     pool_spec = pl.BlockSpec((None, *k_pages.shape[1:]), lambda i, h: (h, 0, 0, 0))
@@ -288,13 +326,14 @@ def ragged_paged_attention(
             row_spec,
             pool_spec,
             pool_spec,
+            *[pl.BlockSpec((None, *x.shape[1:]), lambda i, h: (h, 0, 0, 0)) for x in scales],
         ],
         out_specs=row_spec,
         out_shape=jax.ShapeDtypeStruct(q_blocks.shape, q.dtype),
         interpret=interpret,
         compiler_params=compiler_params(interpret, num_warps, num_stages),
         name="ragged_paged_attention",
-    )(counts, positions, kv_lens[seq], block_tables, q_blocks, k_pages, v_pages)
+    )(counts, positions, kv_lens[seq], block_tables, q_blocks, k_pages, v_pages, *scales)
 
     out_blocks = out_blocks.reshape(num_blocks, num_kv_heads, block_q, padded_group, head_dim)
     out_rows = out_blocks[:, :, :, :group].transpose(0, 2, 1, 3, 4)

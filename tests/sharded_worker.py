@@ -68,6 +68,48 @@ def mode_tp(args: dict) -> dict:
     return result
 
 
+def mode_quantized_tp(args: dict) -> dict:
+    """int8 / int4 weights quantised at load, at degree 1 and 2: tokens, logits, whether the
+    placed weights are still quantised and how their leaves are split; degree 4 splits the
+    2-group o_proj off its group boundaries."""
+    import numpy as np
+
+    from jaxgen import LLM
+    from jaxgen.models.full_forward import full_sequence_logits
+
+    result = {}
+    for kind in args["kinds"]:
+        reference_logits, row = None, {"tokens": {}, "logits_max_diff": {}}
+        for degree in (1, 2):
+            llm = LLM(args["mha"], tensor_parallel_degree=degree, quantization=kind, **ENGINE)
+            row["tokens"][degree] = generate(llm)
+            ids = llm.get_tokenizer().encode("The quick brown fox jumps over the lazy dog")
+            logits = full_sequence_logits(llm.loaded, ids)
+            reference_logits = logits if reference_logits is None else reference_logits
+            row["logits_max_diff"][degree] = float(np.abs(logits - reference_logits).max())
+            layer = llm.params["layers"][0]
+            weights = {
+                "q_proj": layer["self_attn"]["q_proj"]["kernel"].get_value(),
+                "o_proj": layer["self_attn"]["o_proj"]["kernel"].get_value(),
+                "embedding": llm.params["embed_tokens"]["embedding"].get_value(),
+            }
+            row[degree] = {
+                name: {
+                    "type": type(w).__name__,
+                    "values": shard_shapes(w.values),
+                    "scales": shard_shapes(w.scales),
+                }
+                for name, w in weights.items()
+            }
+        try:
+            LLM(args["mha"], tensor_parallel_degree=4, quantization=kind, **ENGINE)
+            row["degree4_error"] = None
+        except ValueError as error:
+            row["degree4_error"] = str(error)
+        result[kind] = row
+    return result
+
+
 def mode_streamed_weight(args: dict) -> dict:
     """``StreamedWeight``'s shard_map placement on a 4-device model axis, with the pure-jnp
     product in place of the Pallas kernel (TPU interpret mode does not run under shard_map on

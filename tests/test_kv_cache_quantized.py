@@ -99,9 +99,16 @@ def test_bad_kv_cache_dtype_names_value_and_choices(value):
         select_backend("reference", kv_cache_dtype=value)
 
 
-def test_backends_without_8bit_pools_refuse():
-    with pytest.raises(ValueError, match=r"kv_cache_dtype='int8' is supported by .*'pallas-tpu'"):
-        select_backend("pallas-tpu", kv_cache_dtype="int8")
+def test_every_backend_takes_8bit_pools():
+    for name in ("reference", "pallas-tpu", "pallas-gpu"):
+        assert select_backend(name, kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
+    tpu = select_backend("pallas-tpu", kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="page_size=16: an 8-bit pool"):
+        tpu.kv_pool_shapes(_Config, 4, 16, jnp.float32)
+
+
+class _Config:
+    num_layers, num_kv_heads, head_dim = 1, 2, 64
 
 
 def test_planner_counts_quantised_bytes(tiny_model_dir):

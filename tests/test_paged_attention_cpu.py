@@ -102,3 +102,69 @@ def test_engine_greedy_output_same_as_reference_backend(tiny_model_dir):
         result = llm.generate(prompts, params, use_tqdm=False)
         outputs[backend] = [o.outputs[0].token_ids for o in result]
     assert outputs["cpu"] == outputs["reference"]
+
+
+def quantized_pool(pages, dtype):
+    """``pages`` ([Hkv, P, S, D] float) written token by token into an 8-bit pool."""
+    from jaxgen.quantization import kv_cache
+
+    hkv, num_pages, page_size, dim = pages.shape
+    pool = kv_cache.zeros(dtype, pages.shape, jnp.float32)
+    tokens = jnp.swapaxes(pages.reshape(hkv, num_pages * page_size, dim), 0, 1)  # [P*S, Hkv, D]
+    return kv_cache.write(pool, tokens, jnp.arange(num_pages * page_size, dtype=jnp.int32))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window",
+    [
+        (9, 3, 64, 16, None, None),  # SmolLM2's GQA shape: two scale groups per head
+        (8, 1, 128, 4, 30.0, None),  # MQA, soft cap, four groups
+        (8, 2, 40, 8, None, 11),  # one group per head (40 is no multiple of 32), window
+        (4, 2, 20, 4, None, None),  # head_dim not a multiple of 8: the portable loops
+    ],
+)
+def test_quantized_pool_matches_reference_on_dequantised_pages(
+    dtype, num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window
+):
+    """The 8-bit kernel reads codes and scales; the reference attends over the same pool
+    dequantised (``QuantizedPages.gather``), so they agree to float rounding."""
+    from jaxgen.backends.cpu_kernels import paged_attention_cpu_quantized
+
+    rng = np.random.default_rng(head_dim + page_size)
+    q, k_pages, v_pages, lengths, tables = make_batch(
+        rng,
+        boundary_lengths(page_size) + [3 * page_size],
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=page_size,
+        spare_pages=2,
+    )
+    k_pool, v_pool = quantized_pool(k_pages * 3.0, dtype), quantized_pool(v_pages, dtype)
+    every_page = jnp.arange(k_pages.shape[1], dtype=jnp.int32)
+    dequantised = (k_pool.gather(every_page), v_pool.gather(every_page))
+    opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
+    actual = np.asarray(paged_attention_cpu_quantized(q, k_pool, v_pool, lengths, tables, **opts))
+    expected = paged_attention_reference(q, *dequantised, lengths, tables, **opts)
+    np.testing.assert_allclose(actual, np.asarray(expected), rtol=1e-5, atol=3e-6)
+    assert not np.any(actual[4]), "length-0 row must be zeros"
+    exact = np.asarray(
+        paged_attention_reference(q, k_pages * 3.0, v_pages, lengths, tables, **opts)
+    )
+    assert np.abs(actual - exact).max() < (0.1 if dtype == "int8" else 0.5)  # 8 bits, not garbage
+
+
+def test_quantized_pool_rejects_bad_input():
+    from jaxgen.backends.cpu_kernels import paged_attention_cpu_quantized
+    from jaxgen.quantization.kv_cache import QuantizedPages
+
+    q, k_pages, v_pages, lengths, tables = make_batch(
+        np.random.default_rng(0), [3], num_heads=2, num_kv_heads=1, head_dim=64, page_size=4
+    )
+    k_pool, v_pool = quantized_pool(k_pages, "int8"), quantized_pool(v_pages, "fp8")
+    with pytest.raises(ValueError, match="k_pages and v_pages must share"):
+        paged_attention_cpu_quantized(q, k_pool, v_pool, lengths, tables)
+    bad = QuantizedPages(k_pool.values, k_pool.scales[..., :1].astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"k_pages\.scales"):
+        paged_attention_cpu_quantized(q, bad, bad, lengths, tables)

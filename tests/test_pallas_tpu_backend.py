@@ -57,6 +57,29 @@ def test_engine_greedy_tokens_match_reference(tiny_loaded):
     assert outs["pallas-tpu"] == outs["reference"]
 
 
+@pytest.mark.slow
+def test_engine_8bit_pool_greedy_tokens_match_reference(tiny_loaded):
+    """An int8 pool: the TPU kernels (update + attention dequantising in VMEM) and the
+    reference backend quantise alike (per token and 32 lanes), so their greedy tokens agree."""
+    prompts = [list(range(100, 140)), list(range(7, 30))]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for backend in ("reference", "pallas-tpu"):
+        llm = LLM(
+            tiny_loaded,
+            max_model_len=128,
+            kv_cache_memory=4 << 20,
+            page_size=32,  # int8 packs 32 rows per tile
+            max_rolling_batch_prefill_tokens=16,
+            max_rolling_batch_size=4,
+            attention_backend=backend,
+            kv_cache_dtype="int8",
+        )
+        assert llm.engine.runner.backend.kv_cache_dtype == "int8"
+        outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert outs["pallas-tpu"] == outs["reference"]
+
+
 @needs_libtpu
 @pytest.mark.tpu_compile
 def test_default_model_compiles_for_v5e_1_within_the_floor():

@@ -144,9 +144,15 @@ def test_quantised_at_load_agrees_with_float(float_model_sequences, kind, thresh
     assert result.tokens == 32 * 64 and result.top1 >= threshold, result
 
 
+KV_BACKENDS = ["reference"] + (["cpu"] if jax.default_backend() == "cpu" else [])
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", KV_BACKENDS)
 @pytest.mark.parametrize("kv_cache_dtype, threshold", [("int8", 0.98), ("fp8", 0.95)])
-def test_8bit_kv_pool_agrees_with_float_pool(float_model_sequences, kv_cache_dtype, threshold):
+def test_8bit_kv_pool_agrees_with_float_pool(
+    float_model_sequences, kv_cache_dtype, threshold, backend
+):
     reference, llm = float_model_sequences
     sequences, first = greedy_sequences(llm, PROMPTS, 64)
     result = teacher_forced_agreement(
@@ -154,8 +160,31 @@ def test_8bit_kv_pool_agrees_with_float_pool(float_model_sequences, kv_cache_dty
         reference,
         sequences,
         first,
-        backend="reference",
+        backend=backend,
+        candidate_kv_cache_dtype=kv_cache_dtype,
+    )
+    print(kv_cache_dtype, backend, result)
+    assert result.tokens == 32 * 64 and result.top1 >= threshold, result
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the native CPU kernels")
+@pytest.mark.parametrize(
+    "kv_cache_dtype, threshold", [("int8", 0.98), pytest.param("fp8", 0.95, marks=pytest.mark.slow)]
+)
+def test_native_8bit_kv_pool_agrees_with_float_pool(
+    float_model_sequences, kv_cache_dtype, threshold
+):
+    """The native CPU kernel reading the 8-bit pool (8 prompts x 32 tokens; the full 32 x 64
+    run is the slow test above)."""
+    reference, llm = float_model_sequences
+    sequences, first = greedy_sequences(llm, PROMPTS[:8], 32)
+    result = teacher_forced_agreement(
+        reference,
+        reference,
+        sequences,
+        first,
+        backend="cpu",
         candidate_kv_cache_dtype=kv_cache_dtype,
     )
     print(kv_cache_dtype, result)
-    assert result.tokens == 32 * 64 and result.top1 >= threshold, result
+    assert result.tokens == 8 * 32 and result.top1 >= threshold, result

@@ -256,3 +256,60 @@ def test_kernel_long_prompts(dtype):
         np.testing.assert_allclose(
             np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]
         )
+
+
+@pytest.mark.parametrize(
+    "kv_cache_dtype, head_dim, page_size, soft_cap, sliding_window",
+    [("int8", 64, 8, None, None), ("fp8", 128, 4, 5.0, None), ("int8", 40, 8, None, 9)],
+)
+def test_kernel_on_8bit_pool_matches_reference_on_dequantised_pages(
+    kv_cache_dtype, head_dim, page_size, soft_cap, sliding_window
+):
+    """The kernel reads an 8-bit pool (codes + per-token group scales) and dequantises each key
+    block itself; the reference attends over the same pool dequantised."""
+    from tests.test_paged_attention_cpu import quantized_pool
+
+    rng = np.random.default_rng(head_dim)
+    q, k_pages, v_pages, *metadata = make_batch(
+        rng,
+        [1, 1, 1, 7, 12],
+        [0, page_size - 1, page_size, page_size + 3, 2 * page_size - 2],  # straddling pages
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=head_dim,
+        page_size=page_size,
+    )
+    k_pool, v_pool = (
+        quantized_pool(k_pages, kv_cache_dtype),
+        quantized_pool(v_pages, kv_cache_dtype),
+    )
+    every_page = jnp.arange(k_pages.shape[1], dtype=jnp.int32)
+    opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
+    out = ragged_paged_attention(q, k_pool, v_pool, *metadata, interpret=INTERPRET, **opts)
+    expected = ragged_paged_attention_reference(
+        q, k_pool.gather(every_page), v_pool.gather(every_page), *metadata, **opts
+    )
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), **TOLERANCE[jnp.float32])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_kernel_on_8bit_pool_lowers_for_cuda(kv_cache_dtype):
+    """Lowered only (no GPU here): Pallas emits the Triton kernel for the 8-bit pool, which
+    reaches it as codes and scales (no dequantised pool in the module)."""
+    from jaxgen.quantization import kv_cache
+
+    pool = kv_cache.pool_shapes(kv_cache_dtype, (8, 4096, 16, 128), jnp.bfloat16)
+    i32 = jnp.int32
+    shapes = (
+        jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16),
+        pool,
+        pool,
+        jax.ShapeDtypeStruct((64,), i32),
+        jax.ShapeDtypeStruct((64, 128), i32),
+        jax.ShapeDtypeStruct((65,), i32),
+        jax.ShapeDtypeStruct((1,), i32),
+    )
+    lowered = jax.jit(ragged_paged_attention).trace(*shapes).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+    assert "tensor<8x4096x16x128xbf16>" not in text and "tensor<8x4096x16x128xf32>" not in text

@@ -169,6 +169,27 @@ def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
     assert all(shape[0] == 2 for shape in gqa["4"]["params"]["kv_pool"]["shards"])
 
 
+def test_quantized_weights_stay_quantised_under_tensor_parallelism(mha_dir):
+    """int8 and int4 (group 32) weights placed on 2 simulated devices: still QuantizedWeights,
+    values and scales split along the same axis (columns for q_proj, the input dim for o_proj,
+    vocab for the tied embedding held as its head kernel), and the same tokens and logits as
+    one device; 4 devices would split o_proj's 2 groups mid-group: a ValueError naming it."""
+    result = run_worker("quantized_tp", {"mha": mha_dir, "kinds": ["int8", "int4"]}, num_devices=4)
+    for kind, row in result.items():
+        assert row["tokens"]["2"] == row["tokens"]["1"], kind
+        assert row["logits_max_diff"]["2"] < 1e-4, kind
+        placed = row["2"]
+        assert {case["type"] for case in placed.values()} == {"QuantizedWeight"}
+        values_rows = 64 if kind == "int8" else 32  # int4 packs two rows per byte
+        assert placed["q_proj"]["values"] == [[values_rows, 32]] * 2, kind
+        assert placed["q_proj"]["scales"] == [[2, 32]] * 2, kind
+        assert placed["o_proj"]["values"] == [[values_rows // 2, 64]] * 2, kind
+        assert placed["o_proj"]["scales"] == [[1, 64]] * 2, kind
+        assert placed["embedding"]["values"] == [[64, 49152 // 2]] * 2, kind  # int8 head
+        assert "layers.0.self_attn.o_proj.kernel" in row["degree4_error"], kind
+        assert "group boundaries" in row["degree4_error"], kind
+
+
 def test_streamed_weights_are_placed_as_xla_would_split_the_dot():
     """The pallas-tpu backend's weights inside shard_map: column-split (outputs split),
     depth-split (partial products summed over chips), replicated, and a vocab-split embedding

@@ -67,30 +67,29 @@ def select_backend(
 ) -> AttentionBackend:
     """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
     paired-layout pool sharding of a tensor-parallel engine, whose mesh and model axis the
-    TPU backend uses for its own layout. ``kv_cache_dtype`` "int8" / "fp8" (an 8-bit pool) is
-    supported by the paired-pool backends (reference, cpu) only."""
+    TPU backend uses for its own layout. ``kv_cache_dtype`` "int8" / "fp8" (an 8-bit pool):
+    every backend's kernels read it (reference and cpu: ``QuantizedPages``; pallas-tpu:
+    ``QuantizedKVPool``; pallas-gpu: ``QuantizedPages``)."""
     validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
-    if kv_cache_dtype != "auto":
-        if resolved not in ("reference", "cpu"):
-            raise ValueError(
-                f"kv_cache_dtype={kv_cache_dtype!r} is supported by the 'reference' and 'cpu' "
-                f"attention backends, not {resolved!r}"
-            )
-        return {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved](
-            kv_cache_dtype=kv_cache_dtype
-        )
     if resolved == "pallas-tpu":
         interpret = (platform or jax.default_backend()) == "cpu"
         if not sharded:
-            return PallasTPUBackend(interpret=interpret)
+            return PallasTPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype)
         return PallasTPUBackend(
-            mesh=kv_sharding.mesh, model_axis=kv_sharding.spec[0], interpret=interpret
+            mesh=kv_sharding.mesh,
+            model_axis=kv_sharding.spec[0],
+            interpret=interpret,
+            kv_cache_dtype=kv_cache_dtype,
         )
     if resolved == "pallas-gpu":
-        return PallasGPUBackend(interpret=(platform or jax.default_backend()) == "cpu")
-    return {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]()
+        return PallasGPUBackend(
+            interpret=(platform or jax.default_backend()) == "cpu", kv_cache_dtype=kv_cache_dtype
+        )
+    return {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved](
+        kv_cache_dtype=kv_cache_dtype
+    )
 
 
 __all__ = [

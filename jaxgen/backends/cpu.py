@@ -25,10 +25,10 @@ from jaxgen.backends.cpu_kernels import (
     can_pack_quantized,
     matmul_kernel_available,
     paged_attention_cpu,
+    paged_attention_cpu_quantized,
     quantized_matmul_available,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
-from jaxgen.backends.reference import ReferenceBackend
 from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import QuantizedPages
 
@@ -70,8 +70,11 @@ class CPUBackend(PairedPoolBackend):
         return pack_linear_weights(params), head
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
-        if isinstance(k_pages, QuantizedPages):  # no native 8-bit kernel yet: XLA's path
-            return ReferenceBackend.paged_attention(self, q, k_pages, v_pages, md, **opts)
         seq, position, real = row_sequences(md, q.shape[0])
         lengths = jnp.where(real, position + 1, 0).astype(jnp.int32)  # 0: a padding row
-        return paged_attention_cpu(q, k_pages, v_pages, lengths, md.block_tables[seq], **opts)
+        kernel = (
+            paged_attention_cpu_quantized
+            if isinstance(k_pages, QuantizedPages)
+            else paged_attention_cpu
+        )
+        return kernel(q, k_pages, v_pages, lengths, md.block_tables[seq], **opts)

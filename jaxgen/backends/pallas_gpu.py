@@ -1,5 +1,7 @@
 """The Pallas GPU backend: the ragged paged-attention kernel of ``pallas_kernels`` over every row of
-the step (Pallas's interpreter on CPU, which is how the tests run it)."""
+the step (Pallas's interpreter on CPU, which is how the tests run it). An 8-bit pool
+(``kv_cache_dtype`` "int8" / "fp8") reaches the kernel as codes and scales, dequantised per key
+block inside it."""
 
 from __future__ import annotations
 

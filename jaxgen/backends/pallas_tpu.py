@@ -12,28 +12,41 @@ holds exactly the head its query heads need (as vLLM does), rather than the whol
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.backends.base import AttentionBackend, replace_linear_kernels
+from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.backends.streamed_weight import StreamedWeight
+from jaxgen.quantization import is_quantized
+from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
+from pallas_kernels.tpu.kv_pool_quantized import (
+    QuantizedKVPool,
+    quantized_pool_shapes,
+    update_quantized_pool_tpu,
+)
 from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 
 
 @dataclasses.dataclass(frozen=True)
 class PallasTPUBackend(AttentionBackend):
     """``mesh``/``model_axis``: where the pool is split over KV heads (None: one device);
-    ``interpret``: run the kernels in Pallas's TPU interpreter (on CPU, for tests)."""
+    ``interpret``: run the kernels in Pallas's TPU interpreter (on CPU, for tests);
+    ``kv_cache_dtype`` "int8" / "fp8": each layer's pool is a ``QuantizedKVPool`` (8-bit codes
+    and per-token scales, dequantised in VMEM by the attention kernel)."""
 
     name = "pallas-tpu"
     full_width_tables = True
     mesh: Mesh | None = None
     model_axis: str | None = None
     interpret: bool = False
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self):
+        validate_kv_cache_dtype(self.kv_cache_dtype)
 
     @property
     def degree(self) -> int:
@@ -51,17 +64,25 @@ class PallasTPUBackend(AttentionBackend):
 
     def prepare_params(self, params, config):
         """``Linear`` kernels as ``StreamedWeight``s (streamed from HBM by a Pallas matmul in
-        decode steps), and a tied embedding wrapped, untransposed, as the LM head kernel."""
-        wrap = functools.partial(
-            StreamedWeight.wrap,
-            mesh=self.mesh,
-            model_axis=self.model_axis,
-            interpret=self.interpret,
-        )
-        head, embedding = None, params["embed_tokens"]["embedding"].get_value()
-        if config.tie_word_embeddings and _streamable(embedding):  # a quantised table: XLA's
-            head = wrap(embedding, transposed=True)
-        return replace_linear_kernels(params, lambda k: wrap(k) if _streamable(k) else None), head
+        decode steps; int8 / int4 ``QuantizedWeight``s as ``StreamedQuantizedWeight``s,
+        dequantised in VMEM), and a tied embedding wrapped, untransposed, as the LM head kernel
+        (a quantised table is held as its head kernel already)."""
+        placement = dict(mesh=self.mesh, model_axis=self.model_axis, interpret=self.interpret)
+
+        def wrap(kernel, transposed=False):
+            if is_quantized(kernel):
+                if kernel.kind not in ("int8", "int4"):
+                    return None  # fp8: XLA's dot on the dequantised weight
+                return StreamedQuantizedWeight.wrap(kernel, **placement)
+            if not _streamable(kernel):
+                return None
+            return StreamedWeight.wrap(kernel, transposed=transposed, **placement)
+
+        head = None
+        if config.tie_word_embeddings:
+            embedding = params["embed_tokens"]["embedding"].get_value()
+            head = wrap(embedding, transposed=not is_quantized(embedding))
+        return replace_linear_kernels(params, wrap), head
 
     def kv_heads_per_chip(self, config) -> int:
         """KV heads each chip holds: its share, or the one head its query heads read."""
@@ -76,26 +97,60 @@ class PallasTPUBackend(AttentionBackend):
         )
 
     def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
-        local = kv_pool_shape(
-            num_pages, page_size, self.kv_heads_per_chip(config), config.head_dim, dtype
-        )
+        heads = self.kv_heads_per_chip(config)
+        if self.kv_cache_dtype != "auto":
+            if page_size % 32:
+                raise ValueError(
+                    f"page_size={page_size}: an 8-bit pool on the pallas-tpu backend needs a "
+                    "multiple of 32 (int8 packs 32 rows in a tile)"
+                )
+            local = quantized_pool_shapes(
+                self.kv_cache_dtype, num_pages, page_size, heads, config.head_dim
+            )
+            pool = QuantizedKVPool(
+                *(
+                    jax.ShapeDtypeStruct(
+                        (*x.shape[:2], x.shape[2] * self.degree, *x.shape[3:]), x.dtype
+                    )
+                    for x in (local.codes, local.scales)
+                )
+            )
+            return [pool for _ in range(config.num_layers)]
+        local = kv_pool_shape(num_pages, page_size, heads, config.head_dim, dtype)
         shape = (local[0], local[1], local[2] * self.degree, local[3])
         return [jax.ShapeDtypeStruct(shape, dtype) for _ in range(config.num_layers)]
 
-    def kv_pool_spec(self, model_axis: str | None = None) -> PartitionSpec:
-        return PartitionSpec(None, None, model_axis or self.model_axis, None)
+    def kv_pool_spec(self, model_axis: str | None = None):
+        """The pool's partition spec (a ``QuantizedKVPool`` of specs for an 8-bit pool): split
+        over KV rows (codes) and their scale columns."""
+        axis = model_axis or self.model_axis
+        if self.kv_cache_dtype != "auto":
+            return QuantizedKVPool(
+                PartitionSpec(None, None, axis, None), PartitionSpec(None, None, axis)
+            )
+        return PartitionSpec(None, None, axis, None)
 
     def kv_pool_sharding(self, kv_sharding=None):
         if self.mesh is None:
             return None
-        return NamedSharding(self.mesh, self.kv_pool_spec())
+        return jax.tree_util.tree_map(
+            lambda spec: NamedSharding(self.mesh, spec),
+            self.kv_pool_spec(),
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
 
     def allocate_kv_pool(self, config, num_pages, page_size, dtype, kv_sharding=None) -> list:
         shapes = self.kv_pool_shapes(config, num_pages, page_size, dtype)
         sharding = self.kv_pool_sharding()
         out = []
         for shape in shapes:
-            make = lambda s=shape: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+
+            def make(shape=shape):
+                pool = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+                if isinstance(pool, QuantizedKVPool):  # unwritten slots: scale 1, code 0
+                    pool = dataclasses.replace(pool, scales=jnp.ones_like(pool.scales))
+                return pool
+
             out.append(jax.jit(make, out_shardings=sharding)() if sharding else make())
         return out
 
@@ -103,7 +158,11 @@ class PallasTPUBackend(AttentionBackend):
         num_kv_heads = k.shape[1]
 
         def local(q, k, v, kv_pages, slots, md):
-            kv_pages = update_kv_cache_tpu(kv_pages, k, v, slots, interpret=self.interpret_params)
+            if isinstance(kv_pages, QuantizedKVPool):
+                update = update_quantized_pool_tpu
+            else:
+                update = update_kv_cache_tpu
+            kv_pages = update(kv_pages, k, v, slots, interpret=self.interpret_params)
             out = ragged_paged_attention_tpu(
                 q,
                 kv_pages,

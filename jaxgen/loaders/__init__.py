@@ -9,7 +9,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from jaxgen.config import ModelConfig
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
@@ -19,7 +18,7 @@ from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.orbax_checkpoint import METADATA_FILE, load_orbax
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import params_from_hf_tensors
-from jaxgen.quantization import is_quantized, validate_quantization
+from jaxgen.quantization import validate_quantization
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -57,18 +56,12 @@ def load_model(
     ``quantization`` (``jaxgen.quantization.QUANTIZATION_CHOICES``): ``"auto"`` keeps a GGUF's
     Q8_0/Q4_0/Q4_1 tensors quantised and a float checkpoint float; ``"none"`` dequantises
     everything to ``dtype``; ``"int8"``, ``"int4"``, ``"fp8"`` quantise a float checkpoint's
-    linear layers (and embedding / LM head) at load. A sharded load (``place``) is float:
-    ``"auto"`` means ``"none"`` there, and a kind is a ``ValueError``.
+    linear layers (and embedding / LM head) at load. A sharded load (``place``: a sharding
+    plan) places quantised weights quantised, each split as its float kernel
+    (``ShardingPlan.place_quantized``).
     """
     start = time.perf_counter()
     validate_quantization(quantization)
-    if place is not None and quantization not in ("auto", "none"):
-        raise ValueError(
-            f"quantization={quantization!r} is not supported with tensor parallelism or "
-            "replicas yet; use quantization='none' or 'auto'"
-        )
-    if place is not None:
-        quantization = "none"
     path = resolve_model(model)
     jdtype = resolve_dtype(dtype)
     if os.path.isdir(path) and _is_orbax_dir(path):
@@ -110,27 +103,14 @@ def load_model(
     )
 
 
-def load_sharded(model, *, dtype, placement):
-    """Loads ``model`` (a name/path, or a ``LoadedModel`` to re-place) onto the first plan of
-    ``placement`` (a ``jaxgen.sharding.DeferredPlacement``)."""
+def load_sharded(model, *, dtype, placement, quantization: str = "auto"):
+    """Loads ``model`` (a name/path, or a ``LoadedModel`` to re-place, quantised weights
+    staying quantised) onto the first plan of ``placement`` (a
+    ``jaxgen.sharding.DeferredPlacement``)."""
     if isinstance(model, LoadedModel):
         plan = placement.bind(model.config)
-        params = plan.place_state(_float_params(model.params, model.dtype))
-        return dataclasses.replace(model, params=params, quantization="none")
-    return load_model(model, dtype=dtype, place=placement)
-
-
-def _float_params(params: nnx.State, dtype) -> nnx.State:
-    """``params`` with quantised weights dequantised to ``dtype``: sharded loads hold float
-    weights (as ``load_model`` does when it places them)."""
-    leaves = []
-    for path, var in nnx.to_flat_state(params):
-        value = var.get_value()
-        if is_quantized(value):
-            weight = value.dequantize(dtype)  # [in, out]; an embedding is held as its head kernel
-            var = var.replace(weight if path[-1] == "kernel" else weight.T)
-        leaves.append((path, var))
-    return nnx.from_flat_state(leaves)
+        return dataclasses.replace(model, params=plan.place_state(model.params))
+    return load_model(model, dtype=dtype, place=placement, quantization=quantization)
 
 
 def model_config_only(model: str | None) -> ModelConfig:

@@ -157,7 +157,9 @@ def params_from_hf_tensors(
     """Builds the parameter state by pulling each HF tensor through ``get_tensor(name)``.
 
     ``place(path, array)`` puts each converted array on device (default: ``jnp.asarray``), so a
-    sharded loader can place slices without materialising the whole tensor everywhere.
+    sharded loader can place slices without materialising the whole tensor everywhere; a
+    ``place`` with a ``place_quantized(path, weight)`` method (a ``ShardingPlan``) places the
+    ``QuantizedWeight``s too, each leaf split as its float kernel would be.
     Quantisable parameters (every ``Linear`` kernel, and an ``Embedding`` table, held then as
     its ``[hidden, vocab]`` head kernel) become ``QuantizedWeight``s: as the checkpoint stores
     them when ``get_quantized(name)`` returns one (a GGUF's Q8_0/Q4_0/Q4_1 under
@@ -178,7 +180,12 @@ def params_from_hf_tensors(
             kernel_shape = expected if path[-1] == "kernel" else expected[::-1]  # [in, out]
             weight = _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantized)
             if weight is not None:
-                leaves.append((path, var.replace(jax.tree.map(jnp.asarray, weight))))
+                place_quantized = getattr(place, "place_quantized", None)  # a sharding plan's
+                if place_quantized is not None:
+                    weight = place_quantized(path, weight)
+                else:
+                    weight = jax.tree.map(jnp.asarray, weight)
+                leaves.append((path, var.replace(weight)))
                 continue
         arr = read_parameter(config, path, get_tensor)
         if tuple(arr.shape) != expected:

@@ -38,6 +38,7 @@ from pallas_kernels.tpu.kv_cache_update import (
     dtype_packing,
     padded_head_dim,
 )
+from pallas_kernels.tpu.kv_pool_quantized import QuantizedKVPool, scale_columns, scale_groups
 from pallas_kernels.tpu.ragged_paged_attention_sizes import (
     attention_cost,
     cdiv,
@@ -45,6 +46,7 @@ from pallas_kernels.tpu.ragged_paged_attention_sizes import (
     sublane_rows,
 )
 
+CODE_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 VMEM_SCOPED_DEFAULT = 16 * 1024 * 1024  # v5e scoped default; above it we raise the limit.
 
@@ -55,25 +57,28 @@ def _attention_kernel(
     block_tables_ref,  # [max_seqs * pages_per_seq], flattened
     cu_q_lens_ref,  # [max_seqs + 1]
     num_seqs_ref,  # [1]
-    # Inputs.
-    q_ref,  # [block_q, Hq, Dp]
-    kv_hbm_ref,  # [P, S, C, Dp] in HBM
-    # Output.
-    out_ref,  # [block_q, Hq, Dp]
-    # Scratch.
-    kv_buf,  # [2, n, S, C, Dp] double-buffered KV slab
-    sems,  # DMA [2]
-    m_ref,  # [Hkv, rows, 128] f32 running max (lane-broadcast)
-    l_ref,  # [Hkv, rows, 128] f32 running sum (lane-broadcast)
-    acc_ref,  # [Hkv, rows, Dp] f32 unnormalized output
-    *,
+    # Inputs: q_ref [block_q, Hq, Dp]; kv_hbm_ref [P, S, C, Dp] in HBM; with an 8-bit pool
+    # (``scale_groups``), scales_hbm_ref [P, S, Ls] float32 in HBM.
+    # Output: out_ref [block_q, Hq, Dp].
+    # Scratch: kv_buf [2, n, S, C, Dp] double-buffered KV slab; sems DMA [2]; with an 8-bit pool
+    # scale_buf [2, n, S, Ls] and scale_sems DMA [2]; m_ref / l_ref [Hkv, rows, 128] f32
+    # running max / sum (lane-broadcast); acc_ref [Hkv, rows, Dp] f32 unnormalized output.
+    *refs,
     group: int,
     block_q: int,
     pages_per_seq: int,
     scale: float,
     soft_cap: float | None,
     sliding_window: int | None,
+    scale_groups: int | None = None,
+    head_dim_real: int | None = None,
 ):
+    quantized = scale_groups is not None
+    if quantized:
+        (q_ref, kv_hbm_ref, scales_hbm_ref, out_ref, kv_buf, sems, scale_buf, scale_sems) = refs[:8]
+    else:
+        (q_ref, kv_hbm_ref, out_ref, kv_buf, sems) = refs[:5]
+    m_ref, l_ref, acc_ref = refs[-3:]
     num_kv_heads, rows, head_dim = acc_ref.shape
     _, pages_per_block, page_size, num_rows, _ = kv_buf.shape
     num_pages = kv_hbm_ref.shape[0]
@@ -126,6 +131,11 @@ def _attention_kernel(
             page_id = jnp.clip(page_id, 0, num_pages - 1)
             copy = pltpu.make_async_copy(kv_hbm_ref.at[page_id], kv_buf.at[slot, i], sems.at[slot])
             copies.append((needed, copy))
+            if quantized:  # the page's scales beside its codes
+                scales = pltpu.make_async_copy(
+                    scales_hbm_ref.at[page_id], scale_buf.at[slot, i], scale_sems.at[slot]
+                )
+                copies.append((needed, scales))
         return copies
 
     def start_fetch(seq, kv_block, slot):
@@ -136,8 +146,24 @@ def _attention_kernel(
         for needed, copy in page_copies(seq, kv_block, slot):
             pl.when(needed)(copy.wait)
 
+    def dequantize(slot, row):
+        """Row ``row`` of the 8-bit slab as q's dtype: codes times their 32-lane group's scale
+        ([block_k, Dp]), in VMEM."""
+        codes = kv_buf[slot, :, :, row, :].reshape(block_k, head_dim).astype(jnp.float32)
+        scales = scale_buf[slot, :, :, row * scale_groups : (row + 1) * scale_groups]
+        scales = scales.reshape(block_k, scale_groups)  # [block_k, G]
+        lane_group = lax.broadcasted_iota(jnp.int32, (1, head_dim), 1) // (
+            head_dim_real // scale_groups
+        )
+        full = scales[:, :1]
+        for g in range(1, scale_groups):
+            full = jnp.where(lane_group == g, scales[:, g : g + 1], full)  # [block_k, Dp]
+        return (codes * full).astype(q_ref.dtype)
+
     def load_head(slot, head):
         """K and V of one head from the slab: 2 x [block_k, Dp] (sublane-indexed loads)."""
+        if quantized:
+            return dequantize(slot, 2 * head), dequantize(slot, 2 * head + 1)
         k = kv_buf[slot, :, :, 2 * head, :].reshape(block_k, head_dim)
         v = kv_buf[slot, :, :, 2 * head + 1, :].reshape(block_k, head_dim)
         return k, v
@@ -221,6 +247,7 @@ def _attention_kernel(
 def _validate(
     q,
     kv_pages,
+    kv_scales,
     kv_lens,
     block_tables,
     cu_q_lens,
@@ -241,9 +268,18 @@ def _validate(
         raise ValueError(f"q must be float32 or bfloat16, got {q.dtype}")
     if kv_pages.ndim != 4:
         raise ValueError(f"kv_pages must be [P, S, 2 * Hkv_p, Dp], got shape {kv_pages.shape}")
-    if kv_pages.dtype != q.dtype:
-        raise ValueError(f"kv_pages dtype {kv_pages.dtype} must match q dtype {q.dtype}")
     _, num_q_heads, head_dim = q.shape
+    if kv_scales is None and kv_pages.dtype != q.dtype:
+        raise ValueError(f"kv_pages dtype {kv_pages.dtype} must match q dtype {q.dtype}")
+    if kv_scales is not None:
+        if kv_pages.dtype not in CODE_DTYPES:
+            raise ValueError(f"kv_pages codes must be int8 or float8_e4m3fn, got {kv_pages.dtype}")
+        expected = (*kv_pages.shape[:2], scale_columns(kv_pages.shape[2], head_dim))
+        if kv_scales.shape != expected or kv_scales.dtype != jnp.float32:
+            raise ValueError(
+                f"kv_pages scales must be float32 {expected}, got {kv_scales.dtype} "
+                f"{kv_scales.shape}"
+            )
     _, page_size, num_rows, head_dim_padded = kv_pages.shape
     packing = dtype_packing(kv_pages.dtype)
     if num_rows % 2 or num_rows % packing or not _tile_friendly(num_rows // packing):
@@ -319,6 +355,7 @@ def _validate(
 def _ragged_paged_attention(
     q,
     kv_pages,
+    kv_scales,
     kv_lens,
     block_tables,
     cu_q_lens,
@@ -340,13 +377,17 @@ def _ragged_paged_attention(
     padded_tokens = cdiv(num_tokens, block_q) * block_q
     rows = block_q * group
     itemsize = q.dtype.itemsize
+    quantized = kv_scales is not None
+    groups = scale_groups(head_dim) if quantized else None
+    columns = scale_columns(num_rows, head_dim) if quantized else 0
 
     q_padded = jnp.pad(
         q, ((0, padded_tokens - num_tokens), (0, 0), (0, head_dim_padded - head_dim))
     )  # [T_pad, Hq, Dp], no copy when nothing is padded
 
     block_k = pages_per_block * page_size
-    slab_bytes = pages_per_block * page_size * num_rows * head_dim_padded * itemsize
+    slab_bytes = pages_per_block * page_size * num_rows * head_dim_padded * kv_pages.dtype.itemsize
+    slab_bytes += pages_per_block * page_size * columns * 4
     vmem_bytes = (
         2 * slab_bytes  # KV double buffer
         + 4 * block_q * num_q_heads * head_dim_padded * itemsize  # q and out, double-buffered
@@ -365,6 +406,8 @@ def _ragged_paged_attention(
         scale=float(scale),
         soft_cap=None if soft_cap is None else float(soft_cap),
         sliding_window=sliding_window,
+        scale_groups=groups,
+        head_dim_real=head_dim if quantized else None,
     )
     q_spec = pl.BlockSpec((block_q, num_q_heads, head_dim_padded), lambda i, *_: (i, 0, 0))
     out = pl.pallas_call(
@@ -372,13 +415,21 @@ def _ragged_paged_attention(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=4,
             grid=(padded_tokens // block_q,),
-            in_specs=[q_spec, pl.BlockSpec(memory_space=pl.ANY)],
+            in_specs=[q_spec] + [pl.BlockSpec(memory_space=pl.ANY)] * (2 if quantized else 1),
             out_specs=q_spec,
             scratch_shapes=[
                 pltpu.VMEM(
                     (2, pages_per_block, page_size, num_rows, head_dim_padded), kv_pages.dtype
                 ),
                 pltpu.SemaphoreType.DMA((2,)),
+                *(
+                    [
+                        pltpu.VMEM((2, pages_per_block, page_size, columns), jnp.float32),
+                        pltpu.SemaphoreType.DMA((2,)),
+                    ]
+                    if quantized
+                    else []
+                ),
                 pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, head_dim_padded), jnp.float32),
@@ -389,17 +440,33 @@ def _ragged_paged_attention(
             dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes
         ),
         cost_estimate=attention_cost(
-            num_tokens, num_q_heads, head_dim, kv_pages.shape, itemsize, max_seqs, pages_per_seq
+            num_tokens,
+            num_q_heads,
+            head_dim,
+            kv_pages.shape,
+            itemsize,
+            max_seqs,
+            pages_per_seq,
+            kv_itemsize=kv_pages.dtype.itemsize,
+            scale_bytes_per_page=page_size * columns * 4,
         ),
         interpret=interpret,
-        name="ragged_paged_attention",
-    )(kv_lens, block_tables.reshape(-1), cu_q_lens, num_seqs, q_padded, kv_pages)
+        name="ragged_paged_attention_quantized" if quantized else "ragged_paged_attention",
+    )(
+        kv_lens,
+        block_tables.reshape(-1),
+        cu_q_lens,
+        num_seqs,
+        q_padded,
+        kv_pages,
+        *([kv_scales] if quantized else []),
+    )
     return out[:num_tokens, :, :head_dim]
 
 
 def ragged_paged_attention_tpu(
     q: jax.Array,  # [T, Hq, D]
-    kv_pages: jax.Array,  # [P, S, 2 * Hkv_p, Dp]
+    kv_pages,  # [P, S, 2 * Hkv_p, Dp] array, or a QuantizedKVPool (8-bit codes + scales)
     kv_lens: jax.Array,  # [max_seqs] int32
     block_tables: jax.Array,  # [max_seqs, pages_per_seq] int32
     cu_q_lens: jax.Array,  # [max_seqs + 1] int32
@@ -419,11 +486,16 @@ def ragged_paged_attention_tpu(
     Rows past ``cu_q_lens[num_seqs]`` and rows of empty sequences are zeros. ``num_kv_heads`` is
     only needed when the pool carries padding heads (default: ``kv_pages.shape[2] // 2``). Block
     sizes default to :func:`default_block_sizes`; the VMEM limit is raised only when the estimate
-    exceeds 3/4 of the 16 MiB scoped default.
+    exceeds 3/4 of the 16 MiB scoped default. An 8-bit pool (``QuantizedKVPool``) is DMA'd as
+    codes and scales and dequantised in VMEM; its page_size must fill int8's 32-row tiles.
     """
+    kv_scales = None
+    if isinstance(kv_pages, QuantizedKVPool):
+        kv_pages, kv_scales = kv_pages.codes, kv_pages.scales
     num_kv_heads = _validate(
         q,
         kv_pages,
+        kv_scales,
         kv_lens,
         block_tables,
         cu_q_lens,
@@ -450,6 +522,7 @@ def ragged_paged_attention_tpu(
     return _ragged_paged_attention(
         q,
         kv_pages,
+        kv_scales,
         kv_lens,
         block_tables,
         cu_q_lens,

@@ -48,8 +48,12 @@ def attention_cost(
     itemsize: int,
     max_seqs: int,
     pages_per_seq: int,
+    *,
+    kv_itemsize: int | None = None,
+    scale_bytes_per_page: int = 0,
 ) -> pl.CostEstimate:
-    """Static cost of one call.
+    """Static cost of one call (``itemsize``: q's; ``kv_itemsize``: the pool's, default q's;
+    ``scale_bytes_per_page``: an 8-bit pool's scales, read with each page).
 
     KV bytes: every page a live sequence can own is read once, i.e. ``min(max_seqs, T) *
     pages_per_seq`` pages (at most T sequences have queries), capped at the pool size. For a
@@ -58,7 +62,8 @@ def attention_cost(
     is not counted (prefill is compute-bound). Flops assume every query sees every page.
     """
     num_pages, page_size, num_rows, head_dim_padded = kv_pages_shape
-    page_bytes = page_size * num_rows * head_dim_padded * itemsize
+    page_bytes = page_size * num_rows * head_dim_padded * (kv_itemsize or itemsize)
+    page_bytes += scale_bytes_per_page
     kv_pages_read = min(min(max_seqs, num_tokens) * pages_per_seq, num_pages)
     keys = pages_per_seq * page_size
     q_bytes = num_tokens * num_q_heads * head_dim_padded * itemsize

@@ -1,7 +1,8 @@
 """The native XLA:CPU kernels of the "cpu" backend: C++ under ``native/``, built on first use
 (``build``) and called through the XLA FFI.
 
-- ``paged_attention``: paged decode attention (``paged_attention_cpu``).
+- ``paged_attention``: paged decode attention over a float32 or 8-bit pool
+  (``paged_attention_cpu``, ``paged_attention_cpu_quantized``).
 - ``matmul``: float32 matmul over panel-packed weights (``PackedWeight``, ``matmul_cpu``).
 - ``matmul_quantized``: int8 / int4 matmul dequantising in registers (``PackedQuantizedWeight``).
 """
@@ -21,7 +22,11 @@ from jaxgen.backends.cpu_kernels.matmul_quantized import (
     matmul_quantized_cpu_group,
     quantized_matmul_available,
 )
-from jaxgen.backends.cpu_kernels.paged_attention import cpu_kernel_available, paged_attention_cpu
+from jaxgen.backends.cpu_kernels.paged_attention import (
+    cpu_kernel_available,
+    paged_attention_cpu,
+    paged_attention_cpu_quantized,
+)
 
 __all__ = [
     "PackedQuantizedWeight",
@@ -36,5 +41,6 @@ __all__ = [
     "matmul_kernel_available",
     "pack_weight",
     "paged_attention_cpu",
+    "paged_attention_cpu_quantized",
     "unpack_weight",
 ]

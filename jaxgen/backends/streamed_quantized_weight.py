@@ -1,0 +1,148 @@
+"""The pallas-tpu backend's quantised ``Linear`` kernels: int8 / int4 codes and scales streamed
+from HBM by ``pallas_kernels.tpu.streamed_matmul_quantized`` and dequantised in VMEM.
+
+``StreamedQuantizedWeight`` wraps a ``QuantizedWeight`` as ``StreamedWeight`` wraps a float
+kernel: decode-sized products run the Pallas kernel (inside ``jax.shard_map`` with the weight's
+own split under tensor parallelism: columns split give split outputs, a depth split sums partial
+products), larger ones XLA's dot on the dequantised weight. Its scales (and mins) are held in
+float32 (Mosaic has no float16 vectors on v5e; the conversion is exact) and its columns padded
+so that each chip's share tiles in 128 lanes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from jaxgen.backends.streamed_weight import MAX_STREAMED_ROWS, _pad, _split
+from jaxgen.quantization.quantized_weight import QuantizedWeight
+from pallas_kernels.tpu.streamed_matmul import LANES
+from pallas_kernels.tpu.streamed_matmul_quantized import (
+    streamed_matmul_quantized_plan,
+    streamed_matmul_quantized_tpu,
+)
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["weight"],
+    meta_fields=["columns", "split", "mesh", "model_axis", "interpret"],
+)
+@dataclasses.dataclass(frozen=True)
+class StreamedQuantizedWeight:
+    """``weight``: the quantised [K, N'] kernel (float32 scales, N' >= ``columns`` padded);
+    ``split``: "depth", "columns" or None over ``model_axis`` of ``mesh``."""
+
+    weight: QuantizedWeight
+    columns: int
+    split: str | None = None
+    mesh: Mesh | None = None
+    model_axis: str | None = None
+    interpret: bool = False
+
+    @classmethod
+    def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):
+        """``weight`` (arrays, or ``ShapeDtypeStruct``s ahead of time) in the kernel's form."""
+        split = _split(weight.values, mesh, model_axis, 0)
+        degree = mesh.shape[model_axis] if split == "columns" else 1
+        depth, columns = weight.shape
+        padded = -(-columns // (LANES * degree)) * LANES * degree
+
+        def prepare(leaf, is_float):
+            if is_float and leaf.dtype != jnp.float32:
+                leaf = _as_float32(leaf)
+            return _pad(leaf, 1, padded - columns) if padded != columns else leaf
+
+        weight = dataclasses.replace(
+            weight,
+            values=prepare(weight.values, False),
+            scales=prepare(weight.scales, True),
+            mins=None if weight.mins is None else prepare(weight.mins, True),
+            shape=(depth, padded),
+        )
+        return cls(weight, columns, split, mesh, model_axis, interpret)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.weight.shape[0], self.columns)
+
+    @property
+    def dtype(self):
+        return self.weight.dtype
+
+    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ dequant(w)`` ([..., K] -> [..., N])."""
+        depth, columns = self.shape
+        rows = math.prod(x.shape[:-1])
+        if not self._streams(rows, x.dtype):
+            return self.weight.matmul(x)[..., :columns]
+        interpret = False
+        if self.interpret:
+            from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
+
+            interpret = pltpu.InterpretParams()
+        product = functools.partial(streamed_matmul_quantized_tpu, interpret=interpret)
+        x2 = x.reshape(rows, depth)
+        out = product(x2, self.weight) if self.mesh is None else self._sharded(product, x2)
+        return out[:, :columns].reshape(*x.shape[:-1], columns)
+
+    def _local_shape(self) -> tuple[int, int]:
+        depth, padded = self.weight.shape
+        if self.split is None:
+            return depth, padded
+        degree = self.mesh.shape[self.model_axis]
+        return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
+
+    def _streams(self, rows: int, dtype) -> bool:
+        if rows > MAX_STREAMED_ROWS or self.weight.kind not in ("int8", "int4"):
+            return False
+        if dtype not in (jnp.bfloat16, jnp.float32):
+            return False
+        depth, columns = self._local_shape()
+        return (
+            streamed_matmul_quantized_plan(rows, depth, columns, self.weight.group_size) is not None
+        )
+
+    def _sharded(self, product, x2):
+        """The product inside ``shard_map`` (each chip its share of codes and scales)."""
+        axis, split = self.model_axis, self.split
+        depth_spec = axis if split == "depth" else None
+        column_spec = axis if split == "columns" else None
+        leaf_spec = PartitionSpec(depth_spec, column_spec)
+        local_shape = self._local_shape()
+        weight = self.weight
+
+        leaves = [weight.values, weight.scales] + ([weight.mins] if weight.mins is not None else [])
+
+        def local(x, values, scales, *mins):
+            w = dataclasses.replace(
+                weight,
+                values=values,
+                scales=scales,
+                mins=mins[0] if mins else None,
+                shape=local_shape,
+            )
+            out = product(x, w)
+            return jax.lax.psum(out, axis) if split == "depth" else out
+
+        return jax.shard_map(
+            local,
+            mesh=self.mesh,
+            in_specs=(PartitionSpec(None, depth_spec), *[leaf_spec] * len(leaves)),
+            out_specs=PartitionSpec(None, column_spec),
+            check_vma=False,
+        )(x2, *leaves)
+
+
+def _as_float32(leaf):
+    """``leaf`` in float32, same sharding (a ``ShapeDtypeStruct`` ahead of time)."""
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(leaf.shape, jnp.float32, sharding=leaf.sharding)
+    sharding = getattr(leaf, "sharding", None)
+    convert = functools.partial(jnp.asarray, dtype=jnp.float32)
+    return jax.jit(convert, out_shardings=sharding)(leaf) if sharding is not None else convert(leaf)
