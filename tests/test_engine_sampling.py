@@ -196,6 +196,7 @@ def test_async_streaming_and_abort(tiny_loaded):
     assert stats["kv_pages_used"] == 0 and stats["num_running"] == 0
 
 
+@pytest.mark.slow
 def test_pallas_backend_matches_reference_with_small_chunks(tiny_loaded):
     """Through the engine: Pallas kernels (interpret mode on CPU) give the reference's tokens."""
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]

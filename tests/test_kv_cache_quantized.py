@@ -39,6 +39,7 @@ def _prompts(count=5):
     return [shared + rng.integers(0, 1000, int(n)).tolist() for n in (5, 12, 3, 9, 7)[:count]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype, backend",
     [("int8", "reference")]

@@ -86,6 +86,7 @@ def test_notebook_scales_from_one_variable(path):
     assert any('SCALE = "small"' in s for s in sources)
 
 
+@pytest.mark.slow
 def test_quickstart_runs_on_default_model(monkeypatch):
     nb = _execute(NOTEBOOK_DIR / "01_quickstart.ipynb", monkeypatch, None)
     text = _text_outputs(nb)

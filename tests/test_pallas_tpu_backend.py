@@ -37,6 +37,7 @@ def tiny_loaded(tiny_model_dir):
     return load_model(tiny_model_dir)
 
 
+@pytest.mark.slow
 def test_engine_greedy_tokens_match_reference(tiny_loaded):
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -100,6 +101,7 @@ def test_default_model_compiles_for_v5e_1_within_the_floor():
     assert step["bytes_accessed"] <= 1.25 * (chip["weights"] + padded_kv)  # 1.16x at e22a567
 
 
+@pytest.mark.slow
 @needs_libtpu
 @pytest.mark.tpu_compile
 def test_llama3_8b_shape_compiles_for_v5e_4(tmp_path):

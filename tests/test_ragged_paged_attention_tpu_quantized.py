@@ -53,8 +53,30 @@ def filled_pool(rng, kind, num_pages, page_size, num_kv_heads, head_dim, dtype):
 CASES = [
     # (kind, dtype, Hq, Hkv, D, page_size, soft_cap, sliding_window)
     pytest.param("int8", jnp.float32, 8, 2, 64, 32, None, None, id="int8-f32-gqa4-d64"),
-    pytest.param("fp8", jnp.float32, 4, 1, 128, 32, 5.0, None, id="fp8-f32-mqa-d128-softcap"),
-    pytest.param("int8", jnp.bfloat16, 4, 1, 128, 32, None, 40, id="int8-bf16-mqa-d128-window"),
+    pytest.param(
+        "fp8",
+        jnp.float32,
+        4,
+        1,
+        128,
+        32,
+        5.0,
+        None,
+        id="fp8-f32-mqa-d128-softcap",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "int8",
+        jnp.bfloat16,
+        4,
+        1,
+        128,
+        32,
+        None,
+        40,
+        id="int8-bf16-mqa-d128-window",
+        marks=pytest.mark.slow,
+    ),
 ]
 
 

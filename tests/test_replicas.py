@@ -124,6 +124,7 @@ def test_replicas_need_enough_devices(tiny_model_dir):
         LLM(tiny_model_dir, data_parallel_size=2)
 
 
+@pytest.mark.slow
 def test_two_replicas_of_degree_2_match_one(tmp_path, smollm2_tokenizer):
     model = save_tiny_model(
         str(tmp_path / "gqa"), smollm2_tokenizer, num_attention_heads=8, num_key_value_heads=2

@@ -133,7 +133,15 @@ def test_regex_choice_and_json_object_on_completions(oai):
         prompt="JSON:",
         max_tokens=40,
         temperature=0.0,
-        extra_body={"structured_outputs": {"json": {"type": "array", "maxItems": 2}}},
+        extra_body={  # items bounded, so the random model's array always completes
+            "structured_outputs": {
+                "json": {
+                    "type": "array",
+                    "maxItems": 2,
+                    "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                }
+            }
+        },
         stream=True,
     )
     text = "".join(chunk.choices[0].text for chunk in streamed)

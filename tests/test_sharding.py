@@ -169,6 +169,7 @@ def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
     assert all(shape[0] == 2 for shape in gqa["4"]["params"]["kv_pool"]["shards"])
 
 
+@pytest.mark.slow
 def test_quantized_weights_stay_quantised_under_tensor_parallelism(mha_dir):
     """int8 and int4 (group 32) weights placed on 2 simulated devices: still QuantizedWeights,
     values and scales split along the same axis (columns for q_proj, the input dim for o_proj,

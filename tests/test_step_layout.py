@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -135,6 +136,7 @@ def test_precompile_covers_every_shape(tiny_model_dir):
         for m in rng.integers(1, 20, 12)
     ]
     knobs = dict(max_model_len=128, max_rolling_batch_size=8, max_rolling_batch_prefill_tokens=64)
+    jax.clear_caches()  # engines over one model share executables: earlier tests may hold these
     llm = LLM(tiny_model_dir, precompile=True, **knobs)
     stats = llm.stats()
     buckets = llm.engine.layout.token_buckets
@@ -153,6 +155,7 @@ def test_precompile_covers_every_shape(tiny_model_dir):
     ]
 
 
+@pytest.mark.slow
 def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir):
     llm = LLM(tiny_model_dir, attention_backend="reference", max_model_len=64)
     layout = llm.engine.layout
