@@ -314,14 +314,18 @@ async def chat_completions(request: Request) -> Response:
     return await serve(request, parse_chat, ChatFormat)
 
 
+def check_model(state, model) -> None:
+    """A ``model`` the server does not serve is a 404 (``model_not_found``), as OpenAI's API."""
+    if isinstance(model, str) and not state.settings.serves_model(model):
+        raise RequestError(
+            f"The model `{model}` does not exist.", param="model", kind="model_not_found"
+        )
+
+
 async def serve(request: Request, parse, format_class) -> Response:
     try:
         state, body = await accept(request)
-        model = body.get("model")
-        if isinstance(model, str) and not state.settings.serves_model(model):
-            raise RequestError(
-                f"The model `{model}` does not exist.", param="model", kind="model_not_found"
-            )
+        check_model(state, body.get("model"))
         parsed = parse(state, body)
         constraint = parsed.params[0].structured_outputs
         param = constraint_param(parsed.tools) or constraint_field(body)

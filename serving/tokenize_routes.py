@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.common import accept
-from serving.openai_routes import chat_messages, openai_error
+from serving.openai_routes import chat_messages, check_model, openai_error
 from serving.validation import Fields, RequestError, check_token_ids
 
 
@@ -17,11 +17,7 @@ async def tokenize(request: Request) -> Response:
     try:
         state, body = await accept(request)
         fields = Fields(body)
-        model = fields.string("model")
-        if model is not None and not state.settings.serves_model(model):
-            raise RequestError(
-                f"The model `{model}` does not exist.", param="model", kind="model_not_found"
-            )
+        check_model(state, fields.string("model"))
         tokenizer = state.llm.tokenizer
         if "messages" in body:
             messages = chat_messages(fields)
@@ -60,11 +56,7 @@ async def detokenize(request: Request) -> Response:
     try:
         state, body = await accept(request)
         fields = Fields(body)
-        model = fields.string("model")
-        if model is not None and not state.settings.serves_model(model):
-            raise RequestError(
-                f"The model `{model}` does not exist.", param="model", kind="model_not_found"
-            )
+        check_model(state, fields.string("model"))
         tokens = body.get("tokens")
         if tokens != []:
             tokens = check_token_ids(tokens, state.limits.vocab_size, "tokens")
