@@ -23,23 +23,37 @@ def generate(llm, prompts=PROMPTS, **sampling) -> list[list[int]]:
 
 
 def shard_shapes(array) -> list[list[int]]:
-    return [list(shard.data.shape) for shard in array.addressable_shards]
+    """Each device's shard shape; a quantised kernel's in its logical [K, N] (int4 packs two
+    rows per byte)."""
+    from jaxgen.quantization.quantized_weight import is_quantized
+
+    rows_per_value_row = 1
+    if is_quantized(array):
+        rows_per_value_row = array.shape[0] // array.values.shape[0]
+        array = array.values
+    return [
+        [shard.data.shape[0] * rows_per_value_row, *shard.data.shape[1:]]
+        for shard in array.addressable_shards
+    ]
 
 
 def param_report(llm) -> dict:
     """Spec and per-device shard shapes of representative weights and the KV pool."""
     layer = llm.params["layers"][0]
     arrays = {
-        "q_proj": layer["self_attn"]["q_proj"]["kernel"][...],
-        "k_proj": layer["self_attn"]["k_proj"]["kernel"][...],
-        "o_proj": layer["self_attn"]["o_proj"]["kernel"][...],
-        "up_proj": layer["mlp"]["up_proj"]["kernel"][...],
-        "down_proj": layer["mlp"]["down_proj"]["kernel"][...],
-        "embedding": llm.params["embed_tokens"]["embedding"][...],
+        "q_proj": layer["self_attn"]["q_proj"]["kernel"].get_value(),
+        "k_proj": layer["self_attn"]["k_proj"]["kernel"].get_value(),
+        "o_proj": layer["self_attn"]["o_proj"]["kernel"].get_value(),
+        "up_proj": layer["mlp"]["up_proj"]["kernel"].get_value(),
+        "down_proj": layer["mlp"]["down_proj"]["kernel"].get_value(),
+        "embedding": llm.params["embed_tokens"]["embedding"].get_value(),
         "kv_pool": llm.engine.runner.kv_cache[0][0],
     }
     return {
-        name: {"spec": str(getattr(a.sharding, "spec", None)), "shards": shard_shapes(a)}
+        name: {
+            "spec": str(getattr(getattr(a, "values", a).sharding, "spec", None)),
+            "shards": shard_shapes(a),
+        }
         for name, a in arrays.items()
     }
 
