@@ -103,26 +103,15 @@ def distributed_setup(environ: Mapping[str, str]) -> DistributedSetup | None:
         if present and len(present) < len(names):
             missing = ", ".join(name for name in names if name not in environ)
             raise ValueError(f"{', '.join(present)} set without {missing}")
-    if "JAX_COORDINATOR_ADDRESS" in environ:
-        setup = DistributedSetup(
-            coordinator_address=_with_port(
-                environ["JAX_COORDINATOR_ADDRESS"], environ, "JAX_COORDINATOR_ADDRESS"
-            ),
-            num_processes=_int(environ, "JAX_NUM_PROCESSES", 1),
-            process_id=_int(environ, "JAX_PROCESS_ID", 0),
-            source="jax",
-        )
-        return _checked(setup, "JAX_PROCESS_ID")
-    if "LWS_LEADER_ADDRESS" in environ:
-        setup = DistributedSetup(
-            coordinator_address=_with_port(
-                environ["LWS_LEADER_ADDRESS"], environ, "LWS_LEADER_ADDRESS"
-            ),
-            num_processes=_int(environ, "LWS_GROUP_SIZE", 1),
-            process_id=_int(environ, "LWS_WORKER_INDEX", 0),
-            source="lws",
-        )
-        return _checked(setup, "LWS_WORKER_INDEX")
+    for (address, size, index), source in ((jax_names, "jax"), (lws_names, "lws")):
+        if address in environ:
+            setup = DistributedSetup(
+                coordinator_address=_with_port(environ[address], environ, address),
+                num_processes=_int(environ, size, 1),
+                process_id=_int(environ, index, 0),
+                source=source,
+            )
+            return _checked(setup, index)
     if "TPU_WORKER_HOSTNAMES" in environ:
         hosts = [h for h in environ["TPU_WORKER_HOSTNAMES"].split(",") if h.strip()]
         if not hosts:
