@@ -14,6 +14,7 @@ from flax import nnx
 from jaxgen.backends.cpu import pack_linear_weights
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
+    can_pack_quantized,
     matmul_quantized_cpu_group,
     quantized_matmul_available,
 )
@@ -31,6 +32,7 @@ SPECS = {
     "int4-g32": QuantizationSpec(kind="int4", group_size=32),
     "int4-g32-min": QuantizationSpec(kind="int4", group_size=32, asymmetric=True),
     "int4-g128-min": QuantizationSpec(kind="int4", group_size=128, asymmetric=True),
+    "int4-g8-min": QuantizationSpec(kind="int4", group_size=8, asymmetric=True),
 }
 
 
@@ -81,6 +83,17 @@ def test_group_and_live_rows():
         matmul_quantized_cpu_group(x[:, :64], packed[:1])
     with pytest.raises(ValueError, match="live_rows"):
         matmul_quantized_cpu_group(x, packed[:1], live_rows=live[:1])
+
+
+def test_int4_groups_that_split_a_lane_keep_xlas_path():
+    """int4 panels hold 8 rows per 32-bit lane: groups of 2, 4 or 6 rows stay unpacked."""
+    rng = np.random.default_rng(3)
+    spec = QuantizationSpec(kind="int4", group_size=4, asymmetric=True)
+    weight = quantize_kernel(rng.standard_normal((64, 32)), spec)
+    assert not can_pack_quantized(weight)
+    with pytest.raises(ValueError, match="groups of 4"):
+        PackedQuantizedWeight.pack(weight)
+    assert can_pack_quantized(quantize_kernel(rng.standard_normal((64, 32)), SPECS["int4-g8-min"]))
 
 
 def test_fp8_and_float32_scales_are_refused():

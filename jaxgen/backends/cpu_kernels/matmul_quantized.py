@@ -3,7 +3,8 @@
 ``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8, or int4 with or without minimums,
 float16 scales) repacked into 16-column panels (``native/matmul_quantized.h``) that the kernel
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
-weight. Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
+weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
+8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
 through ``jaxgen.models.linear`` without importing this module. Reference:
 ``x @ QuantizedWeight.dequantize()``.
 """
@@ -22,6 +23,7 @@ from jaxgen.quantization import QuantizedWeight
 
 TARGET = "jaxgen_matmul_quantized"
 QUANT_PANEL = 16  # kQuantPanel in native/matmul_quantized.h
+INT4_BLOCK_ROWS = 8  # kInt4BlockRows: int4 rows in one 32-bit lane
 
 
 @functools.cache
@@ -31,11 +33,13 @@ def quantized_matmul_available() -> bool:
 
 
 def can_pack_quantized(weight) -> bool:
-    """Whether the native kernel takes ``weight``: int8 or int4 with float16 scales."""
+    """Whether the native kernel takes ``weight``: int8, or int4 in groups of a multiple of 8
+    rows, with float16 scales."""
     return (
         isinstance(weight, QuantizedWeight)
         and weight.kind in ("int8", "int4")
         and weight.scales.dtype == jnp.float16
+        and (weight.kind == "int8" or weight.group_size % INT4_BLOCK_ROWS == 0)
     )
 
 
@@ -43,6 +47,17 @@ def _panels(array: jax.Array, columns: int) -> jax.Array:  # [R, N] -> [ceil(N /
     panels = -(-columns // QUANT_PANEL)
     array = jnp.pad(jnp.asarray(array), ((0, 0), (0, panels * QUANT_PANEL - columns)))
     return array.reshape(array.shape[0], panels, QUANT_PANEL).transpose(1, 0, 2)
+
+
+def _int4_lanes(panels: jax.Array) -> jax.Array:  # [P, K / 2, 16] -> [P, K / 2, 16] uint8
+    """Byte rows of int4 panels regrouped so that each 8 rows of a column are one little-endian
+    uint32 lane (row ``8b + j`` in bits ``4j``..``4j + 3``): bytes ``4b``..``4b + 3`` of a
+    column, which hold rows ``8b``..``8b + 7`` two by two, become that column's lane in block
+    ``b``."""
+    count, byte_rows, width = panels.shape
+    blocks = byte_rows // (INT4_BLOCK_ROWS // 2)
+    lanes = panels.reshape(count, blocks, INT4_BLOCK_ROWS // 2, width).transpose(0, 1, 3, 2)
+    return lanes.reshape(count, byte_rows, width)
 
 
 @functools.partial(
@@ -55,7 +70,7 @@ class PackedQuantizedWeight:
     """A ``QuantizedWeight`` in the native kernel's panels (a pytree; ``bits``, ``columns``
     static)."""
 
-    values: jax.Array  # [P, K, 16] int8 or [P, K / 2, 16] uint8
+    values: jax.Array  # [P, K, 16] int8 or [P, K / 2, 16] uint8 (8-row lanes: _int4_lanes)
     scales: jax.Array  # [P, K / group, 16] float16
     mins: jax.Array | None  # [P, K / group, 16] float16 (int4), else None
     bits: int  # 8 or 4
@@ -65,16 +80,18 @@ class PackedQuantizedWeight:
     def pack(cls, weight: QuantizedWeight) -> PackedQuantizedWeight:
         if not can_pack_quantized(weight):
             raise ValueError(
-                f"the native kernel takes int8 / int4 weights with float16 scales, got "
-                f"{weight.kind} with {weight.scales.dtype} scales"
+                f"the native kernel takes int8 / int4 (groups a multiple of 8) weights with "
+                f"float16 scales, got {weight.kind} with {weight.scales.dtype} scales in groups "
+                f"of {weight.group_size}"
             )
         columns = weight.shape[1]
-        mins = None
+        mins, values = None, _panels(weight.values, columns)
         if weight.kind == "int4":
             mins = weight.mins if weight.mins is not None else weight.scales * -8  # exact in f16
             mins = _panels(mins, columns)
+            values = _int4_lanes(values)
         return cls(
-            _panels(weight.values, columns),
+            values,
             _panels(weight.scales, columns),
             mins,
             bits=8 if weight.kind == "int8" else 4,

@@ -5,8 +5,11 @@
 // vectors) whose rows stream contiguously, as the float32 kernel's 24-column panels do:
 //   int8: values [N / 16, K, 16] int8;          w[k, n] = scale[g, n] * value
 //   int4: values [N / 16, K / 2, 16] uint8,     w[k, n] = scale[g, n] * u + min[g, n]
-//         byte (i, n) holding u of row 2i in its low nibble and of row 2i + 1 in its high one
-//         (a symmetric int4 weight packs min = -8 * scale);
+//         each block of 8 rows k0..k0 + 7 is 64 bytes: 16 little-endian uint32 lanes, lane n
+//         holding u of row k0 + j in bits 4j..4j + 3 (a symmetric int4 weight packs
+//         min = -8 * scale). A code comes out of its lane with one AND (or a shift for j = 7)
+//         and one conversion, as u * 16^j: the one-row tile multiplies it by x[k] * 16^-j
+//         (exact: a power of two), so decoding needs no shuffles;
 //   scales, mins: [N / 16, K / group, 16] float16 (GGUF's own scale type), g = k / group.
 // A tile of up to 4 rows x 16 columns keeps its 8 accumulators, the group's scales and minimums
 // (4 vectors) and the two dequantised weight vectors of a k in 15 of the 16 vector registers.
@@ -18,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -29,6 +33,7 @@ namespace jaxgen_cpu {
 constexpr int64_t kQuantPanel = 16;        // columns per panel: two 8-float vectors
 constexpr int64_t kQuantBlockDepth = 256;  // k-block: x rows of it stay in L1 across panels
 constexpr int64_t kSliceTileRows = 6;      // rows of a float tile over a dequantised slice
+constexpr int64_t kInt4BlockRows = 8;      // rows of int4 codes in one uint32 lane
 
 // A quantised weight as the kernel reads it.
 struct QuantizedPanels {
@@ -76,99 +81,161 @@ inline __m256 LoadHalf8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Row j (0..7) of an 8-row int4 block, from its uint32 lanes: u * 16^j (j < 7) or u (j = 7),
+// exact in int32 and after conversion to float.
+template <int J>
+inline __m256i Int4LaneCode(__m256i lanes) {
+  if constexpr (J == 7) {
+    return _mm256_srli_epi32(lanes, 28);
+  } else {
+    return _mm256_and_si256(lanes, _mm256_set1_epi32(0xF << (4 * J)));
+  }
+}
+
+// Row j's u itself (shifted down), for tiles that dequantise before multiplying.
+template <int J>
+inline __m256 Int4LaneValue(__m256i lanes) {
+  if constexpr (J == 0) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(0xF)));
+  } else if constexpr (J == 7) {
+    return _mm256_cvtepi32_ps(_mm256_srli_epi32(lanes, 28));
+  } else {
+    return _mm256_cvtepi32_ps(
+        _mm256_and_si256(_mm256_srli_epi32(lanes, 4 * J), _mm256_set1_epi32(0xF)));
+  }
+}
+
+// x[k] * 16^-(k % 8) for k % 8 < 7, x[k] for k % 8 = 7: the one-row int4 tile's multiplier of
+// Int4LaneCode (a power-of-two scaling: exact unless x[k] is near float's underflow).
+inline void ScaleRowForInt4(const float* x, int64_t depth, float* scaled) {
+  static constexpr float kScale[kInt4BlockRows] = {1.0f,         1.0f / 16,       1.0f / 256,
+                                                   1.0f / 4096,  1.0f / 65536,    1.0f / 1048576,
+                                                   1.0f / 16777216, 1.0f};
+  for (int64_t k = 0; k < depth; ++k) scaled[k] = x[k] * kScale[k % kInt4BlockRows];
+}
+
+// c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16] for one row of int4 codes (decode's hot loop):
+// per group, sum scaled[k] * Int4LaneCode over eight independent accumulator pairs (one AND, one
+// conversion and one FMA per 8 weights), then apply the group's scale, and its minimum times the
+// group's sum of x, once. `scaled` is the row through ScaleRowForInt4; k0, k1 multiples of 8.
+__attribute__((noinline)) inline void Int4RowTile(const QuantizedPanels& w, int64_t k0,
+                                                  int64_t k1, const float* x,
+                                                  const float* scaled, const uint8_t* values,
+                                                  const uint16_t* scales, const uint16_t* mins,
+                                                  float* c, bool accumulate) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m256 xs = _mm256_setzero_ps();
+    for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    for (; k < end; k += kInt4BlockRows) {
+      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+      const float* xk = scaled + k;
+#define JAXGEN_INT4_ROW(J, A0, A1)                                                   \
+  {                                                                                  \
+    const __m256 b = _mm256_broadcast_ss(xk + J);                                    \
+    A0 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(Int4LaneCode<J>(v0)), A0);           \
+    A1 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(Int4LaneCode<J>(v1)), A1);           \
+  }
+      JAXGEN_INT4_ROW(0, a00, a01)
+      JAXGEN_INT4_ROW(1, a10, a11)
+      JAXGEN_INT4_ROW(2, a20, a21)
+      JAXGEN_INT4_ROW(3, a30, a31)
+      JAXGEN_INT4_ROW(4, a00, a01)
+      JAXGEN_INT4_ROW(5, a10, a11)
+      JAXGEN_INT4_ROW(6, a20, a21)
+      JAXGEN_INT4_ROW(7, a30, a31)
+#undef JAXGEN_INT4_ROW
+    }
+    const __m256 e0 = _mm256_add_ps(_mm256_add_ps(a00, a10), _mm256_add_ps(a20, a30));
+    const __m256 e1 = _mm256_add_ps(_mm256_add_ps(a01, a11), _mm256_add_ps(a21, a31));
+    const __m256 sum_x = _mm256_set1_ps(HorizontalSum8(xs));
+    acc0 = _mm256_fmadd_ps(e0, LoadHalf8(scales + g * kQuantPanel), acc0);
+    acc1 = _mm256_fmadd_ps(e1, LoadHalf8(scales + g * kQuantPanel + 8), acc1);
+    acc0 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc0);
+    acc1 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc1);
+  }
+  const __m256 prior0 = accumulate ? _mm256_loadu_ps(c) : _mm256_setzero_ps();
+  const __m256 prior1 = accumulate ? _mm256_loadu_ps(c + 8) : _mm256_setzero_ps();
+  _mm256_storeu_ps(c, _mm256_add_ps(prior0, acc0));
+  _mm256_storeu_ps(c + 8, _mm256_add_ps(prior1, acc1));
+}
+
+// Calls f(J, e0, e1) for the 8 rows of an int4 block, each dequantised (u * scale + min) in
+// two 8-float vectors.
+template <typename F>
+inline void ForInt4BlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m256 m0, __m256 m1,
+                             F&& f) {
+#define JAXGEN_INT4_DEQUANT(J) \
+  f(J, _mm256_fmadd_ps(Int4LaneValue<J>(v0), s0, m0), _mm256_fmadd_ps(Int4LaneValue<J>(v1), s1, m1));
+  JAXGEN_INT4_DEQUANT(0)
+  JAXGEN_INT4_DEQUANT(1)
+  JAXGEN_INT4_DEQUANT(2)
+  JAXGEN_INT4_DEQUANT(3)
+  JAXGEN_INT4_DEQUANT(4)
+  JAXGEN_INT4_DEQUANT(5)
+  JAXGEN_INT4_DEQUANT(6)
+  JAXGEN_INT4_DEQUANT(7)
+#undef JAXGEN_INT4_DEQUANT
+}
+
 // c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16]; `values` points at the panel's k0 row
-// (int8) or byte row k0 / 2 (int4), `scales` / `mins` at the panel's first group row. Integer
-// codes become floats (vpmovsx/zx + vcvtdq2ps) and one FMA (or multiply) applies the group's
-// scale and minimum; each x element is broadcast once per k and multiplied into both vectors.
-// One row keeps separate accumulators for even and odd k: four FMA chains instead of two.
+// (int8) or its 8-row block k0 / 8 (int4), `scales` / `mins` at the panel's first group row.
+// Codes are dequantised (integer to float, one FMA or multiply for the group's scale and
+// minimum) once per k and multiplied into every row's two accumulators. One int8 row instead
+// sums x * code over the group and scales once, with separate accumulators for even and odd k
+// (four FMA chains instead of two); one int4 row runs Int4RowTile.
 template <int R, bool kInt4>
 __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1,
                                              const float* x, int64_t ldx, const uint8_t* values,
                                              const uint16_t* scales, const uint16_t* mins,
                                              float* c, int64_t ldc, bool accumulate) {
-  __m256 acc[R][2], odd[2];
+  __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  odd[0] = odd[1] = _mm256_setzero_ps();
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
     const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
     const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    if constexpr (R == 1) {
-      // One row: sum x * code over the group, then apply the scale (and the minimum times the
-      // group's sum of x) once, saving the per-k dequantising FMA.
-      __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
-      if constexpr (kInt4) {
-        __m256 xs = _mm256_setzero_ps();
-        int64_t j = k;
-        for (; j + 8 <= end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
-        float xsum = HorizontalSum8(xs);
-        for (; j < end; ++j) xsum += x[j];
-        for (; k < end; k += 2) {
-          const __m128i bytes = _mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
-          const __m128i lo = _mm_and_si128(bytes, low_nibbles);
-          const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
-          const __m256 a = _mm256_broadcast_ss(x + k);
-          const __m256 b = _mm256_broadcast_ss(x + k + 1);
-          e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), e0);
-          e1 = _mm256_fmadd_ps(
-              a, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), e1);
-          o0 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), o0);
-          o1 = _mm256_fmadd_ps(
-              b, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), o1);
-        }
-        const __m256 sum_x = _mm256_set1_ps(xsum);
-        acc[0][0] = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc[0][0]);
-        acc[0][1] = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc[0][1]);
-      } else {
-        for (; k < end; ++k) {
-          const __m128i c0 = _mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
-          const __m256 a = _mm256_broadcast_ss(x + k);
-          if ((k - k0) & 1) {
-            o0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), o0);
-            o1 = _mm256_fmadd_ps(
-                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), o1);
-          } else {
-            e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), e0);
-            e1 = _mm256_fmadd_ps(
-                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), e1);
+    if constexpr (kInt4) {
+      const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
+      const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
+      for (; k < end; k += kInt4BlockRows) {
+        const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+        ForInt4BlockRows(v0, v1, s0, s1, m0, m1, [&](int j, __m256 e0, __m256 e1) {
+          for (int r = 0; r < R; ++r) {
+            const __m256 a = _mm256_broadcast_ss(x + r * ldx + k + j);
+            acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
           }
+        });
+      }
+    } else if constexpr (R == 1) {
+      // One row: sum x * code over the group, then apply the scale once.
+      __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
+      for (; k < end; ++k) {
+        const __m128i c0 =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+        const __m256 a = _mm256_broadcast_ss(x + k);
+        if ((k - k0) & 1) {
+          o0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), o0);
+          o1 = _mm256_fmadd_ps(
+              a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), o1);
+        } else {
+          e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), e0);
+          e1 = _mm256_fmadd_ps(
+              a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), e1);
         }
       }
       acc[0][0] = _mm256_fmadd_ps(_mm256_add_ps(e0, o0), s0, acc[0][0]);
       acc[0][1] = _mm256_fmadd_ps(_mm256_add_ps(e1, o1), s1, acc[0][1]);
-      continue;
-    } else if constexpr (kInt4) {
-      const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
-      const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
-      for (; k < end; k += 2) {
-        const __m128i bytes =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
-        const __m128i lo = _mm_and_si128(bytes, low_nibbles);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
-        const __m256 e0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), s0, m0);
-        const __m256 e1 = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s1, m1);
-        const __m256 o0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), s0, m0);
-        const __m256 o1 = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s1, m1);
-        for (int r = 0; r < R; ++r) {
-          const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-          const __m256 b = _mm256_broadcast_ss(x + r * ldx + k + 1);
-          acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
-          acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
-          if constexpr (R == 1) {
-            odd[0] = _mm256_fmadd_ps(b, o0, odd[0]);
-            odd[1] = _mm256_fmadd_ps(b, o1, odd[1]);
-          } else {
-            acc[r][0] = _mm256_fmadd_ps(b, o0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(b, o1, acc[r][1]);
-          }
-        }
-      }
     } else {
       for (; k < end; ++k) {
         const __m128i codes =
@@ -178,20 +245,11 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1);
         for (int r = 0; r < R; ++r) {
           const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-          if (R == 1 && ((k - k0) & 1)) {
-            odd[0] = _mm256_fmadd_ps(a, e0, odd[0]);
-            odd[1] = _mm256_fmadd_ps(a, e1, odd[1]);
-          } else {
-            acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
-          }
+          acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
         }
       }
     }
-  }
-  if constexpr (R == 1) {
-    acc[0][0] = _mm256_add_ps(acc[0][0], odd[0]);
-    acc[0][1] = _mm256_add_ps(acc[0][1], odd[1]);
   }
   for (int r = 0; r < R; ++r) {
     float* out = c + r * ldc;
@@ -207,7 +265,6 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
 template <bool kInt4>
 void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uint8_t* values,
                      const uint16_t* scales, const uint16_t* mins, float* dst) {
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
@@ -216,18 +273,15 @@ void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uin
     if constexpr (kInt4) {
       const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
       const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
-      for (; k < end; k += 2) {
-        const __m128i bytes =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) / 2 * kQuantPanel));
-        const __m128i lo = _mm_and_si128(bytes, low_nibbles);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibbles);
-        float* row = dst + (k - k0) * kQuantPanel;
-        _mm256_store_ps(row, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), s0, m0));
-        _mm256_store_ps(row + 8, _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s1, m1));
-        _mm256_store_ps(row + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), s0, m0));
-        _mm256_store_ps(row + 24, _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s1, m1));
+      for (; k < end; k += kInt4BlockRows) {
+        const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+        float* rows = dst + (k - k0) * kQuantPanel;
+        ForInt4BlockRows(v0, v1, s0, s1, m0, m1, [&](int j, __m256 e0, __m256 e1) {
+          _mm256_store_ps(rows + j * kQuantPanel, e0);
+          _mm256_store_ps(rows + j * kQuantPanel + 8, e1);
+        });
       }
     } else {
       for (; k < end; ++k) {
@@ -314,8 +368,10 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
         const float scale = HalfToFloat(scales[g * kQuantPanel + j]);
         float weight;
         if (kInt4) {
-          const uint8_t byte = values[(k - k0) / 2 * kQuantPanel + j];
-          const int u = (k & 1) ? byte >> 4 : byte & 0x0F;
+          const int64_t row = k - k0;  // lane j of block row / 8, nibble row % 8
+          const uint8_t byte = values[row / kInt4BlockRows * 4 * kQuantPanel + 4 * j +
+                                      row % kInt4BlockRows / 2];
+          const int u = (row & 1) ? byte >> 4 : byte & 0x0F;
           weight = scale * static_cast<float>(u) + HalfToFloat(mins[g * kQuantPanel + j]);
         } else {
           weight = scale * static_cast<float>(static_cast<int8_t>(values[(k - k0) * kQuantPanel + j]));
@@ -329,18 +385,27 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 #endif
 
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
-// One 4-row tile dequantises in registers; a block of more rows dequantises each 256 x 16 slice
-// once into an L1-resident scratch and runs float tiles over it (SIMD builds).
+// One 4-row tile dequantises in registers (one int4 row: Int4RowTile over the row scaled once
+// into `scratch`); a block of more rows dequantises each 256 x 16 slice once into an
+// L1-resident buffer and runs float tiles over it (SIMD builds).
 template <bool kInt4>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
-                          int64_t m1, int64_t n0, int64_t n1) {
+                          int64_t m1, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   const int64_t K = w.depth, N = w.columns;
   const int64_t groups = K / w.group;
   const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
   const bool shared_slice = kQuantizedSimd && m1 - m0 > 4;
+  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1;
+  if (int4_row) {
+    scratch.resize(K);
+    ScaleRowForInt4(x + m0 * K, K, scratch.data());
+  }
   alignas(32) float slice[kQuantBlockDepth * kQuantPanel];
-  for (int64_t k0 = 0; k0 < K; k0 += kQuantBlockDepth) {
-    const int64_t k1 = std::min(K, k0 + kQuantBlockDepth);
+  // Tiles of at most 4 rows take a panel's whole depth at once (x's rows stay in L1 anyway), so
+  // an item streams its panels' codes front to back; shared slices go 256 rows at a time.
+  const int64_t block_depth = shared_slice ? kQuantBlockDepth : K;
+  for (int64_t k0 = 0; k0 < K; k0 += block_depth) {
+    const int64_t k1 = std::min(K, k0 + block_depth);
     const bool accumulate = k0 > 0;
     for (int64_t first = n0; first < n1; first += kQuantPanel) {
       const int64_t panel = first / kQuantPanel;
@@ -362,6 +427,11 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
             default: FloatTile16<1>(k1 - k0, xs, K, slice, c, N, accumulate); break;
           }
         }
+        continue;
+      }
+      if (int4_row) {
+        Int4RowTile(w, k0, k1, x + m0 * K, scratch.data(), values, scales, mins,
+                    out + m0 * N + first, accumulate);
         continue;
       }
 #endif

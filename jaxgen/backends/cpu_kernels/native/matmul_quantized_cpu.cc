@@ -74,7 +74,7 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     const int64_t code_rows = int4 ? depth / 2 : depth;
     if (vd.size() != 3 || vd[2] != jaxgen_cpu::kQuantPanel || vd[1] != code_rows ||
         sd.size() != 3 || sd[0] != vd[0] || sd[2] != jaxgen_cpu::kQuantPanel || sd[1] < 1 ||
-        depth % sd[1] != 0) {
+        depth % sd[1] != 0 || (int4 && (depth / sd[1]) % jaxgen_cpu::kInt4BlockRows != 0)) {
       return ffi::Error::InvalidArgument("matmul_quantized_cpu: packed weight shapes");
     }
     const int64_t panels = vd[0];
@@ -121,15 +121,15 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     }
   }
   const float* xs = x.typed_data();
-  jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>&) {
+  jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>& scratch) {
     const Item& item = items[i];
     const Weight& w = group[item.w];
     if (int4) {
       jaxgen_cpu::QuantizedMatmulBlock<true>(w.panels, xs, w.out, item.m0, item.m1, item.n0,
-                                             item.n1);
+                                             item.n1, scratch);
     } else {
       jaxgen_cpu::QuantizedMatmulBlock<false>(w.panels, xs, w.out, item.m0, item.m1, item.n0,
-                                              item.n1);
+                                              item.n1, scratch);
     }
   });
   return ffi::Error::Success();
