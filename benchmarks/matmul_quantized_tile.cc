@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   const int64_t group = 32, block = 8 * kQuantPanel;
   const int64_t code_bytes = columns * depth * bits / 8;
   const int64_t scale_count = columns / kQuantPanel * (depth / group) * kQuantPanel;
-  std::vector<float> x(rows * depth, 0.5f), out(rows * columns);
+  std::vector<float> x(rows * depth), out(rows * columns);
+  for (int64_t i = 0; i < rows * depth; ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
   std::vector<std::vector<uint8_t>> codes(copies, std::vector<uint8_t>(code_bytes));
   for (auto& copy : codes) {
     for (auto& byte : copy) byte = static_cast<uint8_t>(std::rand());
@@ -64,7 +65,10 @@ int main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::min(best, seconds / (3 * copies));
   }
-  std::printf("rows %ld depth %ld columns %ld int%d threads %ld: %.1f us, %.2f G weights/s\n",
+  double checksum = 0;  // equal across builds of the same header (SIMD or portable)
+  for (float value : out) checksum += value;
+  std::printf("rows %ld depth %ld columns %ld int%d threads %ld: %.1f us, %.2f G weights/s "
+              "(checksum %.6g)\n",
               rows, depth, columns, bits, jaxgen_cpu::NumThreads(), best * 1e6,
-              depth * columns / best / 1e9);
+              depth * columns / best / 1e9, checksum);
 }

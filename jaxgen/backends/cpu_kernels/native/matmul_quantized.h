@@ -184,6 +184,29 @@ inline void ForInt4BlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m25
 #undef JAXGEN_INT4_DEQUANT
 }
 
+// Calls f(k, e0, e1) for every row k in [k0, k1) of an int4 panel (k0, k1 multiples of 8),
+// dequantised (u * scale + min) in two 8-float vectors; `values` points at block k0 / 8.
+template <typename F>
+inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
+                           const uint8_t* values, const uint16_t* scales, const uint16_t* mins,
+                           F&& f) {
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
+    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+    const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
+    const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
+    for (; k < end; k += kInt4BlockRows) {
+      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+      ForInt4BlockRows(v0, v1, s0, s1, m0, m1,
+                       [&](int j, __m256 e0, __m256 e1) { f(k + j, e0, e1); });
+    }
+  }
+}
+
 // c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16]; `values` points at the panel's k0 row
 // (int8) or its 8-row block k0 / 8 (int4), `scales` / `mins` at the panel's first group row.
 // Codes are dequantised (integer to float, one FMA or multiply for the group's scale and
@@ -197,56 +220,51 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
                                              float* c, int64_t ldc, bool accumulate) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    if constexpr (kInt4) {
-      const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
-      const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
-      for (; k < end; k += kInt4BlockRows) {
-        const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-        ForInt4BlockRows(v0, v1, s0, s1, m0, m1, [&](int j, __m256 e0, __m256 e1) {
+  if constexpr (kInt4) {
+    ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
+      for (int r = 0; r < R; ++r) {
+        const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+        acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
+      }
+    });
+  } else {
+    for (int64_t k = k0; k < k1;) {
+      const int64_t g = k / w.group;
+      const int64_t end = std::min(k1, (g + 1) * w.group);
+      const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
+      const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+      if constexpr (R == 1) {
+        // One row: sum x * code over the group, then apply the scale once.
+        __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
+        for (; k < end; ++k) {
+          const __m128i c0 =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+          const __m256 a = _mm256_broadcast_ss(x + k);
+          if ((k - k0) & 1) {
+            o0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), o0);
+            o1 = _mm256_fmadd_ps(
+                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), o1);
+          } else {
+            e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), e0);
+            e1 = _mm256_fmadd_ps(
+                a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), e1);
+          }
+        }
+        acc[0][0] = _mm256_fmadd_ps(_mm256_add_ps(e0, o0), s0, acc[0][0]);
+        acc[0][1] = _mm256_fmadd_ps(_mm256_add_ps(e1, o1), s1, acc[0][1]);
+      } else {
+        for (; k < end; ++k) {
+          const __m128i codes =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+          const __m256 e0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0);
+          const __m256 e1 = _mm256_mul_ps(
+              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1);
           for (int r = 0; r < R; ++r) {
-            const __m256 a = _mm256_broadcast_ss(x + r * ldx + k + j);
+            const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
             acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
           }
-        });
-      }
-    } else if constexpr (R == 1) {
-      // One row: sum x * code over the group, then apply the scale once.
-      __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
-      for (; k < end; ++k) {
-        const __m128i c0 =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
-        const __m256 a = _mm256_broadcast_ss(x + k);
-        if ((k - k0) & 1) {
-          o0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), o0);
-          o1 = _mm256_fmadd_ps(
-              a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), o1);
-        } else {
-          e0 = _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)), e0);
-          e1 = _mm256_fmadd_ps(
-              a, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))), e1);
-        }
-      }
-      acc[0][0] = _mm256_fmadd_ps(_mm256_add_ps(e0, o0), s0, acc[0][0]);
-      acc[0][1] = _mm256_fmadd_ps(_mm256_add_ps(e1, o1), s1, acc[0][1]);
-    } else {
-      for (; k < end; ++k) {
-        const __m128i codes =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
-        const __m256 e0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0);
-        const __m256 e1 = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1);
-        for (int r = 0; r < R; ++r) {
-          const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-          acc[r][0] = _mm256_fmadd_ps(a, e0, acc[r][0]);
-          acc[r][1] = _mm256_fmadd_ps(a, e1, acc[r][1]);
         }
       }
     }
@@ -265,33 +283,25 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
 template <bool kInt4>
 void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uint8_t* values,
                      const uint16_t* scales, const uint16_t* mins, float* dst) {
+  if constexpr (kInt4) {
+    ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
+      _mm256_store_ps(dst + (k - k0) * kQuantPanel, e0);
+      _mm256_store_ps(dst + (k - k0) * kQuantPanel + 8, e1);
+    });
+    return;
+  }
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
     const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
     const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    if constexpr (kInt4) {
-      const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
-      const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
-      for (; k < end; k += kInt4BlockRows) {
-        const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-        float* rows = dst + (k - k0) * kQuantPanel;
-        ForInt4BlockRows(v0, v1, s0, s1, m0, m1, [&](int j, __m256 e0, __m256 e1) {
-          _mm256_store_ps(rows + j * kQuantPanel, e0);
-          _mm256_store_ps(rows + j * kQuantPanel + 8, e1);
-        });
-      }
-    } else {
-      for (; k < end; ++k) {
-        const __m128i codes =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
-        float* row = dst + (k - k0) * kQuantPanel;
-        _mm256_store_ps(row, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0));
-        _mm256_store_ps(row + 8, _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1));
-      }
+    for (; k < end; ++k) {
+      const __m128i codes =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
+      float* row = dst + (k - k0) * kQuantPanel;
+      _mm256_store_ps(row, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0));
+      _mm256_store_ps(row + 8, _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1));
     }
   }
 }
@@ -396,10 +406,12 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
   const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
   const bool shared_slice = kQuantizedSimd && m1 - m0 > 4;
   const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1;
+#if defined(JAXGEN_QUANTIZED_SIMD)
   if (int4_row) {
     scratch.resize(K);
     ScaleRowForInt4(x + m0 * K, K, scratch.data());
   }
+#endif
   alignas(32) float slice[kQuantBlockDepth * kQuantPanel];
   // Tiles of at most 4 rows take a panel's whole depth at once (x's rows stay in L1 anyway), so
   // an item streams its panels' codes front to back; shared slices go 256 rows at a time.
