@@ -169,6 +169,50 @@ def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
     assert all(shape[0] == 2 for shape in gqa["4"]["params"]["kv_pool"]["shards"])
 
 
+@pytest.fixture(scope="module")
+def head_dim_64_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    """2 query heads, 2 KV heads of 64 (two scale groups per head in an 8-bit pool)."""
+    path = str(tmp_path_factory.mktemp("tiny-hd64"))
+    return save_tiny_model(
+        path, smollm2_tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=2
+    )
+
+
+def check_kv8_cases(result: dict, cases: list) -> None:
+    """Each degree-2 case's tokens equal degree 1's (same backend and pool dtype), and its pool
+    is split over the KV heads: codes and scales alike."""
+    for backend, kv_cache_dtype, degree in cases:
+        case = result[f"{backend} {kv_cache_dtype} {degree}"]
+        assert case["backend"] == backend and case["pool"] == "QuantizedPages"
+        assert case["stats"] == {"kv_cache_dtype": kv_cache_dtype, "kv_bytes_per_token": 576}
+        if degree == 1:
+            continue
+        assert case["tokens"] == result[f"{backend} {kv_cache_dtype} 1"]["tokens"], case
+        assert case["values"] == [[1, case["values"][0][1], 16, 64]] * 2
+        assert case["scales"] == [[1, case["values"][0][1], 16, 2]] * 2
+        assert case["spec"] == ["P('model',)"] * 2  # after the steps too
+
+
+def test_8bit_kv_pool_under_tensor_parallelism(head_dim_64_dir):
+    """int8 pools at degree 2 give degree 1's greedy tokens on the reference and native cpu
+    backends, through paged batching with chunked prefill (16-token steps); each device holds
+    its KV head's codes and scales."""
+    cases = [
+        [backend, "int8", degree] for backend in ("reference", "cpu") for degree in (1, 2)
+    ]
+    result = run_worker("kv8_tp", {"model": head_dim_64_dir, "cases": cases}, num_devices=2)
+    check_kv8_cases(result, cases)
+
+
+@pytest.mark.slow
+def test_fp8_and_pallas_gpu_kv_pools_under_tensor_parallelism(head_dim_64_dir):
+    """fp8 on the cpu backend, and int8 on pallas-gpu (interpreted), at degree 2 vs 1."""
+    cases = [["cpu", "fp8", 1], ["cpu", "fp8", 2], ["pallas-gpu", "int8", 1]]
+    cases.append(["pallas-gpu", "int8", 2])
+    result = run_worker("kv8_tp", {"model": head_dim_64_dir, "cases": cases}, num_devices=2)
+    check_kv8_cases(result, cases)
+
+
 @pytest.mark.slow
 def test_quantized_weights_stay_quantised_under_tensor_parallelism(mha_dir):
     """int8 and int4 (group 32) weights placed on 2 simulated devices: still QuantizedWeights,
