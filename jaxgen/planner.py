@@ -219,6 +219,8 @@ def cmd_plan_target(args) -> int:
             max_model_len=args.max_model_len or args.context,
             max_num_seqs=args.max_num_seqs,
             page_size=args.page_size,
+            tensor_parallel_degree=args.tensor_parallel_degree or 1,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         if args.json:
             print(json.dumps(result))
@@ -226,6 +228,12 @@ def cmd_plan_target(args) -> int:
         print(f"model: {args.model or 'smollm2 (default)'}")
         print(f"lowered for CUDA in {result['lower_seconds']:.1f} s (lowered only: not compiled)")
         print(f"attention backend   {result['attention_backend']}")
+        print(f"KV cache dtype      {result['kv_cache_dtype']}")
+        if result["tensor_parallel_degree"] > 1:
+            print(
+                f"tensor parallel     {result['tensor_parallel_degree']} devices, "
+                f"{result['shard_map_regions']} shard_map regions (one per layer)"
+            )
         for name, count in sorted(result["kernel_calls"].items()):
             print(f"  Pallas kernel     {name} x {count}")
         for name, count in sorted(result["custom_calls"].items()):

@@ -149,10 +149,27 @@ def mode_kv8_tp(args: dict) -> dict:
             "pool": type(pool).__name__,
             "values": shard_shapes(pool.values),
             "scales": shard_shapes(pool.scales),
-            "spec": [str(getattr(leaf.sharding, "spec", None)) for leaf in (pool.values, pool.scales)],
+            "spec": [
+                str(getattr(leaf.sharding, "spec", None)) for leaf in (pool.values, pool.scales)
+            ],
             "stats": {k: llm.stats()[k] for k in ("kv_cache_dtype", "kv_bytes_per_token")},
         }
     return result
+
+
+def mode_cuda_lowering_tp(args: dict) -> dict:
+    """The pallas-gpu decode step lowered for CUDA at degree 2 with an 8-bit pool."""
+    from jaxgen.ahead_of_time import lower_decode_step_for_cuda
+    from jaxgen.config import ModelConfig
+
+    config = ModelConfig(**args["config"])
+    return lower_decode_step_for_cuda(
+        config,
+        max_model_len=128,
+        max_num_seqs=8,
+        tensor_parallel_degree=2,
+        kv_cache_dtype=args["kv_cache_dtype"],
+    )
 
 
 def mode_streamed_weight(args: dict) -> dict:

@@ -197,9 +197,7 @@ def test_8bit_kv_pool_under_tensor_parallelism(head_dim_64_dir):
     """int8 pools at degree 2 give degree 1's greedy tokens on the reference and native cpu
     backends, through paged batching with chunked prefill (16-token steps); each device holds
     its KV head's codes and scales."""
-    cases = [
-        [backend, "int8", degree] for backend in ("reference", "cpu") for degree in (1, 2)
-    ]
+    cases = [[backend, "int8", degree] for backend in ("reference", "cpu") for degree in (1, 2)]
     result = run_worker("kv8_tp", {"model": head_dim_64_dir, "cases": cases}, num_devices=2)
     check_kv8_cases(result, cases)
 
@@ -211,6 +209,31 @@ def test_fp8_and_pallas_gpu_kv_pools_under_tensor_parallelism(head_dim_64_dir):
     cases.append(["pallas-gpu", "int8", 2])
     result = run_worker("kv8_tp", {"model": head_dim_64_dir, "cases": cases}, num_devices=2)
     check_kv8_cases(result, cases)
+
+
+def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
+    """Lowered only (no GPU here): at degree 2 each layer's write and Triton kernel run inside
+    shard_map on one device's KV head: its codes [1, P, S, 64] int8 and scales [1, P, S, 2]."""
+    config = dict(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+    )
+    result = run_worker(
+        "cuda_lowering_tp", {"config": config, "kv_cache_dtype": "int8"}, num_devices=2
+    )
+    assert result["custom_calls"] == {"__gpu$xla.gpu.triton": 1}  # one private kernel
+    assert sum(result["kernel_calls"].values()) == 2  # called once per layer
+    assert result["shard_map_regions"] == 2
+    pages = result["num_pages"]
+    assert result["pool_shard_types"] == {
+        f"tensor<1x{pages}x16x2xf32>": True,
+        f"tensor<1x{pages}x16x64xi8>": True,
+    }
 
 
 @pytest.mark.slow

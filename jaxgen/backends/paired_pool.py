@@ -61,11 +61,12 @@ class PairedPoolBackend(AttentionBackend):
     def kv_pool_sharding(self, kv_sharding: NamedSharding | None = None):
         """One K or V pool's shardings (the pytree of :meth:`kv_pool_spec`) on ``kv_sharding``'s
         mesh and head axis (default: the backend's own), or None on one device."""
-        if kv_sharding is None:
-            if self.mesh is None:
-                return None
-            kv_sharding = NamedSharding(self.mesh, self.kv_pool_spec())
-        mesh, axis = kv_sharding.mesh, kv_sharding.spec[0] if kv_sharding.spec else None
+        if kv_sharding is not None:
+            mesh, axis = kv_sharding.mesh, kv_sharding.spec[0] if kv_sharding.spec else None
+        elif self.mesh is not None:
+            mesh, axis = self.mesh, self.model_axis
+        else:
+            return None
         return jax.tree_util.tree_map(
             lambda spec: NamedSharding(mesh, spec),
             self.kv_pool_spec(axis),
