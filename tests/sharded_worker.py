@@ -124,18 +124,18 @@ def mode_quantized_tp(args: dict) -> dict:
     return result
 
 
-def mode_kv8_tp(args: dict) -> dict:
-    """8-bit KV pools under tensor parallelism: for each (backend, kv_cache_dtype, degree) case,
-    the greedy tokens of long prompts prefilled in chunks (paged batching, 16-token step budget)
-    and how the layer-0 K pool's codes and scales are split."""
+def mode_kv_pool_tp(args: dict) -> dict:
+    """KV pools under tensor parallelism: for each (model, backend, kv_cache_dtype, degree)
+    case, the greedy tokens of prompts prefilled in chunks (paged batching, 16-token step
+    budget) and how the layer-0 K pool is split (an 8-bit pool: its codes and scales)."""
     from jaxgen import LLM
 
     prompts = [" ".join(["the sea is deep and"] * 6), "one two three four five six", "Hi"]
     engine = dict(ENGINE, batching="paged", max_rolling_batch_prefill_tokens=16)
     result = {}
-    for backend, kv_cache_dtype, degree in args["cases"]:
+    for model, backend, kv_cache_dtype, degree in args["cases"]:
         llm = LLM(
-            args["model"],
+            args["models"][model],
             tensor_parallel_degree=degree,
             attention_backend=backend,
             kv_cache_dtype=kv_cache_dtype,
@@ -143,14 +143,14 @@ def mode_kv8_tp(args: dict) -> dict:
         )
         tokens = generate(llm, prompts, max_tokens=8)
         pool = llm.engine.runner.kv_cache[0][0]  # after the steps: the sharding they kept
-        result[f"{backend} {kv_cache_dtype} {degree}"] = {
+        leaves = {"values": getattr(pool, "values", pool), "scales": getattr(pool, "scales", None)}
+        result[f"{model} {backend} {kv_cache_dtype} {degree}"] = {
             "tokens": tokens,
             "backend": llm.engine.runner.backend.name,
             "pool": type(pool).__name__,
-            "values": shard_shapes(pool.values),
-            "scales": shard_shapes(pool.scales),
+            **{name: None if a is None else shard_shapes(a) for name, a in leaves.items()},
             "spec": [
-                str(getattr(leaf.sharding, "spec", None)) for leaf in (pool.values, pool.scales)
+                str(getattr(a.sharding, "spec", None)) for a in leaves.values() if a is not None
             ],
             "stats": {k: llm.stats()[k] for k in ("kv_cache_dtype", "kv_bytes_per_token")},
         }

@@ -178,37 +178,66 @@ def head_dim_64_dir(tmp_path_factory, smollm2_tokenizer) -> str:
     )
 
 
-def check_kv8_cases(result: dict, cases: list) -> None:
-    """Each degree-2 case's tokens equal degree 1's (same backend and pool dtype), and its pool
-    is split over the KV heads: codes and scales alike."""
-    for backend, kv_cache_dtype, degree in cases:
-        case = result[f"{backend} {kv_cache_dtype} {degree}"]
-        assert case["backend"] == backend and case["pool"] == "QuantizedPages"
-        assert case["stats"] == {"kv_cache_dtype": kv_cache_dtype, "kv_bytes_per_token": 576}
+def check_kv_pool_cases(result: dict, cases: list) -> None:
+    """Each degree's tokens equal degree 1's (same model, backend and pool dtype), and its pool
+    is split over the KV heads as the degree allows (an 8-bit pool's codes and scales alike)."""
+    for model, backend, kv_cache_dtype, degree in cases:
+        case = result[f"{model} {backend} {kv_cache_dtype} {degree}"]
+        eight_bit = kv_cache_dtype != "auto"
+        assert case["backend"] == backend, case
+        assert case["pool"] == ("QuantizedPages" if eight_bit else "ArrayImpl"), case
+        # hd64 (2 layers, 2 KV heads of 64): codes + 2 float32 scales per head, or float32.
+        per_token = {"hd64": 576 if eight_bit else 2048, "gqa": 160 if eight_bit else 256}
+        assert case["stats"] == {
+            "kv_cache_dtype": kv_cache_dtype,
+            "kv_bytes_per_token": per_token[model],
+        }
         if degree == 1:
             continue
-        assert case["tokens"] == result[f"{backend} {kv_cache_dtype} 1"]["tokens"], case
-        assert case["values"] == [[1, case["values"][0][1], 16, 64]] * 2
-        assert case["scales"] == [[1, case["values"][0][1], 16, 2]] * 2
-        assert case["spec"] == ["P('model',)"] * 2  # after the steps too
+        assert case["tokens"] == result[f"{model} {backend} {kv_cache_dtype} 1"]["tokens"], case
+        heads = 1 if model == "hd64" else 2  # gqa at degree 4: its 2 KV heads replicated
+        pages, head_dim = case["values"][0][1], 64 if model == "hd64" else 8
+        assert case["values"] == [[heads, pages, 16, head_dim]] * degree
+        if eight_bit:
+            assert case["scales"] == [[heads, pages, 16, head_dim // 32 or 1]] * degree
+        spec = "P('model',)" if heads == 1 else "P()"
+        assert case["spec"] == [spec] * (1 + eight_bit)  # after the steps too
 
 
 def test_8bit_kv_pool_under_tensor_parallelism(head_dim_64_dir):
-    """int8 pools at degree 2 give degree 1's greedy tokens on the reference and native cpu
-    backends, through paged batching with chunked prefill (16-token steps); each device holds
-    its KV head's codes and scales."""
-    cases = [[backend, "int8", degree] for backend in ("reference", "cpu") for degree in (1, 2)]
-    result = run_worker("kv8_tp", {"model": head_dim_64_dir, "cases": cases}, num_devices=2)
-    check_kv8_cases(result, cases)
+    """An int8 pool at degree 2 gives degree 1's greedy tokens on the native cpu backend
+    (its kernels inside shard_map), through paged batching with chunked prefill (16-token
+    steps); each device holds its KV head's codes and scales."""
+    cases = [["hd64", "cpu", "int8", degree] for degree in (1, 2)]
+    result = run_worker(
+        "kv_pool_tp", {"models": {"hd64": head_dim_64_dir}, "cases": cases}, num_devices=2
+    )
+    check_kv_pool_cases(result, cases)
 
 
 @pytest.mark.slow
-def test_fp8_and_pallas_gpu_kv_pools_under_tensor_parallelism(head_dim_64_dir):
-    """fp8 on the cpu backend, and int8 on pallas-gpu (interpreted), at degree 2 vs 1."""
-    cases = [["cpu", "fp8", 1], ["cpu", "fp8", 2], ["pallas-gpu", "int8", 1]]
-    cases.append(["pallas-gpu", "int8", 2])
-    result = run_worker("kv8_tp", {"model": head_dim_64_dir, "cases": cases}, num_devices=2)
-    check_kv8_cases(result, cases)
+def test_kv_pools_under_tensor_parallelism_on_every_paired_backend(head_dim_64_dir, gqa_dir):
+    """Degree 2 against degree 1: int8 on the reference backend (XLA's partitioner) and on
+    pallas-gpu (interpreted, inside shard_map), fp8 and the float pool on cpu; and int8 on cpu
+    at degree 4 over 2 KV heads (replicated: every device attends with every head)."""
+    cases = [
+        [model, backend, kv_cache_dtype, degree]
+        for model, backend, kv_cache_dtype, degrees in (
+            ("hd64", "reference", "int8", (1, 2)),
+            ("hd64", "pallas-gpu", "int8", (1, 2)),
+            ("hd64", "cpu", "fp8", (1, 2)),
+            ("hd64", "cpu", "auto", (1, 2)),
+            ("gqa", "cpu", "int8", (1, 4)),
+        )
+        for degree in degrees
+    ]
+    result = run_worker(
+        "kv_pool_tp",
+        {"models": {"hd64": head_dim_64_dir, "gqa": gqa_dir}, "cases": cases},
+        num_devices=4,
+        timeout=900,
+    )
+    check_kv_pool_cases(result, cases)
 
 
 def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
