@@ -152,7 +152,10 @@ def mode_kv_pool_tp(args: dict) -> dict:
             "spec": [
                 str(getattr(a.sharding, "spec", None)) for a in leaves.values() if a is not None
             ],
-            "stats": {k: llm.stats()[k] for k in ("kv_cache_dtype", "kv_bytes_per_token")},
+            "stats": {
+                k: llm.stats()[k]
+                for k in ("kv_cache_dtype", "kv_bytes_per_token", "kv_bytes_per_token_per_device")
+            },
         }
     return result
 

@@ -187,15 +187,16 @@ def check_kv_pool_cases(result: dict, cases: list) -> None:
         assert case["backend"] == backend, case
         assert case["pool"] == ("QuantizedPages" if eight_bit else "ArrayImpl"), case
         # hd64 (2 layers, 2 KV heads of 64): codes + 2 float32 scales per head, or float32.
-        per_token = {"hd64": 576 if eight_bit else 2048, "gqa": 160 if eight_bit else 256}
+        per_token = {"hd64": 576 if eight_bit else 2048, "gqa": 96 if eight_bit else 256}
+        heads = 2 if degree == 1 or model == "gqa" else 1  # gqa at degree 4: replicated
         assert case["stats"] == {
             "kv_cache_dtype": kv_cache_dtype,
             "kv_bytes_per_token": per_token[model],
+            "kv_bytes_per_token_per_device": per_token[model] * heads // 2,
         }
         if degree == 1:
             continue
         assert case["tokens"] == result[f"{model} {backend} {kv_cache_dtype} 1"]["tokens"], case
-        heads = 1 if model == "hd64" else 2  # gqa at degree 4: its 2 KV heads replicated
         pages, head_dim = case["values"][0][1], 64 if model == "hd64" else 8
         assert case["values"] == [[heads, pages, 16, head_dim]] * degree
         if eight_bit:
