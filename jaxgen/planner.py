@@ -174,7 +174,11 @@ def make_plan(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=kv_per_token,
         kv_bytes_per_token_per_device=kv_per_device,
-        kv_bytes_per_token_windowed=config.kv_bytes_per_sequence(context, itemsize) / context,
+        # (an 8-bit pool: the same share of the float pool's windowed bytes as of its full ones)
+        kv_bytes_per_token_windowed=config.kv_bytes_per_sequence(context, itemsize)
+        / context
+        * kv_per_token
+        / config.kv_bytes_per_token(itemsize),
         kv_budget_bytes=budget,
         num_pages=num_pages,
         tokens_that_fit=tokens,

@@ -158,6 +158,7 @@ def test_planner_counts_each_devices_share_of_an_8bit_pool(tiny_model_dir):
         ("tpu-v5e", 4): int8 // 2,
     }
     for (device, degree), plan in plans.items():
+        assert plan.kv_bytes_per_token_windowed == pytest.approx(int8)  # no sliding layers
         per_device_budget = plan.kv_budget_bytes // degree
         assert plan.num_pages == per_device_budget // (per_device[device, degree] * 16)
     # Doubling the devices doubles the pages when the heads split, not when they are replicated.
