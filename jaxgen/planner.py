@@ -169,16 +169,15 @@ def make_plan(
     bandwidth = device.bandwidth_bytes_per_s * tensor_parallel_degree
     # Decode at batch B: 2*P*B FLOPs against P*itemsize weight bytes read once per step.
     critical = flops * itemsize / (2 * bandwidth)
+    # An 8-bit pool holds the same share of the float pool's windowed bytes as of its full ones.
+    float_windowed = config.kv_bytes_per_sequence(context, itemsize) / context
+    windowed = float_windowed * kv_per_token / config.kv_bytes_per_token(itemsize)
     return Plan(
         num_params=config.num_params,
         weight_bytes=weight_bytes,
         kv_bytes_per_token=kv_per_token,
         kv_bytes_per_token_per_device=kv_per_device,
-        # (an 8-bit pool: the same share of the float pool's windowed bytes as of its full ones)
-        kv_bytes_per_token_windowed=config.kv_bytes_per_sequence(context, itemsize)
-        / context
-        * kv_per_token
-        / config.kv_bytes_per_token(itemsize),
+        kv_bytes_per_token_windowed=windowed,
         kv_budget_bytes=budget,
         num_pages=num_pages,
         tokens_that_fit=tokens,
