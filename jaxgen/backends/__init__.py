@@ -65,9 +65,9 @@ def select_backend(
 ) -> AttentionBackend:
     """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
     paired-layout pool sharding of a tensor-parallel engine, whose mesh and head axis every
-    backend takes (the TPU backend for its own layout). ``kv_cache_dtype`` "int8" / "fp8" (an 8-bit pool):
-    every backend's kernels read it (reference and cpu: ``QuantizedPages``; pallas-tpu:
-    ``QuantizedKVPool``; pallas-gpu: ``QuantizedPages``)."""
+    backend takes (the TPU backend for its own layout). ``kv_cache_dtype`` "int8" / "fp8" (an
+    8-bit pool): every backend's kernels read it (reference, cpu and pallas-gpu:
+    ``QuantizedPages``; pallas-tpu: ``QuantizedKVPool``), under tensor parallelism too."""
     validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
