@@ -18,6 +18,7 @@ or run for a GPU here.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -41,7 +42,7 @@ from jaxgen.models import LlamaForCausalLM
 from jaxgen.models.weights import quantisable_paths
 from jaxgen.quantization.quantize import spec_for_path, validate_quantization
 from jaxgen.quantization.quantized_weight import VALUE_DTYPES, QuantizedWeight
-from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
+from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan, make_mesh
 
 GB = 10**9
 
@@ -187,25 +188,62 @@ def lower_decode_step_for_cuda(
     max_num_seqs: int = 64,
     page_size: int = 16,
     num_pages: int | None = None,
+    tensor_parallel_degree: int = 1,
+    kv_cache_dtype: str = "auto",
 ) -> dict:
-    """Lowers one decode step for CUDA (one GPU, ``pallas-gpu`` backend) and lists the custom
-    calls it makes. ``num_pages`` defaults to what the step's sequences need, plus the scratch
-    page. Lowering only: no GPU compiler runs, so nothing here says the kernels fit a GPU."""
+    """Lowers one decode step for CUDA (``pallas-gpu`` backend) and lists the custom calls it
+    makes. ``num_pages`` defaults to what the step's sequences need, plus the scratch page.
+    ``tensor_parallel_degree`` > 1: over that many of this host's devices (simulated CPU devices
+    will do), weights and pool placed as the engine places them; the pool shard shapes found in
+    the module are reported (``pool_shard_types``: each device's codes / scales, as the kernels
+    inside ``shard_map`` see them). Lowering only: no GPU compiler runs, so nothing here says
+    the kernels fit a GPU."""
     if max_model_len < 1 or max_num_seqs < 1:
         raise ValueError("max_model_len and max_num_seqs must be >= 1")
+    if tensor_parallel_degree > len(jax.devices()):
+        raise ValueError(
+            f"tensor_parallel_degree={tensor_parallel_degree} needs that many devices to lower "
+            f"over, this host has {len(jax.devices())} (on CPU: XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={tensor_parallel_degree})"
+        )
     pages_per_seq = -(-max_model_len // page_size)
     num_pages = num_pages or max_num_seqs * pages_per_seq + 1
     abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(abstract)
-    backend = PallasGPUBackend()
+    backend = PallasGPUBackend(kv_cache_dtype=kv_cache_dtype)
     pool = backend.kv_pool_shapes(config, num_pages, page_size, dtype)
     step_inputs, flags = _decode_step_inputs(page_size, max_num_seqs, max_model_len)
+    mesh, shard_types = None, []
+    if tensor_parallel_degree > 1:
+        mesh = make_mesh(tensor_parallel_degree)
+        plan = ShardingPlan.create(config, mesh)
+        backend = dataclasses.replace(backend, mesh=mesh, model_axis=plan.kv_sharding.spec[0])
+        params = nnx.from_flat_state(
+            [
+                (path, var.replace(_placed(var.get_value(), plan.sharding_for(path))))
+                for path, var in nnx.to_flat_state(params)
+            ]
+        )
+        leaf_shardings = backend.kv_pool_sharding()
+        pool = [
+            jax.tree_util.tree_map(_placed, layer, (leaf_shardings, leaf_shardings))
+            for layer in pool
+        ]
+        replicated = NamedSharding(mesh, PartitionSpec())
+        step_inputs, flags = _decode_step_inputs(page_size, max_num_seqs, max_model_len, replicated)
+        shard_types = sorted(
+            {
+                _tensor_type(leaf.sharding.shard_shape(leaf.shape), leaf.dtype)
+                for leaf in jax.tree_util.tree_leaves(pool)
+            }
+        )
     start = time.perf_counter()
-    lowered = (
-        jitted_step(graphdef, backend)
-        .trace(params, pool, *step_inputs, flags=flags, head=None)
-        .lower(lowering_platforms=("cuda",))
-    )
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        lowered = (
+            jitted_step(graphdef, backend)
+            .trace(params, pool, *step_inputs, flags=flags, head=None)
+            .lower(lowering_platforms=("cuda",))
+        )
     text = lowered.as_text()
     seconds = time.perf_counter() - start
     targets = collections.Counter(re.findall(r"custom_call @([^(\s]+)\(", text))
@@ -214,11 +252,26 @@ def lower_decode_step_for_cuda(
     return {
         "target": "cuda",
         "attention_backend": backend.name,
+        "kv_cache_dtype": kv_cache_dtype,
+        "tensor_parallel_degree": tensor_parallel_degree,
         "custom_calls": dict(targets),
         "kernel_calls": dict(kernels),
+        "shard_map_regions": text.count("sdy.manual_computation("),
+        "pool_shard_types": {t: t in text for t in shard_types},
         "num_pages": num_pages,
         "lower_seconds": seconds,
     }
+
+
+def _placed(leaf, sharding) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+
+def _tensor_type(shape, dtype) -> str:
+    """The MLIR type of a ``shape`` / ``dtype`` array, as the lowered module spells it."""
+    names = {"int8": "i8", "float8_e4m3fn": "f8E4M3FN", "float32": "f32", "bfloat16": "bf16"}
+    name = names.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
+    return f"tensor<{'x'.join(map(str, shape))}x{name}>"
 
 
 def _per_chip_bytes(tree) -> int:

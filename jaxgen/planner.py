@@ -86,6 +86,8 @@ class Plan:
     num_params: int
     weight_bytes: int
     kv_bytes_per_token: int
+    # Each device's share under tensor parallelism (what bounds the pages): see kv_shares.
+    kv_bytes_per_token_per_device: int
     # Per token of a sequence of `context` tokens when sliding-window layers hold at most their
     # window (equal to kv_bytes_per_token without sliding layers). The page pool allocates
     # kv_bytes_per_token: it keeps every layer's pages for the sequence's whole length.
@@ -102,7 +104,8 @@ class Plan:
         return [
             f"parameters                  {self.num_params / 1e6:,.1f} M",
             f"weight bytes                {self.weight_bytes / gib:,.3f} GiB",
-            f"KV bytes per token          {self.kv_bytes_per_token:,} B",
+            f"KV bytes per token          {self.kv_bytes_per_token:,} B"
+            f" ({self.kv_bytes_per_token_per_device:,} B per device)",
             f"  at {context} tokens, windowed {self.kv_bytes_per_token_windowed:,.0f} B"
             " (sliding-window layers hold at most their window)",
             f"KV budget                   {self.kv_budget_bytes / gib:,.2f} GiB",
@@ -121,6 +124,17 @@ class Plan:
 WEIGHT_BYTES_PER_PARAM = {"int8": 1 + 2 / 32, "int4": 0.5 + 4 / 32, "fp8": 1.0}
 
 
+def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: DeviceSpec) -> int:
+    """How many ways a token's KV splits over ``tensor_parallel_degree`` devices, as the engine
+    lays the pool out: the paired pool (reference, cpu, pallas-gpu) over KV heads when the degree
+    divides them, else whole on every device; the pallas-tpu pool gives each chip
+    ``1 / min(degree, KV heads)``."""
+    degree, heads = tensor_parallel_degree, config.num_kv_heads
+    if device.name.startswith("TPU"):
+        return min(degree, heads)
+    return degree if heads % degree == 0 else 1
+
+
 def make_plan(
     config: ModelConfig,
     *,
@@ -135,7 +149,8 @@ def make_plan(
 ) -> Plan:
     """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``; ``quantization``
     ("int8" / "int4" / "fp8") and ``kv_cache_dtype`` ("int8" / "fp8") count the quantised
-    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``). The
+    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``). Pages
+    are counted per device: each holds its share of every page (:func:`kv_shares`). The
     batch-1 decode floor reads the active parameters only (``ModelConfig.num_active_params``:
     the routed experts, and no untied embedding table)."""
     itemsize = DTYPE_BYTES[dtype]
@@ -143,9 +158,10 @@ def make_plan(
     kv_per_token = config.kv_bytes_per_token(itemsize)
     if kv_cache_dtype != "auto":
         kv_per_token = kv_cache.bytes_per_token(config)
+    kv_per_device = -(-kv_per_token // kv_shares(config, tensor_parallel_degree, device))
     total_memory = device.memory_bytes * tensor_parallel_degree
     budget = max(int(total_memory * memory_utilization) - weight_bytes, 0)
-    num_pages = budget // (kv_per_token * page_size)
+    num_pages = budget // tensor_parallel_degree // (kv_per_device * page_size)
     tokens = num_pages * page_size
     pages_per_seq = -(-context // page_size)
     flops = device.peak_flops.get(dtype) or max(device.peak_flops.values())
@@ -153,11 +169,15 @@ def make_plan(
     bandwidth = device.bandwidth_bytes_per_s * tensor_parallel_degree
     # Decode at batch B: 2*P*B FLOPs against P*itemsize weight bytes read once per step.
     critical = flops * itemsize / (2 * bandwidth)
+    # An 8-bit pool holds the same share of the float pool's windowed bytes as of its full ones.
+    float_windowed = config.kv_bytes_per_sequence(context, itemsize) / context
+    windowed = float_windowed * kv_per_token / config.kv_bytes_per_token(itemsize)
     return Plan(
         num_params=config.num_params,
         weight_bytes=weight_bytes,
         kv_bytes_per_token=kv_per_token,
-        kv_bytes_per_token_windowed=config.kv_bytes_per_sequence(context, itemsize) / context,
+        kv_bytes_per_token_per_device=kv_per_device,
+        kv_bytes_per_token_windowed=windowed,
         kv_budget_bytes=budget,
         num_pages=num_pages,
         tokens_that_fit=tokens,
@@ -219,6 +239,8 @@ def cmd_plan_target(args) -> int:
             max_model_len=args.max_model_len or args.context,
             max_num_seqs=args.max_num_seqs,
             page_size=args.page_size,
+            tensor_parallel_degree=args.tensor_parallel_degree or 1,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         if args.json:
             print(json.dumps(result))
@@ -226,6 +248,12 @@ def cmd_plan_target(args) -> int:
         print(f"model: {args.model or 'smollm2 (default)'}")
         print(f"lowered for CUDA in {result['lower_seconds']:.1f} s (lowered only: not compiled)")
         print(f"attention backend   {result['attention_backend']}")
+        print(f"KV cache dtype      {result['kv_cache_dtype']}")
+        if result["tensor_parallel_degree"] > 1:
+            print(
+                f"tensor parallel     {result['tensor_parallel_degree']} devices, "
+                f"{result['shard_map_regions']} shard_map regions (one per layer)"
+            )
         for name, count in sorted(result["kernel_calls"].items()):
             print(f"  Pallas kernel     {name} x {count}")
         for name, count in sorted(result["custom_calls"].items()):

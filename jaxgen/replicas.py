@@ -25,6 +25,7 @@ from jaxgen.sharding import DeferredPlacement, shard_loaded
 _SHARED_STATS = (
     "batching",
     "kv_bytes_per_token",
+    "kv_bytes_per_token_per_device",
     "page_size",
     "max_model_len",
     "compiles",
@@ -48,9 +49,7 @@ def create_engine(model, *, dtype, config: EngineConfig):
         return LLMEngine(loaded, config)
     devices = jax.devices() if replicas == 1 else jax.local_devices()  # replicas: one host
     placement = DeferredPlacement(degree, replicas, devices)
-    loaded = load_sharded(
-        model, dtype=dtype, placement=placement, quantization=config.quantization
-    )
+    loaded = load_sharded(model, dtype=dtype, placement=placement, quantization=config.quantization)
     engines = [LLMEngine(loaded, config, kv_sharding=placement.plans[0].kv_sharding)]
     for plan in placement.plans[1:]:
         engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))

@@ -124,6 +124,57 @@ def mode_quantized_tp(args: dict) -> dict:
     return result
 
 
+def mode_kv_pool_tp(args: dict) -> dict:
+    """KV pools under tensor parallelism: for each (model, backend, kv_cache_dtype, degree)
+    case, the greedy tokens of prompts prefilled in chunks (paged batching, 16-token step
+    budget) and how the layer-0 K pool is split (an 8-bit pool: its codes and scales)."""
+    from jaxgen import LLM
+
+    prompts = [" ".join(["the sea is deep and"] * 6), "one two three four five six", "Hi"]
+    engine = dict(ENGINE, batching="paged", max_rolling_batch_prefill_tokens=16)
+    result = {}
+    for model, backend, kv_cache_dtype, degree in args["cases"]:
+        llm = LLM(
+            args["models"][model],
+            tensor_parallel_degree=degree,
+            attention_backend=backend,
+            kv_cache_dtype=kv_cache_dtype,
+            **engine,
+        )
+        tokens = generate(llm, prompts, max_tokens=8)
+        pool = llm.engine.runner.kv_cache[0][0]  # after the steps: the sharding they kept
+        leaves = {"values": getattr(pool, "values", pool), "scales": getattr(pool, "scales", None)}
+        result[f"{model} {backend} {kv_cache_dtype} {degree}"] = {
+            "tokens": tokens,
+            "backend": llm.engine.runner.backend.name,
+            "pool": type(pool).__name__,
+            **{name: None if a is None else shard_shapes(a) for name, a in leaves.items()},
+            "spec": [
+                str(getattr(a.sharding, "spec", None)) for a in leaves.values() if a is not None
+            ],
+            "stats": {
+                k: llm.stats()[k]
+                for k in ("kv_cache_dtype", "kv_bytes_per_token", "kv_bytes_per_token_per_device")
+            },
+        }
+    return result
+
+
+def mode_cuda_lowering_tp(args: dict) -> dict:
+    """The pallas-gpu decode step lowered for CUDA at degree 2 with an 8-bit pool."""
+    from jaxgen.ahead_of_time import lower_decode_step_for_cuda
+    from jaxgen.config import ModelConfig
+
+    config = ModelConfig(**args["config"])
+    return lower_decode_step_for_cuda(
+        config,
+        max_model_len=128,
+        max_num_seqs=8,
+        tensor_parallel_degree=2,
+        kv_cache_dtype=args["kv_cache_dtype"],
+    )
+
+
 def mode_streamed_weight(args: dict) -> dict:
     """``StreamedWeight``'s shard_map placement on a 4-device model axis, with the pure-jnp
     product in place of the Pallas kernel (TPU interpret mode does not run under shard_map on

@@ -126,3 +126,41 @@ def test_planner_counts_quantised_bytes(tiny_model_dir):
     assert small.kv_bytes_per_token < base.kv_bytes_per_token
     assert small.weight_bytes == int(config.num_params * (1 + 2 / 32))
     assert small.num_pages > base.num_pages
+
+
+def test_planner_counts_each_devices_share_of_an_8bit_pool(tiny_model_dir):
+    """Under tensor parallelism the pages are bounded by one device's share of each page: half
+    of the 2 KV heads' codes and scales at degree 2; at degree 4 the paired pool holds both
+    heads on every device (the degree does not divide them), the TPU pool one head per chip."""
+    from jaxgen.loaders.hf_checkpoint import load_hf_config
+    from jaxgen.planner import DEVICES, make_plan
+
+    config = load_hf_config(tiny_model_dir)  # 2 KV heads
+    int8 = kv_cache.bytes_per_token(config)
+    plans = {
+        (device, degree): make_plan(
+            config,
+            device=DEVICES[device],
+            tensor_parallel_degree=degree,
+            kv_cache_dtype="int8",
+            memory_utilization=0.5,
+        )
+        for device in ("h100", "tpu-v5e")
+        for degree in (1, 2, 4)
+    }
+    per_device = {key: plan.kv_bytes_per_token_per_device for key, plan in plans.items()}
+    assert per_device == {
+        ("h100", 1): int8,
+        ("h100", 2): int8 // 2,
+        ("h100", 4): int8,
+        ("tpu-v5e", 1): int8,
+        ("tpu-v5e", 2): int8 // 2,
+        ("tpu-v5e", 4): int8 // 2,
+    }
+    for (device, degree), plan in plans.items():
+        assert plan.kv_bytes_per_token_windowed == pytest.approx(int8)  # no sliding layers
+        per_device_budget = plan.kv_budget_bytes // degree
+        assert plan.num_pages == per_device_budget // (per_device[device, degree] * 16)
+    # Doubling the devices doubles the pages when the heads split, not when they are replicated.
+    assert plans["h100", 2].num_pages > 1.9 * plans["h100", 1].num_pages
+    assert plans["h100", 4].num_pages < plans["h100", 2].num_pages

@@ -85,8 +85,7 @@ def test_auto_backend_selection():
     assert resolve_backend("auto") == "cpu"
     assert resolve_backend("auto", dtype=jnp.bfloat16) == "reference"
     assert resolve_backend("auto", sharded=True) == "reference"
-    with pytest.raises(ValueError, match="attention_backend"):
-        resolve_backend("cpu", sharded=True)
+    assert resolve_backend("cpu", sharded=True) == "cpu"  # tensor parallel: asked for by name
     with pytest.raises(ValueError, match="attention_backend"):
         resolve_backend("cpu", dtype=jnp.bfloat16)
 

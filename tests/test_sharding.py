@@ -169,6 +169,103 @@ def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
     assert all(shape[0] == 2 for shape in gqa["4"]["params"]["kv_pool"]["shards"])
 
 
+@pytest.fixture(scope="module")
+def head_dim_64_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    """2 query heads, 2 KV heads of 64 (two scale groups per head in an 8-bit pool)."""
+    path = str(tmp_path_factory.mktemp("tiny-hd64"))
+    return save_tiny_model(
+        path, smollm2_tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=2
+    )
+
+
+def check_kv_pool_cases(result: dict, cases: list) -> None:
+    """Each degree's tokens equal degree 1's (same model, backend and pool dtype), and its pool
+    is split over the KV heads as the degree allows (an 8-bit pool's codes and scales alike)."""
+    for model, backend, kv_cache_dtype, degree in cases:
+        case = result[f"{model} {backend} {kv_cache_dtype} {degree}"]
+        eight_bit = kv_cache_dtype != "auto"
+        assert case["backend"] == backend, case
+        assert case["pool"] == ("QuantizedPages" if eight_bit else "ArrayImpl"), case
+        # hd64 (2 layers, 2 KV heads of 64): codes + 2 float32 scales per head, or float32.
+        per_token = {"hd64": 576 if eight_bit else 2048, "gqa": 96 if eight_bit else 256}
+        heads = 2 if degree == 1 or model == "gqa" else 1  # gqa at degree 4: replicated
+        assert case["stats"] == {
+            "kv_cache_dtype": kv_cache_dtype,
+            "kv_bytes_per_token": per_token[model],
+            "kv_bytes_per_token_per_device": per_token[model] * heads // 2,
+        }
+        if degree == 1:
+            continue
+        assert case["tokens"] == result[f"{model} {backend} {kv_cache_dtype} 1"]["tokens"], case
+        pages, head_dim = case["values"][0][1], 64 if model == "hd64" else 8
+        assert case["values"] == [[heads, pages, 16, head_dim]] * degree
+        if eight_bit:
+            assert case["scales"] == [[heads, pages, 16, head_dim // 32 or 1]] * degree
+        spec = "P('model',)" if heads == 1 else "P()"
+        assert case["spec"] == [spec] * (1 + eight_bit)  # after the steps too
+
+
+def test_8bit_kv_pool_under_tensor_parallelism(head_dim_64_dir):
+    """An int8 pool at degree 2 gives degree 1's greedy tokens on the native cpu backend
+    (its kernels inside shard_map), through paged batching with chunked prefill (16-token
+    steps); each device holds its KV head's codes and scales."""
+    cases = [["hd64", "cpu", "int8", degree] for degree in (1, 2)]
+    result = run_worker(
+        "kv_pool_tp", {"models": {"hd64": head_dim_64_dir}, "cases": cases}, num_devices=2
+    )
+    check_kv_pool_cases(result, cases)
+
+
+@pytest.mark.slow
+def test_kv_pools_under_tensor_parallelism_on_every_paired_backend(head_dim_64_dir, gqa_dir):
+    """Degree 2 against degree 1: int8 on the reference backend (XLA's partitioner) and on
+    pallas-gpu (interpreted, inside shard_map), fp8 and the float pool on cpu; and int8 on cpu
+    at degree 4 over 2 KV heads (replicated: every device attends with every head)."""
+    cases = [
+        [model, backend, kv_cache_dtype, degree]
+        for model, backend, kv_cache_dtype, degrees in (
+            ("hd64", "reference", "int8", (1, 2)),
+            ("hd64", "pallas-gpu", "int8", (1, 2)),
+            ("hd64", "cpu", "fp8", (1, 2)),
+            ("hd64", "cpu", "auto", (1, 2)),
+            ("gqa", "cpu", "int8", (1, 4)),
+        )
+        for degree in degrees
+    ]
+    result = run_worker(
+        "kv_pool_tp",
+        {"models": {"hd64": head_dim_64_dir, "gqa": gqa_dir}, "cases": cases},
+        num_devices=4,
+        timeout=900,
+    )
+    check_kv_pool_cases(result, cases)
+
+
+def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
+    """Lowered only (no GPU here): at degree 2 each layer's write and Triton kernel run inside
+    shard_map on one device's KV head: its codes [1, P, S, 64] int8 and scales [1, P, S, 2]."""
+    config = dict(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+    )
+    result = run_worker(
+        "cuda_lowering_tp", {"config": config, "kv_cache_dtype": "int8"}, num_devices=2
+    )
+    assert result["custom_calls"] == {"__gpu$xla.gpu.triton": 1}  # one private kernel
+    assert sum(result["kernel_calls"].values()) == 2  # called once per layer
+    assert result["shard_map_regions"] == 2
+    pages = result["num_pages"]
+    assert result["pool_shard_types"] == {
+        f"tensor<1x{pages}x16x2xf32>": True,
+        f"tensor<1x{pages}x16x64xi8>": True,
+    }
+
+
 @pytest.mark.slow
 def test_quantized_weights_stay_quantised_under_tensor_parallelism(mha_dir):
     """int8 and int4 (group 32) weights placed on 2 simulated devices: still QuantizedWeights,

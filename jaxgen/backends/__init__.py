@@ -6,7 +6,7 @@ preparation and the attention kernels, and is chosen once per engine by :func:`s
 | ``reference`` | anywhere | plain XLA (gathers pages) |
 | ``pallas-tpu`` | TPU (interpreted on CPU) | ragged paged attention + in-place K/V write (Mosaic) |
 | ``pallas-gpu`` | GPU (interpreted on CPU) | decode + ragged prefill kernels (Triton) |
-| ``cpu`` | CPU, float32, one device | native C++ paged attention and matmul (XLA FFI) |
+| ``cpu`` | CPU, float32 | native C++ paged attention and matmul (XLA FFI; XLA matmuls under TP) |
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ def resolve_backend_name(
             raise ValueError("attention_backend='cpu' runs only on the CPU backend")
         if jnp.dtype(dtype) != jnp.float32:
             raise ValueError(f"attention_backend='cpu' needs dtype float32, got {jnp.dtype(dtype)}")
-        if sharded:
-            raise ValueError("attention_backend='cpu' does not support tensor parallelism")
         if not cpu_kernel_available():
             raise ValueError("attention_backend='cpu': the kernel could not be built here")
     return name
@@ -66,10 +64,10 @@ def select_backend(
     kv_cache_dtype: str = "auto",
 ) -> AttentionBackend:
     """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
-    paired-layout pool sharding of a tensor-parallel engine, whose mesh and model axis the
-    TPU backend uses for its own layout. ``kv_cache_dtype`` "int8" / "fp8" (an 8-bit pool):
-    every backend's kernels read it (reference and cpu: ``QuantizedPages``; pallas-tpu:
-    ``QuantizedKVPool``; pallas-gpu: ``QuantizedPages``)."""
+    paired-layout pool sharding of a tensor-parallel engine, whose mesh and head axis every
+    backend takes (the TPU backend for its own layout). ``kv_cache_dtype`` "int8" / "fp8" (an
+    8-bit pool): every backend's kernels read it (reference, cpu and pallas-gpu:
+    ``QuantizedPages``; pallas-tpu: ``QuantizedKVPool``), under tensor parallelism too."""
     validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
@@ -83,13 +81,13 @@ def select_backend(
             interpret=interpret,
             kv_cache_dtype=kv_cache_dtype,
         )
+    # Paired-pool backends: the pool split over KV heads as ``kv_sharding`` says.
+    split = dict(mesh=kv_sharding.mesh, model_axis=kv_sharding.spec[0]) if sharded else {}
     if resolved == "pallas-gpu":
-        return PallasGPUBackend(
-            interpret=(platform or jax.default_backend()) == "cpu", kv_cache_dtype=kv_cache_dtype
-        )
-    return {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved](
-        kv_cache_dtype=kv_cache_dtype
-    )
+        interpret = (platform or jax.default_backend()) == "cpu"
+        return PallasGPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype, **split)
+    backend = {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]
+    return backend(kv_cache_dtype=kv_cache_dtype, **split)
 
 
 __all__ = [

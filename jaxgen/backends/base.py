@@ -35,6 +35,20 @@ class AttentionBackend:
         """Zeroed pool arrays on the devices ``kv_sharding`` (for the paired layout) names."""
         raise NotImplementedError
 
+    def kv_pool_sharding(self, kv_sharding=None):
+        """The pool's shardings under tensor parallelism (None: one device)."""
+        return None
+
+    def kv_pool_shares(self, config, page_size: int, dtype, kv_sharding=None) -> int:
+        """How many ways every page splits over the devices: 1 on one device or with the KV
+        heads replicated, the degree when each device holds its share of the heads."""
+        shardings = self.kv_pool_sharding(kv_sharding)
+        if shardings is None:
+            return 1
+        leaf = jax.tree_util.tree_leaves(self.kv_pool_shapes(config, 1, page_size, dtype))[0]
+        shard = jax.tree_util.tree_leaves(shardings)[0].shard_shape(leaf.shape)
+        return math.prod(leaf.shape) // math.prod(shard)
+
     def kv_bytes_per_page(self, config, page_size: int, dtype) -> int:
         """Bytes one page takes in every layer together, padding included."""
         layers = self.kv_pool_shapes(config, 1, page_size, dtype)

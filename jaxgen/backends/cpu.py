@@ -58,10 +58,13 @@ def pack_linear_weights(params: nnx.State) -> nnx.State:
 class CPUBackend(PairedPoolBackend):
     name = "cpu"
     full_width_tables = True
+    shard_kernels = True  # the native attention runs per device under tensor parallelism
 
     def prepare_params(self, params, config):
-        """Packed ``Linear`` kernels, and a tied embedding packed as the LM head kernel."""
-        if not matmul_kernel_available():
+        """Packed ``Linear`` kernels, and a tied embedding packed as the LM head kernel. Under
+        tensor parallelism the weights stay as placed (XLA's dot, split as the weights are):
+        the packed panels hold a whole kernel."""
+        if not matmul_kernel_available() or self.degree > 1:
             return params, None
         head = None
         if config.tie_word_embeddings:

@@ -19,6 +19,7 @@ class PallasGPUBackend(PairedPoolBackend):
 
     name = "pallas-gpu"
     interpret: bool = False
+    shard_kernels = True  # a Triton call is opaque to XLA's partitioner: one per device
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         return ragged_paged_attention(

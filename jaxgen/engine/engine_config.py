@@ -139,7 +139,8 @@ class EngineConfig:
         help="reference (pure JAX), pallas-tpu (Mosaic ragged kernel, docs/tpu.md), pallas-gpu "
         "(decode + ragged prefill kernels), pallas (the platform's Pallas kernels; interpret mode "
         "on CPU), cpu (native C++ kernels through the XLA FFI: paged decode attention and the "
-        "projections' matmuls over panel-packed weights; CPU, float32, no tensor parallelism) or "
+        "projections' matmuls over panel-packed weights; CPU, float32; under tensor parallelism "
+        "the attention per device, XLA's matmuls) or "
         "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
         choices=BACKENDS,
     )

@@ -50,7 +50,9 @@ class LLMEngine:
         # The backend's pool layout decides the bytes (the TPU's pads head_dim to 128 lanes).
         page_bytes = backend.kv_bytes_per_page(model_config, page_size, loaded.dtype)
         self.kv_bytes_per_token = page_bytes // page_size
-        kv_bytes = self._kv_budget_bytes()
+        shares = backend.kv_pool_shares(model_config, page_size, loaded.dtype, kv_sharding)
+        self.kv_bytes_per_token_per_device = self.kv_bytes_per_token // shares
+        kv_bytes = self._kv_budget_bytes(shares)
         self.batching = batching_plan(config, self.max_model_len)
         self.batching = dataclasses.replace(
             self.batching,
@@ -118,7 +120,9 @@ class LLMEngine:
         if config.precompile:
             self.precompile()
 
-    def _kv_budget_bytes(self) -> int:
+    def _kv_budget_bytes(self, shares: int = 1) -> int:
+        """The pool's bytes: ``kv_cache_memory`` bytes, or a fraction of an accelerator's free
+        memory, taken on each of the ``shares`` devices every page is split over."""
         kv = self.config.kv_cache_memory
         if isinstance(kv, int):
             return kv
@@ -127,7 +131,7 @@ class LLMEngine:
             return CPU_DEFAULT_KV_BYTES if kv is None else int(CPU_DEFAULT_KV_BYTES * kv)
         stats = device.memory_stats() or {}
         free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-        return int(free * (ACCELERATOR_KV_FRACTION if kv is None else kv))
+        return int(free * (ACCELERATOR_KV_FRACTION if kv is None else kv)) * shares
 
     def precompile(self, sampling_params: list[SamplingParams] | None = None) -> int:
         """Compiles the step for every batch shape the engine can meet, once per sampling
@@ -339,6 +343,7 @@ class LLMEngine:
             "kv_tokens_peak": self.scheduler.kv_tokens_peak,
             "kv_cache_usage": allocator.num_used_pages / max(allocator.num_usable_pages, 1),
             "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_per_device": self.kv_bytes_per_token_per_device,
             "page_size": self.config.page_size,
             "max_model_len": self.max_model_len,
             "num_running": len(self.scheduler.running),
