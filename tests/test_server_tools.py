@@ -19,7 +19,7 @@ from jaxgen.tool_calling import ToolRequest, check_conversation, check_tools, re
 from serving.app import create_app
 from serving.generation import Completion, Delta, GenerationResult
 from serving.openai_format import ChatFormat
-from serving.openai_routes import OpenAIRequest
+from serving.openai_requests import OpenAIRequest
 from serving.settings import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 
