@@ -183,11 +183,6 @@ def server(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
 def long_oai(tiny_model_dir):
     llm = shared_llm(tiny_model_dir, **{**TINY_ENGINE_KNOBS, "max_model_len": 512})
     with start_server(llm, tiny_model_dir) as running:
