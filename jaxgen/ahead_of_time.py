@@ -32,80 +32,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxgen.abstract_step import abstract_params, decode_step_inputs, per_chip_bytes, placed
 from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
 from jaxgen.config import ModelConfig
 from jaxgen.engine.runner import jitted_step
-from jaxgen.engine.sampling_tensors import build_sampling_tensors
-from jaxgen.engine.step_layout import StepLayout
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
-from jaxgen.models.weights import quantisable_paths
-from jaxgen.quantization.quantize import spec_for_path, validate_quantization
-from jaxgen.quantization.quantized_weight import VALUE_DTYPES, QuantizedWeight
+from jaxgen.quantization.quantize import validate_quantization
 from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan, make_mesh
-
-GB = 10**9
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TpuChip:
-    """Datasheet figures of one chip."""
-
-    name: str
-    hbm_bytes: int
-    bandwidth_bytes_per_s: float
-    peak_bf16_flops: float
-
-
-CHIPS = {
-    "v5e": TpuChip(name="TPU v5e", hbm_bytes=16 * GB, bandwidth_bytes_per_s=819e9, peak_bf16_flops=197e12),
-    "v6e": TpuChip(name="TPU v6e", hbm_bytes=32 * GB, bandwidth_bytes_per_s=1640e9, peak_bf16_flops=918e12),
-    "v5p": TpuChip(name="TPU v5p", hbm_bytes=95 * GB, bandwidth_bytes_per_s=2765e9, peak_bf16_flops=459e12),
-}  # fmt: skip
-
-# Product names (chips, as Cloud TPU counts them; v5p-8 is 4 chips of 2 cores) -> libtpu's names.
-TARGETS = {
-    "v5e-1": "v5e:1x1",
-    "v5e-4": "v5e:2x2",
-    "v5e-8": "v5e:2x4",
-    "v6e-1": "v6e:1x1",
-    "v6e-4": "v6e:2x2",
-    "v6e-8": "v6e:2x4",
-    "v5p-8": "v5p:2x2x1",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class TpuSlice:
-    target: str
-    topology: str
-    chip: TpuChip
-    devices: tuple
-
-
-def resolve_target(target: str) -> TpuSlice:
-    """The devices of a slice named ``v5e-4`` or ``v5e:2x2``; ``ValueError`` listing the names."""
-    topology = TARGETS.get(target, target)
-    generation = topology.split(":", 1)[0]
-    if ":" not in topology or generation not in CHIPS:
-        raise ValueError(
-            f"unknown TPU target {target!r}; choose one of {', '.join(TARGETS)}, a libtpu "
-            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)}), or cuda (lowered only)"
-        )
-    # Compiling needs libtpu but no chip; several processes may then load it side by side.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    from jax.experimental import topologies
-
-    dims = [int(d) for d in topology.split(":", 1)[1].split("x")]
-    bounds = {"chips_per_host_bounds": (1, 1, 1)} if math.prod(dims) == 1 else {}
-    try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, **bounds)
-    except Exception as error:  # libtpu missing, or a name it does not know
-        raise ValueError(
-            f"libtpu cannot build TPU target {target!r} ({topology}): {error}; known targets: "
-            f"{', '.join(TARGETS)} (needs the tpu extra: pip install 'jaxgen[tpu]')"
-        ) from None
-    return TpuSlice(target, topology, CHIPS[generation], tuple(desc.devices))
+from jaxgen.tpu_targets import GB, resolve_target
 
 
 def config_from_path(model: str | None) -> ModelConfig:
@@ -114,70 +49,6 @@ def config_from_path(model: str | None) -> ModelConfig:
         with open(model) as f:
             return ModelConfig.from_hf_dict(json.load(f))
     return model_config_only(model)
-
-
-def _abstract_params(config: ModelConfig, dtype, plan: ShardingPlan, quantization: str = "none"):
-    """Graph and parameter ``ShapeDtypeStruct``s (with their shardings): no weights exist.
-    ``quantization`` "int8" / "int4" / "fp8": the parameters a load would quantise
-    (``spec_for_path``) are ``QuantizedWeight``s of ``ShapeDtypeStruct``s, as loaded."""
-    abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    quantisable = quantisable_paths(config, dtype) if quantization != "none" else set()
-    leaves = []
-    for path, var in nnx.to_flat_state(state):
-        value = var.get_value()
-        spec = spec_for_path(quantization, path) if path in quantisable else None
-        if spec is not None:
-            kernel_shape = value.shape if path[-1] == "kernel" else value.shape[::-1]  # [in, out]
-            weight = abstract_quantized_weight(kernel_shape, spec)
-            shardings = plan.quantized_shardings(path, weight)
-            weight = jax.tree_util.tree_map(
-                lambda leaf, sharding: jax.ShapeDtypeStruct(
-                    leaf.shape, leaf.dtype, sharding=sharding
-                ),
-                weight,
-                shardings,
-            )
-            leaves.append((path, var.replace(weight)))
-            continue
-        sharding = plan.sharding_for(path)
-        leaves.append(
-            (path, var.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)))
-        )
-    return graphdef, nnx.from_flat_state(leaves)
-
-
-def abstract_quantized_weight(shape: tuple[int, int], spec) -> QuantizedWeight:
-    """The ``QuantizedWeight`` of ``ShapeDtypeStruct``s a ``[K, N]`` kernel quantised per
-    ``spec`` loads as (``jaxgen.quantization.quantize_kernel``: float16 scales for int8 and
-    int4, float32 per channel for fp8)."""
-    depth, columns = shape
-    group = spec.group_size or depth
-    scales = jax.ShapeDtypeStruct(
-        (depth // group, columns), jnp.float32 if spec.kind == "fp8" else jnp.float16
-    )
-    rows = depth // 2 if spec.kind == "int4" else depth
-    values = jax.ShapeDtypeStruct((rows, columns), VALUE_DTYPES[spec.kind])
-    mins = scales if spec.asymmetric else None
-    return QuantizedWeight(values, scales, mins, kind=spec.kind, group_size=group, shape=shape)
-
-
-def _decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
-    """``ShapeDtypeStruct``s of a full-width decode step's inputs (after params and pool), and
-    its static sampling flags."""
-    layout = StepLayout(
-        page_size=page_size,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max(max_num_seqs, 16),
-        max_model_len=max_model_len,
-    )
-    inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
-    tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
-    arrays = (*inputs.arrays, tensors)
-    abstract = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding), arrays
-    )
-    return abstract, flags
 
 
 def lower_decode_step_for_cuda(
@@ -212,7 +83,7 @@ def lower_decode_step_for_cuda(
     graphdef, params = nnx.split(abstract)
     backend = PallasGPUBackend(kv_cache_dtype=kv_cache_dtype)
     pool = backend.kv_pool_shapes(config, num_pages, page_size, dtype)
-    step_inputs, flags = _decode_step_inputs(page_size, max_num_seqs, max_model_len)
+    step_inputs, flags = decode_step_inputs(page_size, max_num_seqs, max_model_len)
     mesh, shard_types = None, []
     if tensor_parallel_degree > 1:
         mesh = make_mesh(tensor_parallel_degree)
@@ -220,17 +91,14 @@ def lower_decode_step_for_cuda(
         backend = dataclasses.replace(backend, mesh=mesh, model_axis=plan.kv_sharding.spec[0])
         params = nnx.from_flat_state(
             [
-                (path, var.replace(_placed(var.get_value(), plan.sharding_for(path))))
+                (path, var.replace(placed(var.get_value(), plan.sharding_for(path))))
                 for path, var in nnx.to_flat_state(params)
             ]
         )
         leaf_shardings = backend.kv_pool_sharding()
-        pool = [
-            jax.tree_util.tree_map(_placed, layer, (leaf_shardings, leaf_shardings))
-            for layer in pool
-        ]
+        pool = [placed(layer, (leaf_shardings, leaf_shardings)) for layer in pool]
         replicated = NamedSharding(mesh, PartitionSpec())
-        step_inputs, flags = _decode_step_inputs(page_size, max_num_seqs, max_model_len, replicated)
+        step_inputs, flags = decode_step_inputs(page_size, max_num_seqs, max_model_len, replicated)
         shard_types = sorted(
             {
                 _tensor_type(leaf.sharding.shard_shape(leaf.shape), leaf.dtype)
@@ -263,24 +131,11 @@ def lower_decode_step_for_cuda(
     }
 
 
-def _placed(leaf, sharding) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
-
-
 def _tensor_type(shape, dtype) -> str:
     """The MLIR type of a ``shape`` / ``dtype`` array, as the lowered module spells it."""
     names = {"int8": "i8", "float8_e4m3fn": "f8E4M3FN", "float32": "f32", "bfloat16": "bf16"}
     name = names.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
     return f"tensor<{'x'.join(map(str, shape))}x{name}>"
-
-
-def _per_chip_bytes(tree) -> int:
-    """Bytes each chip holds of a tree of sharded ``ShapeDtypeStruct``s."""
-    total = 0
-    for leaf in jax.tree_util.tree_leaves(tree):
-        shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
-    return total
 
 
 def compile_decode_step(
@@ -324,10 +179,10 @@ def compile_decode_step(
         if degree > 1
         else PallasTPUBackend(kv_cache_dtype=kv_cache_dtype)
     )
-    graphdef, params = _abstract_params(config, dtype, plan, quantization)
+    graphdef, params = abstract_params(config, dtype, plan, quantization)
     step_params, head = backend.prepare_params(params, config)  # as the engine's runner does
     # Quantised weights: what the step reads (the prepared form holds float32 scales).
-    weight_bytes = _per_chip_bytes(params if quantization == "none" else (step_params, head))
+    weight_bytes = per_chip_bytes(params if quantization == "none" else (step_params, head))
     hbm = tpu.chip.hbm_bytes
     if weight_bytes >= hbm:
         raise ValueError(
@@ -351,16 +206,8 @@ def compile_decode_step(
             if isinstance(pool_sharding, NamedSharding)
             else pool_sharding
         )
-        pool.append(
-            jax.tree_util.tree_map(
-                lambda leaf, sharding: jax.ShapeDtypeStruct(
-                    leaf.shape, leaf.dtype, sharding=sharding
-                ),
-                layer,
-                shardings,
-            )
-        )
-    step_inputs, flags = _decode_step_inputs(
+        pool.append(placed(layer, shardings))
+    step_inputs, flags = decode_step_inputs(
         page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
     step = jitted_step(graphdef, backend)
@@ -381,7 +228,7 @@ def compile_decode_step(
     # Live KV: every sequence at max_model_len, or the whole pool when they do not all fit.
     live_kv = min(max_num_seqs * max_model_len * kv_bytes_per_token, pool_bytes)
     # An untied embedding table is not read by a step, only its rows for the step's tokens.
-    unread = 0 if config.tie_word_embeddings else _per_chip_bytes(params["embed_tokens"])
+    unread = 0 if config.tie_word_embeddings else per_chip_bytes(params["embed_tokens"])
     floor = weight_bytes - unread + live_kv
     accessed = float(cost.get("bytes accessed", 0.0))
     kernels = sorted(set(_custom_calls(lowered.as_text())))

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jaxgen.ahead_of_time import CHIPS, TARGETS, TpuChip
 from jaxgen.config import ModelConfig
+from jaxgen.tpu_targets import CHIPS, TARGETS, TpuChip
 
 SLICE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Datasheet inter-chip interconnect bandwidth per chip (Cloud TPU's published Gbps / 8).

@@ -10,7 +10,8 @@ from jaxgen.async_llm import AsyncLLM
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.loaders import load_model
 from jaxgen.replicas import create_engine
-from serving.settings import ServerSettings, SettingsError, engine_knobs
+from serving.setting_parsers import SettingsError
+from serving.settings import ServerSettings, engine_knobs
 
 logger = logging.getLogger("serving")
 

@@ -11,7 +11,8 @@ import time
 from jaxgen.quantization.stats import weight_stats
 from serving.generation import TokenTexts
 from serving.metrics import ServerMetrics
-from serving.settings import ServerSettings, SettingsError
+from serving.setting_parsers import SettingsError
+from serving.settings import ServerSettings
 from serving.validation import RequestError
 
 logger = logging.getLogger("serving")

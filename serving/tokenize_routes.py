@@ -7,7 +7,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.common import accept
-from serving.openai_routes import chat_messages, check_model, openai_error
+from serving.openai_requests import chat_messages
+from serving.openai_routes import check_model, openai_error
 from serving.validation import Fields, RequestError, check_token_ids
 
 

@@ -61,3 +61,32 @@ def smollm2_llm():
     from jaxgen import LLM
 
     return LLM(None, max_model_len=512, kv_cache_memory=256 << 20)
+
+
+# -- the server tests' engine and clients -----------------------------------------------------------
+# A module that tests the HTTP server defines its own ``server`` fixture (the settings differ);
+# ``http`` and ``oai`` are clients of that module's server. A module with another engine defines
+# its own ``llm``.
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    """The tiny model's ``AsyncLLM`` with the server tests' knobs (one per process)."""
+    from serving.testing import TINY_ENGINE_KNOBS, shared_llm
+
+    return shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    """An httpx client of the module's ``server``."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    """An OpenAI client of the module's ``server`` (no retries: a failure shows as it is)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

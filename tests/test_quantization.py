@@ -134,7 +134,8 @@ def test_other_gguf_types_are_requantised_with_a_log_line(tmp_path, caplog):
 
 
 def test_serve_quantization_from_flags_env_and_properties(tmp_path):
-    from serving.settings import SettingsError, resolve_settings
+    from serving.setting_parsers import SettingsError
+    from serving.settings import resolve_settings
 
     assert resolve_settings({"quantization": "int4"}, {}).engine["quantization"] == "int4"
     assert resolve_settings({}, {"QUANTIZE": "eetq"}).engine["quantization"] == "int8"  # TGI
@@ -163,7 +164,8 @@ def test_serve_bad_quantization_flag_is_one_line_and_exit_2():
 
 
 def test_serve_kv_cache_dtype_setting():
-    from serving.settings import SettingsError, resolve_settings
+    from serving.setting_parsers import SettingsError
+    from serving.settings import resolve_settings
 
     assert resolve_settings({"kv_cache_dtype": "fp8"}, {}).engine["kv_cache_dtype"] == "fp8"
     with pytest.raises(SettingsError, match=r"kv_cache_dtype from flags .* got 'int4'"):

@@ -14,14 +14,13 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 from huggingface_hub import InferenceClient
 
 from jaxgen.sampling_params import SamplingParams
 from serving.app import create_app
 from serving.settings import ServerSettings
-from serving.testing import TINY_ENGINE_KNOBS, ServerThread, free_port, shared_llm
+from serving.testing import ServerThread, free_port
 
 PROMPT = "The quick brown fox"
 # 151 tokens: with up to 100 new tokens a sequence stays within one block-table width bucket,
@@ -44,11 +43,6 @@ METRIC_NAMES = [
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir):
-    return shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
-
-
-@pytest.fixture(scope="module")
 def server(llm, tiny_model_dir):
     settings = ServerSettings(model=tiny_model_dir, served_model_name="tiny")
     with ServerThread(create_app(llm, settings)) as running:
@@ -60,17 +54,6 @@ def server(llm, tiny_model_dir):
         )
         assert warm.status_code == 200, warm.text
         yield running
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def engine_output(llm, prompt, **params):

@@ -21,15 +21,10 @@ from jaxgen.async_llm import AsyncLLM
 from serving.app import create_app
 from serving.server import DrainingServer, ServerThread, exit_code, uvicorn_config
 from serving.settings import ServerSettings, resolve_settings
-from serving.testing import TINY_ENGINE_KNOBS, free_port, shared_llm
+from serving.testing import TINY_ENGINE_KNOBS, free_port
 
 PROMPT = "The quick brown fox"
 LONG_PROMPT = "hello " * 150
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir):
-    return shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,8 @@ import pytest
 
 from jaxgen.engine.engine_config import parse_kv_cache_memory
 from serving.cli import FLAG_SETTINGS, add_serve_arguments, settings_from_args
-from serving.settings import (
-    ServerSettings,
-    SettingsError,
-    engine_knobs,
-    read_properties,
-    resolve_settings,
-)
+from serving.setting_parsers import SettingsError, read_properties
+from serving.settings import ServerSettings, engine_knobs, resolve_settings
 from serving.state import Limits
 
 PROPERTIES = """\

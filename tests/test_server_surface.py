@@ -13,15 +13,10 @@ import pytest
 
 from serving.app import create_app
 from serving.settings import ServerSettings
-from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
+from serving.testing import ServerThread
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 API_KEY = "sk-test-key"
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir):
-    return shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
 
 
 @pytest.fixture(scope="module")
@@ -45,17 +40,6 @@ def locked(llm, tiny_model_dir):
     )
     with ServerThread(create_app(llm, settings)) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from jaxgen.tool_calling import ToolRequest, check_conversation, check_tools, re
 from serving.app import create_app
 from serving.generation import Completion, Delta, GenerationResult
 from serving.openai_format import ChatFormat
-from serving.openai_routes import OpenAIRequest
+from serving.openai_requests import OpenAIRequest
 from serving.settings import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 
@@ -180,11 +180,6 @@ def start_server(llm, tiny_model_dir):
 def server(tiny_model_dir):
     with start_server(shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS), tiny_model_dir) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

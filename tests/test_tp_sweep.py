@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from jaxgen.ahead_of_time import CHIPS
 from jaxgen.config import ModelConfig
 from jaxgen.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
+from jaxgen.tpu_targets import CHIPS
 
 
 def llama3(**overrides) -> ModelConfig:

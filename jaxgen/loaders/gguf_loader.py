@@ -5,7 +5,7 @@ Tensors come out under Hugging Face names, with what llama.cpp's converter chang
 quantised tensors on their codes and scales alike); for Falcon it reorders the fused QKV rows
 from per-KV-head groups to all queries, all keys, all values (we restore the groups); for Gemma
 it stores every norm weight plus one (we subtract it); and it renames tensors per architecture
-(``blk.N.ffn_norm`` is Llama's post-attention norm but Gemma's pre-feedforward norm).
+(``jaxgen.loaders.gguf_names`` maps them back).
 
 ``get_tensor`` dequantises any tensor to float32 (``quantization="none"``). ``get_quantized``
 keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orientation
@@ -23,6 +23,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxgen.loaders.gguf_names import (
+    GEMMA_ARCHITECTURES,
+    SUPPORTED_GGUF_ARCHITECTURES,
+    expert_tensor_names,
+    hf_tensor_name,
+)
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, pack_int4, quantize_kernel
 
 logger = logging.getLogger(__name__)
@@ -37,67 +43,9 @@ REQUANTISED_TYPES = {
     "Q8_K": "int8", "Q2_K": "int4", "Q3_K": "int4", "Q4_K": "int4",
 }  # fmt: skip
 BLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 block
-# GGUF general.architecture -> HF model_type
-SUPPORTED_GGUF_ARCHITECTURES = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma2": "gemma2",
-    "gemma3": "gemma3_text",
-    "phi3": "phi3",
-    "qwen3moe": "qwen3_moe",
-    "falcon": "falcon",
-}
-# Stacked expert tensors [E, out, in] -> the per-expert HF projection each slice is (Qwen3-MoE's
-# name, Mixtral's name: Mixtral is llama.cpp's "llama" architecture with experts).
-_EXPERT_TENSORS = {
-    "ffn_gate_exps": ("gate_proj", "w1"),
-    "ffn_up_exps": ("up_proj", "w3"),
-    "ffn_down_exps": ("down_proj", "w2"),
-}
-# Phi-3's fused tensors keep their HF names (split at load like the safetensors ones).
-_PHI3_LAYER_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_GEMMA = ("gemma2", "gemma3")
-# Gemma-specific block names (they replace the Llama meaning of ffn_norm).
-_GEMMA_LAYER_NAMES = {
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
 # Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
 # rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
-# Falcon's tensors under its HF names (``transformer.h.N...``). Falcon-40B's two LayerNorms are
-# ``attn_norm`` (its ``ln_mlp``) and ``attn_norm_2`` (its ``ln_attn``); 7B's one is ``attn_norm``.
-_FALCON_LAYER_NAMES = {
-    "attn_qkv": "self_attention.query_key_value",
-    "attn_output": "self_attention.dense",
-    "ffn_up": "mlp.dense_h_to_4h",
-    "ffn_down": "mlp.dense_4h_to_h",
-    "attn_norm_2": "ln_attn",
-}
-_FALCON_NAMES = {
-    "token_embd.weight": "transformer.word_embeddings.weight",
-    "output_norm.weight": "transformer.ln_f.weight",
-    "output_norm.bias": "transformer.ln_f.bias",
-    "output.weight": "lm_head.weight",
-}
-
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate_inp": "mlp.gate",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 
 
 class GGUFFile:
@@ -124,35 +72,15 @@ class GGUFFile:
         self.tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         self._gguf_names = {tensor.name for tensor in self.reader.tensors}
         for tensor in self.reader.tensors:
-            parts = tensor.name.split(".")
-            if len(parts) == 4 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
-                mixtral = self.architecture == "llama"
-                proj = _EXPERT_TENSORS[parts[2]][int(mixtral)]
-                block = "block_sparse_moe" if mixtral else "mlp"
-                for expert in range(int(tensor.shape[-1])):  # ggml order: experts outermost last
-                    name = f"model.layers.{parts[1]}.{block}.experts.{expert}.{proj}.weight"
+            # ggml order: the experts are the outermost axis, listed last.
+            experts = expert_tensor_names(tensor.name, self.architecture, int(tensor.shape[-1]))
+            if experts is not None:
+                for expert, name in enumerate(experts):
                     self.tensors[name] = (tensor, expert)
                 continue
-            if self.architecture == "llama" and tensor.name.endswith("ffn_gate_inp.weight"):
-                name = f"model.layers.{parts[1]}.block_sparse_moe.gate.weight"
-                self.tensors[name] = (tensor, None)
-                continue
-            if self.architecture == "falcon":
-                self.tensors[self._falcon_tensor_name(tensor.name)] = (tensor, None)
-                continue
-            self.tensors[_hf_tensor_name(tensor.name, self.architecture)] = (tensor, None)
+            name = hf_tensor_name(tensor.name, self.architecture, self._gguf_names)
+            self.tensors[name] = (tensor, None)
         self._stacked_cache: tuple[str, np.ndarray] | None = None
-
-    def _falcon_tensor_name(self, name: str) -> str:
-        if name in _FALCON_NAMES:
-            return _FALCON_NAMES[name]
-        _, layer, kind, leaf = name.split(".", 3)
-        if kind == "attn_norm":  # the MLP's norm when the layer has a second (attention) norm
-            two_norms = f"blk.{layer}.attn_norm_2.weight" in self._gguf_names
-            kind_name = "ln_mlp" if two_norms else "input_layernorm"
-        else:
-            kind_name = _FALCON_LAYER_NAMES.get(kind, kind)
-        return f"transformer.h.{layer}.{kind_name}.{leaf}"
 
     def field(self, key: str, default=None):
         field = self.reader.fields.get(key)
@@ -196,7 +124,7 @@ class GGUFFile:
             config["sliding_window"] = sliding
         if arch == "llama" and any(n.endswith("q_proj.bias") for n in self.tensors):
             config["attention_bias"] = True
-        if arch in _GEMMA:
+        if arch in GEMMA_ARCHITECTURES:
             config.update(self._gemma_config(config))
         if arch == "phi3":
             config.update(self._longrope_config(config))
@@ -311,7 +239,7 @@ class GGUFFile:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml order is innermost first
         array = self._unpermute(name, np.asarray(data, dtype=np.float32).reshape(shape))
-        if self.architecture in _GEMMA and name.endswith("norm.weight"):
+        if self.architecture in GEMMA_ARCHITECTURES and name.endswith("norm.weight"):
             array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
         return array
 
@@ -387,24 +315,6 @@ class GGUFFile:
 
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
-
-
-def _hf_tensor_name(name: str, architecture: str) -> str:
-    if name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if name == "output_norm.weight":
-        return "model.norm.weight"
-    if name == "output.weight":
-        return "lm_head.weight"
-    if name.startswith("blk."):
-        _, layer, kind, leaf = name.split(".", 3)
-        if architecture in _GEMMA and kind in _GEMMA_LAYER_NAMES:
-            return f"model.layers.{layer}.{_GEMMA_LAYER_NAMES[kind]}.{leaf}"
-        if architecture == "phi3" and kind in _PHI3_LAYER_NAMES:
-            return f"model.layers.{layer}.{_PHI3_LAYER_NAMES[kind]}.{leaf}"
-        if kind in _LAYER_NAMES:
-            return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
-    return name
 
 
 def _falcon_grouped_qkv(rows: np.ndarray, num_heads: int, num_kv_heads: int) -> np.ndarray:
