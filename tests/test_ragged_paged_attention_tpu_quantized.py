@@ -14,11 +14,11 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.tpu import ragged_paged_attention_reference_tpu, ragged_paged_attention_tpu
+from pallas_kernels.tpu.kv_cache_update_quantized import update_quantized_pool_tpu
 from pallas_kernels.tpu.kv_pool_quantized import (
     QuantizedKVPool,
     quantized_pool_shapes,
     update_quantized_pool_reference,
-    update_quantized_pool_tpu,
     zeros_quantized_pool,
 )
 from tests.test_ragged_paged_attention_tpu import (
@@ -127,7 +127,7 @@ def test_8bit_pool_rejects_bad_inputs():
     q = jnp.zeros((8, 4, 64), jnp.float32)
     i32 = jnp.int32
     metadata = (jnp.zeros(2, i32), jnp.ones((2, 4), i32), jnp.zeros(3, i32), jnp.ones(1, i32))
-    bad_scales = QuantizedKVPool(pool.codes, pool.scales[..., :64])
+    bad_scales = QuantizedKVPool(pool.codes, pool.scales[:, :4])  # [P, C * G, S] needs 8 rows
     with pytest.raises(ValueError, match="kv_pages scales"):
         ragged_paged_attention_tpu(q, bad_scales, *metadata, scale=0.1)
     small_pages = zeros_quantized_pool(quantized_pool_shapes("int8", 9, 16, 2, 64))

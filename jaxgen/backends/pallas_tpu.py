@@ -23,10 +23,10 @@ from jaxgen.backends.streamed_weight import StreamedWeight
 from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
+from pallas_kernels.tpu.kv_cache_update_quantized import update_quantized_pool_tpu
 from pallas_kernels.tpu.kv_pool_quantized import (
     QuantizedKVPool,
     quantized_pool_shapes,
-    update_quantized_pool_tpu,
 )
 from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 
@@ -107,13 +107,15 @@ class PallasTPUBackend(AttentionBackend):
             local = quantized_pool_shapes(
                 self.kv_cache_dtype, num_pages, page_size, heads, config.head_dim
             )
+            codes, scales = local.codes, local.scales  # split on KV rows / their scale rows
             pool = QuantizedKVPool(
-                *(
-                    jax.ShapeDtypeStruct(
-                        (*x.shape[:2], x.shape[2] * self.degree, *x.shape[3:]), x.dtype
-                    )
-                    for x in (local.codes, local.scales)
-                )
+                jax.ShapeDtypeStruct(
+                    (*codes.shape[:2], codes.shape[2] * self.degree, codes.shape[3]), codes.dtype
+                ),
+                jax.ShapeDtypeStruct(
+                    (scales.shape[0], scales.shape[1] * self.degree, scales.shape[2]),
+                    scales.dtype,
+                ),
             )
             return [pool for _ in range(config.num_layers)]
         local = kv_pool_shape(num_pages, page_size, heads, config.head_dim, dtype)
@@ -122,11 +124,11 @@ class PallasTPUBackend(AttentionBackend):
 
     def kv_pool_spec(self, model_axis: str | None = None):
         """The pool's partition spec (a ``QuantizedKVPool`` of specs for an 8-bit pool): split
-        over KV rows (codes) and their scale columns."""
+        over KV rows (codes) and their scale rows."""
         axis = model_axis or self.model_axis
         if self.kv_cache_dtype != "auto":
             return QuantizedKVPool(
-                PartitionSpec(None, None, axis, None), PartitionSpec(None, None, axis)
+                PartitionSpec(None, None, axis, None), PartitionSpec(None, axis, None)
             )
         return PartitionSpec(None, None, axis, None)
 

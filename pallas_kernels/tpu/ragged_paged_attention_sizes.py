@@ -72,3 +72,14 @@ def attention_cost(
         transcendentals=num_tokens * num_q_heads * keys,
         bytes_accessed=kv_pages_read * page_bytes + 2 * q_bytes,
     )
+
+
+VMEM_SCOPED_DEFAULT = 16 * 1024 * 1024  # v5e scoped default; above it we raise the limit.
+
+
+def vmem_limit(vmem_bytes: int, vmem_limit_bytes: int | None) -> int | None:
+    """The scoped VMEM limit to ask for: the caller's, else twice the estimate when it exceeds
+    3/4 of the default (capped at 100 MiB), else the default (None)."""
+    if vmem_limit_bytes is None and vmem_bytes > VMEM_SCOPED_DEFAULT * 3 // 4:
+        return min(2 * vmem_bytes, 100 * 1024 * 1024)
+    return vmem_limit_bytes
