@@ -247,7 +247,7 @@ def compile_decode_step(
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning).
     ``quantization`` "int8" / "int4" / "fp8": the weights as a quantised load holds them (the
     step streams int8 / int4 codes and scales through the quantised Pallas matmul);
-    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 32)."""
+    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 128)."""
     validate_quantization(quantization)
     if quantization == "auto":
         quantization = "none"

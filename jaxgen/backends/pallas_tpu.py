@@ -99,11 +99,6 @@ class PallasTPUBackend(AttentionBackend):
     def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
         heads = self.kv_heads_per_chip(config)
         if self.kv_cache_dtype != "auto":
-            if page_size % 32:
-                raise ValueError(
-                    f"page_size={page_size}: an 8-bit pool on the pallas-tpu backend needs a "
-                    "multiple of 32 (int8 packs 32 rows in a tile)"
-                )
             local = quantized_pool_shapes(
                 self.kv_cache_dtype, num_pages, page_size, heads, config.head_dim
             )

@@ -11,7 +11,9 @@ attention kernel.
 One scale per token, KV row and 32 lanes, as the paired-pool backends' ``QuantizedPages``
 (the measured choice: see ``jaxgen.quantization.kv_cache``), so both quantise identically.
 Tokens sit on the lanes: a page's scales are ``2 * Hkv_p * G`` rows of ``page_size`` lanes, one
-float32 per 32 code bytes (12.5% of the codes) when page_size is a multiple of 128. The attention
+float32 per 32 code bytes (12.5% of the codes). page_size must be a multiple of 128: Mosaic DMAs
+and slices lanes in whole 128-lane tiles, and a narrower page would be padded to 128 lanes in HBM
+(XLA also relaid out, i.e. copied, a 32-lane scale pool before the update kernel). The attention
 kernel applies them to score columns (K) and to probabilities (V) rather than dequantising codes,
 so no transpose is needed. A token-major layout ``[P, S, 2 * Hkv_p * G]`` would pad its last
 axis to 128 lanes: with 2 KV heads per chip that is 512 bytes of scales per token and layer, as
@@ -83,6 +85,11 @@ def quantized_pool_shapes(
     """The ``ShapeDtypeStruct`` pytree of one layer's 8-bit pool."""
     if kv_cache_dtype not in CODE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be 'int8' or 'fp8', got {kv_cache_dtype!r}")
+    if page_size % LANES:
+        raise ValueError(
+            f"page_size={page_size}: an 8-bit TPU pool needs a multiple of {LANES} (its scales "
+            "put a page's tokens on 128 lanes)"
+        )
     code_dtype, _ = CODE_DTYPES[kv_cache_dtype]
     rows = 2 * padded_num_kv_heads(num_kv_heads, code_dtype)
     shape = (num_pages, page_size, rows, padded_head_dim(head_dim))

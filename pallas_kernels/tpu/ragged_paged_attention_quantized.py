@@ -82,14 +82,25 @@ def _quantized_attention_kernel(
         )
         return [codes, scales]
 
-    lane_group = lax.broadcasted_iota(jnp.int32, (1, head_dim_padded), 1) // (head_dim // groups)
+    # Full [rows, Dp] so the mask needs no sublane broadcast (Mosaic has none for booleans).
+    lane_group = lax.broadcasted_iota(jnp.int32, (rows, head_dim_padded), 1) // (head_dim // groups)
+
+    num_scale_rows = scale_buf.shape[1]
 
     def scales_of(slot, row, g):  # [1, block_k]: row ``row``'s group-g scale of every key
+        # Picked out of its aligned 8-row tile by a masked sum: Mosaic cannot broadcast a
+        # row loaded at a sublane offset.
         index = row * groups + g
-        return scale_buf[slot, index : index + 1, :]
+        base = index // 8 * 8
+        tile = scale_buf[slot, base : min(base + 8, num_scale_rows), :]  # [<= 8, block_k]
+        pick = lax.broadcasted_iota(jnp.int32, tile.shape, 0) == index - base
+        return jnp.sum(jnp.where(pick, tile, 0.0), axis=0, keepdims=True)
 
-    def in_group(x, g):  # lanes of group g kept, others zero
-        return x if groups == 1 else jnp.where(lane_group == g, x, 0.0)
+    def in_group(x, g):  # lanes of group g kept, others zero (selected in float32: Mosaic
+        # has no bfloat16-layout booleans)
+        if groups == 1:
+            return x
+        return jnp.where(lane_group == g, x.astype(jnp.float32), 0.0).astype(x.dtype)
 
     def attend(slot, mask, live_keys):
         # Keys past live_keys may be unfetched (stale VMEM): zero their V codes and scales so

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_kernels.tpu.kv_cache_update import (
+    LANES,
     POOL_DTYPES,
     _tile_friendly,
     dtype_packing,
@@ -49,6 +50,10 @@ def validate_attention_call(
     if kv_scales is not None:
         if kv_pages.dtype not in CODE_DTYPES:
             raise ValueError(f"kv_pages codes must be int8 or float8_e4m3fn, got {kv_pages.dtype}")
+        if page_size % LANES:
+            raise ValueError(
+                f"kv_pages page_size {page_size} must be a multiple of {LANES} for an 8-bit pool"
+            )
         expected = (num_pages, scale_rows(num_rows, head_dim), page_size)
         if kv_scales.shape != expected or kv_scales.dtype != jnp.float32:
             raise ValueError(
