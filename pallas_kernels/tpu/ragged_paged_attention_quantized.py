@@ -263,5 +263,16 @@ def ragged_paged_attention_quantized(
         ),
         interpret=interpret,
         name="ragged_paged_attention_quantized",
-    )(kv_lens, block_tables.reshape(-1), cu_q_lens, num_seqs, q_padded, codes, scales)
+    )(
+        kv_lens,
+        block_tables.reshape(-1),
+        cu_q_lens,
+        num_seqs,
+        q_padded,
+        # Pinned to HBM: else XLA may stage a pool small enough for VMEM through it.
+        *(
+            x if interpret else pltpu.with_memory_space_constraint(x, pltpu.HBM)
+            for x in (codes, scales)
+        ),
+    )
     return out[:num_tokens, :, :head_dim]
