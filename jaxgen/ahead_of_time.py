@@ -396,7 +396,9 @@ def vmem_prefetch_bytes(hlo_text: str) -> int:
 def _custom_calls(hlo_text: str) -> list[str]:
     """Names of the Mosaic kernels a lowered step calls."""
     names = re.findall(r'kernel_name\s*=\s*"([^"]+)"', hlo_text)
-    names += re.findall(r"name\s*=\s*\"(ragged_paged_attention|kv_cache_update)[^\"]*\"", hlo_text)
+    names += re.findall(
+        r"name\s*=\s*\"((?:ragged_paged_attention|kv_cache_update)[a-z_]*)", hlo_text
+    )
     return names
 
 

@@ -198,16 +198,14 @@ def _update(pool, new_k, new_v, slot_mapping, *, interpret):
         ),
         interpret=interpret,
         name="kv_cache_update_quantized",
-    )(slot_mapping, codes, scales, *_in_hbm(pool.codes, pool.scales, interpret=interpret))
+    )(
+        slot_mapping,
+        codes,
+        scales,
+        pool.codes,
+        pool.scales,
+    )
     return QuantizedKVPool(new_codes, new_scales)
-
-
-def _in_hbm(*arrays, interpret):
-    """The pool arrays pinned to HBM: else XLA may stage a pool small enough for VMEM (a
-    layer's scales at v5e-4, 43 MB) through it around the kernel, a copy in and out."""
-    if interpret:
-        return arrays
-    return tuple(pltpu.with_memory_space_constraint(x, pltpu.HBM) for x in arrays)
 
 
 def update_quantized_pool_tpu(
