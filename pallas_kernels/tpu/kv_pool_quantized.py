@@ -126,10 +126,22 @@ def quantize_kv_rows(
         head_dim_padded=head_dim,
     )  # [T, C, D]: lanes padded after quantising
     num_tokens = rows.shape[0]
-    grouped = rows.reshape(num_tokens, num_rows, groups, head_dim // groups)
-    scales = jnp.max(jnp.abs(grouped), axis=-1) / limit  # [T, C, G]
+    # Group maxima by masks over whole rows, not a [.., G, 32] reshape: XLA lays 32-wide minor
+    # axes out padded to 128 lanes, which made this step count ~3x its bytes.
+    lane_group = jnp.arange(head_dim) // (head_dim // groups)  # [D]
+    magnitude = jnp.abs(rows)
+    scales = (
+        jnp.stack(
+            [jnp.max(jnp.where(lane_group == g, magnitude, 0.0), axis=-1) for g in range(groups)],
+            axis=-1,
+        )
+        / limit
+    )  # [T, C, G]
     scales = jnp.where(scales == 0, 1.0, scales)
-    codes = (grouped / scales[..., None]).reshape(rows.shape)
+    lane_scales = scales[..., :1]
+    for g in range(1, groups):
+        lane_scales = jnp.where(lane_group == g, scales[..., g : g + 1], lane_scales)  # [T, C, D]
+    codes = rows / lane_scales
     if jnp.dtype(code_dtype) == jnp.int8:
         codes = jnp.round(codes)
     codes = jnp.pad(codes, ((0, 0), (0, 0), (0, head_dim_padded - head_dim))).astype(code_dtype)

@@ -213,7 +213,8 @@ def ragged_paged_attention_quantized(
         2 * slab_bytes  # codes and scales, double-buffered
         + 4 * block_q * num_q_heads * head_dim_padded * q.dtype.itemsize  # q and out, 2 buffers
         + num_kv_heads * rows * (head_dim_padded + 2 * LANES) * 4  # acc, m, l
-        + 5 * rows * block_k * 4  # scores, partial scores, probs, mask temporaries
+        # scores, probs, mask, and per group a partial score and scaled probabilities
+        + (3 + 2 * scale_groups(head_dim)) * rows * block_k * 4
         + 4 * block_k * head_dim_padded * 4  # K/V head temporaries
     )
     kernel = functools.partial(
@@ -260,6 +261,7 @@ def ragged_paged_attention_quantized(
             pages_per_seq,
             kv_itemsize=codes.dtype.itemsize,
             scale_bytes_per_page=scale_bytes_per_page(num_rows, head_dim, page_size),
+            dot_passes=scale_groups(head_dim),
         ),
         interpret=interpret,
         name="ragged_paged_attention_quantized",
