@@ -23,13 +23,14 @@ from pallas_kernels.tpu.kv_pool_quantized import (
 )
 from tests.test_ragged_paged_attention_tpu import (
     _compile,
+    assert_no_races,
     make_batch,
     mixed_seqs,
     needs_libtpu,
     v5e_mesh,  # noqa: F401 (fixture)
 )
 
-INTERPRET = pltpu.InterpretParams()
+INTERPRET = pltpu.InterpretParams(detect_races=True)
 
 
 def filled_pool(rng, kind, num_pages, page_size, num_kv_heads, head_dim, dtype):
@@ -45,6 +46,7 @@ def filled_pool(rng, kind, num_pages, page_size, num_kv_heads, head_dim, dtype):
     subset = order[:96]
     k2, v2 = k[:96] * 0.5, v[:96] * 0.5
     written = update_quantized_pool_tpu(pool, k2, v2, subset, interpret=INTERPRET)
+    assert_no_races()
     expected = update_quantized_pool_reference(pool, k2, v2, subset)
     np.testing.assert_array_equal(
         np.asarray(written.codes.astype(jnp.float32)),
@@ -115,6 +117,7 @@ def test_attention_on_8bit_pool_matches_reference(
         num_queries_per_block=8,
         interpret=INTERPRET,
     )
+    assert_no_races()
     dequantized = pool.dequantize(head_dim).astype(dtype)
     expected = ragged_paged_attention_reference_tpu(
         q, dequantized, *metadata, **opts, num_kv_heads=num_kv_heads
@@ -159,6 +162,7 @@ def test_update_writes_each_page_once_per_run_of_tokens():
     k = jnp.asarray(rng.normal(size=(len(slots), 1, 128)), jnp.float32)
     v = jnp.asarray(rng.normal(size=(len(slots), 1, 128)) * 3.0, jnp.float32)
     out = update_quantized_pool_tpu(pool, k, v, slots, interpret=INTERPRET)
+    assert_no_races()
     expected = update_quantized_pool_reference(pool, k, v, slots)
     np.testing.assert_array_equal(np.asarray(out.codes), np.asarray(expected.codes))
     np.testing.assert_array_equal(np.asarray(out.scales), np.asarray(expected.scales))
