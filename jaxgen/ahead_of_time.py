@@ -155,7 +155,7 @@ def compile_decode_step(
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning).
     ``quantization`` "int8" / "int4" / "fp8": the weights as a quantised load holds them (the
     step streams int8 / int4 codes and scales through the quantised Pallas matmul);
-    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 32)."""
+    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 128)."""
     validate_quantization(quantization)
     if quantization == "auto":
         quantization = "none"
@@ -296,7 +296,9 @@ def vmem_prefetch_bytes(hlo_text: str) -> int:
 def _custom_calls(hlo_text: str) -> list[str]:
     """Names of the Mosaic kernels a lowered step calls."""
     names = re.findall(r'kernel_name\s*=\s*"([^"]+)"', hlo_text)
-    names += re.findall(r"name\s*=\s*\"(ragged_paged_attention|kv_cache_update)[^\"]*\"", hlo_text)
+    names += re.findall(
+        r"name\s*=\s*\"((?:ragged_paged_attention|kv_cache_update)[a-z_]*)", hlo_text
+    )
     return names
 
 

@@ -104,8 +104,8 @@ def test_every_backend_takes_8bit_pools():
     for name in ("reference", "pallas-tpu", "pallas-gpu"):
         assert select_backend(name, kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
     tpu = select_backend("pallas-tpu", kv_cache_dtype="int8")
-    with pytest.raises(ValueError, match="page_size=16: an 8-bit pool"):
-        tpu.kv_pool_shapes(_Config, 4, 16, jnp.float32)
+    with pytest.raises(ValueError, match="page_size=32: an 8-bit TPU pool needs a multiple of 128"):
+        tpu.kv_pool_shapes(_Config, 4, 32, jnp.float32)
 
 
 class _Config:

@@ -68,9 +68,9 @@ def test_engine_8bit_pool_greedy_tokens_match_reference(tiny_loaded):
     for backend in ("reference", "pallas-tpu"):
         llm = LLM(
             tiny_loaded,
-            max_model_len=128,
+            max_model_len=256,
             kv_cache_memory=4 << 20,
-            page_size=32,  # int8 packs 32 rows per tile
+            page_size=128,  # the TPU pool's scales put a page's tokens on 128 lanes
             max_rolling_batch_prefill_tokens=16,
             max_rolling_batch_size=4,
             attention_backend=backend,

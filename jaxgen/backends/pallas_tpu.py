@@ -15,6 +15,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.backends.base import AttentionBackend, replace_linear_kernels
@@ -23,10 +24,10 @@ from jaxgen.backends.streamed_weight import StreamedWeight
 from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
+from pallas_kernels.tpu.kv_cache_update_quantized import update_quantized_pool_tpu
 from pallas_kernels.tpu.kv_pool_quantized import (
     QuantizedKVPool,
     quantized_pool_shapes,
-    update_quantized_pool_tpu,
 )
 from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 
@@ -58,8 +59,6 @@ class PallasTPUBackend(AttentionBackend):
     def interpret_params(self):
         if not self.interpret:
             return False
-        from jax.experimental.pallas import tpu as pltpu
-
         return pltpu.InterpretParams()
 
     def prepare_params(self, params, config):
@@ -99,21 +98,18 @@ class PallasTPUBackend(AttentionBackend):
     def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
         heads = self.kv_heads_per_chip(config)
         if self.kv_cache_dtype != "auto":
-            if page_size % 32:
-                raise ValueError(
-                    f"page_size={page_size}: an 8-bit pool on the pallas-tpu backend needs a "
-                    "multiple of 32 (int8 packs 32 rows in a tile)"
-                )
             local = quantized_pool_shapes(
                 self.kv_cache_dtype, num_pages, page_size, heads, config.head_dim
             )
+            codes, scales = local.codes, local.scales  # split on KV rows / their scale rows
             pool = QuantizedKVPool(
-                *(
-                    jax.ShapeDtypeStruct(
-                        (*x.shape[:2], x.shape[2] * self.degree, *x.shape[3:]), x.dtype
-                    )
-                    for x in (local.codes, local.scales)
-                )
+                jax.ShapeDtypeStruct(
+                    (*codes.shape[:2], codes.shape[2] * self.degree, codes.shape[3]), codes.dtype
+                ),
+                jax.ShapeDtypeStruct(
+                    (scales.shape[0], scales.shape[1] * self.degree, scales.shape[2]),
+                    scales.dtype,
+                ),
             )
             return [pool for _ in range(config.num_layers)]
         local = kv_pool_shape(num_pages, page_size, heads, config.head_dim, dtype)
@@ -122,11 +118,11 @@ class PallasTPUBackend(AttentionBackend):
 
     def kv_pool_spec(self, model_axis: str | None = None):
         """The pool's partition spec (a ``QuantizedKVPool`` of specs for an 8-bit pool): split
-        over KV rows (codes) and their scale columns."""
+        over KV rows (codes) and their scale rows."""
         axis = model_axis or self.model_axis
         if self.kv_cache_dtype != "auto":
             return QuantizedKVPool(
-                PartitionSpec(None, None, axis, None), PartitionSpec(None, None, axis)
+                PartitionSpec(None, None, axis, None), PartitionSpec(None, axis, None)
             )
         return PartitionSpec(None, None, axis, None)
 
@@ -160,6 +156,13 @@ class PallasTPUBackend(AttentionBackend):
         def local(q, k, v, kv_pages, slots, md):
             if isinstance(kv_pages, QuantizedKVPool):
                 update = update_quantized_pool_tpu
+                if not self.interpret:
+                    # Pinned to HBM: else XLA stages a layer's scale pool that fits VMEM (43 MB
+                    # at Llama-3-8B on v5e-4) through VMEM around the update, a copy in and out.
+                    # (In the kernel itself the pin breaks a standalone donated jit: XLA rejects
+                    # aliasing a default-space parameter with a pinned output.)
+                    scales = pltpu.with_memory_space_constraint(kv_pages.scales, pltpu.HBM)
+                    kv_pages = QuantizedKVPool(kv_pages.codes, scales)
             else:
                 update = update_kv_cache_tpu
             kv_pages = update(kv_pages, k, v, slots, interpret=self.interpret_params)

@@ -51,9 +51,11 @@ def attention_cost(
     *,
     kv_itemsize: int | None = None,
     scale_bytes_per_page: int = 0,
+    dot_passes: int = 1,
 ) -> pl.CostEstimate:
     """Static cost of one call (``itemsize``: q's; ``kv_itemsize``: the pool's, default q's;
-    ``scale_bytes_per_page``: an 8-bit pool's scales, read with each page).
+    ``scale_bytes_per_page``: an 8-bit pool's scales, read with each page; ``dot_passes``: how
+    many times each score and value dot is done, once per scale group on an 8-bit pool).
 
     KV bytes: every page a live sequence can own is read once, i.e. ``min(max_seqs, T) *
     pages_per_seq`` pages (at most T sequences have queries), capped at the pool size. For a
@@ -68,7 +70,18 @@ def attention_cost(
     keys = pages_per_seq * page_size
     q_bytes = num_tokens * num_q_heads * head_dim_padded * itemsize
     return pl.CostEstimate(
-        flops=4 * num_tokens * num_q_heads * head_dim_padded * keys,
+        flops=4 * dot_passes * num_tokens * num_q_heads * head_dim_padded * keys,
         transcendentals=num_tokens * num_q_heads * keys,
         bytes_accessed=kv_pages_read * page_bytes + 2 * q_bytes,
     )
+
+
+VMEM_SCOPED_DEFAULT = 16 * 1024 * 1024  # v5e scoped default; above it we raise the limit.
+
+
+def vmem_limit(vmem_bytes: int, vmem_limit_bytes: int | None) -> int | None:
+    """The scoped VMEM limit to ask for: the caller's, else twice the estimate when it exceeds
+    3/4 of the default (capped at 100 MiB), else the default (None)."""
+    if vmem_limit_bytes is None and vmem_bytes > VMEM_SCOPED_DEFAULT * 3 // 4:
+        return min(2 * vmem_bytes, 100 * 1024 * 1024)
+    return vmem_limit_bytes
