@@ -83,6 +83,7 @@ def test_engine_8bit_pool_greedy_tokens_match_reference(tiny_loaded):
 
 @needs_libtpu
 @pytest.mark.tpu_compile
+@pytest.mark.slow
 def test_default_model_compiles_for_v5e_1_within_the_floor():
     """SmolLM2-135M (its GGUF's config): the whole step, no copy of the 14 GB pool, counted
     bytes within 1.25x of weights + live KV in the pool's padded layout."""

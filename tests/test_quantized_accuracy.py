@@ -169,7 +169,11 @@ def test_8bit_kv_pool_agrees_with_float_pool(
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the native CPU kernels")
 @pytest.mark.parametrize(
-    "kv_cache_dtype, threshold", [("int8", 0.98), pytest.param("fp8", 0.95, marks=pytest.mark.slow)]
+    "kv_cache_dtype, threshold",
+    [
+        pytest.param("int8", 0.98, marks=pytest.mark.slow),
+        pytest.param("fp8", 0.95, marks=pytest.mark.slow),
+    ],
 )
 def test_native_8bit_kv_pool_agrees_with_float_pool(
     float_model_sequences, kv_cache_dtype, threshold

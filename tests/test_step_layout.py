@@ -99,7 +99,7 @@ def sliding_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
     )
 
 
-@pytest.mark.parametrize("model", ["tiny", "sliding"])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("sliding", marks=pytest.mark.slow)])
 def test_native_backend_matches_reference(model, tiny_model_dir, sliding_model_dir):
     """The native backend (full-width tables, a kernel row per token) and the XLA reference
     (tight tables, query blocks) read the same ragged layout and agree token for token and in

@@ -98,6 +98,7 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
 
 @needs_libtpu
 @pytest.mark.tpu_compile
+@pytest.mark.slow
 def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     """Two layers of Llama-3-8B on v5e-4 (2 KV heads per chip) at batch 64 x 2048, int8
     weights: an int8 pool (codes + lane-major float32 scales, pages of 128) makes the live KV

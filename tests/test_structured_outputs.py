@@ -126,6 +126,7 @@ def test_preemption_keeps_each_matcher(tiny_loaded):
     assert all(re.fullmatch(LONG, o.outputs[0].text) for o in outputs)
 
 
+@pytest.mark.slow
 def test_parallel_samples_have_a_matcher_each(smollm2_llm):
     outputs = smollm2_llm.generate(PROMPTS[:3], constrained_params(5, n=4), use_tqdm=False)
     check_constrained(outputs)
