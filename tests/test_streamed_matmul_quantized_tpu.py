@@ -4,6 +4,8 @@ decode step with quantised weights compiled for v5e: the counted bytes shrink wi
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,7 +14,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.config import ModelConfig
 from jaxgen.quantization.quantize import QuantizationSpec, quantize_kernel
-from pallas_kernels.tpu.streamed_matmul_quantized import streamed_matmul_quantized_tpu
+from pallas_kernels.tpu.streamed_matmul_quantized import (
+    float16_bits_to_float32,
+    pack_float16_pairs,
+    streamed_matmul_quantized_tpu,
+)
 from tests.test_pallas_tpu_backend import LLAMA3_8B, needs_libtpu
 
 SPECS = [
@@ -23,18 +29,86 @@ SPECS = [
 
 
 def _float32_scales(weight):
-    return StreamedQuantizedWeight.wrap(weight).weight
+    """``weight`` with its float16 scales (and mins) in float32, exactly."""
+    mins = None if weight.mins is None else weight.mins.astype(jnp.float32)
+    return dataclasses.replace(weight, scales=weight.scales.astype(jnp.float32), mins=mins)
+
+
+def _packed_scales(weight):
+    """``weight`` with its float16 scales (and mins) packed in pairs, as the backend holds it."""
+    mins = None if weight.mins is None else pack_float16_pairs(weight.mins)
+    return dataclasses.replace(weight, scales=pack_float16_pairs(weight.scales), mins=mins)
+
+
+def _with_extreme_scales(weight):
+    """A subnormal float16 scale and, with mins, negative and subnormal mins."""
+    scales = np.asarray(weight.scales).copy()
+    scales[0, 0] = np.float16(2.0**-20)  # subnormal
+    scales[-1, 3] = np.float16(-(2.0**-24))  # the smallest, negated
+    mins = None
+    if weight.mins is not None:
+        mins = -np.abs(np.asarray(weight.mins))
+        mins[1, 2] = np.float16(-3 * 2.0**-24)
+    return dataclasses.replace(
+        weight, scales=jnp.asarray(scales), mins=None if mins is None else jnp.asarray(mins)
+    )
+
+
+def test_float16_bits_to_float32_is_exact_for_every_finite_float16():
+    bits = np.arange(2**16, dtype=np.uint16)
+    finite = np.isfinite(bits.view(np.float16))
+    got = np.asarray(float16_bits_to_float32(jnp.asarray(bits.astype(np.int32))))
+    expected = bits.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))
 
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("rows", [1, 8])
 def test_matches_dequantised_product(spec, rows):
+    """Float32 scales and float16 scales packed in pairs (with a subnormal scale, negative
+    mins) give the same bits, and both equal ``x @ dequantize()``."""
     rng = np.random.default_rng(rows)
-    weight = _float32_scales(quantize_kernel(rng.normal(size=(256, 384)), spec))
+    weight = _with_extreme_scales(quantize_kernel(rng.normal(size=(256, 384)), spec))
     x = jnp.asarray(rng.normal(size=(rows, 256)), jnp.float32)
-    out = streamed_matmul_quantized_tpu(x, weight, interpret=pltpu.InterpretParams())
+    interpret = pltpu.InterpretParams()
+    out = streamed_matmul_quantized_tpu(x, _float32_scales(weight), interpret=interpret)
+    packed = streamed_matmul_quantized_tpu(x, _packed_scales(weight), interpret=interpret)
+    np.testing.assert_array_equal(np.asarray(packed), np.asarray(out))
     expected = x @ weight.dequantize()
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-4)
+
+
+def test_dequantised_block_is_bit_exact_with_float32_scales():
+    """The dequantised weight itself (x = identity rows) is the float32 reference's, bit for
+    bit, through the packed float16 scales."""
+    rng = np.random.default_rng(3)
+    spec = QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
+    weight = _with_extreme_scales(quantize_kernel(rng.normal(size=(64, 128)), spec))
+    x = jnp.eye(8, 64, dtype=jnp.float32)
+    out = streamed_matmul_quantized_tpu(
+        x, _packed_scales(weight), interpret=pltpu.InterpretParams()
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(weight.dequantize())[:8])
+
+
+def test_streamed_weight_packs_float16_scales_and_falls_back_for_odd_groups():
+    """Even groups: the scales stay 16-bit (int32 words of two), the product as the reference;
+    three groups: float32 scales."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(4, 96)), jnp.float32)
+    for depth, packed in ((64, True), (96, False)):
+        weight = quantize_kernel(
+            rng.normal(size=(depth, 128)),
+            QuantizationSpec(kind="int4", group_size=32, asymmetric=True),
+        )
+        streamed = StreamedQuantizedWeight.wrap(weight, interpret=True)
+        scales = streamed.weight.scales
+        assert (scales.dtype, scales.shape[0]) == ((jnp.int32, 1) if packed else (jnp.float32, 3))
+        assert streamed.weight.mins.dtype == scales.dtype
+        rows = x[:, :depth]
+        np.testing.assert_allclose(
+            np.asarray(streamed.matmul(rows)), np.asarray(rows @ weight.dequantize()), atol=1e-4
+        )
 
 
 def test_streamed_weight_pads_columns_and_falls_back_for_many_rows():
@@ -62,6 +136,19 @@ def test_rejects_bad_inputs():
         streamed_matmul_quantized_tpu(x, weight)  # float16 scales, as loaded
     with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
         streamed_matmul_quantized_tpu(jnp.zeros((2, 32)), _float32_scales(weight))
+    with pytest.raises(ValueError, match=r"weight.scales must be \(1, 128\)"):
+        bad = dataclasses.replace(weight, scales=jnp.zeros((2, 128), jnp.int32))
+        streamed_matmul_quantized_tpu(x, bad)
+    int4 = quantize_kernel(
+        rng.normal(size=(64, 128)), QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
+    )
+    with pytest.raises(ValueError, match="weight.mins must be float32 or bfloat16, or int32"):
+        bad = dataclasses.replace(_packed_scales(int4), mins=int4.mins.astype(jnp.float32))
+        streamed_matmul_quantized_tpu(x, bad)
+    odd = quantize_kernel(rng.normal(size=(96, 128)), QuantizationSpec(kind="int8", group_size=32))
+    with pytest.raises(ValueError, match="weight.scales: packed float16 pairs need an even"):
+        bad = dataclasses.replace(odd, scales=jnp.zeros((1, 128), jnp.int32))
+        streamed_matmul_quantized_tpu(jnp.zeros((2, 96)), bad)
     fp8 = quantize_kernel(rng.normal(size=(64, 128)), QuantizationSpec(kind="fp8"))
     with pytest.raises(ValueError, match="weight.kind must be 'int8' or 'int4'"):
         streamed_matmul_quantized_tpu(x, fp8)
