@@ -157,11 +157,10 @@ def test_rejects_bad_inputs():
 @needs_libtpu
 @pytest.mark.tpu_compile
 def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
-    """Two layers of Llama-3-8B on v5e-4 at batch 64: the step streams int8 codes + float32
-    scales (1.125 bytes per weight against bf16's 2), so the weights per chip shrink to ~0.56x.
-    The step's counted bytes besides the KV shrink less (0.75x here, 0.64x for 32 layers): XLA
-    counts more for the quantised untied embedding's column lookup than for the float row
-    lookup."""
+    """Two layers of Llama-3-8B on v5e-4 at batch 64: the step streams int8 codes + float16
+    scales packed in pairs (1.0625 bytes per weight against bf16's 2), so the weights per chip
+    shrink to 0.53x. The step's counted bytes besides the KV shrink less (0.72x here): the
+    activations, norms, sampling and the quantised embedding's lookup count alike or more."""
     from jaxgen.ahead_of_time import compile_decode_step
 
     config = ModelConfig.from_hf_dict(dict(LLAMA3_8B, num_hidden_layers=2))
@@ -173,10 +172,10 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
     }
     assert "streamed_matmul_int8" in results["int8"]["kernels"]
     weights = {kind: r["per_chip_bytes"]["weights"] for kind, r in results.items()}
-    assert 0.5 < weights["int8"] / weights["none"] < 0.6
+    assert 0.5 < weights["int8"] / weights["none"] < 0.54  # 0.532 at this commit
     accessed = {kind: r["decode_step"]["bytes_accessed"] for kind, r in results.items()}
     kv = results["none"]["decode_step"]["live_kv_bytes"]
-    assert (accessed["int8"] - kv) / (accessed["none"] - kv) < 0.8  # 0.75 at this commit
+    assert (accessed["int8"] - kv) / (accessed["none"] - kv) < 0.74  # 0.723 at this commit
     # No copy of the weights: the compiler's temporaries stay small.
     assert (
         results["int8"]["per_chip_bytes"]["temp"] < 0.02 * results["int8"]["per_chip_bytes"]["hbm"]
@@ -212,3 +211,30 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     assert accessed["int8"] - live["int8"] < 1.03 * (accessed["auto"] - live["auto"])
     assert steps["int8"]["per_chip_bytes"]["temp"] < 2**20  # neither pool array is copied
     assert "ragged_paged_attention_quantized" in steps["int8"]["kernels"]
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
+@pytest.mark.slow
+def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
+    """Llama-3-8B (32 layers) on v5e-4 at batch 64 x 2048: int8 weights (16-bit scales) and
+    an int8 pool make the step's counted bytes 0.595x of bf16's at this commit (the issue's
+    target is 0.55x; docs/tpu.md says where the rest is), the floor 0.548x."""
+    from jaxgen.ahead_of_time import compile_decode_step
+
+    config = ModelConfig.from_hf_dict(LLAMA3_8B)
+    steps = {
+        (weights, kv): compile_decode_step(
+            config,
+            "v5e-4",
+            max_model_len=2048,
+            max_num_seqs=64,
+            quantization=weights,
+            kv_cache_dtype=kv,
+            page_size=128,
+        )["decode_step"]
+        for weights, kv in (("none", "auto"), ("int8", "int8"))
+    }
+    bf16, int8 = steps[("none", "auto")], steps[("int8", "int8")]
+    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.60
+    assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.55
