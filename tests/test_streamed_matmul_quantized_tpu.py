@@ -126,6 +126,17 @@ def test_streamed_weight_pads_columns_and_falls_back_for_many_rows():
         np.testing.assert_allclose(np.asarray(streamed.matmul(x)), np.asarray(expected), atol=1e-4)
 
 
+def test_packed_scales_under_a_depth_split():
+    """Split over depth on 2 chips, each chip's words pair its own groups (4 of 8 each), so
+    the kernel under shard_map and XLA's path both give ``x @ dequantize()``."""
+    from tests.sharded_worker import run_worker
+
+    result = run_worker("packed_scales_depth_split", {}, num_devices=2)
+    assert result["split"] == "depth" and result["packed_pieces"] == 2
+    assert result["scales"] == ["int32", 4, 128]
+    assert result["kernel_error"] < 1e-4 and result["xla_error"] < 1e-4
+
+
 def test_rejects_bad_inputs():
     rng = np.random.default_rng(0)
     weight = quantize_kernel(
