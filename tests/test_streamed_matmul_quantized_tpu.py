@@ -4,6 +4,8 @@ decode step with quantised weights compiled for v5e: the counted bytes shrink wi
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,7 +14,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.config import ModelConfig
 from jaxgen.quantization.quantize import QuantizationSpec, quantize_kernel
-from pallas_kernels.tpu.streamed_matmul_quantized import streamed_matmul_quantized_tpu
+from pallas_kernels.tpu.streamed_matmul_quantized import (
+    float16_bits_to_float32,
+    pack_float16_pairs,
+    streamed_matmul_quantized_tpu,
+)
 from tests.test_pallas_tpu_backend import LLAMA3_8B, needs_libtpu
 
 SPECS = [
@@ -23,18 +29,86 @@ SPECS = [
 
 
 def _float32_scales(weight):
-    return StreamedQuantizedWeight.wrap(weight).weight
+    """``weight`` with its float16 scales (and mins) in float32, exactly."""
+    mins = None if weight.mins is None else weight.mins.astype(jnp.float32)
+    return dataclasses.replace(weight, scales=weight.scales.astype(jnp.float32), mins=mins)
+
+
+def _packed_scales(weight):
+    """``weight`` with its float16 scales (and mins) packed in pairs, as the backend holds it."""
+    mins = None if weight.mins is None else pack_float16_pairs(weight.mins)
+    return dataclasses.replace(weight, scales=pack_float16_pairs(weight.scales), mins=mins)
+
+
+def _with_extreme_scales(weight):
+    """A subnormal float16 scale and, with mins, negative and subnormal mins."""
+    scales = np.asarray(weight.scales).copy()
+    scales[0, 0] = np.float16(2.0**-20)  # subnormal
+    scales[-1, 3] = np.float16(-(2.0**-24))  # the smallest, negated
+    mins = None
+    if weight.mins is not None:
+        mins = -np.abs(np.asarray(weight.mins))
+        mins[1, 2] = np.float16(-3 * 2.0**-24)
+    return dataclasses.replace(
+        weight, scales=jnp.asarray(scales), mins=None if mins is None else jnp.asarray(mins)
+    )
+
+
+def test_float16_bits_to_float32_is_exact_for_every_finite_float16():
+    bits = np.arange(2**16, dtype=np.uint16)
+    finite = np.isfinite(bits.view(np.float16))
+    got = np.asarray(float16_bits_to_float32(jnp.asarray(bits.astype(np.int32))))
+    expected = bits.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))
 
 
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("rows", [1, 8])
 def test_matches_dequantised_product(spec, rows):
+    """Float32 scales and float16 scales packed in pairs (with a subnormal scale, negative
+    mins) give the same bits, and both equal ``x @ dequantize()``."""
     rng = np.random.default_rng(rows)
-    weight = _float32_scales(quantize_kernel(rng.normal(size=(256, 384)), spec))
+    weight = _with_extreme_scales(quantize_kernel(rng.normal(size=(256, 384)), spec))
     x = jnp.asarray(rng.normal(size=(rows, 256)), jnp.float32)
-    out = streamed_matmul_quantized_tpu(x, weight, interpret=pltpu.InterpretParams())
+    interpret = pltpu.InterpretParams()
+    out = streamed_matmul_quantized_tpu(x, _float32_scales(weight), interpret=interpret)
+    packed = streamed_matmul_quantized_tpu(x, _packed_scales(weight), interpret=interpret)
+    np.testing.assert_array_equal(np.asarray(packed), np.asarray(out))
     expected = x @ weight.dequantize()
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-4)
+
+
+def test_dequantised_block_is_bit_exact_with_float32_scales():
+    """The dequantised weight itself (x = identity rows) is the float32 reference's, bit for
+    bit, through the packed float16 scales."""
+    rng = np.random.default_rng(3)
+    spec = QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
+    weight = _with_extreme_scales(quantize_kernel(rng.normal(size=(64, 128)), spec))
+    x = jnp.eye(8, 64, dtype=jnp.float32)
+    out = streamed_matmul_quantized_tpu(
+        x, _packed_scales(weight), interpret=pltpu.InterpretParams()
+    )
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(weight.dequantize())[:8])
+
+
+def test_streamed_weight_packs_float16_scales_and_falls_back_for_odd_groups():
+    """Even groups: the scales stay 16-bit (int32 words of two), the product as the reference;
+    three groups: float32 scales."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(4, 96)), jnp.float32)
+    for depth, packed in ((64, True), (96, False)):
+        weight = quantize_kernel(
+            rng.normal(size=(depth, 128)),
+            QuantizationSpec(kind="int4", group_size=32, asymmetric=True),
+        )
+        streamed = StreamedQuantizedWeight.wrap(weight, interpret=True)
+        scales = streamed.weight.scales
+        assert (scales.dtype, scales.shape[0]) == ((jnp.int32, 1) if packed else (jnp.float32, 3))
+        assert streamed.weight.mins.dtype == scales.dtype
+        rows = x[:, :depth]
+        np.testing.assert_allclose(
+            np.asarray(streamed.matmul(rows)), np.asarray(rows @ weight.dequantize()), atol=1e-4
+        )
 
 
 def test_streamed_weight_pads_columns_and_falls_back_for_many_rows():
@@ -52,6 +126,17 @@ def test_streamed_weight_pads_columns_and_falls_back_for_many_rows():
         np.testing.assert_allclose(np.asarray(streamed.matmul(x)), np.asarray(expected), atol=1e-4)
 
 
+def test_packed_scales_under_a_depth_split():
+    """Split over depth on 2 chips, each chip's words pair its own groups (4 of 8 each), so
+    the kernel under shard_map and XLA's path both give ``x @ dequantize()``."""
+    from tests.sharded_worker import run_worker
+
+    result = run_worker("packed_scales_depth_split", {}, num_devices=2)
+    assert result["split"] == "depth" and result["packed_pieces"] == 2
+    assert result["scales"] == ["int32", 4, 128]
+    assert result["kernel_error"] < 1e-4 and result["xla_error"] < 1e-4
+
+
 def test_rejects_bad_inputs():
     rng = np.random.default_rng(0)
     weight = quantize_kernel(
@@ -62,6 +147,19 @@ def test_rejects_bad_inputs():
         streamed_matmul_quantized_tpu(x, weight)  # float16 scales, as loaded
     with pytest.raises(ValueError, match=r"x must be \[M, 64\]"):
         streamed_matmul_quantized_tpu(jnp.zeros((2, 32)), _float32_scales(weight))
+    with pytest.raises(ValueError, match=r"weight.scales must be \(1, 128\)"):
+        bad = dataclasses.replace(weight, scales=jnp.zeros((2, 128), jnp.int32))
+        streamed_matmul_quantized_tpu(x, bad)
+    int4 = quantize_kernel(
+        rng.normal(size=(64, 128)), QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
+    )
+    with pytest.raises(ValueError, match="weight.mins must be float32 or bfloat16, or int32"):
+        bad = dataclasses.replace(_packed_scales(int4), mins=int4.mins.astype(jnp.float32))
+        streamed_matmul_quantized_tpu(x, bad)
+    odd = quantize_kernel(rng.normal(size=(96, 128)), QuantizationSpec(kind="int8", group_size=32))
+    with pytest.raises(ValueError, match="weight.scales: packed float16 pairs need an even"):
+        bad = dataclasses.replace(odd, scales=jnp.zeros((1, 128), jnp.int32))
+        streamed_matmul_quantized_tpu(jnp.zeros((2, 96)), bad)
     fp8 = quantize_kernel(rng.normal(size=(64, 128)), QuantizationSpec(kind="fp8"))
     with pytest.raises(ValueError, match="weight.kind must be 'int8' or 'int4'"):
         streamed_matmul_quantized_tpu(x, fp8)
@@ -70,11 +168,10 @@ def test_rejects_bad_inputs():
 @needs_libtpu
 @pytest.mark.tpu_compile
 def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
-    """Two layers of Llama-3-8B on v5e-4 at batch 64: the step streams int8 codes + float32
-    scales (1.125 bytes per weight against bf16's 2), so the weights per chip shrink to ~0.56x.
-    The step's counted bytes besides the KV shrink less (0.75x here, 0.64x for 32 layers): XLA
-    counts more for the quantised untied embedding's column lookup than for the float row
-    lookup."""
+    """Two layers of Llama-3-8B on v5e-4 at batch 64: the step streams int8 codes + float16
+    scales packed in pairs (1.0625 bytes per weight against bf16's 2), so the weights per chip
+    shrink to 0.53x. The step's counted bytes besides the KV shrink less (0.72x here): the
+    activations, norms, sampling and the quantised embedding's lookup count alike or more."""
     from jaxgen.ahead_of_time import compile_decode_step
 
     config = ModelConfig.from_hf_dict(dict(LLAMA3_8B, num_hidden_layers=2))
@@ -86,10 +183,10 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
     }
     assert "streamed_matmul_int8" in results["int8"]["kernels"]
     weights = {kind: r["per_chip_bytes"]["weights"] for kind, r in results.items()}
-    assert 0.5 < weights["int8"] / weights["none"] < 0.6
+    assert 0.5 < weights["int8"] / weights["none"] < 0.54  # 0.532 at this commit
     accessed = {kind: r["decode_step"]["bytes_accessed"] for kind, r in results.items()}
     kv = results["none"]["decode_step"]["live_kv_bytes"]
-    assert (accessed["int8"] - kv) / (accessed["none"] - kv) < 0.8  # 0.75 at this commit
+    assert (accessed["int8"] - kv) / (accessed["none"] - kv) < 0.74  # 0.723 at this commit
     # No copy of the weights: the compiler's temporaries stay small.
     assert (
         results["int8"]["per_chip_bytes"]["temp"] < 0.02 * results["int8"]["per_chip_bytes"]["hbm"]
@@ -125,3 +222,30 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     assert accessed["int8"] - live["int8"] < 1.03 * (accessed["auto"] - live["auto"])
     assert steps["int8"]["per_chip_bytes"]["temp"] < 2**20  # neither pool array is copied
     assert "ragged_paged_attention_quantized" in steps["int8"]["kernels"]
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
+@pytest.mark.slow
+def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
+    """Llama-3-8B (32 layers) on v5e-4 at batch 64 x 2048: int8 weights (16-bit scales) and
+    an int8 pool make the step's counted bytes 0.595x of bf16's at this commit (the issue's
+    target is 0.55x; docs/tpu.md says where the rest is), the floor 0.548x."""
+    from jaxgen.ahead_of_time import compile_decode_step
+
+    config = ModelConfig.from_hf_dict(LLAMA3_8B)
+    steps = {
+        (weights, kv): compile_decode_step(
+            config,
+            "v5e-4",
+            max_model_len=2048,
+            max_num_seqs=64,
+            quantization=weights,
+            kv_cache_dtype=kv,
+            page_size=128,
+        )["decode_step"]
+        for weights, kv in (("none", "auto"), ("int8", "int8"))
+    }
+    bf16, int8 = steps[("none", "auto")], steps[("int8", "int8")]
+    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.60
+    assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.55

@@ -15,6 +15,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -23,6 +24,7 @@ from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.backends.streamed_weight import StreamedWeight
 from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
+from jaxgen.quantization.quantized_embedding_table import QuantizedEmbeddingTable
 from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
 from pallas_kernels.tpu.kv_cache_update_quantized import update_quantized_pool_tpu
 from pallas_kernels.tpu.kv_pool_quantized import (
@@ -65,7 +67,8 @@ class PallasTPUBackend(AttentionBackend):
         """``Linear`` kernels as ``StreamedWeight``s (streamed from HBM by a Pallas matmul in
         decode steps; int8 / int4 ``QuantizedWeight``s as ``StreamedQuantizedWeight``s,
         dequantised in VMEM), and a tied embedding wrapped, untransposed, as the LM head kernel
-        (a quantised table is held as its head kernel already)."""
+        (a quantised table is held as its head kernel already). An untied quantised embedding
+        is held row-major (``QuantizedEmbeddingTable``), so its lookup is a row gather."""
         placement = dict(mesh=self.mesh, model_axis=self.model_axis, interpret=self.interpret)
 
         def wrap(kernel, transposed=False):
@@ -81,7 +84,10 @@ class PallasTPUBackend(AttentionBackend):
         if config.tie_word_embeddings:
             embedding = params["embed_tokens"]["embedding"].get_value()
             head = wrap(embedding, transposed=not is_quantized(embedding))
-        return replace_linear_kernels(params, wrap), head
+        step_params = replace_linear_kernels(params, wrap)
+        if not config.tie_word_embeddings:
+            step_params = _row_major_embedding(step_params)
+        return step_params, head
 
     def kv_heads_per_chip(self, config) -> int:
         """KV heads each chip holds: its share, or the one head its query heads read."""
@@ -195,6 +201,17 @@ class PallasTPUBackend(AttentionBackend):
             out_specs=(heads, self.kv_pool_spec()),
             check_vma=False,
         )(q, k, v, kv_layer, md.slot_mapping, md)
+
+
+def _row_major_embedding(params):
+    """``params`` with a quantised embedding table as a ``QuantizedEmbeddingTable`` (a copy;
+    other leaves shared)."""
+    leaves = []
+    for path, var in nnx.to_flat_state(params):
+        if tuple(path) == ("embed_tokens", "embedding") and is_quantized(var.get_value()):
+            var = var.replace(QuantizedEmbeddingTable.from_kernel(var.get_value()))
+        leaves.append((path, var))
+    return nnx.from_flat_state(leaves)
 
 
 def _streamable(kernel) -> bool:

@@ -4,9 +4,11 @@ from HBM by ``pallas_kernels.tpu.streamed_matmul_quantized`` and dequantised in 
 ``StreamedQuantizedWeight`` wraps a ``QuantizedWeight`` as ``StreamedWeight`` wraps a float
 kernel: decode-sized products run the Pallas kernel (inside ``jax.shard_map`` with the weight's
 own split under tensor parallelism: columns split give split outputs, a depth split sums partial
-products), larger ones XLA's dot on the dequantised weight. Its scales (and mins) are held in
-float32 (Mosaic has no float16 vectors on v5e; the conversion is exact) and its columns padded
-so that each chip's share tiles in 128 lanes.
+products), larger ones XLA's dot on the dequantised weight. Float16 scales (and mins) stay 16-bit
+in HBM, packed two groups to an int32 word (``pack_float16_pairs``, each chip's own groups
+paired) and turned into float32 in VMEM; where a chip's share has an odd number of groups they
+are held in float32 instead (exact, 4 bytes a group). Its columns are padded so that each chip's
+share tiles in 128 lanes.
 """
 
 from __future__ import annotations
@@ -23,20 +25,24 @@ from jaxgen.backends.streamed_weight import MAX_STREAMED_ROWS, _pad, _split
 from jaxgen.quantization.quantized_weight import QuantizedWeight
 from pallas_kernels.tpu.streamed_matmul import LANES
 from pallas_kernels.tpu.streamed_matmul_quantized import (
+    pack_float16_pairs,
     streamed_matmul_quantized_plan,
     streamed_matmul_quantized_tpu,
+    unpack_float16_pairs,
 )
 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["weight"],
-    meta_fields=["columns", "split", "mesh", "model_axis", "interpret"],
+    meta_fields=["columns", "split", "mesh", "model_axis", "interpret", "packed_pieces"],
 )
 @dataclasses.dataclass(frozen=True)
 class StreamedQuantizedWeight:
-    """``weight``: the quantised [K, N'] kernel (float32 scales, N' >= ``columns`` padded);
-    ``split``: "depth", "columns" or None over ``model_axis`` of ``mesh``."""
+    """``weight``: the quantised [K, N'] kernel (N' >= ``columns`` padded) with float32 or
+    bfloat16 scales, or float16 ones packed in pairs (``packed_pieces`` > 0: the number of row
+    blocks, one per chip of a depth split, whose groups are paired); ``split``: "depth",
+    "columns" or None over ``model_axis`` of ``mesh``."""
 
     weight: QuantizedWeight
     columns: int
@@ -44,17 +50,25 @@ class StreamedQuantizedWeight:
     mesh: Mesh | None = None
     model_axis: str | None = None
     interpret: bool = False
+    packed_pieces: int = 0
 
     @classmethod
     def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):
         """``weight`` (arrays, or ``ShapeDtypeStruct``s ahead of time) in the kernel's form."""
         split = _split(weight.values, mesh, model_axis, 0)
         degree = mesh.shape[model_axis] if split == "columns" else 1
+        pieces = mesh.shape[model_axis] if split == "depth" else 1
         depth, columns = weight.shape
         padded = -(-columns // (LANES * degree)) * LANES * degree
+        float_leaves = [weight.scales] + ([] if weight.mins is None else [weight.mins])
+        packs = all(leaf.dtype == jnp.float16 for leaf in float_leaves) and not (
+            (depth // weight.group_size) % (2 * pieces)
+        )
 
         def prepare(leaf, is_float):
-            if is_float and leaf.dtype != jnp.float32:
+            if is_float and packs:
+                leaf = _packed(leaf, pieces)
+            elif is_float and leaf.dtype not in (jnp.float32, jnp.bfloat16):
                 leaf = _as_float32(leaf)
             return _pad(leaf, 1, padded - columns) if padded != columns else leaf
 
@@ -65,7 +79,7 @@ class StreamedQuantizedWeight:
             mins=None if weight.mins is None else prepare(weight.mins, True),
             shape=(depth, padded),
         )
-        return cls(weight, columns, split, mesh, model_axis, interpret)
+        return cls(weight, columns, split, mesh, model_axis, interpret, pieces if packs else 0)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -73,14 +87,26 @@ class StreamedQuantizedWeight:
 
     @property
     def dtype(self):
-        return self.weight.dtype
+        return jnp.dtype(jnp.float16) if self.packed_pieces else self.weight.dtype
+
+    def unpacked(self) -> QuantizedWeight:
+        """The weight with float16 scales (and mins) again when they are packed (for XLA)."""
+        if not self.packed_pieces:
+            return self.weight
+        unpack = functools.partial(unpack_float16_pairs, pieces=self.packed_pieces)
+        mins = self.weight.mins
+        return dataclasses.replace(
+            self.weight,
+            scales=unpack(self.weight.scales),
+            mins=None if mins is None else unpack(mins),
+        )
 
     def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
         """``x @ dequant(w)`` ([..., K] -> [..., N])."""
         depth, columns = self.shape
         rows = math.prod(x.shape[:-1])
         if not self._streams(rows, x.dtype):
-            return self.weight.matmul(x)[..., :columns]
+            return self.unpacked().matmul(x)[..., :columns]
         interpret = False
         if self.interpret:
             from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
@@ -104,9 +130,10 @@ class StreamedQuantizedWeight:
         if dtype not in (jnp.bfloat16, jnp.float32):
             return False
         depth, columns = self._local_shape()
-        return (
-            streamed_matmul_quantized_plan(rows, depth, columns, self.weight.group_size) is not None
+        plan = streamed_matmul_quantized_plan(
+            rows, depth, columns, self.weight.group_size, packed_scales=bool(self.packed_pieces)
         )
+        return plan is not None
 
     def _sharded(self, product, x2):
         """The product inside ``shard_map`` (each chip its share of codes and scales)."""
@@ -146,3 +173,14 @@ def _as_float32(leaf):
     sharding = getattr(leaf, "sharding", None)
     convert = functools.partial(jnp.asarray, dtype=jnp.float32)
     return jax.jit(convert, out_shardings=sharding)(leaf) if sharding is not None else convert(leaf)
+
+
+def _packed(leaf, pieces: int):
+    """float16 ``[G, N]`` as ``[G / 2, N]`` int32 packed pairs (``pack_float16_pairs``), same
+    sharding (a ``ShapeDtypeStruct`` ahead of time)."""
+    groups, columns = leaf.shape
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((groups // 2, columns), jnp.int32, sharding=leaf.sharding)
+    pack = functools.partial(pack_float16_pairs, pieces=pieces)
+    sharding = getattr(leaf, "sharding", None)
+    return jax.jit(pack, out_shardings=sharding)(leaf) if sharding is not None else pack(leaf)

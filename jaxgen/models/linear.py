@@ -29,7 +29,9 @@ class Embedding(nnx.Embed):
 
     A quantised embedding is held as its LM-head kernel (``[hidden, vocab]``, scales grouped
     along hidden; any object with ``take_columns(ids, dtype)`` and a ``matmul``), so the tied LM
-    head runs the quantised matmul and the lookup dequantises only the looked-up columns."""
+    head runs the quantised matmul and the lookup dequantises only the looked-up columns. A
+    backend may hold an untied one in a form with ``take_columns`` alone (the pallas-tpu
+    backend's row-major ``QuantizedEmbeddingTable``)."""
 
     def __call__(self, inputs: jax.Array) -> jax.Array:  # [T] -> [T, D]
         table = self.embedding.get_value()

@@ -4,10 +4,14 @@ The quantised form of ``streamed_matmul``: the weight's codes (int8 ``[K, N]``, 
 two rows per byte, ``[K / 2, N]`` uint8) and its per-group scales (and mins) ``[K / g, N]`` stay
 in HBM and are copied one column block at a time into two-slot VMEM buffers; each block is
 dequantised there (codes times their group's scale, plus the min) and multiplied on the MXU.
-HBM moves the codes and scales once per step, never a float copy of the weight. Scales and mins
-must be float32 (or bfloat16): Mosaic has no float16 vectors on v5e, so a float16-scaled weight
-(as GGUF and load-time quantisation store them) is given float32 scales once, exactly, when a
-backend prepares its parameters.
+HBM moves the codes and scales once per step, never a float copy of the weight.
+
+Scales and mins are float32 or bfloat16, or float16 kept 16-bit in HBM as **packed pairs**
+(:func:`pack_float16_pairs`): Mosaic has no float16 vectors on v5e, so the float16 bit patterns
+(as GGUF and load-time quantisation store them) of groups ``j`` and ``j + G / 2`` share one int32
+word, ``[G / 2, N]``, and the kernel turns them into float32 with integer ops and a bitcast
+(:func:`float16_bits_to_float32`, exact for every finite float16). Packed scales need an even
+number of groups; otherwise a backend gives the weight float32 scales (exact too, 4 bytes a group).
 
 int4: byte ``i`` of a column holds row ``2i`` (low nibble) and ``2i + 1`` (high nibble), so the
 product is ``x[:, 0::2] @ dequant(low) + x[:, 1::2] @ dequant(high)``: the two halves of ``x``
@@ -30,11 +34,56 @@ BLOCK_VMEM_BYTES = 16 * 2**20
 VMEM_LIMIT = 48 * 2**20
 
 
-def streamed_matmul_quantized_plan(rows: int, depth: int, columns: int, group_size: int):
+def pack_float16_pairs(values: jax.Array, pieces: int = 1) -> jax.Array:
+    """``[G, N]`` float16 -> ``[G / 2, N]`` int32 words holding the bit patterns of groups ``j``
+    (low half) and ``j + G_p / 2`` (high half) of each of ``pieces`` row blocks of ``G_p = G /
+    pieces`` groups (one per chip when the groups are split over chips, so each chip's words
+    pair its own groups)."""
+    groups, columns = values.shape
+    if values.dtype != jnp.float16 or groups % (2 * pieces):
+        raise ValueError(
+            f"values must be float16 with a multiple of {2 * pieces} groups, got "
+            f"{values.dtype} {values.shape}"
+        )
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint16).astype(jnp.uint32)
+    bits = bits.reshape(pieces, 2, groups // (2 * pieces), columns)
+    words = bits[:, 0] | (bits[:, 1] << 16)
+    return jax.lax.bitcast_convert_type(words, jnp.int32).reshape(groups // 2, columns)
+
+
+def unpack_float16_pairs(words: jax.Array, pieces: int = 1) -> jax.Array:
+    """The inverse of :func:`pack_float16_pairs`: ``[G / 2, N]`` int32 -> ``[G, N]`` float16."""
+    half, columns = words.shape
+    bits = jax.lax.bitcast_convert_type(words, jnp.uint32).reshape(pieces, 1, -1, columns)
+    halves = jnp.concatenate([bits & 0xFFFF, bits >> 16], axis=1).astype(jnp.uint16)
+    return jax.lax.bitcast_convert_type(halves, jnp.float16).reshape(2 * half, columns)
+
+
+def float16_bits_to_float32(bits: jax.Array) -> jax.Array:
+    """float16 bit patterns (int32 in ``[0, 2**16)``) as float32, exactly, with integer ops and
+    a bitcast (no float16 vectors): normals move their exponent and mantissa into float32's
+    fields, subnormals are ``mantissa * 2**-24``. Infinities and NaNs are not handled (scales
+    are finite)."""
+    sign = (bits & 0x8000) << 16
+    exponent = (bits >> 10) & 0x1F
+    mantissa = bits & 0x3FF
+    normal = jax.lax.bitcast_convert_type(
+        sign | ((exponent + 112) << 23) | (mantissa << 13), jnp.float32
+    )
+    subnormal = mantissa.astype(jnp.float32) * (2.0**-24)
+    subnormal = jnp.where(sign != 0, -subnormal, subnormal)
+    return jnp.where(exponent == 0, subnormal, normal)
+
+
+def streamed_matmul_quantized_plan(
+    rows: int, depth: int, columns: int, group_size: int, *, packed_scales: bool = False
+):
     """Columns per block for ``[rows, depth] @ dequant([depth, columns])``, or None when the
-    kernel does not fit (columns not a multiple of 128, groups not whole sublane tiles, or
-    ``x`` too large for VMEM)."""
+    kernel does not fit (columns not a multiple of 128, groups not whole sublane tiles, an odd
+    number of groups for ``packed_scales``, or ``x`` too large for VMEM)."""
     if columns % LANES or group_size % 16 or depth % group_size:
+        return None
+    if packed_scales and (depth // group_size) % 2:
         return None
     per_column = 2 * depth + 2 * 4 * (depth // group_size) * 2 + 6 * depth  # codes, scales, f32
     candidates = [
@@ -81,8 +130,16 @@ def _kernel(*refs, kind: str, group_size: int, block_columns: int, has_mins: boo
             copy.start()
 
     codes = buffers[0][slot]  # [K or K / 2, W]
-    scales = buffers[1][slot].astype(jnp.float32)  # [G, W]
-    mins = buffers[2][slot].astype(jnp.float32) if has_mins else None
+
+    def as_float32(buffer):  # [G, W] float, or [G / 2, W] packed float16 pairs -> [G, W] f32
+        if buffer.dtype != jnp.int32:
+            return buffer.astype(jnp.float32)
+        low = float16_bits_to_float32(buffer & 0xFFFF)
+        high = float16_bits_to_float32((buffer >> 16) & 0xFFFF)
+        return jnp.concatenate([low, high], axis=0)
+
+    scales = as_float32(buffers[1][slot])  # [G, W]
+    mins = as_float32(buffers[2][slot]) if has_mins else None
     groups, width = scales.shape
 
     def dequantize(unsigned_or_signed):  # [rows, W] codes of one half -> x's dtype
@@ -107,7 +164,7 @@ def _kernel(*refs, kind: str, group_size: int, block_columns: int, has_mins: boo
 
 def streamed_matmul_quantized_tpu(
     x: jax.Array,  # [M, K]
-    weight,  # QuantizedWeight, kind int8 or int4, [K, N]
+    weight,  # QuantizedWeight, kind int8 or int4, [K, N]; scales (mins) [G, N] or packed [G / 2, N]
     *,
     interpret=False,
 ) -> jax.Array:  # [M, N], x's dtype
@@ -119,7 +176,28 @@ def streamed_matmul_quantized_tpu(
     if x.ndim != 2 or x.shape[1] != depth:
         raise ValueError(f"x must be [M, {depth}] for a {weight.shape} weight, got {x.shape}")
     rows = x.shape[0]
-    width = streamed_matmul_quantized_plan(rows, depth, columns, weight.group_size)
+    groups = depth // weight.group_size
+    packed = weight.scales.dtype == jnp.int32
+    for name, leaf in (("scales", weight.scales), ("mins", weight.mins)):
+        if leaf is None:
+            continue
+        if leaf.dtype not in (jnp.float32, jnp.bfloat16, jnp.int32) or (
+            (leaf.dtype == jnp.int32) != packed
+        ):
+            raise ValueError(
+                f"weight.{name} must be float32 or bfloat16, or int32 packed float16 pairs "
+                f"(pack_float16_pairs) like weight.scales, got {leaf.dtype}"
+            )
+        expected = (groups // 2 if packed else groups, columns)
+        if packed and groups % 2:
+            raise ValueError(
+                f"weight.{name}: packed float16 pairs need an even number of groups, got {groups}"
+            )
+        if leaf.shape != expected:
+            raise ValueError(f"weight.{name} must be {expected}, got {leaf.shape}")
+    width = streamed_matmul_quantized_plan(
+        rows, depth, columns, weight.group_size, packed_scales=packed
+    )
     if width is None:
         raise ValueError(
             f"x {x.shape} @ {weight.kind} weight {weight.shape} (group {weight.group_size}) does "
@@ -127,9 +205,6 @@ def streamed_matmul_quantized_tpu(
         )
     has_mins = weight.mins is not None
     leaves = [weight.values, weight.scales] + ([weight.mins] if has_mins else [])
-    for name, leaf in (("scales", weight.scales), ("mins", weight.mins)):
-        if leaf is not None and leaf.dtype not in (jnp.float32, jnp.bfloat16):
-            raise ValueError(f"weight.{name} must be float32 or bfloat16, got {leaf.dtype}")
     xs = [x] if weight.kind == "int8" else [x[:, 0::2], x[:, 1::2]]
     leaf_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
     cost = pl.CostEstimate(
