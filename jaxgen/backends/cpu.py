@@ -27,6 +27,7 @@ from jaxgen.backends.cpu_kernels import (
     paged_attention_cpu,
     paged_attention_cpu_quantized,
     quantized_matmul_available,
+    share_buffers,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from jaxgen.quantization import is_quantized
@@ -54,6 +55,28 @@ def pack_linear_weights(params: nnx.State) -> nnx.State:
     return replace_linear_kernels(params, pack_kernel)
 
 
+def share_quantized_buffers(packed: nnx.State, head=None) -> tuple[nnx.State, object]:
+    """``packed`` (:func:`pack_linear_weights`) and ``head`` (a packed kernel, or None) with
+    their ``PackedQuantizedWeight``s in shared buffers (``share_buffers``): a step then passes
+    three or four arrays for them all."""
+    flat = list(nnx.to_flat_state(packed))
+    kernels = [
+        (index, var.get_value())
+        for index, (path, var) in enumerate(flat)
+        if path[-1] == "kernel" and isinstance(var.get_value(), PackedQuantizedWeight)
+    ]
+    weights = [kernel for _, kernel in kernels]
+    if isinstance(head, PackedQuantizedWeight):
+        weights.append(head)
+    if not weights:
+        return packed, head
+    shared = share_buffers(weights)
+    for (index, _), weight in zip(kernels, shared, strict=False):
+        path, var = flat[index]
+        flat[index] = (path, var.replace(weight))
+    return nnx.from_flat_state(flat), shared[-1] if len(shared) > len(kernels) else head
+
+
 @dataclasses.dataclass(frozen=True)
 class CPUBackend(PairedPoolBackend):
     name = "cpu"
@@ -70,7 +93,7 @@ class CPUBackend(PairedPoolBackend):
         if config.tie_word_embeddings:
             table = params["embed_tokens"]["embedding"].get_value()
             head = pack_kernel(table) if is_quantized(table) else PackedWeight.pack(table.T)
-        return pack_linear_weights(params), head
+        return share_quantized_buffers(pack_linear_weights(params), head)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         seq, position, real = row_sequences(md, q.shape[0])

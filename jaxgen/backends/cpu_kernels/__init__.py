@@ -21,6 +21,7 @@ from jaxgen.backends.cpu_kernels.matmul_quantized import (
     can_pack_quantized,
     matmul_quantized_cpu_group,
     quantized_matmul_available,
+    share_buffers,
 )
 from jaxgen.backends.cpu_kernels.paged_attention import (
     cpu_kernel_available,
@@ -33,6 +34,7 @@ __all__ = [
     "PackedWeight",
     "can_pack_quantized",
     "matmul_quantized_cpu_group",
+    "share_buffers",
     "quantized_matmul_available",
     "can_pack",
     "cpu_kernel_available",

@@ -63,18 +63,23 @@ def _int4_lanes(panels: jax.Array) -> jax.Array:  # [P, K / 2, 16] -> [P, K / 2,
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["values", "scales", "mins"],
-    meta_fields=["bits", "columns"],
+    meta_fields=["bits", "columns", "depth", "groups", "offsets"],
 )
 @dataclasses.dataclass(frozen=True)
 class PackedQuantizedWeight:
-    """A ``QuantizedWeight`` in the native kernel's panels (a pytree; ``bits``, ``columns``
-    static)."""
+    """A ``QuantizedWeight`` in the native kernel's panels (a pytree; the rest static).
+
+    Its arrays are its own (``offsets`` zero), or flat buffers shared with other weights
+    (:func:`share_buffers`) in which its panels start at element ``offsets``."""
 
     values: jax.Array  # [P, K, 16] int8 or [P, K / 2, 16] uint8 (8-row lanes: _int4_lanes)
     scales: jax.Array  # [P, K / group, 16] float16
     mins: jax.Array | None  # [P, K / group, 16] float16 (int4), else None
     bits: int  # 8 or 4
     columns: int  # N
+    depth: int  # K
+    groups: int  # K / group: scale rows per panel
+    offsets: tuple[int, int, int] = (0, 0, 0)  # of the values, scales and mins
 
     @classmethod
     def pack(cls, weight: QuantizedWeight) -> PackedQuantizedWeight:
@@ -96,12 +101,17 @@ class PackedQuantizedWeight:
             mins,
             bits=8 if weight.kind == "int8" else 4,
             columns=columns,
+            depth=weight.shape[0],
+            groups=weight.shape[0] // weight.group_size,
         )
 
     @property
     def shape(self) -> tuple[int, int]:
-        depth = self.values.shape[1] * (2 if self.bits == 4 else 1)
-        return (depth, self.columns)
+        return (self.depth, self.columns)
+
+    @property
+    def panels(self) -> int:
+        return -(-self.columns // QUANT_PANEL)
 
     @property
     def dtype(self):
@@ -151,13 +161,53 @@ def matmul_quantized_cpu_group(
     for w in weights:
         args += [w.values, w.scales] + ([w.mins] if w.bits == 4 else [])
     shapes = [
-        jax.ShapeDtypeStruct((rows.shape[0], w.values.shape[0] * QUANT_PANEL), jnp.float32)
-        for w in weights
+        jax.ShapeDtypeStruct((rows.shape[0], w.panels * QUANT_PANEL), jnp.float32) for w in weights
     ]
     outs = jax.ffi.ffi_call(TARGET, shapes)(
-        rows, jnp.asarray(live_rows, jnp.int32), *args, bits=np.int64(weights[0].bits)
+        rows,
+        jnp.asarray(live_rows, jnp.int32),
+        *args,
+        bits=np.int64(weights[0].bits),
+        panels=np.array([w.panels for w in weights], np.int64),
+        groups=np.array([w.groups for w in weights], np.int64),
+        offsets=np.array([w.offsets for w in weights], np.int64).reshape(-1),
     )
     return [
         out[:, : w.columns].reshape(*x.shape[:-1], w.columns)
         for out, w in zip(outs, weights, strict=True)
+    ]
+
+
+def share_buffers(weights: list[PackedQuantizedWeight]) -> list[PackedQuantizedWeight]:
+    """``weights`` (each with its own arrays) moved into shared flat buffers, one per field and
+    dtype (codes int8 / uint8, scales, mins), each weight keeping its place as ``offsets``.
+
+    Computes the same products. A step then passes three or four arrays for a whole model's
+    kernels instead of two or three per kernel: on CPU every argument of a jitted call costs
+    dispatch time (``jaxgen.engine.runner.FlatParams`` passes a shared array once)."""
+    if any(w.offsets != (0, 0, 0) for w in weights):
+        raise ValueError("share_buffers takes weights with their own arrays (offsets 0)")
+    buffers: dict[tuple[str, object], list] = {}
+    placed = []
+    for w in weights:
+        offsets = []
+        for field in ("values", "scales", "mins"):
+            array = getattr(w, field)
+            if array is None:
+                offsets.append(0)
+                continue
+            parts = buffers.setdefault((field, array.dtype), [])
+            offsets.append(sum(part.size for part in parts))
+            parts.append(array.reshape(-1))
+        placed.append(tuple(offsets))
+    shared = {key: jnp.concatenate(parts) for key, parts in buffers.items()}
+    return [
+        dataclasses.replace(
+            w,
+            values=shared["values", w.values.dtype],
+            scales=shared["scales", w.scales.dtype],
+            mins=None if w.mins is None else shared["mins", w.mins.dtype],
+            offsets=offsets,
+        )
+        for w, offsets in zip(weights, placed, strict=True)
     ]

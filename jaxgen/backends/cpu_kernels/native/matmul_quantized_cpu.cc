@@ -2,7 +2,9 @@
 //
 // out_i[M, N_i] = x[M, K] @ dequant(w_i)[K, N_i] for a group of weights of one kind that read
 // the same x (q/k/v; gate/up), each given as its packed values, float16 scales and (int4) float16
-// minimums (matmul_quantized.h has the layout and the tile). As the float32 kernel
+// minimums (matmul_quantized.h has the layout and the tile), found at element offsets of their
+// buffers (attributes `panels`, `groups` and `offsets`, per weight): a weight's own arrays, or
+// buffers shared by every weight of a model so that a step passes three arrays, not hundreds. As the float32 kernel
 // (matmul_cpu.cc): one call per group, only the rows in the two `live_rows` spans computed (the
 // rest are zeros), the outputs split into (row block, weight, column block) items on the
 // kernels' worker pool. Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
@@ -41,7 +43,10 @@ int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads) {
 }
 
 ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
-                               ffi::RemainingArgs args, ffi::RemainingRets outs, int64_t bits) {
+                               ffi::RemainingArgs args, ffi::RemainingRets outs, int64_t bits,
+                               ffi::Span<const int64_t> panel_counts,
+                               ffi::Span<const int64_t> group_counts,
+                               ffi::Span<const int64_t> offsets) {
   auto xd = x.dimensions();
   if (xd.size() != 2) return ffi::Error::InvalidArgument("matmul_quantized_cpu: x [M, K]");
   if (live_rows.element_count() != 2 * kSpans) {
@@ -50,43 +55,54 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
   const bool int4 = bits == 4;
   const size_t per_weight = int4 ? 3 : 2;
-  if (outs.size() == 0 || args.size() != per_weight * outs.size()) {
+  const size_t count = outs.size();
+  if (count == 0 || args.size() != per_weight * count || panel_counts.size() != count ||
+      group_counts.size() != count || offsets.size() != 3 * count) {
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: arguments per weight mismatch");
   }
   const int64_t rows = xd[0], depth = xd[1];
+  const int64_t code_rows = int4 ? depth / 2 : depth;
   std::vector<Weight> group;
   int64_t column_blocks = 0;
-  for (size_t i = 0; i < outs.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     auto values = args.get<ffi::AnyBuffer>(per_weight * i);
     auto scales = args.get<ffi::AnyBuffer>(per_weight * i + 1);
     auto out = outs.get<ffi::Buffer<ffi::F32>>(i);
     if (!values.has_value() || !scales.has_value() || !out.has_value()) {
       return ffi::Error::InvalidArgument("matmul_quantized_cpu: bad buffers");
     }
+    // Weight i is `panels` panels of codes [code_rows, 16] and scales (and mins) [groups, 16]
+    // at element `offsets[3i..3i+2]` of its buffers: its own arrays, or buffers it shares.
+    const int64_t panels = panel_counts[i], groups = group_counts[i];
+    const int64_t code_end = offsets[3 * i] + panels * code_rows * jaxgen_cpu::kQuantPanel;
+    const int64_t scale_elements = panels * groups * jaxgen_cpu::kQuantPanel;
+    if (panels < 1 || groups < 1 || depth % groups != 0 ||
+        (int4 && (depth / groups) % jaxgen_cpu::kInt4BlockRows != 0) || offsets[3 * i] < 0 ||
+        offsets[3 * i + 1] < 0 || offsets[3 * i + 2] < 0 ||
+        code_end > static_cast<int64_t>(values->element_count()) ||
+        offsets[3 * i + 1] + scale_elements > static_cast<int64_t>(scales->element_count()) ||
+        (*out)->element_count() != static_cast<size_t>(rows * panels * jaxgen_cpu::kQuantPanel)) {
+      return ffi::Error::InvalidArgument("matmul_quantized_cpu: packed weight shapes");
+    }
     const uint16_t* mins = nullptr;
     if (int4) {
       auto m = args.get<ffi::AnyBuffer>(per_weight * i + 2);
-      if (!m.has_value()) return ffi::Error::InvalidArgument("matmul_quantized_cpu: mins");
-      mins = static_cast<const uint16_t*>(m->untyped_data());
+      if (!m.has_value() ||
+          offsets[3 * i + 2] + scale_elements > static_cast<int64_t>(m->element_count())) {
+        return ffi::Error::InvalidArgument("matmul_quantized_cpu: mins");
+      }
+      mins = static_cast<const uint16_t*>(m->untyped_data()) + offsets[3 * i + 2];
     }
-    auto vd = values->dimensions();
-    auto sd = scales->dimensions();
-    const int64_t code_rows = int4 ? depth / 2 : depth;
-    if (vd.size() != 3 || vd[2] != jaxgen_cpu::kQuantPanel || vd[1] != code_rows ||
-        sd.size() != 3 || sd[0] != vd[0] || sd[2] != jaxgen_cpu::kQuantPanel || sd[1] < 1 ||
-        depth % sd[1] != 0 || (int4 && (depth / sd[1]) % jaxgen_cpu::kInt4BlockRows != 0)) {
-      return ffi::Error::InvalidArgument("matmul_quantized_cpu: packed weight shapes");
-    }
-    const int64_t panels = vd[0];
     const int64_t block_panels = panels > 64 ? 8 : 4;
     const int64_t blocks = (panels + block_panels - 1) / block_panels;
-    jaxgen_cpu::QuantizedPanels p{static_cast<const uint8_t*>(values->untyped_data()),
-                                  static_cast<const uint16_t*>(scales->untyped_data()),
-                                  mins,
-                                  depth,
-                                  panels * jaxgen_cpu::kQuantPanel,
-                                  depth / sd[1],
-                                  int4};
+    jaxgen_cpu::QuantizedPanels p{
+        static_cast<const uint8_t*>(values->untyped_data()) + offsets[3 * i],
+        static_cast<const uint16_t*>(scales->untyped_data()) + offsets[3 * i + 1],
+        mins,
+        depth,
+        panels * jaxgen_cpu::kQuantPanel,
+        depth / groups,
+        int4};
     group.push_back({p, (*out)->typed_data(), block_panels * jaxgen_cpu::kQuantPanel});
     column_blocks += blocks;
   }
@@ -146,4 +162,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()
                                   .RemainingRets()
-                                  .Attr<int64_t>("bits"));
+                                  .Attr<int64_t>("bits")
+                                  .Attr<ffi::Span<const int64_t>>("panels")
+                                  .Attr<ffi::Span<const int64_t>>("groups")
+                                  .Attr<ffi::Span<const int64_t>>("offsets"));
