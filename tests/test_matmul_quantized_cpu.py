@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxgen.backends.cpu import pack_linear_weights, share_quantized_buffers
+from jaxgen.backends.cpu import pack_linear_weights
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
     can_pack_quantized,
+    matmul_quantized,
     matmul_quantized_cpu_group,
+    pack_shared,
     quantized_matmul_available,
-    share_buffers,
 )
 from jaxgen.engine.runner import FlatParams
 from jaxgen.models.linear import Linear, apply_linears
@@ -127,30 +128,27 @@ def test_backend_packs_quantized_linear_kernels():
     for actual, reference in zip(jax.jit(run)(packed, x), expected, strict=True):
         np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)
     assert jax.jit(run).lower(packed, x).as_text().count("jaxgen_matmul_quantized") == 1
-    shared, head = share_quantized_buffers(packed, None)
-    assert head is None
-    assert shared[0]["kernel"].get_value().values is shared[1]["kernel"].get_value().values
-    for actual, reference in zip(jax.jit(run)(shared, x), expected, strict=True):
-        np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)
+    assert packed[0]["kernel"].get_value().values is packed[1]["kernel"].get_value().values
 
 
-def test_shared_buffers_compute_the_same_products():
-    """Weights of both kinds moved into shared buffers (at offsets) give their own arrays'
+def test_shared_buffers_compute_the_same_products(monkeypatch):
+    """Weights of both kinds packed into shared buffers (at offsets) give their own arrays'
     products exactly; a step passes each shared buffer once; offsets past a buffer are refused."""
     rng = np.random.default_rng(11)
     depth, rows = 256, 3
     x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
     specs = ["int4-g32-min", "int8-g32", "int4-g32", "int8-channel", "int4-g128-min"]
     weights = [
-        PackedQuantizedWeight.pack(quantize_kernel(rng.standard_normal((depth, n)), SPECS[s]))
+        quantize_kernel(rng.standard_normal((depth, n)), SPECS[s])
         for s, n in zip(specs, (96, 40, 130, 64, 16), strict=True)
     ]
-    shared = share_buffers(weights)
+    own = [PackedQuantizedWeight.pack(w) for w in weights]
+    shared = pack_shared(weights)
     assert [w.offsets[0] for w in shared] == [0, 0, 96 * depth // 2, 48 * depth, 240 * depth // 2]
     assert len({id(w.values) for w in shared}) == 2  # int8 codes, uint8 int4 lanes
     run = jax.jit(lambda x, ws: [w.matmul(x) for w in ws])
-    for own, in_shared in zip(run(x, weights), run(x, shared), strict=True):
-        np.testing.assert_array_equal(np.asarray(own), np.asarray(in_shared))
+    for alone, in_shared in zip(run(x, own), run(x, shared), strict=True):
+        np.testing.assert_array_equal(np.asarray(alone), np.asarray(in_shared))
     int4 = [shared[0], shared[2]]
     grouped = jax.jit(lambda x, ws: matmul_quantized_cpu_group(x, ws))(x, int4)
     for actual, expected in zip(grouped, run(x, int4), strict=True):
@@ -162,8 +160,12 @@ def test_shared_buffers_compute_the_same_products():
     assert head is None and all(
         a.offsets == b.offsets for a, b in zip(rebuilt, shared, strict=True)
     )
+    # Buffers of at most 20,000 elements: the codes spread over several, each weight in one.
+    monkeypatch.setattr(matmul_quantized, "SHARED_BUFFER_ELEMENTS", 20_000)
+    split = pack_shared(weights)
+    assert len(FlatParams.flatten(split, None)[0]) > 4
+    for alone, in_split in zip(run(x, own), run(x, split), strict=True):
+        np.testing.assert_array_equal(np.asarray(alone), np.asarray(in_split))
     past_the_end = dataclasses.replace(shared[4], offsets=(shared[4].offsets[0] + 64, 0, 0))
     with pytest.raises(Exception, match="packed weight shapes"):
         jax.block_until_ready(past_the_end.matmul(x))
-    with pytest.raises(ValueError, match="offsets 0"):
-        share_buffers(shared)

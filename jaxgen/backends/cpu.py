@@ -17,17 +17,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.attention import row_sequences
-from jaxgen.backends.base import replace_linear_kernels
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
     PackedWeight,
     can_pack,
     can_pack_quantized,
     matmul_kernel_available,
+    pack_shared,
     paged_attention_cpu,
     paged_attention_cpu_quantized,
     quantized_matmul_available,
-    share_buffers,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from jaxgen.quantization import is_quantized
@@ -49,32 +48,36 @@ def pack_kernel(kernel):
     return PackedWeight.pack(kernel) if can_pack(kernel) else kernel
 
 
-def pack_linear_weights(params: nnx.State) -> nnx.State:
+def pack_linear_weights(params: nnx.State, head=None) -> nnx.State:
     """A copy of ``params`` with every ``Linear`` kernel in the native matmul's form
-    (:func:`pack_kernel`; others shared)."""
-    return replace_linear_kernels(params, pack_kernel)
-
-
-def share_quantized_buffers(packed: nnx.State, head=None) -> tuple[nnx.State, object]:
-    """``packed`` (:func:`pack_linear_weights`) and ``head`` (a packed kernel, or None) with
-    their ``PackedQuantizedWeight``s in shared buffers (``share_buffers``): a step then passes
-    three or four arrays for them all."""
-    flat = list(nnx.to_flat_state(packed))
-    kernels = [
-        (index, var.get_value())
-        for index, (path, var) in enumerate(flat)
-        if path[-1] == "kernel" and isinstance(var.get_value(), PackedQuantizedWeight)
-    ]
-    weights = [kernel for _, kernel in kernels]
-    if isinstance(head, PackedQuantizedWeight):
-        weights.append(head)
-    if not weights:
-        return packed, head
-    shared = share_buffers(weights)
-    for (index, _), weight in zip(kernels, shared, strict=False):
+    (:func:`pack_kernel`; others shared). With ``head`` (a kernel), returns ``(params, packed
+    head)``. The int8 / int4 kernels, the head's included, are packed into shared buffers
+    (``pack_shared``): a step then passes three or four arrays for them all."""
+    flat = list(nnx.to_flat_state(params))
+    shared, kernels = [], []
+    for index, (path, var) in enumerate(flat):
+        if path[-1] != "kernel":
+            continue
+        kernel = var.get_value()
+        if _packs_shared(kernel):
+            shared.append(index)
+            kernels.append(kernel)
+        else:
+            flat[index] = (path, var.replace(pack_kernel(kernel)))
+    head_shared = head is not None and _packs_shared(head)
+    packed = pack_shared(kernels + [head] * head_shared) if kernels or head_shared else []
+    for index, weight in zip(shared, packed, strict=False):
         path, var = flat[index]
         flat[index] = (path, var.replace(weight))
-    return nnx.from_flat_state(flat), shared[-1] if len(shared) > len(kernels) else head
+    result = nnx.from_flat_state(flat)
+    if head is None:
+        return result
+    return result, packed[-1] if head_shared else pack_kernel(head)
+
+
+def _packs_shared(kernel) -> bool:
+    """Whether :func:`pack_kernel` would make ``kernel`` a ``PackedQuantizedWeight``."""
+    return is_quantized(kernel) and can_pack_quantized(kernel) and quantized_matmul_available()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +92,10 @@ class CPUBackend(PairedPoolBackend):
         the packed panels hold a whole kernel."""
         if not matmul_kernel_available() or self.degree > 1:
             return params, None
-        head = None
-        if config.tie_word_embeddings:
-            table = params["embed_tokens"]["embedding"].get_value()
-            head = pack_kernel(table) if is_quantized(table) else PackedWeight.pack(table.T)
-        return share_quantized_buffers(pack_linear_weights(params), head)
+        if not config.tie_word_embeddings:
+            return pack_linear_weights(params), None
+        table = params["embed_tokens"]["embedding"].get_value()
+        return pack_linear_weights(params, table if is_quantized(table) else table.T)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         seq, position, real = row_sequences(md, q.shape[0])

@@ -20,8 +20,8 @@ from jaxgen.backends.cpu_kernels.matmul_quantized import (
     PackedQuantizedWeight,
     can_pack_quantized,
     matmul_quantized_cpu_group,
+    pack_shared,
     quantized_matmul_available,
-    share_buffers,
 )
 from jaxgen.backends.cpu_kernels.paged_attention import (
     cpu_kernel_available,
@@ -34,7 +34,7 @@ __all__ = [
     "PackedWeight",
     "can_pack_quantized",
     "matmul_quantized_cpu_group",
-    "share_buffers",
+    "pack_shared",
     "quantized_matmul_available",
     "can_pack",
     "cpu_kernel_available",

@@ -178,36 +178,67 @@ def matmul_quantized_cpu_group(
     ]
 
 
-def share_buffers(weights: list[PackedQuantizedWeight]) -> list[PackedQuantizedWeight]:
-    """``weights`` (each with its own arrays) moved into shared flat buffers, one per field and
-    dtype (codes int8 / uint8, scales, mins), each weight keeping its place as ``offsets``.
+# Elements per shared buffer (at most): offsets inside one stay int32 for the in-place writes.
+SHARED_BUFFER_ELEMENTS = 1 << 30
 
-    Computes the same products. A step then passes three or four arrays for a whole model's
-    kernels instead of two or three per kernel: on CPU every argument of a jitted call costs
-    dispatch time (``jaxgen.engine.runner.FlatParams`` passes a shared array once)."""
-    if any(w.offsets != (0, 0, 0) for w in weights):
-        raise ValueError("share_buffers takes weights with their own arrays (offsets 0)")
-    buffers: dict[tuple[str, object], list] = {}
-    placed = []
-    for w in weights:
-        offsets = []
-        for field in ("values", "scales", "mins"):
-            array = getattr(w, field)
-            if array is None:
-                offsets.append(0)
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_into(buffer: jax.Array, part: jax.Array, offset: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice(buffer, part, (offset,))
+
+
+def pack_shared(weights: list[QuantizedWeight]) -> list[PackedQuantizedWeight]:
+    """``[PackedQuantizedWeight.pack(w) for w in weights]``, with the weights' codes, scales and
+    mins in flat buffers shared by all of them (per field and dtype: int8 codes, int4 lanes,
+    scales, mins; a new buffer every ``SHARED_BUFFER_ELEMENTS``); each weight keeps its place as
+    ``offsets``.
+
+    Computes the same products. A step then passes a few arrays for a whole model's kernels
+    instead of two or three per kernel: on CPU every argument of a jitted call costs dispatch
+    time (``jaxgen.engine.runner.FlatParams`` passes a shared array once). The weights are
+    packed one at a time and written in place, so besides ``weights`` and the buffers only one
+    packed weight exists at a time."""
+    fields = ("values", "scales", "mins")
+    layouts = [jax.eval_shape(PackedQuantizedWeight.pack, weight) for weight in weights]
+    sizes: dict[tuple, list[int]] = {}  # (field, dtype) -> elements in each of its buffers
+    placed = []  # per weight and field: (key, buffer index, offset) or None
+    for layout in layouts:
+        places = []
+        for field in fields:
+            leaf = getattr(layout, field)
+            if leaf is None:
+                places.append(None)
                 continue
-            parts = buffers.setdefault((field, array.dtype), [])
-            offsets.append(sum(part.size for part in parts))
-            parts.append(array.reshape(-1))
-        placed.append(tuple(offsets))
-    shared = {key: jnp.concatenate(parts) for key, parts in buffers.items()}
+            chunks = sizes.setdefault((field, np.dtype(leaf.dtype)), [0])
+            if chunks[-1] and chunks[-1] + leaf.size > SHARED_BUFFER_ELEMENTS:
+                chunks.append(0)
+            places.append(((field, np.dtype(leaf.dtype)), len(chunks) - 1, chunks[-1]))
+            chunks[-1] += leaf.size
+        placed.append(places)
+    buffers = {
+        (key, index): jnp.zeros(size, key[1])
+        for key, chunks in sizes.items()
+        for index, size in enumerate(chunks)
+    }
+    for weight, places in zip(weights, placed, strict=True):
+        packed = PackedQuantizedWeight.pack(weight)
+        for field, place in zip(fields, places, strict=True):
+            if place is not None:
+                key, index, offset = place
+                part = getattr(packed, field).reshape(-1)
+                buffers[key, index] = _write_into(buffers[key, index], part, np.int32(offset))
+        del packed
+
+    def shared(place):
+        return None if place is None else buffers[place[0], place[1]]
+
     return [
         dataclasses.replace(
-            w,
-            values=shared["values", w.values.dtype],
-            scales=shared["scales", w.scales.dtype],
-            mins=None if w.mins is None else shared["mins", w.mins.dtype],
-            offsets=offsets,
+            layout,
+            values=shared(places[0]),
+            scales=shared(places[1]),
+            mins=shared(places[2]),
+            offsets=tuple(0 if place is None else place[2] for place in places),
         )
-        for w, offsets in zip(weights, placed, strict=True)
+        for layout, places in zip(layouts, placed, strict=True)
     ]
