@@ -70,7 +70,7 @@ class PackedQuantizedWeight:
     """A ``QuantizedWeight`` in the native kernel's panels (a pytree; the rest static).
 
     Its arrays are its own (``offsets`` zero), or flat buffers shared with other weights
-    (:func:`share_buffers`) in which its panels start at element ``offsets``."""
+    (:func:`pack_shared`) in which its panels start at element ``offsets``."""
 
     values: jax.Array  # [P, K, 16] int8 or [P, K / 2, 16] uint8 (8-row lanes: _int4_lanes)
     scales: jax.Array  # [P, K / group, 16] float16
