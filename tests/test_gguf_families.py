@@ -196,12 +196,12 @@ def write_gguf_like_llama_cpp(hf_dir: str, out: str, tokenizer_gguf: str) -> str
     "variant",
     [
         "qwen3",
-        "gemma3",
+        pytest.param("gemma3", marks=pytest.mark.slow),
         pytest.param("gemma2", marks=pytest.mark.slow),
         pytest.param("phi3-longrope", marks=pytest.mark.slow),
         pytest.param("qwen3-moe", marks=pytest.mark.slow),
         pytest.param("mixtral-top2", marks=pytest.mark.slow),
-        "falcon-40b-grouped",
+        pytest.param("falcon-40b-grouped", marks=pytest.mark.slow),
         pytest.param("falcon-mqa", marks=pytest.mark.slow),
     ],
 )

@@ -86,6 +86,7 @@ def test_convert_refuses_non_empty_output(tiny_model_dir, converted_dir, capsys)
     assert "not empty" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 13-30 s on 2 cores: the default suite stays near 15 min
 def test_restore_into_tensor_parallel_shardings(tiny_model_dir, tmp_path, reference_tokens):
     out = str(tmp_path / "tp2")
     result = run_worker("orbax", {"original": tiny_model_dir, "convert_to": out}, num_devices=4)

@@ -617,6 +617,7 @@ def test_engine_failure_ends_requests_with_errors(server, http):
     assert again.status_code == 200
 
 
+@pytest.mark.slow  # 13-30 s on 2 cores: the default suite stays near 15 min
 def test_sigterm_drains_and_exits_zero(tiny_model_dir):
     port = free_port()
     command = [

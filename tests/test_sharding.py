@@ -205,6 +205,7 @@ def check_kv_pool_cases(result: dict, cases: list) -> None:
         assert case["spec"] == [spec] * (1 + eight_bit)  # after the steps too
 
 
+@pytest.mark.slow  # 13-30 s on 2 cores: the default suite stays near 15 min
 def test_8bit_kv_pool_under_tensor_parallelism(head_dim_64_dir):
     """An int8 pool at degree 2 gives degree 1's greedy tokens on the native cpu backend
     (its kernels inside shard_map), through paged batching with chunked prefill (16-token

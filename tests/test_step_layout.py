@@ -125,6 +125,7 @@ def test_native_backend_matches_reference(model, tiny_model_dir, sliding_model_d
             np.testing.assert_allclose(list(lp_a.values()), list(lp_b.values()), atol=2e-4)
 
 
+@pytest.mark.slow  # 13-30 s on 2 cores: the default suite stays near 15 min
 def test_precompile_covers_every_shape(tiny_model_dir):
     """After precompiling, a workload of mixed lengths, chunked prefills and staggered finishes
     compiles nothing, and outputs (seeded or not) are what an engine without it gives."""

@@ -134,6 +134,7 @@ def test_parallel_samples_have_a_matcher_each(smollm2_llm):
     assert len(set(texts)) > 1, texts  # seeds differ per sample
 
 
+@pytest.mark.slow  # 13-30 s on 2 cores: the default suite stays near 15 min
 def test_unconstrained_outputs_unchanged_by_constrained_neighbours(smollm2_llm):
     free = [
         SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
