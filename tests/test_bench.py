@@ -206,6 +206,7 @@ def test_offline_and_sweep_cli(tiny_model_dir, tmp_path):
     assert "| concurrency |" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_compare_modes_offline_and_arrivals(tiny_model_dir, tmp_path):
     from jaxgen.bench.compare import Scenario, run_compare, write_compare
     from jaxgen.loaders import load_model

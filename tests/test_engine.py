@@ -56,12 +56,15 @@ def reference(smollm2_loaded, prompts):
 @pytest.mark.parametrize(
     "knobs",
     [
-        dict(batching="static", batch_size=4),
-        dict(batching="dynamic", batch_size=3, max_batch_delay=0.01),
-        dict(batching="continuous", max_rolling_batch_size=4),
-        dict(batching="paged"),
+        pytest.param(dict(batching="static", batch_size=4), id="static", marks=pytest.mark.slow),
+        pytest.param(
+            dict(batching="dynamic", batch_size=3, max_batch_delay=0.01),
+            id="dynamic",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(dict(batching="continuous", max_rolling_batch_size=4), id="continuous"),
+        pytest.param(dict(batching="paged"), id="paged"),
     ],
-    ids=["static", "dynamic", "continuous", "paged"],
 )
 def test_strategies_match_one_at_a_time(knobs, smollm2_loaded, prompts, reference):
     tokens, stats = generate(smollm2_loaded, prompts, **knobs)

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BLOCK_TORCH_AND_RUN = """
 import sys
 sys.modules["torch"] = None  # `import torch` raises ImportError; find_spec("torch") is None
@@ -17,6 +19,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 def test_generate_runs_without_torch():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     args = ["generate", "--chat", "--max-tokens", "8", "What is the capital of France?"]

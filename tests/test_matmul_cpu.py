@@ -185,7 +185,7 @@ def test_linear_runs_packed_kernels_on_the_native_matmul():
     x = jnp.asarray(np.random.default_rng(2).standard_normal((5, 16)), jnp.float32)
     expected = layer(x)
     graphdef, params = nnx.split(layer)
-    packed = pack_linear_weights(params)
+    packed = pack_linear_weights(params)[0]
     kernel = packed["kernel"].get_value()
     assert isinstance(kernel, PackedWeight) and kernel.panels.shape == (2, 16, 24)
     assert kernel.shape == (16, 45) and params["kernel"][...].shape == (16, 45)
@@ -200,7 +200,7 @@ def test_linear_runs_packed_kernels_on_the_native_matmul():
     layers = (layer, Linear(16, 30, bias=False, dtype=jnp.float32, rngs=nnx.Rngs(3)))
     expected = [each(x) for each in layers]
     graphdef, params = nnx.split(layers)
-    packed = pack_linear_weights(params)
+    packed = pack_linear_weights(params)[0]
 
     def run_group(state, x):
         return apply_linears(nnx.merge(graphdef, state), x)
@@ -209,7 +209,7 @@ def test_linear_runs_packed_kernels_on_the_native_matmul():
         np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)
     assert jax.jit(run_group).lower(packed, x).as_text().count("jaxgen_matmul_f32") == 1
     half = Linear(16, 48, bias=False, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
-    assert pack_linear_weights(nnx.split(half)[1])["kernel"][...].ndim == 2  # float32 only
+    assert pack_linear_weights(nnx.split(half)[1])[0]["kernel"][...].ndim == 2  # float32 only
     mixed = nnx.State({0: packed[0], 1: params[1]})  # one packed, one plain: each on its own
     for actual, reference in zip(jax.jit(run_group)(mixed, x), expected, strict=True):
         np.testing.assert_allclose(actual, reference, rtol=1e-5, atol=1e-5)

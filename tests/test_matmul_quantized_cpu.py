@@ -119,7 +119,7 @@ def test_backend_packs_quantized_linear_kernels():
         layer.kernel.set_value(quantize_kernel(kernel, SPECS["int4-g32-min"]))
     expected = apply_linears(layers, x)  # XLA: x @ dequantize()
     graphdef, params = nnx.split(layers)
-    packed = pack_linear_weights(params)
+    packed = pack_linear_weights(params)[0]
     assert isinstance(packed[0]["kernel"].get_value(), PackedQuantizedWeight)
 
     def run(state, x):

@@ -37,7 +37,17 @@ def hf_logits(model, token_ids):
         return model(torch.tensor([token_ids])).logits[0].float().numpy()
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+# The default suite runs three variants; the others run with -m slow.
+TINY_FAST = ("llama-gqa-untied", "llama-mha-tied", "llama3-rope")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        v if v in TINY_FAST else pytest.param(v, marks=pytest.mark.slow)
+        for v in sorted(TINY_VARIANTS)
+    ],
+)
 def test_tiny_model_logits_match_transformers(variant, tmp_path, smollm2_tokenizer):
     import transformers
 
@@ -53,7 +63,10 @@ def test_tiny_model_logits_match_transformers(variant, tmp_path, smollm2_tokeniz
         assert np.abs(ours - ref).max() <= 1e-3, (variant, length, np.abs(ours - ref).max())
 
 
-@pytest.mark.parametrize("length", [5, 33, 100])
+@pytest.mark.parametrize(
+    "length",
+    [pytest.param(5, marks=pytest.mark.slow), 33, pytest.param(100, marks=pytest.mark.slow)],
+)
 def test_smollm2_gguf_logits_match_transformers(
     length, smollm2_loaded, smollm2_hf, smollm2_tokenizer
 ):

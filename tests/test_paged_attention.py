@@ -81,12 +81,12 @@ def test_reference_matches_dense_numpy(soft_cap, sliding_window):
     "group, head_dim, page_size, dtype, soft_cap, sliding_window",
     [
         (1, 64, 8, jnp.float32, None, None),
-        (2, 128, 16, jnp.float32, 30.0, None),
-        (4, 64, 32, jnp.float32, None, 13),
+        pytest.param(2, 128, 16, jnp.float32, 30.0, None, marks=pytest.mark.slow),
+        pytest.param(4, 64, 32, jnp.float32, None, 13, marks=pytest.mark.slow),
         (8, 128, 8, jnp.float32, 2.0, 7),
-        (1, 128, 32, jnp.bfloat16, None, None),
+        pytest.param(1, 128, 32, jnp.bfloat16, None, None, marks=pytest.mark.slow),
         (4, 128, 16, jnp.bfloat16, 5.0, 20),
-        (8, 64, 16, jnp.bfloat16, None, 1),
+        pytest.param(8, 64, 16, jnp.bfloat16, None, 1, marks=pytest.mark.slow),
     ],
 )
 def test_kernel_matches_reference(group, head_dim, page_size, dtype, soft_cap, sliding_window):

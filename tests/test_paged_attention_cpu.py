@@ -118,7 +118,7 @@ def quantized_pool(pages, dtype):
     "num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window",
     [
         (9, 3, 64, 16, None, None),  # SmolLM2's GQA shape: two scale groups per head
-        (8, 1, 128, 4, 30.0, None),  # MQA, soft cap, four groups
+        pytest.param(8, 1, 128, 4, 30.0, None, marks=pytest.mark.slow),  # MQA, soft cap, 4 groups
         (8, 2, 40, 8, None, 11),  # one group per head (40 is no multiple of 32), window
         (4, 2, 20, 4, None, None),  # head_dim not a multiple of 8: the portable loops
     ],

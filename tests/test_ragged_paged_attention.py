@@ -110,12 +110,12 @@ def test_reference_matches_dense_numpy(soft_cap, sliding_window):
     "group, head_dim, page_size, dtype, soft_cap, sliding_window",
     [
         (1, 64, 8, jnp.float32, None, None),
-        (2, 128, 16, jnp.float32, 30.0, None),
-        (4, 64, 32, jnp.float32, None, 6),
+        pytest.param(2, 128, 16, jnp.float32, 30.0, None, marks=pytest.mark.slow),
+        pytest.param(4, 64, 32, jnp.float32, None, 6, marks=pytest.mark.slow),
         (8, 128, 8, jnp.float32, 2.0, 13),
-        (1, 128, 16, jnp.bfloat16, None, None),
+        pytest.param(1, 128, 16, jnp.bfloat16, None, None, marks=pytest.mark.slow),
         (4, 64, 8, jnp.bfloat16, 3.0, 1),
-        (8, 128, 32, jnp.bfloat16, None, 10),
+        pytest.param(8, 128, 32, jnp.bfloat16, None, 10, marks=pytest.mark.slow),
     ],
 )
 def test_kernel_matches_reference(group, head_dim, page_size, dtype, soft_cap, sliding_window):
@@ -260,7 +260,11 @@ def test_kernel_long_prompts(dtype):
 
 @pytest.mark.parametrize(
     "kv_cache_dtype, head_dim, page_size, soft_cap, sliding_window",
-    [("int8", 64, 8, None, None), ("fp8", 128, 4, 5.0, None), ("int8", 40, 8, None, 9)],
+    [
+        pytest.param("int8", 64, 8, None, None, marks=pytest.mark.slow),
+        ("fp8", 128, 4, 5.0, None),
+        ("int8", 40, 8, None, 9),
+    ],
 )
 def test_kernel_on_8bit_pool_matches_reference_on_dequantised_pages(
     kv_cache_dtype, head_dim, page_size, soft_cap, sliding_window

@@ -82,7 +82,9 @@ def mixed_seqs(page_size, long_len):
 
 CASES = [
     # (dtype, Hq, Hkv, D, page_size, soft_cap, sliding_window, pages/block, queries/block)
-    pytest.param(jnp.float32, 2, 2, 128, 16, None, None, 2, 8, id="f32-mha-d128"),
+    pytest.param(
+        jnp.float32, 2, 2, 128, 16, None, None, 2, 8, id="f32-mha-d128", marks=pytest.mark.slow
+    ),
     pytest.param(jnp.float32, 8, 2, 64, 16, 5.0, None, 2, 8, id="f32-gqa4-d64-softcap"),
     pytest.param(jnp.bfloat16, 8, 1, 128, 32, None, 20, 2, 8, id="bf16-mqa8-d128-window"),
     pytest.param(jnp.bfloat16, 4, 1, 64, 16, None, None, None, None, id="bf16-gqa4-d64-defaults"),
@@ -356,7 +358,16 @@ def test_update_aot_compile_v5e(v5e_mesh):
     "dtype,num_q_heads,num_kv_heads,head_dim,page_size,num_tokens,extras",
     [
         (jnp.bfloat16, 1, 1, 64, 16, 8, {}),
-        (jnp.bfloat16, 32, 8, 128, 256, 256, dict(soft_cap=30.0, sliding_window=1024)),
+        pytest.param(
+            jnp.bfloat16,
+            32,
+            8,
+            128,
+            256,
+            256,
+            dict(soft_cap=30.0, sliding_window=1024),
+            marks=pytest.mark.slow,
+        ),
         (jnp.float32, 12, 3, 64, 32, 40, dict(num_kv_heads=3)),
         (jnp.float32, 16, 2, 256, 16, 512, dict(num_queries_per_block=32)),
     ],

@@ -15,6 +15,8 @@ from serving.app import create_app
 from serving.settings import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 
+# Structured fuzzing of these routes runs by default; of the others, with -m slow.
+FUZZ_FAST = ("/generate", "/v1/chat/completions")
 POST_ROUTES = [
     "/generate",
     "/generate_stream",
@@ -391,7 +393,10 @@ FUZZ = settings(
 )
 
 
-@pytest.mark.parametrize("path", POST_ROUTES)
+@pytest.mark.parametrize(
+    "path",
+    [p if p in FUZZ_FAST else pytest.param(p, marks=pytest.mark.slow) for p in POST_ROUTES],
+)
 @FUZZ
 @given(data=st.data())
 def test_fuzz_structured_bodies(server, path, data):

@@ -141,6 +141,7 @@ def test_llm_rejects_bad_degree_before_loading(tiny_model_dir):
 
 
 # -- sharded runs on 8 simulated devices ------------------------------------------------------------
+@pytest.mark.slow
 def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
     result = run_worker(
         "tp",

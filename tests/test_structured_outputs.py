@@ -260,6 +260,7 @@ assert "torch" not in {name.split(".")[0] for name, mod in sys.modules.items() i
 """
 
 
+@pytest.mark.slow
 def test_grammars_need_no_torch():
     result = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -42,41 +42,40 @@ def pack_kernel(kernel):
                 "quantization='fp8': the 'cpu' attention backend has no fp8 matmul; use "
                 "attention_backend='reference' (XLA) or quantization 'int8' / 'int4'"
             )
-        if can_pack_quantized(kernel) and quantized_matmul_available():
-            return PackedQuantizedWeight.pack(kernel)
-        return kernel
+        return PackedQuantizedWeight.pack(kernel) if _packs_quantized(kernel) else kernel
     return PackedWeight.pack(kernel) if can_pack(kernel) else kernel
 
 
-def pack_linear_weights(params: nnx.State, head=None) -> nnx.State:
-    """A copy of ``params`` with every ``Linear`` kernel in the native matmul's form
-    (:func:`pack_kernel`; others shared). With ``head`` (a kernel), returns ``(params, packed
-    head)``. The int8 / int4 kernels, the head's included, are packed into shared buffers
-    (``pack_shared``): a step then passes three or four arrays for them all."""
+def pack_linear_weights(params: nnx.State, head=None):
+    """``(params, head)`` with every ``Linear`` kernel of ``params``, and ``head`` (a kernel, or
+    None) in the native matmul's form (:func:`pack_kernel`; others shared). The int8 / int4
+    kernels, the head's included, are packed into shared buffers (``pack_shared``): a step
+    then passes three or four arrays for them all."""
     flat = list(nnx.to_flat_state(params))
     shared, kernels = [], []
     for index, (path, var) in enumerate(flat):
         if path[-1] != "kernel":
             continue
         kernel = var.get_value()
-        if _packs_shared(kernel):
+        if _packs_quantized(kernel):
             shared.append(index)
             kernels.append(kernel)
         else:
             flat[index] = (path, var.replace(pack_kernel(kernel)))
-    head_shared = head is not None and _packs_shared(head)
+    head_shared = head is not None and _packs_quantized(head)
     packed = pack_shared(kernels + [head] * head_shared) if kernels or head_shared else []
     for index, weight in zip(shared, packed, strict=False):
         path, var = flat[index]
         flat[index] = (path, var.replace(weight))
-    result = nnx.from_flat_state(flat)
-    if head is None:
-        return result
-    return result, packed[-1] if head_shared else pack_kernel(head)
+    if head_shared:
+        head = packed[-1]
+    elif head is not None:
+        head = pack_kernel(head)
+    return nnx.from_flat_state(flat), head
 
 
-def _packs_shared(kernel) -> bool:
-    """Whether :func:`pack_kernel` would make ``kernel`` a ``PackedQuantizedWeight``."""
+def _packs_quantized(kernel) -> bool:
+    """Whether ``kernel`` is an int8 / int4 weight the native quantised matmul takes."""
     return is_quantized(kernel) and can_pack_quantized(kernel) and quantized_matmul_available()
 
 
@@ -93,7 +92,7 @@ class CPUBackend(PairedPoolBackend):
         if not matmul_kernel_available() or self.degree > 1:
             return params, None
         if not config.tie_word_embeddings:
-            return pack_linear_weights(params), None
+            return pack_linear_weights(params)
         table = params["embed_tokens"]["embedding"].get_value()
         return pack_linear_weights(params, table if is_quantized(table) else table.T)
 
