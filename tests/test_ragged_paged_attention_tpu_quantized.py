@@ -58,7 +58,18 @@ def filled_pool(rng, kind, num_pages, page_size, num_kv_heads, head_dim, dtype):
 
 CASES = [
     # (kind, dtype, Hq, Hkv, D, page_size, soft_cap, sliding_window)
-    pytest.param("int8", jnp.float32, 8, 2, 64, 128, None, None, id="int8-f32-gqa4-d64"),
+    pytest.param(
+        "int8",
+        jnp.float32,
+        8,
+        2,
+        64,
+        128,
+        None,
+        None,
+        id="int8-f32-gqa4-d64",
+        marks=pytest.mark.slow,
+    ),
     pytest.param(
         "fp8",
         jnp.float32,

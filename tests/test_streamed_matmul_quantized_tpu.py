@@ -167,6 +167,7 @@ def test_rejects_bad_inputs():
 
 @needs_libtpu
 @pytest.mark.tpu_compile
+@pytest.mark.slow
 def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
     """Two layers of Llama-3-8B on v5e-4 at batch 64: the step streams int8 codes + float16
     scales packed in pairs (1.0625 bytes per weight against bf16's 2), so the weights per chip
