@@ -133,7 +133,13 @@ def lower_decode_step_for_cuda(
 
 def _tensor_type(shape, dtype) -> str:
     """The MLIR type of a ``shape`` / ``dtype`` array, as the lowered module spells it."""
-    names = {"int8": "i8", "float8_e4m3fn": "f8E4M3FN", "float32": "f32", "bfloat16": "bf16"}
+    names = {
+        "int8": "i8",
+        "uint8": "ui8",
+        "float8_e4m3fn": "f8E4M3FN",
+        "float32": "f32",
+        "bfloat16": "bf16",
+    }
     name = names.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
     return f"tensor<{'x'.join(map(str, shape))}x{name}>"
 

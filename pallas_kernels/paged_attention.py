@@ -22,7 +22,17 @@ from jax.experimental import pallas as pl
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-EIGHT_BIT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))  # an 8-bit pool's values
+# An 8-bit pool's values: int8 codes, or fp8 (e4m3) codes held as their bits in uint8. XLA:CPU
+# scatters new tokens into a uint8 array in place but copies a float8 array whole, so a float8
+# pool would cost a step time in proportion to the pool.
+EIGHT_BIT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.uint8))
+
+
+def codes_to_float(codes: jax.Array) -> jax.Array:
+    """An 8-bit pool's codes as float32: int8 as is, uint8 as the fp8 (e4m3) values of its bits."""
+    if codes.dtype == jnp.uint8:
+        codes = lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+    return codes.astype(jnp.float32)
 
 
 def gather_pages(
@@ -87,7 +97,7 @@ def validate_common(
     q, k_pages, v_pages, *, scale, soft_cap, sliding_window, pool_dtypes=FLOAT_DTYPES
 ) -> None:
     """Checks the arguments both kernels share; raises ``ValueError`` naming the argument.
-    ``pool_dtypes``: the pool dtypes accepted (an 8-bit pool's values: int8, float8_e4m3fn)."""
+    ``pool_dtypes``: the pool dtypes accepted (``EIGHT_BIT_DTYPES`` for an 8-bit pool)."""
     if q.ndim != 3:
         raise ValueError(f"q must have rank 3, got shape {q.shape}")
     if k_pages.ndim != 4:

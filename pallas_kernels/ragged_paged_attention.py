@@ -26,6 +26,7 @@ from pallas_kernels.paged_attention import (
     EIGHT_BIT_DTYPES,
     FLOAT_DTYPES,
     MASK_VALUE,
+    codes_to_float,
     compiler_params,
     default_pages_per_compute_block,
     gather_pages,
@@ -97,7 +98,7 @@ def ragged_paged_attention_reference(
 
 
 def dequantize_block(
-    codes: jax.Array,  # [K, D] int8 / float8_e4m3fn
+    codes: jax.Array,  # [K, D] int8, or uint8 holding fp8 bits
     scales: jax.Array,  # [n, S, G] float32, n * S = K
     dtype,
 ) -> jax.Array:  # [K, D]
@@ -110,7 +111,7 @@ def dequantize_block(
         jnp.float32
     )  # [G, D]
     full = jnp.sum(scales[:, :, None] * one_hot[None, :, :], axis=1)  # [K, D]
-    return (codes.astype(jnp.float32) * full).astype(dtype)
+    return (codes_to_float(codes) * full).astype(dtype)
 
 
 def _ragged_kernel(
@@ -230,8 +231,8 @@ def ragged_paged_attention(
       q: ``[num_tokens, num_heads, head_dim]``; sequence s owns rows
         ``cu_q_lens[s]:cu_q_lens[s + 1]``.
       k_pages: ``[num_kv_heads, num_pages, page_size, head_dim]`` key pool (chunk already written),
-        or a ``QuantizedPages`` 8-bit pool (int8 / fp8 values and float32 scales per token and
-        lane group), dequantised block by block inside the kernel.
+        or a ``QuantizedPages`` 8-bit pool (int8 codes or fp8 codes as uint8 bits, float32
+        scales per token and lane group), dequantised block by block inside the kernel.
       v_pages: value pool, same shape and dtype as ``k_pages``.
       kv_lens: ``[max_seqs]`` int32 keys cached per sequence, the current chunk included.
       block_tables: ``[max_seqs, pages_per_seq]`` int32 page ids of each sequence, in order.

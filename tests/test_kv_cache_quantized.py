@@ -33,6 +33,28 @@ def test_write_then_gather_is_within_half_a_step(dtype, tolerance):
     assert (error <= bound * 1.01 + 1e-7).all()
 
 
+@pytest.mark.parametrize("dtype, storage", [("int8", "s8"), ("fp8", "u8")])
+def test_write_converts_nothing_pool_sized(dtype, storage):
+    """The compiled write touches the pool only in its stored 8-bit type: a float8 pool was
+    converted to float16 and back whole on every write (XLA:CPU), a cost in proportion to the
+    pool; fp8 codes are therefore kept as uint8 bits."""
+    import re
+
+    shape = (2, 512, 16, 64)  # [Hkv, P, S, D]
+    pool = kv_cache.pool_shapes(dtype, shape, jnp.float32)
+    assert pool.values.dtype == {"s8": jnp.int8, "u8": jnp.uint8}[storage]
+    new = jax.ShapeDtypeStruct((8, 2, 64), jnp.float32)  # [T, Hkv, D]
+    slots = jax.ShapeDtypeStruct((8,), jnp.int32)
+    write = jax.jit(kv_cache.write, donate_argnums=0)
+    text = write.trace(pool, new, slots).lower().compile().as_text()
+    pool_sized = {
+        element
+        for element, dims in re.findall(r"(\w+)\[([\d,]+)\]", text)
+        if np.prod([int(d) for d in dims.split(",")]) >= np.prod(shape)
+    }
+    assert pool_sized == {storage}, pool_sized
+
+
 def _prompts(count=5):
     rng = np.random.default_rng(1)
     shared = rng.integers(0, 1000, 20).tolist()  # a full page shared by every prompt

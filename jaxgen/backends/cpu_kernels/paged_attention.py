@@ -78,7 +78,7 @@ def paged_attention_cpu(
 
 def paged_attention_cpu_quantized(
     q: jax.Array,  # [B, Hq, D] float32
-    k_pages,  # QuantizedPages: values [Hkv, P, S, D] int8 / float8_e4m3fn, scales [Hkv, P, S, G]
+    k_pages,  # QuantizedPages: values [Hkv, P, S, D] int8 / uint8 (fp8 bits), scales [Hkv, P, S, G]
     v_pages,  # QuantizedPages, as k_pages
     lengths: jax.Array,  # [B] int32
     block_tables: jax.Array,  # [B, W] int32
@@ -103,7 +103,7 @@ def paged_attention_cpu_quantized(
     validate_int_array("block_tables", block_tables, (batch, block_tables.shape[-1]))
     if q.dtype != jnp.float32:
         raise ValueError(f"q must be float32 for the CPU kernel, got {q.dtype}")
-    fp8 = k_pages.values.dtype == jnp.float8_e4m3fn
+    fp8 = k_pages.values.dtype == jnp.uint8
     groups = k_pages.scales.shape[-1]
     for name, pages in (("k_pages", k_pages), ("v_pages", v_pages)):
         if pages.scales.shape != (*pages.values.shape[:-1], groups) or (
@@ -118,7 +118,7 @@ def paged_attention_cpu_quantized(
     if not cpu_kernel_available():
         raise RuntimeError("the CPU paged-attention kernel could not be built on this machine")
 
-    def raw(values):  # the codes as bytes: a bitcast, no copy
+    def raw(values):  # the codes as bytes (int8 codes: a bitcast, no copy)
         return jax.lax.bitcast_convert_type(values, jnp.uint8)
 
     call = jax.ffi.ffi_call(QUANTIZED_TARGET, jax.ShapeDtypeStruct(q.shape, q.dtype))
