@@ -1,7 +1,7 @@
 """Single-stream decode speed of the default model (one request at a time), against the
 memory-bandwidth floor: each decode step must read every weight once.
 
-    python benchmarks/single_stream.py [--model M] [--tokens 128] [--bandwidth-gbs N]
+    python benchmarks/single_stream.py [--model M] [--tokens 128] [--kv-cache-dtype auto|int8|fp8]
 """
 
 from __future__ import annotations
@@ -32,12 +32,19 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8"))
     args = parser.parse_args()
 
     from jaxgen import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, batching="none", max_model_len=1024)
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        batching="none",
+        max_model_len=1024,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     load_s = time.perf_counter() - start
     prompt = "Write a long story about a lighthouse keeper and the ships she guides home."
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
@@ -52,6 +59,7 @@ def main() -> None:
     floor_ms = weight_bytes / bandwidth * 1e3
     print(
         f"device: {jax.devices()[0].device_kind}  devices: {jax.device_count()}  dtype: {args.dtype}"
+        f"  kv_cache_dtype: {args.kv_cache_dtype}"
     )
     print(f"load time                 {load_s:.1f} s")
     print(
