@@ -4,6 +4,7 @@ per token; llama.cpp's llama-bench on the same GGUF (2 threads, one run after ea
 single streams) when a binary is found.
 
     python benchmarks/quantized_weights.py [--repeats 3] [--llama-bench PATH] [--json out.json]
+        [--skip-batched] [--async-scheduling]
 
 Variants: ``float32`` (the GGUF dequantised, ``quantization="none"``), ``int8`` (quantised at
 load from it: int8 groups of 32, as Q8_0) and ``int4-gguf`` (the file's Q4_1 / Q8_0 kept,
@@ -91,6 +92,9 @@ def main() -> None:
     parser.add_argument("--llama-bench", default=None, help="llama-bench binary (default: search)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--skip-batched", action="store_true", help="single stream and bytes only")
+    parser.add_argument(
+        "--async-scheduling", action="store_true", help="every engine schedules a step ahead"
+    )
     args = parser.parse_args()
 
     from jaxgen import LLM
@@ -102,7 +106,11 @@ def main() -> None:
     for name, quantization in VARIANTS.items():
         loaded = load_model(None, quantization=quantization)
         llm = LLM(
-            loaded, max_model_len=512, kv_cache_memory=512 << 20, precompile=not args.skip_batched
+            loaded,
+            max_model_len=512,
+            kv_cache_memory=512 << 20,
+            precompile=not args.skip_batched,
+            async_scheduling=args.async_scheduling,
         )
         engines[name] = llm
         stats = llm.stats()

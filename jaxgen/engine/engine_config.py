@@ -168,6 +168,14 @@ class EngineConfig:
         help="engine replicas on disjoint device groups of one host, behind one front door",
         flag="",
     )
+    async_scheduling: bool = knob(
+        False,
+        help="schedule and start each step before the previous one's tokens reach the host (its "
+        "decode rows take them on the device), so the host's work overlaps the device's; steps "
+        "whose sequences need their tokens on the host (penalties, grammars, LongRoPE) run one "
+        "at a time",
+        flag="",
+    )
     precompile: bool = knob(
         False,
         help="compile the step for every batch shape when the engine starts, so no request waits "
@@ -247,6 +255,7 @@ class EngineConfig:
             "must be an integer >= 1",
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
+        check(isinstance(self.async_scheduling, bool), "async_scheduling", "must be True or False")
         check(
             self.quantization in QUANTIZATION_CHOICES,
             "quantization",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import jax
+import numpy as np
 
 from jaxgen.backends import select_backend
 from jaxgen.engine import compile_counter
@@ -16,14 +18,16 @@ from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.request import Request
-from jaxgen.engine.runner import ModelRunner
-from jaxgen.engine.sampling_tensors import SamplingRow
-from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.runner import InFlight, ModelRunner
+from jaxgen.engine.sampling_tensors import SamplingRow, uses_penalties
+from jaxgen.engine.scheduler import Scheduler, SchedulerOutput
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batches, unpack
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
+# Asynchronous scheduling: the token a sequence has while the step that samples it is in flight.
+PENDING_TOKEN = -1
 CPU_DEFAULT_KV_BYTES = 2 << 30
 ACCELERATOR_KV_FRACTION = 0.9
 # Steps that fail in a row, each recovered from, before the engine gives up: a fault that
@@ -117,6 +121,14 @@ class LLMEngine:
         self.dead: BaseException | None = None  # why the engine cannot step any more
         self.precompile_compiles = 0
         self.precompile_seconds = 0.0
+        # Asynchronous scheduling: the step on the device whose tokens the host has not read,
+        # and the feed a step takes when nothing is in flight (every row's token from the host).
+        self.in_flight: DispatchedStep | None = None
+        self.async_steps = 0  # steps dispatched before the previous one's tokens were read
+        self._last_resolved = 0.0
+        self._empty_feed = None
+        if config.async_scheduling:
+            self._empty_feed = jax.numpy.zeros(self.layout.seq_cap, jax.numpy.int32)
         if config.precompile:
             self.precompile()
 
@@ -143,12 +155,9 @@ class LLMEngine:
         configs = sampling_params or [SamplingParams(temperature=0.0)]
         constrained = any(params.structured_outputs is not None for params in configs)
         for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
-            self.runner.execute(batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top)
+            self._run_now(batch)
             if constrained:  # the same shapes with a grammar's bitmask
-                batch = self.grammars.padding_bitmask(batch)
-                self.runner.execute(
-                    batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top
-                )
+                self._run_now(self.grammars.padding_bitmask(batch))
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
@@ -214,38 +223,139 @@ class LLMEngine:
         return request.output()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether a request is queued or running, or a step is still to be read."""
+        return self.scheduler.has_unfinished() or self.in_flight is not None
 
     # -- the step ---------------------------------------------------------------------------------
+    def _run_now(self, batch: StepBatch):
+        """Runs ``batch`` and waits for it: the sampler's output and the prompt logprobs."""
+        return self.runner.fetch(self._dispatch(batch, None).step)
+
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved.
 
         If running the step raises, the engine recovers (see ``_recover``) and raises
         ``StepFailed`` naming the requests of that step, which it has failed; the others go on.
         ``EngineDeadError`` means it could not recover: every later step raises it too.
+
+        With ``async_scheduling`` a call dispatches the next step before it reads the tokens of
+        the one in flight, and returns the outputs of the one it read.
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
+        if self.config.async_scheduling:
+            return self._step_ahead()
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
+        return self._resolve(self._launch(scheduled, None), None)
+
+    # -- asynchronous scheduling -------------------------------------------------------------------
+    def _step_ahead(self) -> list[RequestOutput]:
+        """Dispatches the next step (if the one in flight allows it), then reads the one in flight.
+
+        The step in flight has not told the host its tokens: each sequence it completes gets a
+        ``PENDING_TOKEN`` in their place, so the scheduler can plan the next step (pages,
+        positions) and the next step's rows take the real tokens on the device."""
+        if self.in_flight is None:
+            scheduled = self.scheduler.schedule()
+            if scheduled.is_empty:
+                return []
+            self.in_flight = self._launch(scheduled, None)
+        current, self.in_flight = self.in_flight, None
+        if not self._may_step_ahead(current):
+            return self._resolve(current, None)
+        pending = {seq.seq_id: PENDING_TOKEN for seq in _live(current.batch.seqs)}
+        got_token = self.scheduler.postprocess(_live_items(current.scheduled), pending)
+        scheduled = self.scheduler.schedule()
+        if not scheduled.is_empty:
+            self.in_flight = self._launch(scheduled, current)
+            self.async_steps += 1
+        return self._resolve(current, got_token)
+
+    def _may_step_ahead(self, current: DispatchedStep) -> bool:
+        """Whether the next step can be planned before ``current``'s tokens are known: no
+        sequence needs its tokens on the host to be scheduled or sampled (penalties, grammars,
+        LongRoPE's recompute), and none of the sequences ``current`` completes surely ends
+        with its token (its length limit), so the next step holds no row that cannot run."""
+        if self.scheduler.config.long_rope_threshold is not None:
+            return False
+        for seq in itertools.chain(self.scheduler.running, self.scheduler.waiting):
+            if seq.seq_id in self.grammars.matchers or uses_penalties(seq.params):
+                return False
+        for seq in _live(current.batch.seqs):
+            if seq.num_generated + 1 >= seq.max_tokens or seq.num_tokens + 1 >= self.max_model_len:
+                return False
+        return True
+
+    def _launch(self, scheduled, previous: DispatchedStep | None) -> DispatchedStep:
+        """Builds and dispatches the step of ``scheduled``; its rows holding a pending token take
+        it from ``previous``'s feed. A failure recovers and raises as ``step`` does."""
         start = time.perf_counter()
         try:
             batch = self._build_batch(scheduled)
-            output, prompt_output = self.runner.execute(
+            return self._dispatch(batch, previous, scheduled, start)
+        except Exception as error:
+            raise self._recover(_merged(scheduled, previous), error) from error
+
+    def _dispatch(self, batch: StepBatch, previous, scheduled=None, start=0.0) -> DispatchedStep:
+        """Dispatches ``batch`` (as the step of ``scheduled``); with asynchronous scheduling its
+        rows holding a pending token take it from ``previous``'s feed."""
+        if not self.config.async_scheduling:
+            step = self.runner.dispatch(
                 batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top
             )
+            return DispatchedStep(scheduled, batch, step, start)
+        token_ids = batch.inputs.token_ids
+        from_previous = np.full(token_ids.shape[0], -1, np.int32)  # [T]
+        pending = np.flatnonzero(token_ids == PENDING_TOKEN)
+        if pending.size:
+            rows = {seq.seq_id: row for row, seq in enumerate(previous.batch.seqs) if seq}
+            cu = batch.inputs.metadata.cu_q_lens
+            for index, item in enumerate(batch.inputs.rows):
+                if item is None:
+                    continue
+                mine = pending[(pending >= cu[index]) & (pending < cu[index + 1])]
+                if mine.size:
+                    from_previous[mine] = rows[item.seq.seq_id]
+        feed = self._empty_feed if previous is None else previous.step.feed
+        step = self.runner.dispatch(
+            batch.arrays,
+            batch.flags,
+            batch.prompt_targets,
+            batch.prompt_top,
+            from_previous,
+            feed,
+        )
+        return DispatchedStep(scheduled, batch, step, start)
+
+    def _resolve(self, current: DispatchedStep, got_token: list | None) -> list[RequestOutput]:
+        """Reads ``current``'s tokens and hands them on: in place of the pending tokens of the
+        sequences in ``got_token`` when the scheduler already advanced ``current`` (else None:
+        as a synchronous step does). Sequences that ended meanwhile are skipped."""
+        try:
+            output, prompt_output = self.runner.fetch(current.step)
         except Exception as error:
+            scheduled, self.in_flight = _merged(current.scheduled, self.in_flight), None
             raise self._recover(scheduled, error) from error
         self.consecutive_failed_steps = 0
-        self.step_time += time.perf_counter() - start
+        now = time.perf_counter()
+        self.step_time += now - max(current.start, self._last_resolved)
+        self._last_resolved = now
         self.num_steps += 1
-        self.last_batch_size = len(scheduled.scheduled)
-        tokens, logprobs = unpack(batch, output)
+        self.last_batch_size = len(current.scheduled.scheduled)
+        tokens, logprobs = unpack(current.batch, output)
         if prompt_output is not None:
-            for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
+            for seq_id, entries in unpack_prompt_logprobs(
+                current.batch.prompt, prompt_output
+            ).items():
                 self.seq_to_request[seq_id].on_prompt_logprobs(entries)
-        got_token = self.scheduler.postprocess(scheduled, tokens)
+        if got_token is None:
+            got_token = self.scheduler.postprocess(_live_items(current.scheduled), tokens)
+        else:
+            for seq in got_token:
+                seq.output_token_ids[-1] = tokens[seq.seq_id]
+            got_token = [seq for seq in got_token if not seq.is_finished]
         return self._postprocess(got_token, logprobs)
 
     def _build_batch(self, scheduled) -> StepBatch:
@@ -352,6 +462,7 @@ class LLMEngine:
             "rope_recomputes": self.scheduler.num_rope_recomputes,
             "prefix_cache_hit_pages": allocator.prefix_hits,
             "steps": self.num_steps,
+            "async_steps": self.async_steps,
             "failed_steps": self.failed_steps,
             "engine_dead": self.dead is not None,
             "step_time_s": self.step_time,
@@ -364,3 +475,32 @@ class LLMEngine:
             "grammar_masked_rows": self.grammars.stats.masked_rows,
             "grammar_compile_s": self.grammars.compiler.compile_seconds,
         }
+
+
+@dataclasses.dataclass
+class DispatchedStep:
+    """A step on the device: what was scheduled, its host batch and its device result."""
+
+    scheduled: SchedulerOutput | None
+    batch: StepBatch
+    step: InFlight
+    start: float  # when its batch began to be built (perf_counter)
+
+
+def _merged(scheduled, other: DispatchedStep | None):
+    """``scheduled`` with the sequences of ``other`` (a step in flight) added, for recovery."""
+    if other is None or other.scheduled is None:
+        return scheduled
+    return SchedulerOutput(scheduled.scheduled + other.scheduled.scheduled, scheduled.preempted)
+
+
+def _live(seqs) -> list:
+    """The sequences of a batch's rows that have not ended (padding rows are None)."""
+    return [seq for seq in seqs if seq is not None and not seq.is_finished]
+
+
+def _live_items(scheduled: SchedulerOutput) -> SchedulerOutput:
+    """``scheduled`` without the sequences that ended since it was scheduled (the step ahead
+    of them had already been dispatched: its row for them is discarded)."""
+    items = [item for item in scheduled.scheduled if not item.seq.is_finished]
+    return SchedulerOutput(items, scheduled.preempted)

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.backends import AttentionBackend, select_backend
@@ -75,9 +76,15 @@ def jitted_step(graphdef, backend: AttentionBackend):
         prompt_targets=None,
         prompt_top=None,
         flat_params=None,
+        from_previous=None,
+        previous_tokens=None,
+        feed_width=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
+        if feed_width is not None:  # rows whose token the previous step sampled take it here
+            taken = previous_tokens[jnp.maximum(from_previous, 0)]  # [T]
+            token_ids = jnp.where(from_previous >= 0, taken, token_ids)
         model = nnx.merge(graphdef, params)
         hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
         # [N, V]: only the rows that sample
@@ -85,14 +92,23 @@ def jitted_step(graphdef, backend: AttentionBackend):
             hidden[logits_indices], head_kernel=head, live_rows=logits_live
         )
         sampled = sample(logits, sampling, flags)
-        if prompt_top is None:
-            return kv_cache, sampled
-        # A step holding a prompt-logprobs request: the LM head on every token row too.
-        all_logits = model.compute_logits(hidden, head_kernel=head, live_rows=md.live_rows)
-        return kv_cache, (sampled, prompt_logprobs(all_logits, prompt_targets, prompt_top))
+        result = sampled
+        if prompt_top is not None:
+            # A step holding a prompt-logprobs request: the LM head on every token row too.
+            all_logits = model.compute_logits(hidden, head_kernel=head, live_rows=md.live_rows)
+            result = (sampled, prompt_logprobs(all_logits, prompt_targets, prompt_top))
+        if feed_width is None:
+            return kv_cache, result
+        # [feed_width]: the sampled tokens by logits row, for the next step (one shape).
+        feed = (
+            jnp.zeros(feed_width, jnp.int32).at[: sampled.token_ids.shape[0]].set(sampled.token_ids)
+        )
+        return kv_cache, result, feed
 
     return jax.jit(
-        step, static_argnames=("flags", "prompt_top", "flat_params"), donate_argnums=(1,)
+        step,
+        static_argnames=("flags", "prompt_top", "flat_params", "feed_width"),
+        donate_argnums=(1,),
     )
 
 
@@ -167,10 +183,31 @@ class ModelRunner:
         ``prompt_top`` (static; None: off) it also returns each token row's logprob of its
         ``prompt_targets`` [T] and the top ``prompt_top``. Returns the sampler's output (and
         the prompt logprobs, or None) as numpy arrays: the one device-to-host transfer."""
+        return self.fetch(self.dispatch(arrays, flags, prompt_targets, prompt_top))
+
+    def dispatch(
+        self,
+        arrays: tuple,
+        flags: SamplingFlags,
+        prompt_targets=None,
+        prompt_top: int | None = None,
+        from_previous=None,
+        previous_tokens=None,
+    ) -> InFlight:
+        """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
+        ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
+        device) the rows where ``from_previous`` [T] is >= 0 take their token from it, and the
+        step returns its own feed."""
         extra = {}
         if prompt_top is not None:
             extra = {"prompt_targets": prompt_targets, "prompt_top": prompt_top}
-        self.kv_cache, result = self._step(
+        if previous_tokens is not None:
+            extra |= {
+                "from_previous": from_previous,
+                "previous_tokens": previous_tokens,
+                "feed_width": previous_tokens.shape[0],
+            }
+        self.kv_cache, *result = self._step(
             self._param_arrays,
             self.kv_cache,
             *arrays,
@@ -179,8 +216,22 @@ class ModelRunner:
             flat_params=self._flat_params,
             **extra,
         )
-        result = jax.device_get(result)
-        return result if prompt_top is not None else (result, None)
+        feed = result[1] if previous_tokens is not None else None
+        return InFlight(result[0], feed, prompt_top is not None)
+
+    def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
+        """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
+        result = jax.device_get(step.result)
+        return result if step.has_prompt_logprobs else (result, None)
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A dispatched step: its device result and the feed of its sampled tokens."""
+
+    result: object
+    feed: jax.Array | None  # [feed_width] int32: the tokens it sampled (async scheduling)
+    has_prompt_logprobs: bool
 
 
 def _deleted(leaf) -> bool:

@@ -1,0 +1,132 @@
+"""Asynchronous scheduling: the engine dispatches a step before it reads the previous one's
+tokens (its decode rows take them on the device). Every output must be the one the engine gives
+stepping one at a time: greedy and seeded, with natural stops, stop strings, preemption, prefix
+reuse, and the requests that make it fall back (penalties, grammars)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxgen import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_model_dir):
+    from jaxgen.loaders import load_model
+
+    return load_model(tiny_model_dir)
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(3, 40, count)]
+
+
+def _both(loaded, prompts, params, **knobs):
+    """Outputs of the same requests without and with asynchronous scheduling, and the
+    asynchronous engine's stats."""
+    knobs.setdefault("max_model_len", 128)
+    sync = LLM(loaded, **knobs).generate(prompts, params, use_tqdm=False)
+    llm = LLM(loaded, async_scheduling=True, **knobs)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return sync, outs, llm.stats()
+
+
+def _same(sync, outs):
+    for a, b in zip(sync, outs, strict=True):
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            assert (x.token_ids, x.text, x.finish_reason) == (y.token_ids, y.text, y.finish_reason)
+
+
+@pytest.mark.parametrize("batching", ["paged", "continuous"])
+def test_greedy_outputs_match_one_step_at_a_time(tiny_loaded, batching):
+    prompts = _prompts(6)
+    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in (1, 2, 5, 17, 30, 9)]
+    sync, outs, stats = _both(tiny_loaded, prompts, params, batching=batching)
+    _same(sync, outs)
+    assert stats["async_steps"] > 0
+    assert stats["kv_pages_used"] == 0 and stats["num_running"] == 0
+
+
+def test_seeded_sampling_logprobs_and_stop_strings_match(tiny_loaded):
+    prompts = _prompts(5, seed=1)
+    sync_text = (
+        LLM(tiny_loaded, max_model_len=128)
+        .generate(prompts[:1], SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0]
+        .outputs[0]
+        .text
+    )
+    stop = sync_text[len(sync_text) // 2 :][:3] or None  # a stop string met mid-output
+    params = [
+        SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=7 + i, logprobs=2)
+        for i in range(4)
+    ] + [SamplingParams(max_tokens=12, temperature=0.0, stop=[stop] if stop else None)]
+    sync, outs, stats = _both(tiny_loaded, prompts, params)
+    _same(sync, outs)
+    for a, b in zip(sync, outs, strict=True):
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+    assert stats["async_steps"] > 0
+
+
+def test_preemption_and_prefix_reuse_match(tiny_loaded):
+    prompts = [list(range(40, 72)) + p for p in _prompts(5, seed=2)]  # a shared 2-page prefix
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    page_bytes = tiny_loaded.config.kv_bytes_per_token(4) * 16
+    sync, outs, stats = _both(tiny_loaded, prompts, params, kv_cache_memory=9 * page_bytes)
+    _same(sync, outs)
+    assert stats["preemptions"] > 0 and stats["prefix_cache_hit_pages"] > 0
+    assert stats["async_steps"] > 0 and stats["kv_pages_used"] == 0
+
+
+def test_penalties_fall_back_to_one_step_at_a_time(tiny_loaded):
+    prompts = _prompts(3, seed=3)
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.3),
+        SamplingParams(max_tokens=16, temperature=0.0),
+        SamplingParams(max_tokens=16, temperature=0.0, frequency_penalty=0.5),
+    ]
+    sync, outs, stats = _both(tiny_loaded, prompts, params)
+    _same(sync, outs)
+    assert stats["async_steps"] == 0  # a penalised sequence was running the whole time
+
+
+def test_no_compiles_after_precompile(tiny_loaded):
+    llm = LLM(tiny_loaded, max_model_len=128, async_scheduling=True, precompile=True)
+    before = llm.stats()["compiles"]
+    prompts = _prompts(6, seed=4)
+    llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0.0), use_tqdm=False)
+    stats = llm.stats()
+    assert stats["compiles"] == before and stats["async_steps"] > 0
+
+
+def test_async_scheduling_must_be_a_bool(tiny_loaded):
+    with pytest.raises(ValueError, match="async_scheduling"):
+        LLM(tiny_loaded, async_scheduling="yes")
+
+
+def test_a_failed_step_with_a_step_in_flight_recovers(tiny_loaded):
+    from jaxgen.engine.errors import StepFailed
+    from tests.test_engine_recovery import inject_fault
+
+    llm = LLM(tiny_loaded, max_model_len=128, async_scheduling=True)
+    engine = llm.engine
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(_prompts(3, seed=5)):
+        engine.add_request(f"r{i}", None, prompt, params)
+    while engine.async_steps < 3:
+        engine.step()
+    assert engine.in_flight is not None
+    restore = inject_fault(engine.runner, times=1)
+    try:
+        with pytest.raises(StepFailed) as failed:
+            while True:
+                engine.step()
+    finally:
+        restore()
+    assert sorted(failed.value.request_ids) == ["r0", "r1", "r2"]
+    assert engine.in_flight is None and engine.dead is None
+    prompts = _prompts(4, seed=6)
+    reference = LLM(tiny_loaded, max_model_len=128).generate(prompts, params, use_tqdm=False)
+    _same(reference, llm.generate(prompts, params, use_tqdm=False))
+    assert llm.stats()["kv_pages_used"] == 0 and llm.stats()["failed_steps"] == 1
