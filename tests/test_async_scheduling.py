@@ -130,3 +130,34 @@ def test_a_failed_step_with_a_step_in_flight_recovers(tiny_loaded):
     reference = LLM(tiny_loaded, max_model_len=128).generate(prompts, params, use_tqdm=False)
     _same(reference, llm.generate(prompts, params, use_tqdm=False))
     assert llm.stats()["kv_pages_used"] == 0 and llm.stats()["failed_steps"] == 1
+
+
+def test_abort_with_a_step_in_flight(tiny_loaded):
+    """A request aborted while the step holding it is in flight (its prompt logprobs too) ends
+    there; the others finish as they would stepping one at a time, and every page comes back."""
+    prompts = _prompts(3, seed=7)
+    params = [
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, prompt_logprobs=2),
+        SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=25, temperature=0.0, ignore_eos=True),
+    ]
+    reference = LLM(tiny_loaded, max_model_len=128).generate(prompts, params, use_tqdm=False)
+    llm = LLM(tiny_loaded, max_model_len=128, async_scheduling=True)
+    engine = llm.engine
+    for i in (1, 2):
+        engine.add_request(f"r{i}", None, prompts[i], params[i])
+    engine.step()  # r1 and r2's prefill read, their first decode in flight
+    engine.add_request("r0", None, prompts[0], params[0])
+    engine.step()  # r0's prefill (with its prompt logprobs) dispatched, the decode read
+    assert engine.requests["r0"].seqs[0] in engine.in_flight.batch.seqs
+    aborted = engine.abort("r0")
+    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+    finished = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert sorted(finished) == ["r1", "r2"]
+    for i in (1, 2):
+        assert finished[f"r{i}"].outputs[0].token_ids == reference[i].outputs[0].token_ids
+    assert llm.stats()["kv_pages_used"] == 0 and llm.stats()["num_running"] == 0

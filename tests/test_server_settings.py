@@ -146,6 +146,7 @@ def test_flags_override_everything(properties_file):
             "2.5",
             "--no-prefix-caching",
             "--no-precompile",
+            "--async-scheduling",
             "--properties",
             properties_file,
         ]
@@ -159,6 +160,9 @@ def test_flags_override_everything(properties_file):
     assert settings.engine["kv_cache_memory"] == 64 << 20
     assert settings.engine["enable_prefix_caching"] is False
     assert settings.engine["precompile"] is False
+    assert (
+        settings.engine["async_scheduling"] is True
+    )  # a knob off by default: its flag turns it on
     assert settings.dtype == "float32" and settings.port == 9000 and settings.drain_timeout == 2.5
     assert settings.engine["max_rolling_batch_size"] == 32  # untouched: from the file
     assert settings.sources["model"] == "flags"

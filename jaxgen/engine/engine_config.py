@@ -38,7 +38,7 @@ class Knob:
     Args:
         help: what it means: the flag's ``--help`` and the docs' meaning column.
         flag: the command-line flag; None: ``--`` and the name with dashes; "": no flag. A
-            boolean knob's flag turns it off (``--no-...``).
+            boolean knob's flag turns it off if it starts with ``--no-``, else on.
         serve_only: only ``jaxgen serve`` takes the flag (``generate`` and ``bench`` use the
             same flag for something else, or have no use for it).
         choices: the values it accepts.
@@ -174,7 +174,6 @@ class EngineConfig:
         "decode rows take them on the device), so the host's work overlaps the device's; steps "
         "whose sequences need their tokens on the host (penalties, grammars, LongRoPE) run one "
         "at a time",
-        flag="",
     )
     precompile: bool = knob(
         False,

@@ -349,7 +349,8 @@ class LLMEngine:
             for seq_id, entries in unpack_prompt_logprobs(
                 current.batch.prompt, prompt_output
             ).items():
-                self.seq_to_request[seq_id].on_prompt_logprobs(entries)
+                if seq_id in self.seq_to_request:  # not aborted while its step was in flight
+                    self.seq_to_request[seq_id].on_prompt_logprobs(entries)
         if got_token is None:
             got_token = self.scheduler.postprocess(_live_items(current.scheduled), tokens)
         else:
