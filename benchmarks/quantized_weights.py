@@ -4,7 +4,7 @@ per token; llama.cpp's llama-bench on the same GGUF (2 threads, one run after ea
 single streams) when a binary is found.
 
     python benchmarks/quantized_weights.py [--repeats 3] [--llama-bench PATH] [--json out.json]
-        [--skip-batched] [--async-scheduling]
+        [--skip-batched] [--async-scheduling] [--num-scheduler-steps N]
 
 Variants: ``float32`` (the GGUF dequantised, ``quantization="none"``), ``int8`` (quantised at
 load from it: int8 groups of 32, as Q8_0) and ``int4-gguf`` (the file's Q4_1 / Q8_0 kept,
@@ -95,6 +95,12 @@ def main() -> None:
     parser.add_argument(
         "--async-scheduling", action="store_true", help="every engine schedules a step ahead"
     )
+    parser.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="every engine runs this many decode steps per call (multi-step decoding)",
+    )
     args = parser.parse_args()
 
     from jaxgen import LLM
@@ -111,6 +117,7 @@ def main() -> None:
             kv_cache_memory=512 << 20,
             precompile=not args.skip_batched,
             async_scheduling=args.async_scheduling,
+            num_scheduler_steps=args.num_scheduler_steps,
         )
         engines[name] = llm
         stats = llm.stats()

@@ -134,10 +134,13 @@ def test_penalties_and_logprobs_run(llm):
     assert all(len(entry) >= 3 for entry in out.logprobs)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_async_streaming_and_abort(tiny_loaded, async_scheduling):
+@pytest.mark.parametrize(
+    "knobs", [{}, {"async_scheduling": True}, {"num_scheduler_steps": 4}], ids=str
+)
+def test_async_streaming_and_abort(tiny_loaded, knobs):
     """AsyncLLM streams, aborts mid-stream and frees the pages; with asynchronous scheduling
-    (steps dispatched ahead of their tokens) the streamed text is the same."""
+    (steps dispatched ahead of their tokens) or multi-step decoding (tokens read a few steps
+    at a time) the streamed text is the same."""
     from jaxgen import AsyncLLM
     from jaxgen.engine.engine_config import EngineConfig
     from jaxgen.engine.llm_engine import LLMEngine
@@ -149,7 +152,7 @@ def test_async_streaming_and_abort(tiny_loaded, async_scheduling):
             kv_cache_memory=32 << 20,
             max_rolling_batch_size=8,
             max_rolling_batch_prefill_tokens=128,
-            async_scheduling=async_scheduling,
+            **knobs,
         ),
     )
     llm = AsyncLLM(engine=engine)

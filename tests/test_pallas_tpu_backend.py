@@ -40,9 +40,10 @@ def tiny_loaded(tiny_model_dir):
 @pytest.mark.slow
 def test_engine_greedy_tokens_match_reference(tiny_loaded):
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     outs = {}
-    for backend in ("reference", "pallas-tpu"):
+    # the last: the TPU kernels inside a multi-step call (4 decode steps in one scan)
+    for backend, steps in (("reference", 1), ("pallas-tpu", 1), ("pallas-tpu", 4)):
         llm = LLM(
             tiny_loaded,
             max_model_len=128,
@@ -51,11 +52,14 @@ def test_engine_greedy_tokens_match_reference(tiny_loaded):
             max_rolling_batch_prefill_tokens=16,  # chunked prefill beside decode rows
             max_rolling_batch_size=4,
             attention_backend=backend,
+            num_scheduler_steps=steps,
         )
         assert llm.engine.runner.backend.name == backend
-        outs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs[backend, steps] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.stats()["kv_pages_used"] == 0
-    assert outs["pallas-tpu"] == outs["reference"]
+        assert (llm.stats()["multi_step_calls"] > 0) == (steps > 1)
+    assert outs["pallas-tpu", 1] == outs["reference", 1]
+    assert outs["pallas-tpu", 4] == outs["reference", 1]
 
 
 @pytest.mark.slow

@@ -175,6 +175,15 @@ class EngineConfig:
         "whose sequences need their tokens on the host (penalties, grammars, LongRoPE) run one "
         "at a time",
     )
+    num_scheduler_steps: int = knob(
+        1,
+        help="decode steps per call when every running sequence decodes (multi-step decoding): "
+        "the device feeds each step's tokens to the next and the host reads them all at once, "
+        "so the host's per-step work is paid once per call; stops are checked afterwards (the "
+        "tokens after a stop are dropped); new requests are admitted between calls; steps "
+        "whose sequences need their tokens on the host (penalties, grammars, LongRoPE, "
+        "min_tokens) or lack the room run one at a time",
+    )
     precompile: bool = knob(
         False,
         help="compile the step for every batch shape when the engine starts, so no request waits "
@@ -255,6 +264,16 @@ class EngineConfig:
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
         check(isinstance(self.async_scheduling, bool), "async_scheduling", "must be True or False")
+        check(
+            _int(self.num_scheduler_steps) and self.num_scheduler_steps >= 1,
+            "num_scheduler_steps",
+            "must be an integer >= 1",
+        )
+        check(
+            self.num_scheduler_steps == 1 or not self.async_scheduling,
+            "num_scheduler_steps",
+            "must be 1 with async_scheduling (each hides the host's per-step work its own way)",
+        )
         check(
             self.quantization in QUANTIZATION_CHOICES,
             "quantization",

@@ -125,6 +125,7 @@ class LLMEngine:
         # and the feed a step takes when nothing is in flight (every row's token from the host).
         self.in_flight: DispatchedStep | None = None
         self.async_steps = 0  # steps dispatched before the previous one's tokens were read
+        self.multi_step_calls = 0  # calls that ran num_scheduler_steps decode steps
         self._last_resolved = 0.0
         self._empty_feed = None
         if config.async_scheduling:
@@ -158,6 +159,8 @@ class LLMEngine:
             self._run_now(batch)
             if constrained:  # the same shapes with a grammar's bitmask
                 self._run_now(self.grammars.padding_bitmask(batch))
+            if self._may_run_steps(batch):
+                self._run_now(batch, self.config.num_scheduler_steps)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
@@ -227,9 +230,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
     # -- the step ---------------------------------------------------------------------------------
-    def _run_now(self, batch: StepBatch):
+    def _run_now(self, batch: StepBatch, num_steps: int = 1):
         """Runs ``batch`` and waits for it: the sampler's output and the prompt logprobs."""
-        return self.runner.fetch(self._dispatch(batch, None).step)
+        return self.runner.fetch(self._dispatch(batch, None, num_steps=num_steps).step)
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved.
@@ -239,7 +242,8 @@ class LLMEngine:
         ``EngineDeadError`` means it could not recover: every later step raises it too.
 
         With ``async_scheduling`` a call dispatches the next step before it reads the tokens of
-        the one in flight, and returns the outputs of the one it read.
+        the one in flight, and returns the outputs of the one it read. With
+        ``num_scheduler_steps`` > 1 a call may run that many decode steps (``_decode_steps``).
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
@@ -248,7 +252,63 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
-        return self._resolve(self._launch(scheduled, None), None)
+        return self._resolve(self._launch(scheduled, None, self._decode_steps(scheduled)), None)
+
+    # -- multi-step decoding -----------------------------------------------------------------------
+    def _decode_steps(self, scheduled: SchedulerOutput) -> int:
+        """How many decode steps the call of ``scheduled`` runs: ``num_scheduler_steps`` when
+        every sequence in it decodes, none needs its tokens on the host between them
+        (penalties, grammars, LongRoPE, min_tokens still banning stops), each has that many
+        tokens left before its length limits, no request waits to be admitted, and the pool
+        holds pages for them all (allocated here); else 1."""
+        steps = self.config.num_scheduler_steps
+        if steps == 1 or self.scheduler.waiting:
+            return 1
+        if self.scheduler.config.long_rope_threshold is not None:
+            return 1
+        for item in scheduled.scheduled:
+            seq = item.seq
+            if not item.is_decode or seq.params is None:
+                return 1
+            if seq.seq_id in self.grammars.matchers or uses_penalties(seq.params):
+                return 1
+            if seq.num_generated < seq.params.min_tokens:
+                return 1
+            if seq.num_generated + steps > seq.max_tokens:
+                return 1
+            if seq.num_tokens + steps > self.max_model_len:
+                return 1
+        allocator = self.scheduler.allocator
+        for item in scheduled.scheduled:
+            if not allocator.allocate(item.seq, item.seq.num_computed_tokens + steps):
+                return 1
+        return steps
+
+    def _may_run_steps(self, batch: StepBatch) -> bool:
+        """Whether a call of ``batch``'s shape and flags can be multi-step (to precompile)."""
+        return (
+            self.config.num_scheduler_steps > 1
+            and batch.prompt is None
+            and not batch.flags.any_penalties
+            and batch.sampling.banned_token_ids.shape[1] == 0
+            and len(batch.inputs.token_ids) <= self.layout.seq_cap
+        )
+
+    def _read_steps(self, current: DispatchedStep, output) -> list[RequestOutput]:
+        """Hands on the tokens of a multi-step call step by step, as that many single steps
+        would (stops, finishes); a sequence's tokens after its stop are dropped."""
+        outputs = {}
+        leaves, treedef = jax.tree_util.tree_flatten(output)  # each [num_steps, S, ...]
+        for index in range(current.num_steps):
+            scheduled = _live_items(current.scheduled)
+            if scheduled.is_empty:
+                break
+            step_output = jax.tree_util.tree_unflatten(treedef, [leaf[index] for leaf in leaves])
+            tokens, logprobs = unpack(current.batch, step_output)
+            got_token = self.scheduler.postprocess(scheduled, tokens)
+            for out in self._postprocess(got_token, logprobs):
+                outputs[out.request_id] = out
+        return list(outputs.values())
 
     # -- asynchronous scheduling -------------------------------------------------------------------
     def _step_ahead(self) -> list[RequestOutput]:
@@ -288,24 +348,33 @@ class LLMEngine:
                 return False
         return True
 
-    def _launch(self, scheduled, previous: DispatchedStep | None) -> DispatchedStep:
-        """Builds and dispatches the step of ``scheduled``; its rows holding a pending token take
-        it from ``previous``'s feed. A failure recovers and raises as ``step`` does."""
+    def _launch(
+        self, scheduled, previous: DispatchedStep | None, num_steps: int = 1
+    ) -> DispatchedStep:
+        """Builds and dispatches the step of ``scheduled`` (``num_steps`` decode steps); its
+        rows holding a pending token take it from ``previous``'s feed. A failure recovers and
+        raises as ``step`` does."""
         start = time.perf_counter()
         try:
-            batch = self._build_batch(scheduled)
-            return self._dispatch(batch, previous, scheduled, start)
+            batch = self._build_batch(scheduled, lookahead=num_steps - 1)
+            return self._dispatch(batch, previous, scheduled, start, num_steps)
         except Exception as error:
             raise self._recover(_merged(scheduled, previous), error) from error
 
-    def _dispatch(self, batch: StepBatch, previous, scheduled=None, start=0.0) -> DispatchedStep:
+    def _dispatch(
+        self, batch: StepBatch, previous, scheduled=None, start=0.0, num_steps: int = 1
+    ) -> DispatchedStep:
         """Dispatches ``batch`` (as the step of ``scheduled``); with asynchronous scheduling its
         rows holding a pending token take it from ``previous``'s feed."""
         if not self.config.async_scheduling:
             step = self.runner.dispatch(
-                batch.arrays, batch.flags, batch.prompt_targets, batch.prompt_top
+                batch.arrays,
+                batch.flags,
+                batch.prompt_targets,
+                batch.prompt_top,
+                num_steps=num_steps,
             )
-            return DispatchedStep(scheduled, batch, step, start)
+            return DispatchedStep(scheduled, batch, step, start, num_steps)
         token_ids = batch.inputs.token_ids
         from_previous = np.full(token_ids.shape[0], -1, np.int32)  # [T]
         pending = np.flatnonzero(token_ids == PENDING_TOKEN)
@@ -342,8 +411,11 @@ class LLMEngine:
         now = time.perf_counter()
         self.step_time += now - max(current.start, self._last_resolved)
         self._last_resolved = now
-        self.num_steps += 1
+        self.num_steps += current.num_steps
         self.last_batch_size = len(current.scheduled.scheduled)
+        if current.num_steps > 1:
+            self.multi_step_calls += 1
+            return self._read_steps(current, output)
         tokens, logprobs = unpack(current.batch, output)
         if prompt_output is not None:
             for seq_id, entries in unpack_prompt_logprobs(
@@ -359,8 +431,9 @@ class LLMEngine:
             got_token = [seq for seq in got_token if not seq.is_finished]
         return self._postprocess(got_token, logprobs)
 
-    def _build_batch(self, scheduled) -> StepBatch:
-        """The step's host batch: a sampling row for each sequence the step completes."""
+    def _build_batch(self, scheduled, lookahead: int = 0) -> StepBatch:
+        """The step's host batch: a sampling row for each sequence the step completes (block
+        tables covering ``lookahead`` tokens more: multi-step decoding)."""
         rows = {}
         for item in scheduled.scheduled:
             if item.completes:
@@ -374,7 +447,12 @@ class LLMEngine:
                 )
         self.step_counter += 1
         batch = build_step_batch(
-            self.layout, scheduled, rows, base_seed=self.config.seed, step=self.step_counter - 1
+            self.layout,
+            scheduled,
+            rows,
+            base_seed=self.config.seed,
+            step=self.step_counter - 1,
+            lookahead=lookahead,
         )
         return self.grammars.attach(batch)
 
@@ -464,6 +542,7 @@ class LLMEngine:
             "prefix_cache_hit_pages": allocator.prefix_hits,
             "steps": self.num_steps,
             "async_steps": self.async_steps,
+            "multi_step_calls": self.multi_step_calls,
             "failed_steps": self.failed_steps,
             "engine_dead": self.dead is not None,
             "step_time_s": self.step_time,
@@ -486,6 +565,7 @@ class DispatchedStep:
     batch: StepBatch
     step: InFlight
     start: float  # when its batch began to be built (perf_counter)
+    num_steps: int = 1  # decode steps the call runs (multi-step decoding)
 
 
 def _merged(scheduled, other: DispatchedStep | None):

@@ -79,9 +79,28 @@ def jitted_step(graphdef, backend: AttentionBackend):
         from_previous=None,
         previous_tokens=None,
         feed_width=None,
+        num_steps=None,
+        page_size=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
+        if num_steps is not None:
+            return decode_steps(
+                graphdef,
+                backend,
+                params,
+                head,
+                kv_cache,
+                token_ids,
+                positions,
+                md,
+                logits_indices,
+                logits_live,
+                sampling,
+                flags,
+                num_steps=num_steps,
+                page_size=page_size,
+            )
         if feed_width is not None:  # rows whose token the previous step sampled take it here
             taken = previous_tokens[jnp.maximum(from_previous, 0)]  # [T]
             token_ids = jnp.where(from_previous >= 0, taken, token_ids)
@@ -107,9 +126,65 @@ def jitted_step(graphdef, backend: AttentionBackend):
 
     return jax.jit(
         step,
-        static_argnames=("flags", "prompt_top", "flat_params", "feed_width"),
+        static_argnames=(
+            "flags",
+            "prompt_top",
+            "flat_params",
+            "feed_width",
+            "num_steps",
+            "page_size",
+        ),
         donate_argnums=(1,),
     )
+
+
+def decode_steps(
+    graphdef,
+    backend,
+    params,
+    head,
+    kv_cache,
+    token_ids,  # [T] int32: row r < num_seqs decodes sequence r (a decode-only step)
+    positions,  # [T] int32
+    md,
+    logits_indices,  # [S] int32, S == T
+    logits_live,
+    sampling,
+    flags,
+    *,
+    num_steps: int,
+    page_size: int,
+):
+    """``num_steps`` decode steps in one call (multi-step decoding): each feeds the tokens it
+    samples to the next, one position further (slots from the block tables, which cover
+    them). Returns the pool and the sampler's outputs stacked ``[num_steps, S, ...]``."""
+
+    def one_step(carry, _):
+        kv_cache, token_ids, positions, md, sampling = carry
+        model = nnx.merge(graphdef, params)
+        hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
+        logits = model.compute_logits(
+            hidden[logits_indices], head_kernel=head, live_rows=logits_live
+        )
+        sampled = sample(logits, sampling, flags)
+        rows = jnp.arange(token_ids.shape[0], dtype=jnp.int32)
+        live = rows < md.num_seqs[0]  # [T]
+        positions = jnp.where(live, positions + 1, positions)
+        pages = md.block_tables[rows, positions // page_size]
+        md = dataclasses.replace(
+            md,
+            slot_mapping=jnp.where(
+                live, pages * page_size + positions % page_size, md.slot_mapping
+            ),
+            kv_lens=jnp.where(live, md.kv_lens + 1, md.kv_lens),
+        )
+        token_ids = jnp.where(live, sampled.token_ids, token_ids)
+        sampling = dataclasses.replace(sampling, steps=sampling.steps + 1)
+        return (kv_cache, token_ids, positions, md, sampling), sampled
+
+    carry = (kv_cache, token_ids, positions, md, sampling)
+    (kv_cache, *_), sampled = jax.lax.scan(one_step, carry, length=num_steps)
+    return kv_cache, sampled
 
 
 class ModelRunner:
@@ -193,14 +268,19 @@ class ModelRunner:
         prompt_top: int | None = None,
         from_previous=None,
         previous_tokens=None,
+        num_steps: int = 1,
     ) -> InFlight:
         """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
         ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it, and the
-        step returns its own feed."""
+        step returns its own feed. ``num_steps`` > 1 (a decode-only step whose block tables
+        cover that many tokens more): that many decode steps, each fed the last one's tokens;
+        the sampler's output is stacked ``[num_steps, S, ...]``."""
         extra = {}
         if prompt_top is not None:
             extra = {"prompt_targets": prompt_targets, "prompt_top": prompt_top}
+        if num_steps > 1:
+            extra |= {"num_steps": num_steps, "page_size": self.page_size}
         if previous_tokens is not None:
             extra |= {
                 "from_previous": from_previous,

@@ -80,6 +80,7 @@ def build_step_batch(
     *,
     base_seed: int,
     step: int,
+    lookahead: int = 0,
 ) -> StepBatch:
     """The batch of ``scheduled``.
 
@@ -90,8 +91,9 @@ def build_step_batch(
             sampled token is kept); the other rows sample as padding.
         base_seed: the engine's seed (unseeded rows derive theirs from it and ``step``).
         step: the engine's step number.
+        lookahead: tokens decoded after this one in the same call (``StepLayout.ragged``).
     """
-    inputs = layout.ragged(scheduled)
+    inputs = layout.ragged(scheduled, lookahead)
     seqs = [
         item.seq if item is not None and item.seq.seq_id in sampling_rows else None
         for item in inputs.rows

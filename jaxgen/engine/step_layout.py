@@ -95,8 +95,10 @@ class StepLayout:
         pages = max((-(-t // self.page_size) for t in tokens), default=1)
         return bucket_for(max(pages, 1), self.width_buckets)
 
-    def ragged(self, out: SchedulerOutput) -> StepInputs:
-        """The step's tokens end to end, decode sequences first."""
+    def ragged(self, out: SchedulerOutput, lookahead: int = 0) -> StepInputs:
+        """The step's tokens end to end, decode sequences first. ``lookahead``: tokens each
+        sequence will decode after this one within the same call (multi-step decoding), which
+        its block table must cover."""
         items = [s for s in out.scheduled if s.num_new_tokens == 1]
         num_decode = len(items)
         items += [s for s in out.scheduled if s.num_new_tokens > 1]
@@ -104,7 +106,9 @@ class StepLayout:
         floor = min(self.min_decode_batch, self.seq_cap) if num_decode else 0
         num_tokens = bucket_for(max(total, floor), self.token_buckets)
         num_seqs = self.num_seq_slots(num_tokens)
-        width = self._width([s.seq.num_computed_tokens + s.num_new_tokens for s in items])
+        width = self._width(
+            [s.seq.num_computed_tokens + s.num_new_tokens + lookahead for s in items]
+        )
         token_ids = np.zeros(num_tokens, np.int32)
         positions = np.zeros(num_tokens, np.int32)
         slots = np.full(num_tokens, SCRATCH_PAGE * self.page_size, np.int32)
