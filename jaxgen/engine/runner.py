@@ -84,33 +84,28 @@ def jitted_step(graphdef, backend: AttentionBackend):
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
+
+        def forward(kv_cache, token_ids, positions, md, sampling):
+            """The model over the step's tokens, then the sampler over its logits rows."""
+            model = nnx.merge(graphdef, params)
+            hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
+            # [N, V]: only the rows that sample
+            logits = model.compute_logits(
+                hidden[logits_indices], head_kernel=head, live_rows=logits_live
+            )
+            return model, hidden, kv_cache, sample(logits, sampling, flags)
+
         if num_steps is not None:
             return decode_steps(
-                graphdef,
-                backend,
-                params,
-                head,
-                kv_cache,
-                token_ids,
-                positions,
-                md,
-                logits_indices,
-                logits_live,
-                sampling,
-                flags,
+                lambda *carry: forward(*carry)[2:],
+                (kv_cache, token_ids, positions, md, sampling),
                 num_steps=num_steps,
                 page_size=page_size,
             )
         if feed_width is not None:  # rows whose token the previous step sampled take it here
             taken = previous_tokens[jnp.maximum(from_previous, 0)]  # [T]
             token_ids = jnp.where(from_previous >= 0, taken, token_ids)
-        model = nnx.merge(graphdef, params)
-        hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
-        # [N, V]: only the rows that sample
-        logits = model.compute_logits(
-            hidden[logits_indices], head_kernel=head, live_rows=logits_live
-        )
-        sampled = sample(logits, sampling, flags)
+        model, hidden, kv_cache, sampled = forward(kv_cache, token_ids, positions, md, sampling)
         result = sampled
         if prompt_top is not None:
             # A step holding a prompt-logprobs request: the LM head on every token row too.
@@ -138,35 +133,17 @@ def jitted_step(graphdef, backend: AttentionBackend):
     )
 
 
-def decode_steps(
-    graphdef,
-    backend,
-    params,
-    head,
-    kv_cache,
-    token_ids,  # [T] int32: row r < num_seqs decodes sequence r (a decode-only step)
-    positions,  # [T] int32
-    md,
-    logits_indices,  # [S] int32, S == T
-    logits_live,
-    sampling,
-    flags,
-    *,
-    num_steps: int,
-    page_size: int,
-):
-    """``num_steps`` decode steps in one call (multi-step decoding): each feeds the tokens it
-    samples to the next, one position further (slots from the block tables, which cover
-    them). Returns the pool and the sampler's outputs stacked ``[num_steps, S, ...]``."""
+def decode_steps(decode_once, carry, *, num_steps: int, page_size: int):
+    """``num_steps`` decode steps in one call (multi-step decoding): ``decode_once`` maps
+    ``carry``, the first step's ``(kv_cache, token_ids, positions, md, sampling)``, to the
+    pool and the sampler's output. The first step is decode-only: row r < num_seqs
+    decodes sequence r and samples logits row r. Each step feeds the tokens it samples to the
+    next, one position further (slots from the block tables, which cover them). Returns the
+    pool and the sampler's outputs stacked ``[num_steps, S, ...]``."""
 
     def one_step(carry, _):
         kv_cache, token_ids, positions, md, sampling = carry
-        model = nnx.merge(graphdef, params)
-        hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
-        logits = model.compute_logits(
-            hidden[logits_indices], head_kernel=head, live_rows=logits_live
-        )
-        sampled = sample(logits, sampling, flags)
+        kv_cache, sampled = decode_once(kv_cache, token_ids, positions, md, sampling)
         rows = jnp.arange(token_ids.shape[0], dtype=jnp.int32)
         live = rows < md.num_seqs[0]  # [T]
         positions = jnp.where(live, positions + 1, positions)
@@ -182,7 +159,6 @@ def decode_steps(
         sampling = dataclasses.replace(sampling, steps=sampling.steps + 1)
         return (kv_cache, token_ids, positions, md, sampling), sampled
 
-    carry = (kv_cache, token_ids, positions, md, sampling)
     (kv_cache, *_), sampled = jax.lax.scan(one_step, carry, length=num_steps)
     return kv_cache, sampled
 

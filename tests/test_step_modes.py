@@ -1,7 +1,10 @@
-"""Asynchronous scheduling: the engine dispatches a step before it reads the previous one's
-tokens (its decode rows take them on the device). Every output must be the one the engine gives
-stepping one at a time: greedy and seeded, with natural stops, stop strings, preemption, prefix
-reuse, and the requests that make it fall back (penalties, grammars)."""
+"""Two ways the engine hides its per-step host work, each against one step at a time:
+asynchronous scheduling (``async_scheduling``: the next step is dispatched before this one's
+tokens are read; its decode rows take them on the device) and multi-step decoding
+(``num_scheduler_steps``: one call runs several decode steps on the device, each fed the last
+one's tokens). Outputs must be those of one step at a time: greedy and seeded, with natural
+stops, stop strings, length limits, preemption, prefix reuse, and the requests that make them
+fall back (penalties, min_tokens); nothing compiles after precompile."""
 
 from __future__ import annotations
 
@@ -9,6 +12,12 @@ import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
+
+# mode: (engine knobs, the stats counter of the steps it ran its own way)
+MODES = {
+    "async": ({"async_scheduling": True}, "async_steps"),
+    "multi-step": ({"num_scheduler_steps": 4}, "multi_step_calls"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,86 +32,119 @@ def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(3, 40, count)]
 
 
-def _both(loaded, prompts, params, **knobs):
-    """Outputs of the same requests without and with asynchronous scheduling, and the
-    asynchronous engine's stats."""
+def _both(loaded, mode, prompts, params, **knobs):
+    """Outputs of the same requests one step at a time and in ``mode``, and the number of
+    steps ``mode`` ran its own way, with the ``mode`` engine's stats."""
     knobs.setdefault("max_model_len", 128)
-    sync = LLM(loaded, **knobs).generate(prompts, params, use_tqdm=False)
-    llm = LLM(loaded, async_scheduling=True, **knobs)
+    single = LLM(loaded, **knobs).generate(prompts, params, use_tqdm=False)
+    mode_knobs, counter = MODES[mode]
+    llm = LLM(loaded, **mode_knobs, **knobs)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return sync, outs, llm.stats()
+    stats = llm.stats()
+    return single, outs, stats[counter], stats
 
 
-def _same(sync, outs):
-    for a, b in zip(sync, outs, strict=True):
+def _same(single, outs):
+    for a, b in zip(single, outs, strict=True):
         for x, y in zip(a.outputs, b.outputs, strict=True):
             assert (x.token_ids, x.text, x.finish_reason) == (y.token_ids, y.text, y.finish_reason)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batching", ["paged", "continuous"])
-def test_greedy_outputs_match_one_step_at_a_time(tiny_loaded, batching):
+def test_greedy_outputs_match_one_step_at_a_time(tiny_loaded, mode, batching):
     prompts = _prompts(6)
     params = [SamplingParams(max_tokens=m, temperature=0.0) for m in (1, 2, 5, 17, 30, 9)]
-    sync, outs, stats = _both(tiny_loaded, prompts, params, batching=batching)
-    _same(sync, outs)
-    assert stats["async_steps"] > 0
+    single, outs, own_way, stats = _both(tiny_loaded, mode, prompts, params, batching=batching)
+    _same(single, outs)
+    assert own_way > 0
     assert stats["kv_pages_used"] == 0 and stats["num_running"] == 0
 
 
-def test_seeded_sampling_logprobs_and_stop_strings_match(tiny_loaded):
+@pytest.mark.parametrize("mode", MODES)
+def test_seeded_sampling_logprobs_and_stop_strings_match(tiny_loaded, mode):
     prompts = _prompts(5, seed=1)
-    sync_text = (
+    single_text = (
         LLM(tiny_loaded, max_model_len=128)
         .generate(prompts[:1], SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0]
         .outputs[0]
         .text
     )
-    stop = sync_text[len(sync_text) // 2 :][:3] or None  # a stop string met mid-output
+    stop = single_text[len(single_text) // 2 :][:3] or None  # a stop string met mid-output
     params = [
         SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=7 + i, logprobs=2)
         for i in range(4)
     ] + [SamplingParams(max_tokens=12, temperature=0.0, stop=[stop] if stop else None)]
-    sync, outs, stats = _both(tiny_loaded, prompts, params)
-    _same(sync, outs)
-    for a, b in zip(sync, outs, strict=True):
-        assert a.outputs[0].logprobs == b.outputs[0].logprobs
-    assert stats["async_steps"] > 0
+    single, outs, own_way, _ = _both(tiny_loaded, mode, prompts, params)
+    _same(single, outs)
+    for a, b in zip(single[:4], outs[:4], strict=True):  # the rows that asked for logprobs
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert x.keys() == y.keys()
+            np.testing.assert_allclose(list(x.values()), list(y.values()), atol=1e-5)
+    assert own_way > 0
 
 
-def test_preemption_and_prefix_reuse_match(tiny_loaded):
+@pytest.mark.parametrize("mode", MODES)
+def test_preemption_and_prefix_reuse_match(tiny_loaded, mode):
     prompts = [list(range(40, 72)) + p for p in _prompts(5, seed=2)]  # a shared 2-page prefix
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     page_bytes = tiny_loaded.config.kv_bytes_per_token(4) * 16
-    sync, outs, stats = _both(tiny_loaded, prompts, params, kv_cache_memory=9 * page_bytes)
-    _same(sync, outs)
+    single, outs, own_way, stats = _both(
+        tiny_loaded, mode, prompts, params, kv_cache_memory=9 * page_bytes
+    )
+    _same(single, outs)
     assert stats["preemptions"] > 0 and stats["prefix_cache_hit_pages"] > 0
-    assert stats["async_steps"] > 0 and stats["kv_pages_used"] == 0
+    assert own_way > 0 and stats["kv_pages_used"] == 0
 
 
-def test_penalties_fall_back_to_one_step_at_a_time(tiny_loaded):
+@pytest.mark.parametrize("mode", MODES)
+def test_penalties_fall_back_to_one_step_at_a_time(tiny_loaded, mode):
     prompts = _prompts(3, seed=3)
     params = [
         SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.3),
         SamplingParams(max_tokens=16, temperature=0.0),
-        SamplingParams(max_tokens=16, temperature=0.0, frequency_penalty=0.5),
+        SamplingParams(max_tokens=16, temperature=0.0, frequency_penalty=0.5, min_tokens=16),
     ]
-    sync, outs, stats = _both(tiny_loaded, prompts, params)
-    _same(sync, outs)
-    assert stats["async_steps"] == 0  # a penalised sequence was running the whole time
+    single, outs, own_way, _ = _both(tiny_loaded, mode, prompts, params)
+    _same(single, outs)
+    assert own_way == 0  # a penalised sequence was running the whole time
 
 
-def test_no_compiles_after_precompile(tiny_loaded):
-    llm = LLM(tiny_loaded, max_model_len=128, async_scheduling=True, precompile=True)
+@pytest.mark.parametrize("mode", MODES)
+def test_no_compiles_after_precompile(tiny_loaded, mode):
+    llm = LLM(tiny_loaded, max_model_len=128, precompile=True, **MODES[mode][0])
     before = llm.stats()["compiles"]
     prompts = _prompts(6, seed=4)
     llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0.0), use_tqdm=False)
     stats = llm.stats()
-    assert stats["compiles"] == before and stats["async_steps"] > 0
+    assert stats["compiles"] == before and stats[MODES[mode][1]] > 0
 
 
-def test_async_scheduling_must_be_a_bool(tiny_loaded):
-    with pytest.raises(ValueError, match="async_scheduling"):
-        LLM(tiny_loaded, async_scheduling="yes")
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"async_scheduling": "yes"},
+        {"num_scheduler_steps": 0},
+        {"num_scheduler_steps": "4"},
+        {"num_scheduler_steps": 4, "async_scheduling": True},
+    ],
+    ids=str,
+)
+def test_bad_values_are_clear_errors(tiny_loaded, knobs):
+    name = "num_scheduler_steps" if "num_scheduler_steps" in knobs else "async_scheduling"
+    with pytest.raises(ValueError, match=name):
+        LLM(tiny_loaded, **knobs)
+
+
+def test_multi_step_widths_cover_the_steps_ahead(tiny_loaded):
+    """The reference backend gathers a block-table width bucket chosen per call: it must cover
+    the tokens of every step of the call (sequences cross page boundaries inside it)."""
+    prompts = _prompts(3, seed=8)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    knobs = dict(attention_backend="reference", page_size=4)
+    single, outs, own_way, _ = _both(tiny_loaded, "multi-step", prompts, params, **knobs)
+    _same(single, outs)
+    assert own_way > 0
 
 
 def test_a_failed_step_with_a_step_in_flight_recovers(tiny_loaded):
