@@ -156,13 +156,22 @@ def compile_decode_step(
     tensor_parallel_degree: int | None = None,
     quantization: str = "none",
     kv_cache_dtype: str = "auto",
+    num_scheduler_steps: int = 1,
 ) -> dict:
     """Compiles one full decode step (``max_num_seqs`` sequences at ``max_model_len``) for
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning).
     ``quantization`` "int8" / "int4" / "fp8": the weights as a quantised load holds them (the
     step streams int8 / int4 codes and scales through the quantised Pallas matmul);
-    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 128)."""
+    ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 128);
+    ``num_scheduler_steps`` > 1: the engine's multi-step call (that many decode steps in one
+    ``lax.scan``); XLA counts the scan's body once, so its counts are one step's."""
     validate_quantization(quantization)
+    if isinstance(num_scheduler_steps, bool) or not (
+        isinstance(num_scheduler_steps, int) and num_scheduler_steps >= 1
+    ):
+        raise ValueError(
+            f"num_scheduler_steps must be an integer >= 1, got {num_scheduler_steps!r}"
+        )
     if quantization == "auto":
         quantization = "none"
     tpu = resolve_target(target)
@@ -217,9 +226,14 @@ def compile_decode_step(
         page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
     step = jitted_step(graphdef, backend)
+    steps = {}
+    if num_scheduler_steps > 1:  # as ModelRunner.dispatch passes them
+        steps = {"num_steps": num_scheduler_steps, "page_size": page_size}
     start = time.perf_counter()
     with jax.set_mesh(mesh):
-        lowered = step.trace(step_params, pool, *step_inputs, flags=flags, head=head).lower()
+        lowered = step.trace(
+            step_params, pool, *step_inputs, flags=flags, head=head, **steps
+        ).lower()
         compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
@@ -236,6 +250,8 @@ def compile_decode_step(
     # An untied embedding table is not read by a step, only its rows for the step's tokens.
     unread = 0 if config.tie_word_embeddings else per_chip_bytes(params["embed_tokens"])
     floor = weight_bytes - unread + live_kv
+    # XLA's cost analysis counts a loop's body once: for a multi-step call, one of its steps
+    # (the scan's body) plus what runs once around it.
     accessed = float(cost.get("bytes accessed", 0.0))
     kernels = sorted(set(_custom_calls(lowered.as_text())))
     # XLA's count is not HBM alone: it also counts on-chip traffic, such as the weight slices
@@ -256,6 +272,7 @@ def compile_decode_step(
         "max_model_len": max_model_len,
         "page_size": page_size,
         "num_pages": num_pages,
+        "num_scheduler_steps": num_scheduler_steps,
         "per_chip_bytes": {
             "weights": weight_bytes,
             "kv_pool": pool_bytes,
@@ -313,6 +330,10 @@ def report_lines(result: dict) -> list[str]:
     chip = result["per_chip_bytes"]
     step = result["decode_step"]
     used = chip["weights"] + chip["kv_pool"] + chip["temp"]
+    steps = result.get("num_scheduler_steps", 1)
+    per_step = (
+        f"; one step of a {steps}-step call: XLA counts a loop body once" if steps > 1 else ""
+    )
     return [
         f"target {result['target']} ({result['topology']}): {result['num_chips']} x {result['chip']}, "
         f"tensor parallel {result['tensor_parallel_degree']}, {result['dtype']}, weights "
@@ -323,7 +344,7 @@ def report_lines(result: dict) -> list[str]:
         f"  KV pool                   {chip['kv_pool'] / gb:8.3f} GB  ({result['num_pages']:,} pages of {result['page_size']})",
         f"  compiler temporaries      {chip['temp'] / gb:8.3f} GB  ({chip['temp'] / chip['hbm']:.2%} of HBM)",
         f"  total                     {used / gb:8.3f} GB  of {chip['hbm'] / gb:.0f} GB HBM",
-        f"decode step, {result['max_num_seqs']} sequences x {result['max_model_len']} tokens (compiler counts per chip):",
+        f"decode step, {result['max_num_seqs']} sequences x {result['max_model_len']} tokens (compiler counts per chip{per_step}):",
         f"  bytes accessed            {step['bytes_accessed'] / gb:8.3f} GB  (of which XLA prefetched {step['vmem_prefetch_bytes'] / gb:.3f} GB of weights into VMEM)",
         f"  floor                     {step['floor_bytes'] / gb:8.3f} GB  (weights read + live KV) -> {step['floor_ms']:.2f} ms at datasheet bandwidth",
         f"  ratio to floor            {step['ratio']:8.3f}x",

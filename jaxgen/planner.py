@@ -233,6 +233,8 @@ def cmd_plan(args) -> int:
 def cmd_plan_target(args) -> int:
     """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
     if args.target == "cuda":
+        if args.num_scheduler_steps != 1:
+            raise ValueError("--num-scheduler-steps is for a TPU --target's compile, not cuda")
         result = lower_decode_step_for_cuda(
             config_from_path(args.model),
             dtype=jnp.dtype(args.dtype),
@@ -270,6 +272,7 @@ def cmd_plan_target(args) -> int:
         tensor_parallel_degree=args.tensor_parallel_degree,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        num_scheduler_steps=args.num_scheduler_steps,
     )
     if args.json:
         print(json.dumps(result))
@@ -345,6 +348,12 @@ def add_parser(subparsers) -> None:
     target.add_argument("--max-num-seqs", type=int, default=64)
     target.add_argument(
         "--kv-cache-memory", type=float, default=0.9, help="fraction of HBM left after weights"
+    )
+    target.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="--compile: the multi-step call of that many decode steps (counts: one step)",
     )
     target.add_argument("--json", action="store_true", help="one JSON object")
     target.add_argument(

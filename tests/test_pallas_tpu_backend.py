@@ -150,6 +150,45 @@ def test_kv_heads_fewer_than_chips_compile_for_v6e_8():
 
 @needs_libtpu
 @pytest.mark.tpu_compile
+def test_multi_step_call_compiles_for_v5e_1():
+    """The engine's multi-step call (4 decode steps in one scan) with int8 weights and an int8
+    pool: the kernels inside the loop, the pool updated in place (no copy), and one step's
+    counted bytes close to the one-step executable's (XLA counts a loop body once)."""
+    from jaxgen.ahead_of_time import compile_decode_step
+
+    config = ModelConfig.from_hf_dict(SMOLLM2_SHAPE)
+    results = {
+        steps: compile_decode_step(
+            config,
+            "v5e-1",
+            max_model_len=1024,
+            max_num_seqs=32,
+            page_size=128,
+            quantization="int8",
+            kv_cache_dtype="int8",
+            num_scheduler_steps=steps,
+        )
+        for steps in (1, 4)
+    }
+    one, four = results[1], results[4]
+    assert four["num_scheduler_steps"] == 4
+    assert set(four["kernels"]) == set(one["kernels"])
+    assert {
+        "kv_cache_update_quantized",
+        "ragged_paged_attention_quantized",
+        "streamed_matmul_int8",
+    } <= set(four["kernels"])
+    chip = four["per_chip_bytes"]
+    assert chip["kv_pool"] == one["per_chip_bytes"]["kv_pool"]
+    assert chip["temp"] < 0.02 * chip["hbm"]  # the pool (>= 85% of HBM) is not copied
+    ratio = four["decode_step"]["bytes_accessed"] / one["decode_step"]["bytes_accessed"]
+    assert 0.8 < ratio < 1.1, ratio
+    with pytest.raises(ValueError, match="num_scheduler_steps must be an integer >= 1"):
+        compile_decode_step(config, "v5e-1", num_scheduler_steps=0)
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
 def test_bad_targets_are_clear_errors():
     from jaxgen.ahead_of_time import compile_decode_step, resolve_target
 
