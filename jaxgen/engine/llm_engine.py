@@ -3,31 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 
 import jax
-import numpy as np
 
 from jaxgen.backends import select_backend
-from jaxgen.engine import compile_counter
+from jaxgen.engine import async_scheduling, compile_counter, multi_step
 from jaxgen.engine.batching import batching_plan
+from jaxgen.engine.dispatched_step import DispatchedStep, live_items
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.request import Request
-from jaxgen.engine.runner import InFlight, ModelRunner
-from jaxgen.engine.sampling_tensors import SamplingRow, uses_penalties
+from jaxgen.engine.runner import ModelRunner
+from jaxgen.engine.sampling_tensors import SamplingRow
 from jaxgen.engine.scheduler import Scheduler, SchedulerOutput
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batches, unpack
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
-# Asynchronous scheduling: the token a sequence has while the step that samples it is in flight.
-PENDING_TOKEN = -1
 CPU_DEFAULT_KV_BYTES = 2 << 30
 ACCELERATOR_KV_FRACTION = 0.9
 # Steps that fail in a row, each recovered from, before the engine gives up: a fault that
@@ -159,7 +156,7 @@ class LLMEngine:
             self._run_now(batch)
             if constrained:  # the same shapes with a grammar's bitmask
                 self._run_now(self.grammars.padding_bitmask(batch))
-            if self._may_run_steps(batch):
+            if multi_step.may_run_steps(self, batch):
                 self._run_now(batch, self.config.num_scheduler_steps)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
@@ -243,110 +240,18 @@ class LLMEngine:
 
         With ``async_scheduling`` a call dispatches the next step before it reads the tokens of
         the one in flight, and returns the outputs of the one it read. With
-        ``num_scheduler_steps`` > 1 a call may run that many decode steps (``_decode_steps``).
+        ``num_scheduler_steps`` > 1 a call may run that many decode steps
+        (``multi_step.decode_steps``).
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
         if self.config.async_scheduling:
-            return self._step_ahead()
+            return async_scheduling.step_ahead(self)
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
-        return self._resolve(self._launch(scheduled, None, self._decode_steps(scheduled)), None)
-
-    # -- multi-step decoding -----------------------------------------------------------------------
-    def _decode_steps(self, scheduled: SchedulerOutput) -> int:
-        """How many decode steps the call of ``scheduled`` runs: ``num_scheduler_steps`` when
-        every sequence in it decodes, none needs its tokens on the host between them
-        (penalties, grammars, LongRoPE, min_tokens still banning stops), each has that many
-        tokens left before its length limits, no request waits to be admitted, and the pool
-        holds pages for them all (allocated here); else 1."""
-        steps = self.config.num_scheduler_steps
-        if steps == 1 or self.scheduler.waiting:
-            return 1
-        if self.scheduler.config.long_rope_threshold is not None:
-            return 1
-        for item in scheduled.scheduled:
-            seq = item.seq
-            if not item.is_decode or seq.params is None:
-                return 1
-            if seq.seq_id in self.grammars.matchers or uses_penalties(seq.params):
-                return 1
-            if seq.num_generated < seq.params.min_tokens:
-                return 1
-            if seq.num_generated + steps > seq.max_tokens:
-                return 1
-            if seq.num_tokens + steps > self.max_model_len:
-                return 1
-        allocator = self.scheduler.allocator
-        for item in scheduled.scheduled:
-            if not allocator.allocate(item.seq, item.seq.num_computed_tokens + steps):
-                return 1
-        return steps
-
-    def _may_run_steps(self, batch: StepBatch) -> bool:
-        """Whether a call of ``batch``'s shape and flags can be multi-step (to precompile)."""
-        return (
-            self.config.num_scheduler_steps > 1
-            and batch.prompt is None
-            and not batch.flags.any_penalties
-            and batch.sampling.banned_token_ids.shape[1] == 0
-            and len(batch.inputs.token_ids) <= self.layout.seq_cap
-        )
-
-    def _read_steps(self, current: DispatchedStep, output) -> list[RequestOutput]:
-        """Hands on the tokens of a multi-step call step by step, as that many single steps
-        would (stops, finishes); a sequence's tokens after its stop are dropped."""
-        outputs = {}
-        leaves, treedef = jax.tree_util.tree_flatten(output)  # each [num_steps, S, ...]
-        for index in range(current.num_steps):
-            scheduled = _live_items(current.scheduled)
-            if scheduled.is_empty:
-                break
-            step_output = jax.tree_util.tree_unflatten(treedef, [leaf[index] for leaf in leaves])
-            tokens, logprobs = unpack(current.batch, step_output)
-            got_token = self.scheduler.postprocess(scheduled, tokens)
-            for out in self._postprocess(got_token, logprobs):
-                outputs[out.request_id] = out
-        return list(outputs.values())
-
-    # -- asynchronous scheduling -------------------------------------------------------------------
-    def _step_ahead(self) -> list[RequestOutput]:
-        """Dispatches the next step (if the one in flight allows it), then reads the one in flight.
-
-        The step in flight has not told the host its tokens: each sequence it completes gets a
-        ``PENDING_TOKEN`` in their place, so the scheduler can plan the next step (pages,
-        positions) and the next step's rows take the real tokens on the device."""
-        if self.in_flight is None:
-            scheduled = self.scheduler.schedule()
-            if scheduled.is_empty:
-                return []
-            self.in_flight = self._launch(scheduled, None)
-        current, self.in_flight = self.in_flight, None
-        if not self._may_step_ahead(current):
-            return self._resolve(current, None)
-        pending = {seq.seq_id: PENDING_TOKEN for seq in _live(current.batch.seqs)}
-        got_token = self.scheduler.postprocess(_live_items(current.scheduled), pending)
-        scheduled = self.scheduler.schedule()
-        if not scheduled.is_empty:
-            self.in_flight = self._launch(scheduled, current)
-            self.async_steps += 1
-        return self._resolve(current, got_token)
-
-    def _may_step_ahead(self, current: DispatchedStep) -> bool:
-        """Whether the next step can be planned before ``current``'s tokens are known: no
-        sequence needs its tokens on the host to be scheduled or sampled (penalties, grammars,
-        LongRoPE's recompute), and none of the sequences ``current`` completes surely ends
-        with its token (its length limit), so the next step holds no row that cannot run."""
-        if self.scheduler.config.long_rope_threshold is not None:
-            return False
-        for seq in itertools.chain(self.scheduler.running, self.scheduler.waiting):
-            if seq.seq_id in self.grammars.matchers or uses_penalties(seq.params):
-                return False
-        for seq in _live(current.batch.seqs):
-            if seq.num_generated + 1 >= seq.max_tokens or seq.num_tokens + 1 >= self.max_model_len:
-                return False
-        return True
+        num_steps = multi_step.decode_steps(self, scheduled)
+        return self._resolve(self._launch(scheduled, None, num_steps), None)
 
     def _launch(
         self, scheduled, previous: DispatchedStep | None, num_steps: int = 1
@@ -366,37 +271,18 @@ class LLMEngine:
     ) -> DispatchedStep:
         """Dispatches ``batch`` (as the step of ``scheduled``); with asynchronous scheduling its
         rows holding a pending token take it from ``previous``'s feed."""
-        if not self.config.async_scheduling:
-            step = self.runner.dispatch(
-                batch.arrays,
-                batch.flags,
-                batch.prompt_targets,
-                batch.prompt_top,
-                num_steps=num_steps,
-            )
-            return DispatchedStep(scheduled, batch, step, start, num_steps)
-        token_ids = batch.inputs.token_ids
-        from_previous = np.full(token_ids.shape[0], -1, np.int32)  # [T]
-        pending = np.flatnonzero(token_ids == PENDING_TOKEN)
-        if pending.size:
-            rows = {seq.seq_id: row for row, seq in enumerate(previous.batch.seqs) if seq}
-            cu = batch.inputs.metadata.cu_q_lens
-            for index, item in enumerate(batch.inputs.rows):
-                if item is None:
-                    continue
-                mine = pending[(pending >= cu[index]) & (pending < cu[index + 1])]
-                if mine.size:
-                    from_previous[mine] = rows[item.seq.seq_id]
-        feed = self._empty_feed if previous is None else previous.step.feed
+        pending = ()  # asynchronous scheduling: (from_previous, previous_tokens)
+        if self.config.async_scheduling:
+            pending = async_scheduling.pending_feed(batch, previous, self._empty_feed)
         step = self.runner.dispatch(
             batch.arrays,
             batch.flags,
             batch.prompt_targets,
             batch.prompt_top,
-            from_previous,
-            feed,
+            *pending,
+            num_steps=num_steps,
         )
-        return DispatchedStep(scheduled, batch, step, start)
+        return DispatchedStep(scheduled, batch, step, start, num_steps)
 
     def _resolve(self, current: DispatchedStep, got_token: list | None) -> list[RequestOutput]:
         """Reads ``current``'s tokens and hands them on: in place of the pending tokens of the
@@ -415,7 +301,7 @@ class LLMEngine:
         self.last_batch_size = len(current.scheduled.scheduled)
         if current.num_steps > 1:
             self.multi_step_calls += 1
-            return self._read_steps(current, output)
+            return multi_step.read_steps(self, current, output)
         tokens, logprobs = unpack(current.batch, output)
         if prompt_output is not None:
             for seq_id, entries in unpack_prompt_logprobs(
@@ -424,11 +310,9 @@ class LLMEngine:
                 if seq_id in self.seq_to_request:  # not aborted while its step was in flight
                     self.seq_to_request[seq_id].on_prompt_logprobs(entries)
         if got_token is None:
-            got_token = self.scheduler.postprocess(_live_items(current.scheduled), tokens)
+            got_token = self.scheduler.postprocess(live_items(current.scheduled), tokens)
         else:
-            for seq in got_token:
-                seq.output_token_ids[-1] = tokens[seq.seq_id]
-            got_token = [seq for seq in got_token if not seq.is_finished]
+            got_token = async_scheduling.fill_pending(got_token, tokens)
         return self._postprocess(got_token, logprobs)
 
     def _build_batch(self, scheduled, lookahead: int = 0) -> StepBatch:
@@ -557,31 +441,8 @@ class LLMEngine:
         }
 
 
-@dataclasses.dataclass
-class DispatchedStep:
-    """A step on the device: what was scheduled, its host batch and its device result."""
-
-    scheduled: SchedulerOutput | None
-    batch: StepBatch
-    step: InFlight
-    start: float  # when its batch began to be built (perf_counter)
-    num_steps: int = 1  # decode steps the call runs (multi-step decoding)
-
-
 def _merged(scheduled, other: DispatchedStep | None):
     """``scheduled`` with the sequences of ``other`` (a step in flight) added, for recovery."""
     if other is None or other.scheduled is None:
         return scheduled
     return SchedulerOutput(scheduled.scheduled + other.scheduled.scheduled, scheduled.preempted)
-
-
-def _live(seqs) -> list:
-    """The sequences of a batch's rows that have not ended (padding rows are None)."""
-    return [seq for seq in seqs if seq is not None and not seq.is_finished]
-
-
-def _live_items(scheduled: SchedulerOutput) -> SchedulerOutput:
-    """``scheduled`` without the sequences that ended since it was scheduled (the step ahead
-    of them had already been dispatched: its row for them is discarded)."""
-    items = [item for item in scheduled.scheduled if not item.seq.is_finished]
-    return SchedulerOutput(items, scheduled.preempted)
