@@ -130,13 +130,13 @@ def validate_common(
 
 
 def validate_scales(values, k_scales, v_scales) -> None:
-    """An 8-bit pool's scales: float32 ``[Hkv, P, S, G]`` beside ``values`` [Hkv, P, S, D], G
+    """An 8-bit pool's scales: bfloat16 ``[Hkv, P, S, G]`` beside ``values`` [Hkv, P, S, D], G
     dividing D; raises ``ValueError`` naming the argument."""
     groups = k_scales.shape[-1] if k_scales.ndim == 4 else 0
     for name, scales in (("k_pages.scales", k_scales), ("v_pages.scales", v_scales)):
-        if scales.shape != (*values.shape[:3], groups) or scales.dtype != jnp.float32:
+        if scales.shape != (*values.shape[:3], groups) or scales.dtype != jnp.bfloat16:
             raise ValueError(
-                f"{name} must be float32 [Hkv, P, S, G] beside values {values.shape}, got "
+                f"{name} must be bfloat16 [Hkv, P, S, G] beside values {values.shape}, got "
                 f"{scales.dtype} {scales.shape}"
             )
     if not groups or values.shape[-1] % groups:

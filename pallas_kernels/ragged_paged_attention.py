@@ -99,13 +99,13 @@ def ragged_paged_attention_reference(
 
 def dequantize_block(
     codes: jax.Array,  # [K, D] int8, or uint8 holding fp8 bits
-    scales: jax.Array,  # [n, S, G] float32, n * S = K
+    scales: jax.Array,  # [n, S, G] bfloat16, n * S = K
     dtype,
 ) -> jax.Array:  # [K, D]
     """8-bit codes times the scale of their token and lane group (G groups of D / G lanes)."""
     block_k, head_dim = codes.shape
     groups = scales.shape[-1]
-    scales = scales.reshape(block_k, groups)
+    scales = scales.reshape(block_k, groups).astype(jnp.float32)
     lane_group = jnp.arange(head_dim, dtype=jnp.int32) // (head_dim // groups)  # [D]
     one_hot = (lane_group[None, :] == jnp.arange(groups, dtype=jnp.int32)[:, None]).astype(
         jnp.float32

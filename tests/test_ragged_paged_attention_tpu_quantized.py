@@ -190,7 +190,7 @@ HEAD_DIM, PAGE_SIZE = 128, 128
 
 def _pool_shapes(kind, pool_bytes, num_kv_heads):
     page = quantized_pool_shapes(kind, 1, PAGE_SIZE, num_kv_heads, HEAD_DIM)
-    page_bytes = int(np.prod(page.codes.shape)) + int(np.prod(page.scales.shape)) * 4
+    page_bytes = page.codes.size + page.scales.size * page.scales.dtype.itemsize
     pages = pool_bytes // page_bytes
     return quantized_pool_shapes(kind, pages, PAGE_SIZE, num_kv_heads, HEAD_DIM)
 
@@ -233,7 +233,7 @@ def test_attention_on_8bit_pool_aot_compile_v5e(
     compiled, seconds = _compile(v5e_mesh, fn, *shapes)
     measured = compiled.cost_analysis()["bytes accessed"]
     page_codes = int(np.prod(pool.codes.shape[1:]))
-    page_scales = int(np.prod(pool.scales.shape[1:])) * 4
+    page_scales = int(np.prod(pool.scales.shape[1:])) * pool.scales.dtype.itemsize
     pages_read = min(max_seqs, num_tokens) * pages_per_seq
     kv_floor = pages_read * (page_codes + page_scales)
     bf16_kv = pages_read * page_codes * 2
@@ -245,7 +245,7 @@ def test_attention_on_8bit_pool_aot_compile_v5e(
         f"accessed {measured:.4g} (8-bit KV {kv_floor:.4g}, bf16 KV would be {bf16_kv:.4g}), "
         f"temp {temp} B"
     )
-    assert page_scales * 8 == page_codes  # one float32 per 32 code bytes, no padding
+    assert page_scales * 16 == page_codes  # one bfloat16 per 32 code bytes, no padding
     assert measured <= 1.05 * kv_floor + q_bytes
     assert measured <= 0.6 * bf16_kv + q_bytes
     assert temp < 64 * 2**20  # the pool is never copied or dequantised whole
@@ -262,7 +262,7 @@ def test_update_8bit_pool_aot_compile_v5e(v5e_mesh):  # noqa: F811
     compiled, seconds = _compile(v5e_mesh, update_quantized_pool_tpu, *shapes, donate_argnums=0)
     measured = compiled.cost_analysis()["bytes accessed"]
     row_bytes = int(np.prod(pool.codes.shape[2:]))
-    tile_bytes = int(np.prod(pool.scales.shape[1:])) * 4
+    tile_bytes = int(np.prod(pool.scales.shape[1:])) * pool.scales.dtype.itemsize
     print(
         f"\nkv update int8 v5e-4 chip T={num_tokens}: compile {seconds:.1f}s, bytes accessed "
         f"{measured:.4g} (code rows {num_tokens * row_bytes}, scale tiles read and written "

@@ -187,8 +187,8 @@ def check_kv_pool_cases(result: dict, cases: list) -> None:
         eight_bit = kv_cache_dtype != "auto"
         assert case["backend"] == backend, case
         assert case["pool"] == ("QuantizedPages" if eight_bit else "ArrayImpl"), case
-        # hd64 (2 layers, 2 KV heads of 64): codes + 2 float32 scales per head, or float32.
-        per_token = {"hd64": 576 if eight_bit else 2048, "gqa": 96 if eight_bit else 256}
+        # hd64 (2 layers, 2 KV heads of 64): codes + 2 bfloat16 scales per head, or float32.
+        per_token = {"hd64": 544 if eight_bit else 2048, "gqa": 80 if eight_bit else 256}
         heads = 2 if degree == 1 or model == "gqa" else 1  # gqa at degree 4: replicated
         assert case["stats"] == {
             "kv_cache_dtype": kv_cache_dtype,
@@ -263,7 +263,7 @@ def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
     assert result["shard_map_regions"] == 2
     pages = result["num_pages"]
     assert result["pool_shard_types"] == {
-        f"tensor<1x{pages}x16x2xf32>": True,
+        f"tensor<1x{pages}x16x2xbf16>": True,
         f"tensor<1x{pages}x16x64xi8>": True,
     }
 

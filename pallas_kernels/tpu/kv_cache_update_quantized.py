@@ -34,12 +34,12 @@ from pallas_kernels.tpu.kv_pool_quantized import (
 def _update_kernel(
     slots_ref,  # [T] SMEM: slot = page * page_size + offset
     codes_hbm,  # [T, C, Dp] HBM
-    scales_ref,  # [T, C * G] VMEM, the new rows' scales
+    scales_ref,  # [T, C * G] VMEM, the new rows' scales (their bfloat16 values in float32)
     pool_codes_in,  # [P, S, C, Dp] HBM, aliased with pool_codes_out
     pool_scales_in,  # [P, C * G, S] HBM, aliased with pool_scales_out
     pool_codes_out,
     pool_scales_out,
-    tiles,  # [2, C * G, S] VMEM: scale tiles of the page being written and the previous one
+    tiles,  # [2, C * G, S] VMEM bfloat16: scale tiles of the page being written and the last
     code_sems,  # DMA [1]
     read_sems,  # DMA [2]
     write_sems,  # DMA [2]
@@ -117,7 +117,9 @@ def _update_kernel(
                 axis=1,
                 keepdims=True,
             )  # [C * G, 1]: the row turned into a column, exactly
-            tiles[target] = jnp.where(lane == offset, column, tiles[target])
+            # Selected in float32 (exact both ways): Mosaic has no bfloat16-layout booleans.
+            tile = tiles[target].astype(jnp.float32)
+            tiles[target] = jnp.where(lane == offset, column, tile).astype(tiles.dtype)
 
         written = switch & (page_now >= 0)  # the held tile's write is in flight now
         pending_0 = jnp.where(switch & (buffer == 0), written.astype(jnp.int32), pending_0)
@@ -158,7 +160,8 @@ def _update(pool, new_k, new_v, slot_mapping, *, interpret):
         code_dtype=pool.codes.dtype,
         num_rows=num_rows,
         head_dim_padded=head_dim_padded,
-    )  # [T, C, Dp], [T, C * G]
+    )  # [T, C, Dp], [T, C * G] bfloat16
+    scales = scales.astype(jnp.float32)  # the kernel turns rows into columns in float32
     num_tokens, num_scale_rows = scales.shape
     tile_bytes = scale_bytes_per_page(num_rows, new_k.shape[-1], page_size)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
@@ -175,7 +178,7 @@ def _update(pool, new_k, new_v, slot_mapping, *, interpret):
             ],
             out_specs=[any_spec, any_spec],
             scratch_shapes=[
-                pltpu.VMEM((2, num_scale_rows, page_size), jnp.float32),
+                pltpu.VMEM((2, num_scale_rows, page_size), pool.scales.dtype),
                 pltpu.SemaphoreType.DMA((1,)),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.SemaphoreType.DMA((2,)),

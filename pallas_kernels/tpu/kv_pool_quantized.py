@@ -1,9 +1,9 @@
 """The TPU KV pool in 8 bits: int8 or fp8 (e4m3) codes in the interleaved layout of
-``kv_cache_update`` plus float32 scales, quantised when written and dequantised in VMEM by the
+``kv_cache_update`` plus bfloat16 scales, quantised when written and dequantised in VMEM by the
 attention kernel.
 
   codes:  [P, S, 2 * Hkv_p, Dp]  int8 / float8_e4m3fn (K and V heads interleaved, as the float pool)
-  scales: [P, 2 * Hkv_p * G, S]  float32, lane-major: token t's scale of row r for lanes
+  scales: [P, 2 * Hkv_p * G, S]  bfloat16, lane-major: token t's scale of row r for lanes
                                  g * D/G .. (g+1) * D/G - 1 at [page, r * G + g, t] (G = D / 32
                                  groups, or 1 when D is no multiple of 32: the engine's
                                  ``kv_cache.SCALE_GROUP``)
@@ -11,7 +11,8 @@ attention kernel.
 One scale per token, KV row and 32 lanes, as the paired-pool backends' ``QuantizedPages``
 (the measured choice: see ``jaxgen.quantization.kv_cache``), so both quantise identically.
 Tokens sit on the lanes: a page's scales are ``2 * Hkv_p * G`` rows of ``page_size`` lanes, one
-float32 per 32 code bytes (12.5% of the codes). page_size must be a multiple of 128: Mosaic DMAs
+bfloat16 per 32 code bytes (6.25% of the codes; bfloat16 tiles are 16 rows, so fewer than 16
+rows pad to 16, as many bytes as 8 float32 rows). page_size must be a multiple of 128: Mosaic DMAs
 and slices lanes in whole 128-lane tiles, and a narrower page would be padded to 128 lanes in HBM
 (XLA also relaid out, i.e. copied, a 32-lane scale pool before the update kernel). The attention
 kernel applies them to score columns (K) and to probabilities (V) rather than dequantising codes,
@@ -36,6 +37,8 @@ from pallas_kernels.tpu.kv_cache_update import (
 )
 
 SCALE_GROUP = 32
+SCALE_DTYPE = jnp.dtype(jnp.bfloat16)
+SCALE_TILE_ROWS = 16  # sublanes of a bfloat16 tile (two values per 32-bit word)
 CODE_DTYPES = {"int8": (jnp.dtype(jnp.int8), 127.0), "fp8": (jnp.dtype(jnp.float8_e4m3fn), 448.0)}
 
 
@@ -49,7 +52,7 @@ def scale_groups(head_dim: int) -> int:
 )
 @dataclasses.dataclass(frozen=True)
 class QuantizedKVPool:
-    """One layer's 8-bit pool: ``codes`` [P, S, C, Dp] and ``scales`` [P, C * G, S] float32
+    """One layer's 8-bit pool: ``codes`` [P, S, C, Dp] and ``scales`` [P, C * G, S] bfloat16
     (``scale_rows``). The real head_dim, which the groups split, comes with the queries."""
 
     codes: jax.Array
@@ -63,7 +66,8 @@ class QuantizedKVPool:
         """The float pool these codes stand for (for references and tests)."""
         num_pages, page_size, rows, lanes = self.codes.shape
         groups = scale_groups(head_dim)
-        scales = self.scales.transpose(0, 2, 1).reshape(num_pages, page_size, rows, groups)
+        scales = self.scales.astype(jnp.float32).transpose(0, 2, 1)
+        scales = scales.reshape(num_pages, page_size, rows, groups)
         group = jnp.minimum(jnp.arange(lanes) // (head_dim // groups), groups - 1)
         return self.codes.astype(jnp.float32) * scales[..., group]
 
@@ -74,9 +78,9 @@ def scale_rows(num_rows: int, head_dim: int) -> int:
 
 
 def scale_bytes_per_page(num_rows: int, head_dim: int, page_size: int) -> int:
-    """HBM bytes of one page's scales as stored: float32 tiles of 8 rows x 128 lanes."""
-    rows = -(-scale_rows(num_rows, head_dim) // 8) * 8
-    return rows * -(-page_size // LANES) * LANES * 4
+    """HBM bytes of one page's scales as stored: bfloat16 tiles of 16 rows x 128 lanes."""
+    rows = -(-scale_rows(num_rows, head_dim) // SCALE_TILE_ROWS) * SCALE_TILE_ROWS
+    return rows * -(-page_size // LANES) * LANES * SCALE_DTYPE.itemsize
 
 
 def quantized_pool_shapes(
@@ -95,14 +99,14 @@ def quantized_pool_shapes(
     shape = (num_pages, page_size, rows, padded_head_dim(head_dim))
     return QuantizedKVPool(
         jax.ShapeDtypeStruct(shape, code_dtype),
-        jax.ShapeDtypeStruct((num_pages, scale_rows(rows, head_dim), page_size), jnp.float32),
+        jax.ShapeDtypeStruct((num_pages, scale_rows(rows, head_dim), page_size), SCALE_DTYPE),
     )
 
 
 def zeros_quantized_pool(shapes: QuantizedKVPool) -> QuantizedKVPool:
     return QuantizedKVPool(
         jnp.zeros(shapes.codes.shape, shapes.codes.dtype),
-        jnp.ones(shapes.scales.shape, jnp.float32),
+        jnp.ones(shapes.scales.shape, SCALE_DTYPE),
     )
 
 
@@ -113,7 +117,7 @@ def quantize_kv_rows(
     code_dtype,
     num_rows: int,
     head_dim_padded: int,
-) -> tuple[jax.Array, jax.Array]:  # [T, C, Dp] codes, [T, C * G] float32 scales
+) -> tuple[jax.Array, jax.Array]:  # [T, C, Dp] codes, [T, C * G] bfloat16 scales
     """Interleaves the new K/V rows (``interleave_kv``) and quantises each row's 32-lane groups
     over their own absmax; padding rows and lanes are zero codes."""
     head_dim = new_k.shape[-1]
@@ -137,15 +141,16 @@ def quantize_kv_rows(
         )
         / limit
     )  # [T, C, G]
-    scales = jnp.where(scales == 0, 1.0, scales)
+    # Rounded to bfloat16 first, then used: the codes are taken over the stored scale.
+    scales = jnp.where(scales == 0, 1.0, scales).astype(SCALE_DTYPE).astype(jnp.float32)
     lane_scales = scales[..., :1]
     for g in range(1, groups):
         lane_scales = jnp.where(lane_group == g, scales[..., g : g + 1], lane_scales)  # [T, C, D]
-    codes = rows / lane_scales
+    codes = jnp.clip(rows / lane_scales, -limit, limit)  # a scale rounded down: <= 0.4% past
     if jnp.dtype(code_dtype) == jnp.int8:
         codes = jnp.round(codes)
     codes = jnp.pad(codes, ((0, 0), (0, 0), (0, head_dim_padded - head_dim))).astype(code_dtype)
-    return codes, scales.reshape(num_tokens, num_rows * groups)
+    return codes, scales.reshape(num_tokens, num_rows * groups).astype(SCALE_DTYPE)
 
 
 def update_quantized_pool_reference(

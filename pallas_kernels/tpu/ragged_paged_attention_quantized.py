@@ -1,5 +1,5 @@
 """Ragged paged attention on an 8-bit pool (``QuantizedKVPool``: int8 / fp8 codes and lane-major
-float32 scales), as a Mosaic TPU kernel.
+bfloat16 scales), as a Mosaic TPU kernel.
 
 The codes are never dequantised. Each page's codes and its ``[C * G, S]`` scales are DMA'd into
 VMEM (the scales into lanes ``i * S .. (i + 1) * S`` of a ``[C * G, block_k]`` slab, so each
@@ -26,7 +26,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.tpu.kv_cache_update import LANES
-from pallas_kernels.tpu.kv_pool_quantized import scale_bytes_per_page, scale_groups, scale_rows
+from pallas_kernels.tpu.kv_pool_quantized import (
+    SCALE_TILE_ROWS,
+    scale_bytes_per_page,
+    scale_groups,
+    scale_rows,
+)
 from pallas_kernels.tpu.ragged_paged_attention_sizes import attention_cost, cdiv, vmem_limit
 from pallas_kernels.tpu.ragged_paged_attention_walk import (
     reset_softmax,
@@ -88,11 +93,12 @@ def _quantized_attention_kernel(
     num_scale_rows = scale_buf.shape[1]
 
     def scales_of(slot, row, g):  # [1, block_k]: row ``row``'s group-g scale of every key
-        # Picked out of its aligned 8-row tile by a masked sum: Mosaic cannot broadcast a
-        # row loaded at a sublane offset.
+        # Picked out of its aligned 16-row bfloat16 tile by a masked sum in float32: Mosaic
+        # cannot broadcast a row loaded at a sublane offset.
         index = row * groups + g
-        base = index // 8 * 8
-        tile = scale_buf[slot, base : min(base + 8, num_scale_rows), :]  # [<= 8, block_k]
+        base = index // SCALE_TILE_ROWS * SCALE_TILE_ROWS
+        tile = scale_buf[slot, base : min(base + SCALE_TILE_ROWS, num_scale_rows), :]
+        tile = tile.astype(jnp.float32)  # [<= 16, block_k]
         pick = lax.broadcasted_iota(jnp.int32, tile.shape, 0) == index - base
         return jnp.sum(jnp.where(pick, tile, 0.0), axis=0, keepdims=True)
 
@@ -178,7 +184,7 @@ def _quantized_attention_kernel(
 def ragged_paged_attention_quantized(
     q,  # [T, Hq, D]
     codes,  # [P, S, C, Dp] int8 / fp8
-    scales,  # [P, C * G, S] float32
+    scales,  # [P, C * G, S] bfloat16
     kv_lens,  # [max_seqs] int32
     block_tables,  # [max_seqs, pages_per_seq] int32
     cu_q_lens,  # [max_seqs + 1] int32
@@ -239,7 +245,7 @@ def ragged_paged_attention_quantized(
             scratch_shapes=[
                 pltpu.VMEM((2, pages_per_block, page_size, num_rows, head_dim_padded), codes.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
-                pltpu.VMEM((2, num_scale_rows, block_k), jnp.float32),
+                pltpu.VMEM((2, num_scale_rows, block_k), scales.dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, rows, LANES), jnp.float32),

@@ -55,9 +55,9 @@ def validate_attention_call(
                 f"kv_pages page_size {page_size} must be a multiple of {LANES} for an 8-bit pool"
             )
         expected = (num_pages, scale_rows(num_rows, head_dim), page_size)
-        if kv_scales.shape != expected or kv_scales.dtype != jnp.float32:
+        if kv_scales.shape != expected or kv_scales.dtype != jnp.bfloat16:
             raise ValueError(
-                f"kv_pages scales must be float32 [P, C * G, S] = {expected}, got "
+                f"kv_pages scales must be bfloat16 [P, C * G, S] = {expected}, got "
                 f"{kv_scales.dtype} {kv_scales.shape}"
             )
     packing = dtype_packing(kv_pages.dtype)

@@ -7,7 +7,7 @@ compiled from ``native/paged_attention_cpu.cc`` on first use (``build``); where 
 possible, ``cpu_kernel_available()`` is False and callers keep the reference.
 
 ``paged_attention_cpu_quantized`` reads an 8-bit pool (``QuantizedPages``: int8 or fp8 codes with
-float32 scales per token, head and scale group) and dequantises each load in registers.
+bfloat16 scales per token, head and scale group) and dequantises each load in registers.
 """
 
 from __future__ import annotations
@@ -107,10 +107,10 @@ def paged_attention_cpu_quantized(
     groups = k_pages.scales.shape[-1]
     for name, pages in (("k_pages", k_pages), ("v_pages", v_pages)):
         if pages.scales.shape != (*pages.values.shape[:-1], groups) or (
-            pages.scales.dtype != jnp.float32
+            pages.scales.dtype != jnp.bfloat16
         ):
             raise ValueError(
-                f"{name}.scales must be float32 {(*pages.values.shape[:-1], groups)}, got "
+                f"{name}.scales must be bfloat16 {(*pages.values.shape[:-1], groups)}, got "
                 f"{pages.scales.dtype} {pages.scales.shape}"
             )
     if head_dim % groups or (groups > 1 and (head_dim // groups) % 8):

@@ -9,7 +9,7 @@
 // out [B, Hq, D]; float32 throughout. Rows with length 0 produce zeros.
 //
 // The 8-bit variant (JaxgenPagedDecodeQ8) reads an int8 or fp8 (e4m3fn) pool as raw bytes,
-// k_codes / v_codes [Hkv, P, S, D] uint8 with k_scales / v_scales [Hkv, P, S, G] float32 (one
+// k_codes / v_codes [Hkv, P, S, D] uint8 with k_scales / v_scales [Hkv, P, S, G] bfloat16 (one
 // scale per token, head and D / G elements), and dequantises each 8-element load in registers:
 // the pool is never expanded to float. The same templated loops serve both pools.
 
@@ -90,19 +90,29 @@ struct Fp8Table {
 };
 const Fp8Table kFp8;
 
-// An 8-bit pool (int8 or fp8 codes, float scales per `group_width` elements): one kv head's rows.
+// A bfloat16 as float32: its bits are float32's top half.
+inline float Bfloat16ToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+// An 8-bit pool (int8 or fp8 codes, bfloat16 scales per `group_width` elements): one kv head's
+// rows.
 template <bool kFp8Codes>
 struct QuantizedRows {
   const uint8_t* codes;
-  const float* scales;
+  const uint16_t* scales;
   int64_t dim, groups, group_width;
   struct Row {
     const uint8_t* codes;
-    const float* scales;
+    const uint16_t* scales;
     int64_t group_width;
+    float Scale(int64_t d) const { return Bfloat16ToFloat(scales[d / group_width]); }
     float Load(int64_t d) const {
       const float code = kFp8Codes ? kFp8.value[codes[d]] : static_cast<int8_t>(codes[d]);
-      return code * scales[d / group_width];
+      return code * Scale(d);
     }
   };
   Row At(int64_t slot) const { return {codes + slot * dim, scales + slot * groups, group_width}; }
@@ -121,7 +131,7 @@ inline __m256 Load8(const typename QuantizedRows<kFp8Codes>::Row& row, int64_t d
   } else {
     codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   }
-  return _mm256_mul_ps(codes, _mm256_set1_ps(row.scales[d / row.group_width]));
+  return _mm256_mul_ps(codes, _mm256_set1_ps(row.Scale(d)));
 }
 inline __m256 Load8(const QuantizedRows<false>::Row& row, int64_t d) { return Load8<false>(row, d); }
 inline __m256 Load8(const QuantizedRows<true>::Row& row, int64_t d) { return Load8<true>(row, d); }
@@ -307,8 +317,8 @@ ffi::Error PagedDecodeImpl(ffi::Buffer<ffi::F32> q,
 }
 
 template <bool kFp8Codes>
-void AttendQuantized(const Problem& p, const uint8_t* const codes[2], const float* const scales[2],
-                     int64_t groups) {
+void AttendQuantized(const Problem& p, const uint8_t* const codes[2],
+                     const uint16_t* const scales[2], int64_t groups) {
   const int64_t slots = p.num_pages * p.page_size;
   AttendAll(p, [&](int pool, int64_t h) {
     return QuantizedRows<kFp8Codes>{codes[pool] + h * slots * p.head_dim,
@@ -318,8 +328,8 @@ void AttendQuantized(const Problem& p, const uint8_t* const codes[2], const floa
 }
 
 ffi::Error PagedDecodeQ8Impl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::U8> k_codes,
-                             ffi::Buffer<ffi::F32> k_scales, ffi::Buffer<ffi::U8> v_codes,
-                             ffi::Buffer<ffi::F32> v_scales, ffi::Buffer<ffi::S32> lengths,
+                             ffi::Buffer<ffi::BF16> k_scales, ffi::Buffer<ffi::U8> v_codes,
+                             ffi::Buffer<ffi::BF16> v_scales, ffi::Buffer<ffi::S32> lengths,
                              ffi::Buffer<ffi::S32> block_tables, ffi::ResultBuffer<ffi::F32> out,
                              float scale, float soft_cap, int64_t sliding_window, int64_t fp8) {
   Problem p;
@@ -334,7 +344,9 @@ ffi::Error PagedDecodeQ8Impl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::U8> k_cod
     return ffi::Error::InvalidArgument("paged_attention_cpu: scales must be [Hkv, P, S, G]");
   }
   const uint8_t* const codes[2] = {k_codes.typed_data(), v_codes.typed_data()};
-  const float* const scales[2] = {k_scales.typed_data(), v_scales.typed_data()};
+  const uint16_t* const scales[2] = {
+      reinterpret_cast<const uint16_t*>(k_scales.untyped_data()),
+      reinterpret_cast<const uint16_t*>(v_scales.untyped_data())};
   if (fp8) {
     AttendQuantized<true>(p, codes, scales, groups);
   } else {
@@ -361,9 +373,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenPagedDecodeQ8, PagedDecodeQ8Impl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
