@@ -136,6 +136,7 @@ def _tensor_type(shape, dtype) -> str:
     names = {
         "int8": "i8",
         "uint8": "ui8",
+        "uint16": "ui16",
         "float8_e4m3fn": "f8E4M3FN",
         "float32": "f32",
         "bfloat16": "bf16",

@@ -35,6 +35,11 @@ def codes_to_float(codes: jax.Array) -> jax.Array:
     return codes.astype(jnp.float32)
 
 
+def scales_to_float(bits: jax.Array) -> jax.Array:
+    """An 8-bit pool's scales, stored as the uint16 bits of bfloat16 values, as float32."""
+    return lax.bitcast_convert_type(bits, jnp.bfloat16).astype(jnp.float32)
+
+
 def gather_pages(
     pages: jax.Array,  # [Hkv, P, S, D]
     block_tables: jax.Array,  # [..., W] int32, every entry a valid page id
@@ -130,13 +135,14 @@ def validate_common(
 
 
 def validate_scales(values, k_scales, v_scales) -> None:
-    """An 8-bit pool's scales: bfloat16 ``[Hkv, P, S, G]`` beside ``values`` [Hkv, P, S, D], G
-    dividing D; raises ``ValueError`` naming the argument."""
+    """An 8-bit pool's scales: the uint16 bits of bfloat16 values, ``[Hkv, P, S, G]`` beside
+    ``values`` [Hkv, P, S, D], G dividing D; raises ``ValueError`` naming the argument."""
     groups = k_scales.shape[-1] if k_scales.ndim == 4 else 0
     for name, scales in (("k_pages.scales", k_scales), ("v_pages.scales", v_scales)):
-        if scales.shape != (*values.shape[:3], groups) or scales.dtype != jnp.bfloat16:
+        if scales.shape != (*values.shape[:3], groups) or scales.dtype != jnp.uint16:
             raise ValueError(
-                f"{name} must be bfloat16 [Hkv, P, S, G] beside values {values.shape}, got "
+                f"{name} must be uint16 (bfloat16 bits) [Hkv, P, S, G] beside values "
+                f"{values.shape}, got "
                 f"{scales.dtype} {scales.shape}"
             )
     if not groups or values.shape[-1] % groups:

@@ -27,6 +27,7 @@ from pallas_kernels.paged_attention import (
     FLOAT_DTYPES,
     MASK_VALUE,
     codes_to_float,
+    scales_to_float,
     compiler_params,
     default_pages_per_compute_block,
     gather_pages,
@@ -99,13 +100,13 @@ def ragged_paged_attention_reference(
 
 def dequantize_block(
     codes: jax.Array,  # [K, D] int8, or uint8 holding fp8 bits
-    scales: jax.Array,  # [n, S, G] bfloat16, n * S = K
+    scales: jax.Array,  # [n, S, G] uint16 (bfloat16 bits), n * S = K
     dtype,
 ) -> jax.Array:  # [K, D]
     """8-bit codes times the scale of their token and lane group (G groups of D / G lanes)."""
     block_k, head_dim = codes.shape
     groups = scales.shape[-1]
-    scales = scales.reshape(block_k, groups).astype(jnp.float32)
+    scales = scales_to_float(scales.reshape(block_k, groups))
     lane_group = jnp.arange(head_dim, dtype=jnp.int32) // (head_dim // groups)  # [D]
     one_hot = (lane_group[None, :] == jnp.arange(groups, dtype=jnp.int32)[:, None]).astype(
         jnp.float32

@@ -35,9 +35,10 @@ def test_write_then_gather_is_within_half_a_step(dtype, tolerance):
 
 @pytest.mark.parametrize("dtype, storage", [("int8", "s8"), ("fp8", "u8")])
 def test_write_converts_nothing_pool_sized(dtype, storage):
-    """The compiled write touches the pool only in its stored 8-bit type: a float8 pool was
-    converted to float16 and back whole on every write (XLA:CPU), a cost in proportion to the
-    pool; fp8 codes are therefore kept as uint8 bits."""
+    """The compiled write touches the pool only in its stored types: a float8 pool was
+    converted to float16 and back whole on every write (XLA:CPU), and a bfloat16 scale pool to
+    float32, a cost in proportion to the pool; fp8 codes are therefore kept as uint8 bits and
+    the bfloat16 scales as uint16 bits."""
     import re
 
     shape = (2, 512, 16, 64)  # [Hkv, P, S, D]
@@ -53,6 +54,12 @@ def test_write_converts_nothing_pool_sized(dtype, storage):
         if np.prod([int(d) for d in dims.split(",")]) >= np.prod(shape)
     }
     assert pool_sized == {storage}, pool_sized
+    scale_sized = {
+        element
+        for element, dims in re.findall(r"(\w+)\[([\d,]+)\]", text)
+        if np.prod([int(d) for d in dims.split(",")]) >= np.prod(pool.scales.shape)
+    }
+    assert scale_sized == {storage, "u16"}, scale_sized
 
 
 def _prompts(count=5):

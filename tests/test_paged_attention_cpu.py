@@ -164,6 +164,6 @@ def test_quantized_pool_rejects_bad_input():
     k_pool, v_pool = quantized_pool(k_pages, "int8"), quantized_pool(v_pages, "fp8")
     with pytest.raises(ValueError, match="k_pages and v_pages must share"):
         paged_attention_cpu_quantized(q, k_pool, v_pool, lengths, tables)
-    bad = QuantizedPages(k_pool.values, k_pool.scales.astype(jnp.float32))
+    bad = QuantizedPages(k_pool.values, k_pool.scales.astype(jnp.float32))  # not the bits
     with pytest.raises(ValueError, match=r"k_pages\.scales"):
         paged_attention_cpu_quantized(q, bad, bad, lengths, tables)

@@ -263,7 +263,7 @@ def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
     assert result["shard_map_regions"] == 2
     pages = result["num_pages"]
     assert result["pool_shard_types"] == {
-        f"tensor<1x{pages}x16x2xbf16>": True,
+        f"tensor<1x{pages}x16x2xui16>": True,
         f"tensor<1x{pages}x16x64xi8>": True,
     }
 

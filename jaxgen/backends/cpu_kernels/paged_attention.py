@@ -107,10 +107,10 @@ def paged_attention_cpu_quantized(
     groups = k_pages.scales.shape[-1]
     for name, pages in (("k_pages", k_pages), ("v_pages", v_pages)):
         if pages.scales.shape != (*pages.values.shape[:-1], groups) or (
-            pages.scales.dtype != jnp.bfloat16
+            pages.scales.dtype != jnp.uint16
         ):
             raise ValueError(
-                f"{name}.scales must be bfloat16 {(*pages.values.shape[:-1], groups)}, got "
+                f"{name}.scales must be uint16 (bfloat16 bits) {(*pages.values.shape[:-1], groups)}, got "
                 f"{pages.scales.dtype} {pages.scales.shape}"
             )
     if head_dim % groups or (groups > 1 and (head_dim // groups) % 8):

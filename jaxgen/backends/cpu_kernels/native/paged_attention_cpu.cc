@@ -9,7 +9,7 @@
 // out [B, Hq, D]; float32 throughout. Rows with length 0 produce zeros.
 //
 // The 8-bit variant (JaxgenPagedDecodeQ8) reads an int8 or fp8 (e4m3fn) pool as raw bytes,
-// k_codes / v_codes [Hkv, P, S, D] uint8 with k_scales / v_scales [Hkv, P, S, G] bfloat16 (one
+// k_codes / v_codes [Hkv, P, S, D] uint8 with k_scales / v_scales [Hkv, P, S, G] uint16 (bfloat16 bits; one
 // scale per token, head and D / G elements), and dequantises each 8-element load in registers:
 // the pool is never expanded to float. The same templated loops serve both pools.
 
@@ -328,8 +328,8 @@ void AttendQuantized(const Problem& p, const uint8_t* const codes[2],
 }
 
 ffi::Error PagedDecodeQ8Impl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::U8> k_codes,
-                             ffi::Buffer<ffi::BF16> k_scales, ffi::Buffer<ffi::U8> v_codes,
-                             ffi::Buffer<ffi::BF16> v_scales, ffi::Buffer<ffi::S32> lengths,
+                             ffi::Buffer<ffi::U16> k_scales, ffi::Buffer<ffi::U8> v_codes,
+                             ffi::Buffer<ffi::U16> v_scales, ffi::Buffer<ffi::S32> lengths,
                              ffi::Buffer<ffi::S32> block_tables, ffi::ResultBuffer<ffi::F32> out,
                              float scale, float soft_cap, int64_t sliding_window, int64_t fp8) {
   Problem p;
@@ -344,9 +344,7 @@ ffi::Error PagedDecodeQ8Impl(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::U8> k_cod
     return ffi::Error::InvalidArgument("paged_attention_cpu: scales must be [Hkv, P, S, G]");
   }
   const uint8_t* const codes[2] = {k_codes.typed_data(), v_codes.typed_data()};
-  const uint16_t* const scales[2] = {
-      reinterpret_cast<const uint16_t*>(k_scales.untyped_data()),
-      reinterpret_cast<const uint16_t*>(v_scales.untyped_data())};
+  const uint16_t* const scales[2] = {k_scales.typed_data(), v_scales.typed_data()};
   if (fp8) {
     AttendQuantized<true>(p, codes, scales, groups);
   } else {
@@ -373,9 +371,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenPagedDecodeQ8, PagedDecodeQ8Impl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::U16>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::U16>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
