@@ -17,7 +17,7 @@ fp8 codes are stored as their bits in a uint8 array, and the bfloat16 scales as 
 uint16 array; both are read back as what they are where attention gathers them. XLA:CPU writes
 into a uint8 or uint16 array in place but copies a float8 or bfloat16 array whole, which made
 every step cost time in proportion to the pool (a 256 MB pool: 392 ms a write as float8, 0.4 ms
-as uint8; a 19 MB scale pool: 62 ms as bfloat16, 0.02 ms as uint16).
+as uint8; a 38 MB scale pool: 62 ms as bfloat16, 0.02 ms as uint16).
 """
 
 from __future__ import annotations
