@@ -203,7 +203,7 @@ class EngineConfig:
     )
     kv_cache_dtype: str = knob(
         "auto",
-        help="KV pool values: auto (the model dtype), int8 or fp8 (e4m3): 8-bit with float32 "
+        help="KV pool values: auto (the model dtype), int8 or fp8 (e4m3): 8-bit with bfloat16 "
         "scales per token, KV head and 32 head_dim elements (every backend; pallas-tpu: page_size a multiple of 128)",
         choices=KV_CACHE_DTYPES,
         properties=("option.kv_cache_dtype",),
