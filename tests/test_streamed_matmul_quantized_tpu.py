@@ -199,8 +199,8 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
 @pytest.mark.slow
 def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     """Two layers of Llama-3-8B on v5e-4 (2 KV heads per chip) at batch 64 x 2048, int8
-    weights: an int8 pool (codes + lane-major float32 scales, pages of 128) makes the live KV
-    0.5625x of bf16's, the step's counted bytes fall by that much, and nothing else grows by
+    weights: an int8 pool (codes + lane-major bfloat16 scales, pages of 128) makes the live KV
+    0.53125x of bf16's (one byte per code and two per 32 codes), the step's counted bytes fall by that much, and nothing else grows by
     more than the update kernel's quantising of the new rows (1.6% at this commit)."""
     from jaxgen.ahead_of_time import compile_decode_step
 
@@ -219,7 +219,7 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     }
     live = {kv: r["decode_step"]["live_kv_bytes"] for kv, r in steps.items()}
     accessed = {kv: r["decode_step"]["bytes_accessed"] for kv, r in steps.items()}
-    assert live["int8"] / live["auto"] == pytest.approx(0.5625)
+    assert live["int8"] / live["auto"] == pytest.approx(0.53125)
     assert accessed["int8"] - live["int8"] < 1.03 * (accessed["auto"] - live["auto"])
     assert steps["int8"]["per_chip_bytes"]["temp"] < 2**20  # neither pool array is copied
     assert "ragged_paged_attention_quantized" in steps["int8"]["kernels"]
@@ -230,8 +230,8 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
 @pytest.mark.slow
 def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
     """Llama-3-8B (32 layers) on v5e-4 at batch 64 x 2048: int8 weights (16-bit scales) and
-    an int8 pool make the step's counted bytes 0.595x of bf16's at this commit (the issue's
-    target is 0.55x; docs/tpu.md says where the rest is), the floor 0.548x."""
+    an int8 pool (bfloat16 scales) make the step's counted bytes 0.578x of bf16's at this
+    commit (the issue's target is 0.55x; docs/tpu.md says where the rest is), the floor 0.531x."""
     from jaxgen.ahead_of_time import compile_decode_step
 
     config = ModelConfig.from_hf_dict(LLAMA3_8B)
@@ -248,5 +248,5 @@ def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
         for weights, kv in (("none", "auto"), ("int8", "int8"))
     }
     bf16, int8 = steps[("none", "auto")], steps[("int8", "int8")]
-    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.60
-    assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.55
+    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.59
+    assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.54
