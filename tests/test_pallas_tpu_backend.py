@@ -176,6 +176,7 @@ def test_multi_step_call_compiles_for_v5e_1():
     assert {
         "kv_cache_update_quantized",
         "ragged_paged_attention_quantized",
+        "rotary_embedding",
         "streamed_matmul_int8",
     } <= set(four["kernels"])
     chip = four["per_chip_bytes"]

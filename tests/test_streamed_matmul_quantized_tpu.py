@@ -183,6 +183,9 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
         for kind in ("none", "int8")
     }
     assert "streamed_matmul_int8" in results["int8"]["kernels"]
+    # No cross-program prefetch: the int8 embedding's 8 MB scale table is not copied to VMEM
+    # for a step's 64 rows of it (PallasTPUBackend.compiler_options).
+    assert results["int8"]["decode_step"]["vmem_prefetch_bytes"] < 2**20
     weights = {kind: r["per_chip_bytes"]["weights"] for kind, r in results.items()}
     assert 0.5 < weights["int8"] / weights["none"] < 0.54  # 0.532 at this commit
     accessed = {kind: r["decode_step"]["bytes_accessed"] for kind, r in results.items()}
@@ -230,7 +233,7 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
 @pytest.mark.slow
 def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
     """Llama-3-8B (32 layers) on v5e-4 at batch 64 x 2048: int8 weights (16-bit scales) and
-    an int8 pool (bfloat16 scales) make the step's counted bytes 0.578x of bf16's at this
+    an int8 pool (bfloat16 scales) make the step's counted bytes 0.569x of bf16's at this
     commit (the issue's target is 0.55x; docs/tpu.md says where the rest is), the floor 0.531x."""
     from jaxgen.ahead_of_time import compile_decode_step
 
@@ -248,5 +251,5 @@ def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
         for weights, kv in (("none", "auto"), ("int8", "int8"))
     }
     bf16, int8 = steps[("none", "auto")], steps[("int8", "int8")]
-    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.59
+    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.575
     assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.54

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxgen.models.rope import apply_rope
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBackend:
@@ -22,6 +24,11 @@ class AttentionBackend:
     # own pages), or as wide as the step's longest sequence (they gather the whole width); see
     # jaxgen/engine/step_layout.py.
     full_width_tables: ClassVar[bool] = False
+
+    @property
+    def compiler_options(self) -> dict | None:
+        """XLA options the jitted step is compiled with (None: the defaults)."""
+        return None
 
     def prepare_params(self, params, config):
         """The parameters the step runs on, and an LM head to pass the step (or None)."""
@@ -56,6 +63,10 @@ class AttentionBackend:
             math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
             for leaf in jax.tree_util.tree_leaves(layers)
         )
+
+    def rotate(self, x, rope):
+        """RoPE on a step's queries or keys (``x`` [T, H, D]; ``rope``: the step's cos, sin)."""
+        return apply_rope(x, rope)
 
     def attention(self, q, k, v, kv_layer, md, *, scale, soft_cap=None, sliding_window=None):
         """Writes ``k``/``v`` ([T, Hkv, D]) into ``kv_layer`` at ``md.slot_mapping`` and returns

@@ -130,6 +130,7 @@ def jitted_step(graphdef, backend: AttentionBackend):
             "page_size",
         ),
         donate_argnums=(1,),
+        compiler_options=backend.compiler_options,
     )
 
 

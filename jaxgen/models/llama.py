@@ -19,7 +19,6 @@ from jaxgen.config import ModelConfig
 from jaxgen.models.linear import Linear, apply_linears
 from jaxgen.models.mlp import MLP
 from jaxgen.models.moe import SparseMoE
-from jaxgen.models.rope import apply_rope
 
 
 class RMSNorm(nnx.Module):
@@ -68,8 +67,7 @@ class Attention(nnx.Module):
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, rope)
-        k = apply_rope(k, rope)
+        q, k = backend.rotate(q, rope), backend.rotate(k, rope)
         out, kv_layer = attention(
             q,
             k,

@@ -12,9 +12,11 @@ from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 from pallas_kernels.tpu.ragged_paged_attention_sizes import attention_cost, default_block_sizes
 from pallas_kernels.tpu.reference import (
     ragged_paged_attention_reference_tpu,
+    rotary_embedding_reference,
     streamed_matmul_reference,
     update_kv_cache_reference,
 )
+from pallas_kernels.tpu.rotary_embedding import rotary_embedding_supported, rotary_embedding_tpu
 from pallas_kernels.tpu.streamed_matmul import streamed_matmul_plan, streamed_matmul_tpu
 
 __all__ = [
@@ -27,6 +29,9 @@ __all__ = [
     "padded_num_kv_heads",
     "ragged_paged_attention_reference_tpu",
     "ragged_paged_attention_tpu",
+    "rotary_embedding_reference",
+    "rotary_embedding_supported",
+    "rotary_embedding_tpu",
     "streamed_matmul_plan",
     "streamed_matmul_reference",
     "streamed_matmul_tpu",
