@@ -177,6 +177,7 @@ def test_multi_step_call_compiles_for_v5e_1():
         "kv_cache_update_quantized",
         "ragged_paged_attention_quantized",
         "rotary_embedding",
+        "streamed_gated_matmul_int8",
         "streamed_matmul_int8",
     } <= set(four["kernels"])
     chip = four["per_chip_bytes"]

@@ -14,9 +14,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.config import ModelConfig
 from jaxgen.quantization.quantize import QuantizationSpec, quantize_kernel
+from pallas_kernels.tpu.reference import streamed_gated_matmul_reference
 from pallas_kernels.tpu.streamed_matmul_quantized import (
     float16_bits_to_float32,
     pack_float16_pairs,
+    streamed_gated_matmul_quantized_tpu,
     streamed_matmul_quantized_tpu,
 )
 from tests.test_pallas_tpu_backend import LLAMA3_8B, needs_libtpu
@@ -253,3 +255,25 @@ def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
     bf16, int8 = steps[("none", "auto")], steps[("int8", "int8")]
     assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.575
     assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.54
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_gated_matches_dequantised_products(spec):
+    """``act(x @ dequant(gate)) * (x @ dequant(up))`` in one call, float16 scales packed in
+    pairs as the backend holds them; and the backend's ``matmul_gated`` on the same weights."""
+    from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
+
+    rng = np.random.default_rng(5)
+    gate, up = (quantize_kernel(rng.normal(size=(256, 384)), spec) for _ in range(2))
+    x = jnp.asarray(rng.normal(size=(8, 256)), jnp.float32)
+    got = streamed_gated_matmul_quantized_tpu(
+        x, _packed_scales(gate), _packed_scales(up), interpret=pltpu.InterpretParams()
+    )
+    want = streamed_gated_matmul_reference(x, gate.dequantize(), up.dequantize(), "silu")
+    # int4 sums its two nibble halves apart, and the product of two sums doubles their error.
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=1e-3)
+    g, u = (StreamedQuantizedWeight.wrap(w, interpret=True) for w in (gate, up))
+    fused = StreamedQuantizedWeight.matmul_gated(x, g, u, "silu")
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(want), rtol=2e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="gate and up must share kind, shape, group size"):
+        streamed_gated_matmul_quantized_tpu(x, _packed_scales(gate), _float32_scales(up))

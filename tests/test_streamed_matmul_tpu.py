@@ -17,6 +17,8 @@ from pallas_kernels.tpu import (
     streamed_matmul_reference,
     streamed_matmul_tpu,
 )
+from pallas_kernels.tpu.reference import streamed_gated_matmul_reference
+from pallas_kernels.tpu.streamed_matmul import GATED_ACTIVATIONS, streamed_gated_matmul_tpu
 
 INTERPRET = pltpu.InterpretParams(detect_races=True)
 
@@ -121,3 +123,52 @@ def test_aot_compile_counts_the_weight_once(rows, depth, columns, transposed):
     weight_bytes = depth * columns * 2
     assert "copy-start" not in compiled.as_text()  # the weight is not prefetched into VMEM
     assert weight_bytes <= cost["bytes accessed"] <= 1.03 * weight_bytes
+
+
+@pytest.mark.parametrize(
+    "rows, depth, columns, dtype, activation",
+    [
+        (1, 256, 384, jnp.float32, "silu"),
+        (13, 128, 1024, jnp.float32, "gelu_tanh"),  # rows off the tile
+        (8, 4096, 512, jnp.float32, "silu"),  # two weights share the 4 MiB: blocks of 128
+        (64, 512, 768, jnp.bfloat16, "silu"),
+    ],
+)  # fmt: skip
+def test_gated_matches_reference(rows, depth, columns, dtype, activation):
+    x, gate = _inputs(rows, depth, columns, dtype, False, seed=1)
+    _, up = _inputs(rows, depth, columns, dtype, False, seed=2)
+    got = streamed_gated_matmul_tpu(x, gate, up, activation=activation, interpret=INTERPRET)
+    want = streamed_gated_matmul_reference(x, gate, up, activation)
+    assert got.shape == (rows, columns) and got.dtype == dtype
+    tolerance = 2e-2 if dtype == jnp.bfloat16 else 1e-5
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tolerance, atol=tolerance
+    )
+    # And the unfused layers: act(x @ gate) * (x @ up), each product rounded to x's dtype.
+    unfused = GATED_ACTIVATIONS[activation](jnp.dot(x, gate)) * jnp.dot(x, up)
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32), np.asarray(unfused, np.float32), rtol=tolerance, atol=tolerance
+    )
+
+
+def test_gated_bad_inputs_are_clear_errors():
+    x, gate = _inputs(4, 128, 256, jnp.float32, False)
+    with pytest.raises(ValueError, match="activation must be one of 'silu', 'gelu_tanh'"):
+        streamed_gated_matmul_tpu(x, gate, gate, activation="gelu")
+    with pytest.raises(ValueError, match="gate and up must share a shape and dtype"):
+        streamed_gated_matmul_tpu(x, gate, gate[:, :128])
+
+
+def test_streamed_weights_fuse_the_gate_only_where_the_kernel_takes_it():
+    """``StreamedWeight.matmul_gated``: one call for a column-split (or whole) gate and up with
+    an activation the kernel has; None (two matmuls) for an exact GELU or a transposed kernel."""
+    from jaxgen.backends.streamed_weight import StreamedWeight
+
+    x, gate = _inputs(8, 256, 384, jnp.float32, False, seed=3)
+    _, up = _inputs(8, 256, 384, jnp.float32, False, seed=4)
+    g, u = (StreamedWeight.wrap(w, interpret=True) for w in (gate, up))
+    got = StreamedWeight.matmul_gated(x, g, u, "silu")
+    np.testing.assert_allclose(got, jax.nn.silu(x @ gate) * (x @ up), rtol=1e-5, atol=1e-5)
+    assert StreamedWeight.matmul_gated(x, g, u, "gelu") is None
+    t = StreamedWeight.wrap(gate.T, transposed=True, interpret=True)
+    assert StreamedWeight.matmul_gated(x, t, t, "silu") is None

@@ -21,11 +21,18 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from jaxgen.backends.streamed_weight import MAX_STREAMED_ROWS, _pad, _split
+from jaxgen.backends.streamed_weight import (
+    MAX_STREAMED_ROWS,
+    _pad,
+    _split,
+    gated_streams,
+    interpret_params,
+)
 from jaxgen.quantization.quantized_weight import QuantizedWeight
 from pallas_kernels.tpu.streamed_matmul import LANES
 from pallas_kernels.tpu.streamed_matmul_quantized import (
     pack_float16_pairs,
+    streamed_gated_matmul_quantized_tpu,
     streamed_matmul_quantized_plan,
     streamed_matmul_quantized_tpu,
     unpack_float16_pairs,
@@ -107,14 +114,31 @@ class StreamedQuantizedWeight:
         rows = math.prod(x.shape[:-1])
         if not self._streams(rows, x.dtype):
             return self.unpacked().matmul(x)[..., :columns]
-        interpret = False
-        if self.interpret:
-            from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
-
-            interpret = pltpu.InterpretParams()
-        product = functools.partial(streamed_matmul_quantized_tpu, interpret=interpret)
+        product = functools.partial(streamed_matmul_quantized_tpu, interpret=interpret_params(self))
         x2 = x.reshape(rows, depth)
         out = product(x2, self.weight) if self.mesh is None else self._sharded(product, x2)
+        return out[:, :columns].reshape(*x.shape[:-1], columns)
+
+    @staticmethod
+    def matmul_gated(x, gate, up, activation: str, live_rows=None):
+        """``act(x @ dequant(gate)) * (x @ dequant(up))`` in one streamed call, or None where
+        the kernel does not take it (the caller then runs the two matmuls)."""
+        rows = math.prod(x.shape[:-1])
+        if not gated_streams(gate, up, activation):
+            return None
+        if not gate._streams(rows, x.dtype, num_weights=2):
+            return None
+        gated = functools.partial(
+            streamed_gated_matmul_quantized_tpu,
+            activation=activation,
+            interpret=interpret_params(gate),
+        )
+        depth, columns = gate.shape
+        x2 = x.reshape(rows, depth)
+        if gate.mesh is None:
+            out = gated(x2, gate.weight, up.weight)
+        else:
+            out = gate._sharded(gated, x2, up)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     def _local_shape(self) -> tuple[int, int]:
@@ -124,37 +148,47 @@ class StreamedQuantizedWeight:
         degree = self.mesh.shape[self.model_axis]
         return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
 
-    def _streams(self, rows: int, dtype) -> bool:
+    def _streams(self, rows: int, dtype, num_weights: int = 1) -> bool:
         if rows > MAX_STREAMED_ROWS or self.weight.kind not in ("int8", "int4"):
             return False
         if dtype not in (jnp.bfloat16, jnp.float32):
             return False
         depth, columns = self._local_shape()
         plan = streamed_matmul_quantized_plan(
-            rows, depth, columns, self.weight.group_size, packed_scales=bool(self.packed_pieces)
+            rows,
+            depth,
+            columns,
+            self.weight.group_size,
+            packed_scales=bool(self.packed_pieces),
+            num_weights=num_weights,
         )
         return plan is not None
 
-    def _sharded(self, product, x2):
-        """The product inside ``shard_map`` (each chip its share of codes and scales)."""
+    def _sharded(self, product, x2, other=None):
+        """The product inside ``shard_map`` (each chip its share of codes and scales);
+        ``other``: a second kernel of the same layout whose local weight ``product`` takes
+        after this one's (the gated call's up)."""
         axis, split = self.model_axis, self.split
         depth_spec = axis if split == "depth" else None
         column_spec = axis if split == "columns" else None
         leaf_spec = PartitionSpec(depth_spec, column_spec)
         local_shape = self._local_shape()
-        weight = self.weight
+        kernels = [self] if other is None else [self, other]
+        leaves = [leaf for kernel in kernels for leaf in _leaves(kernel.weight)]
+        per_weight = len(leaves) // len(kernels)
 
-        leaves = [weight.values, weight.scales] + ([weight.mins] if weight.mins is not None else [])
-
-        def local(x, values, scales, *mins):
-            w = dataclasses.replace(
-                weight,
-                values=values,
-                scales=scales,
-                mins=mins[0] if mins else None,
-                shape=local_shape,
-            )
-            out = product(x, w)
+        def local(x, *leaves):
+            weights = [
+                dataclasses.replace(
+                    kernel.weight,
+                    values=leaves[i * per_weight],
+                    scales=leaves[i * per_weight + 1],
+                    mins=leaves[i * per_weight + 2] if per_weight == 3 else None,
+                    shape=local_shape,
+                )
+                for i, kernel in enumerate(kernels)
+            ]
+            out = product(x, *weights)
             return jax.lax.psum(out, axis) if split == "depth" else out
 
         return jax.shard_map(
@@ -164,6 +198,10 @@ class StreamedQuantizedWeight:
             out_specs=PartitionSpec(None, column_spec),
             check_vma=False,
         )(x2, *leaves)
+
+
+def _leaves(weight) -> list:
+    return [weight.values, weight.scales] + ([weight.mins] if weight.mins is not None else [])
 
 
 def _as_float32(leaf):

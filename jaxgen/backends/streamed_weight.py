@@ -19,7 +19,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pallas_kernels.tpu.streamed_matmul import LANES, streamed_matmul_plan, streamed_matmul_tpu
+from pallas_kernels.tpu.streamed_matmul import (
+    GATED_ACTIVATIONS,
+    LANES,
+    streamed_gated_matmul_tpu,
+    streamed_matmul_plan,
+    streamed_matmul_tpu,
+)
 
 # Above this many rows a product is compute-bound and XLA's dot, tiled over rows and columns,
 # is the better tool.
@@ -80,18 +86,40 @@ class StreamedWeight:
         if not self._streams(rows, x2.dtype):
             weight = self.values.T if self.transposed else self.values
             return jnp.dot(x, weight)[..., :columns]  # slicing the output keeps w's split
-        interpret = False
-        if self.interpret:
-            from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
-
-            interpret = pltpu.InterpretParams()
         product = functools.partial(
-            streamed_matmul_tpu, transposed=self.transposed, interpret=interpret
+            streamed_matmul_tpu, transposed=self.transposed, interpret=interpret_params(self)
         )
         if self.mesh is None:
             out = product(x2, self.values)
         else:
             out = self._sharded(product, x2)
+        return out[:, :columns].reshape(*x.shape[:-1], columns)
+
+    @staticmethod
+    def matmul_gated(x, gate, up, activation: str, live_rows=None):
+        """``act(x @ gate) * (x @ up)`` in one streamed call (``[..., K] -> [..., N]``), or None
+        where the kernel does not take it (the caller then runs the two matmuls)."""
+        rows = math.prod(x.shape[:-1])
+        if not gated_streams(gate, up, activation) or gate.transposed:
+            return None
+        if not gate._streams(rows, x.dtype, num_weights=2):
+            return None
+        product = functools.partial(
+            streamed_gated_matmul_tpu, activation=activation, interpret=interpret_params(gate)
+        )
+        depth, columns = gate.shape
+        x2 = x.reshape(rows, depth)
+        if gate.mesh is None:
+            out = product(x2, gate.values, up.values)
+        else:
+            spec = PartitionSpec(None, gate.model_axis if gate.split == "columns" else None)
+            out = jax.shard_map(
+                product,
+                mesh=gate.mesh,
+                in_specs=(PartitionSpec(), spec, spec),
+                out_specs=spec,
+                check_vma=False,
+            )(x2, gate.values, up.values)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     def _local_shape(self) -> tuple[int, int]:
@@ -101,11 +129,13 @@ class StreamedWeight:
         degree = self.mesh.shape[self.model_axis]
         return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
 
-    def _streams(self, rows: int, dtype) -> bool:
+    def _streams(self, rows: int, dtype, num_weights: int = 1) -> bool:
         if rows > MAX_STREAMED_ROWS or dtype != self.values.dtype:
             return False
         depth, columns = self._local_shape()
-        return streamed_matmul_plan(rows, depth, columns, jnp.dtype(dtype).itemsize) is not None
+        itemsize = jnp.dtype(dtype).itemsize
+        plan = streamed_matmul_plan(rows, depth, columns, itemsize, num_weights=num_weights)
+        return plan is not None
 
     def _sharded(self, product, x2):
         """The product inside ``shard_map`` over the mesh (each chip its share of w)."""
@@ -130,6 +160,28 @@ class StreamedWeight:
             out_specs=PartitionSpec(None, column_spec),
             check_vma=False,
         )(x2, self.values)
+
+
+def interpret_params(kernel):
+    """What a streamed kernel passes Pallas as ``interpret``: False, or the TPU interpreter's
+    parameters for a kernel made for tests on CPU."""
+    if not kernel.interpret:
+        return False
+    from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
+
+    return pltpu.InterpretParams()
+
+
+def gated_streams(gate, up, activation: str) -> bool:
+    """Whether a gate and an up kernel can share one gated call: the same type, layout and split
+    (never over depth: the activation needs the whole sums), and an activation the kernel has."""
+
+    def layout(kernel):
+        leaves = jax.tree_util.tree_leaves(kernel)
+        shapes = [(leaf.shape, leaf.dtype) for leaf in leaves]
+        return type(kernel), jax.tree_util.tree_structure(kernel), shapes
+
+    return activation in GATED_ACTIVATIONS and layout(gate) == layout(up) and gate.split != "depth"
 
 
 def _split(value, mesh, model_axis, depth_axis) -> str | None:

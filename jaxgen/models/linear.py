@@ -9,7 +9,9 @@ panel-packed ``PackedWeight``), so :func:`matmuls` dispatches on the kernel alon
 - any other object (a ``jaxgen.quantization.QuantizedWeight``: ``x @ dequantize()`` in XLA;
   a backend's packed form): its own ``kernel.matmul(x, live_rows)``, and when every kernel of a group
   (q/k/v, gate/up; :func:`apply_linears`) has the same such type, one
-  ``type(kernel).matmul_group(x, kernels, live_rows)`` call (one native job, not several).
+  ``type(kernel).matmul_group(x, kernels, live_rows)`` call (one native job, not several);
+  a gated MLP's gate and up may go to one ``type(kernel).matmul_gated(x, gate, up, activation,
+  live_rows)`` call (:func:`gated_matmul`), which computes ``act(x @ gate) * (x @ up)``.
 
 ``live_rows`` ([2, 2] int32 [begin, end) spans of the real decode and prefill rows) lets such a
 kernel skip bucket padding rows, which come out as zeros. The backend owns the kernel and its
@@ -65,6 +67,15 @@ def matmul(x: jax.Array, kernel, live_rows: jax.Array | None = None) -> jax.Arra
     if isinstance(kernel, (jax.Array, np.ndarray)):
         return jnp.dot(x, kernel)
     return kernel.matmul(x, live_rows)
+
+
+def gated_matmul(x: jax.Array, gate, up, activation: str, live_rows=None) -> jax.Array | None:
+    """``act(x @ gate) * (x @ up)`` in one call when both kernels are of one type that has a
+    ``matmul_gated`` and it takes them; None otherwise (the caller computes it itself)."""
+    kind = type(gate)
+    if type(up) is not kind or not hasattr(kind, "matmul_gated"):
+        return None
+    return kind.matmul_gated(x, gate, up, activation, live_rows)
 
 
 def matmuls(x: jax.Array, kernels: list, live_rows: jax.Array | None = None) -> list[jax.Array]:

@@ -1,5 +1,5 @@
 """Pure-jnp references for the TPU kernels (attention and the KV update on the same interleaved
-pool layout; the streamed matmul)."""
+pool layout; the streamed matmuls; RoPE)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.tpu.kv_cache_update import deinterleave_kv, interleave_kv
+from pallas_kernels.tpu.streamed_matmul import gated
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -98,3 +99,15 @@ def rotary_embedding_reference(
     cos, sin = cos[:, None, :], sin[:, None, :]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
+
+
+def streamed_gated_matmul_reference(
+    x: jax.Array,  # [M, K]
+    gate: jax.Array,  # [K, N] (a dequantised weight, for the quantised kernel)
+    up: jax.Array,  # [K, N]
+    activation: str,
+) -> jax.Array:  # [M, N], x's dtype
+    """``act(x @ gate) * (x @ up)`` as the gated kernels round it (``streamed_matmul.gated``)."""
+    gate_product = jnp.dot(x, gate.astype(x.dtype), preferred_element_type=jnp.float32)
+    up_product = jnp.dot(x, up.astype(x.dtype), preferred_element_type=jnp.float32)
+    return gated(gate_product, up_product, activation, x.dtype)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.tpu.streamed_matmul import LANES
+from pallas_kernels.tpu.streamed_matmul import GATED_ACTIVATIONS, LANES, gated
 
 # VMEM per column block: two slots of codes and scales plus the dequantised f32 block.
 BLOCK_VMEM_BYTES = 16 * 2**20
@@ -76,16 +76,24 @@ def float16_bits_to_float32(bits: jax.Array) -> jax.Array:
 
 
 def streamed_matmul_quantized_plan(
-    rows: int, depth: int, columns: int, group_size: int, *, packed_scales: bool = False
+    rows: int,
+    depth: int,
+    columns: int,
+    group_size: int,
+    *,
+    packed_scales: bool = False,
+    num_weights: int = 1,
 ):
-    """Columns per block for ``[rows, depth] @ dequant([depth, columns])``, or None when the
-    kernel does not fit (columns not a multiple of 128, groups not whole sublane tiles, an odd
-    number of groups for ``packed_scales``, or ``x`` too large for VMEM)."""
+    """Columns per block for ``[rows, depth] @ dequant([depth, columns])`` (``num_weights`` of
+    them streamed side by side), or None when the kernel does not fit (columns not a multiple
+    of 128, groups not whole sublane tiles, an odd number of groups for ``packed_scales``, or
+    ``x`` too large for VMEM)."""
     if columns % LANES or group_size % 16 or depth % group_size:
         return None
     if packed_scales and (depth // group_size) % 2:
         return None
-    per_column = 2 * depth + 2 * 4 * (depth // group_size) * 2 + 6 * depth  # codes, scales, f32
+    # codes, scales, f32
+    per_column = num_weights * (2 * depth + 2 * 4 * (depth // group_size) * 2 + 6 * depth)
     candidates = [
         width
         for width in range(LANES, columns + 1, LANES)
@@ -96,14 +104,23 @@ def streamed_matmul_quantized_plan(
     return max(candidates)
 
 
-def _kernel(*refs, kind: str, group_size: int, block_columns: int, has_mins: bool):
-    # x_refs: [M, K] (int8), or x_even, x_odd [M, K / 2] (int4); then codes, scales[, mins] in
-    # HBM; out_ref [M, block_columns]; then the buffers [2, ...] and DMA semaphores [3].
+def _kernel(
+    *refs,
+    kind: str,
+    group_size: int,
+    block_columns: int,
+    has_mins: bool,
+    activation: str | None,
+):
+    # x_refs: [M, K] (int8), or x_even, x_odd [M, K / 2] (int4); then each weight's codes,
+    # scales[, mins] in HBM (one weight, or gate and up with an ``activation``); out_ref
+    # [M, block_columns]; then the buffers [2, ...] of every leaf and DMA semaphores [leaves].
     num_x = 1 if kind == "int8" else 2
+    num_leaves = (2 + has_mins) * (1 if activation is None else 2)
     x_refs = refs[:num_x]
-    hbm = refs[num_x : num_x + 2 + has_mins]
-    out_ref = refs[num_x + 2 + has_mins]
-    buffers = refs[num_x + 3 + has_mins : num_x + 5 + 2 * has_mins]
+    hbm = refs[num_x : num_x + num_leaves]
+    out_ref = refs[num_x + num_leaves]
+    buffers = refs[num_x + num_leaves + 1 : num_x + 2 * num_leaves + 1]
     semaphores = refs[-1]
     block, num_blocks = pl.program_id(0), pl.num_programs(0)
 
@@ -129,7 +146,25 @@ def _kernel(*refs, kind: str, group_size: int, block_columns: int, has_mins: boo
         for copy in copies(block + 1, 1 - slot):
             copy.start()
 
-    codes = buffers[0][slot]  # [K or K / 2, W]
+    per_weight = 2 + has_mins
+    products = [
+        _block_product(
+            x_refs,
+            [buffer[slot] for buffer in buffers[i : i + per_weight]],
+            kind=kind,
+            has_mins=has_mins,
+        )
+        for i in range(0, num_leaves, per_weight)
+    ]
+    if activation is None:
+        out_ref[...] = products[0].astype(out_ref.dtype)
+    else:
+        out_ref[...] = gated(*products, activation, out_ref.dtype)
+
+
+def _block_product(x_refs, leaves, *, kind: str, has_mins: bool):
+    """``x @ dequant(block)`` in float32 for one weight's block of codes, scales[, mins]."""
+    codes = leaves[0]  # [K or K / 2, W]
 
     def as_float32(buffer):  # [G, W] float, or [G / 2, W] packed float16 pairs -> [G, W] f32
         if buffer.dtype != jnp.int32:
@@ -138,8 +173,8 @@ def _kernel(*refs, kind: str, group_size: int, block_columns: int, has_mins: boo
         high = float16_bits_to_float32((buffer >> 16) & 0xFFFF)
         return jnp.concatenate([low, high], axis=0)
 
-    scales = as_float32(buffers[1][slot])  # [G, W]
-    mins = as_float32(buffers[2][slot]) if has_mins else None
+    scales = as_float32(leaves[1])  # [G, W]
+    mins = as_float32(leaves[2]) if has_mins else None
     groups, width = scales.shape
 
     def dequantize(unsigned_or_signed):  # [rows, W] codes of one half -> x's dtype
@@ -151,15 +186,13 @@ def _kernel(*refs, kind: str, group_size: int, block_columns: int, has_mins: boo
         return weight.reshape(groups * rows_per_group, width).astype(x_refs[0].dtype)
 
     if kind == "int8":
-        product = jnp.dot(x_refs[0][...], dequantize(codes), preferred_element_type=jnp.float32)
-    else:
-        packed = codes.astype(jnp.int32)
-        low, high = packed & 0x0F, packed >> 4
-        if not has_mins:  # symmetric: s * (u - 8)
-            low, high = low - 8, high - 8
-        product = jnp.dot(x_refs[0][...], dequantize(low), preferred_element_type=jnp.float32)
-        product += jnp.dot(x_refs[1][...], dequantize(high), preferred_element_type=jnp.float32)
-    out_ref[...] = product.astype(out_ref.dtype)
+        return jnp.dot(x_refs[0][...], dequantize(codes), preferred_element_type=jnp.float32)
+    packed = codes.astype(jnp.int32)
+    low, high = packed & 0x0F, packed >> 4
+    if not has_mins:  # symmetric: s * (u - 8)
+        low, high = low - 8, high - 8
+    product = jnp.dot(x_refs[0][...], dequantize(low), preferred_element_type=jnp.float32)
+    return product + jnp.dot(x_refs[1][...], dequantize(high), preferred_element_type=jnp.float32)
 
 
 def streamed_matmul_quantized_tpu(
@@ -170,12 +203,41 @@ def streamed_matmul_quantized_tpu(
 ) -> jax.Array:  # [M, N], x's dtype
     """``x @ weight.dequantize()`` with the codes and scales streamed from HBM (module
     docstring). ``interpret``: False, or ``pltpu.InterpretParams`` to run on CPU."""
+    return _quantized_call(x, (weight,), activation=None, interpret=interpret)
+
+
+def streamed_gated_matmul_quantized_tpu(
+    x: jax.Array,  # [M, K]
+    gate,  # QuantizedWeight [K, N], as for streamed_matmul_quantized_tpu
+    up,  # QuantizedWeight [K, N], of gate's kind, group size and scale layout
+    *,
+    activation: str = "silu",
+    interpret=False,
+) -> jax.Array:  # [M, N], x's dtype
+    """``act(x @ dequant(gate)) * (x @ dequant(up))`` (``streamed_matmul.gated``), both
+    weights streamed side by side; ``activation``: a name in ``GATED_ACTIVATIONS``."""
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {', '.join(map(repr, GATED_ACTIVATIONS))}, "
+            f"got {activation!r}"
+        )
+    layout = [(w.kind, w.shape, w.group_size, w.scales.dtype, w.mins is None) for w in (gate, up)]
+    if layout[0] != layout[1]:
+        raise ValueError(
+            "gate and up must share kind, shape, group size and scale layout, got "
+            f"{layout[0]} and {layout[1]}"
+        )
+    return _quantized_call(x, (gate, up), activation=activation, interpret=interpret)
+
+
+def _validate(x, weight):
+    """The width of a column block for ``x @ weight``; ValueError for what the kernel cannot
+    take."""
     if weight.kind not in ("int8", "int4"):
         raise ValueError(f"weight.kind must be 'int8' or 'int4', got {weight.kind!r}")
     depth, columns = weight.shape
     if x.ndim != 2 or x.shape[1] != depth:
         raise ValueError(f"x must be [M, {depth}] for a {weight.shape} weight, got {x.shape}")
-    rows = x.shape[0]
     groups = depth // weight.group_size
     packed = weight.scales.dtype == jnp.int32
     for name, leaf in (("scales", weight.scales), ("mins", weight.mins)):
@@ -195,8 +257,22 @@ def streamed_matmul_quantized_tpu(
             )
         if leaf.shape != expected:
             raise ValueError(f"weight.{name} must be {expected}, got {leaf.shape}")
+
+
+def _quantized_call(x, weights, *, activation, interpret):
+    for weight in weights:
+        _validate(x, weight)
+    weight = weights[0]
+    depth, columns = weight.shape
+    rows = x.shape[0]
+    packed = weight.scales.dtype == jnp.int32
     width = streamed_matmul_quantized_plan(
-        rows, depth, columns, weight.group_size, packed_scales=packed
+        rows,
+        depth,
+        columns,
+        weight.group_size,
+        packed_scales=packed,
+        num_weights=len(weights),
     )
     if width is None:
         raise ValueError(
@@ -204,12 +280,14 @@ def streamed_matmul_quantized_tpu(
             "not fit the quantised streamed matmul (see streamed_matmul_quantized_plan)"
         )
     has_mins = weight.mins is not None
-    leaves = [weight.values, weight.scales] + ([weight.mins] if has_mins else [])
+    leaves = [
+        leaf for w in weights for leaf in [w.values, w.scales] + ([w.mins] if has_mins else [])
+    ]
     xs = [x] if weight.kind == "int8" else [x[:, 0::2], x[:, 1::2]]
     leaf_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
     cost = pl.CostEstimate(
-        flops=2 * rows * depth * columns,
-        transcendentals=0,
+        flops=2 * len(weights) * rows * depth * columns,
+        transcendentals=0 if activation is None else rows * columns,
         bytes_accessed=leaf_bytes + (rows * depth + rows * columns) * x.dtype.itemsize,
     )
     hbm = pltpu.HBM
@@ -219,9 +297,11 @@ def streamed_matmul_quantized_tpu(
         group_size=weight.group_size,
         block_columns=width,
         has_mins=has_mins,
+        activation=activation,
     )
     vmem = 2 * sum(leaf.shape[0] * width * leaf.dtype.itemsize for leaf in leaves)
-    vmem += 6 * depth * width + 4 * rows * (depth + width) * 4
+    vmem += len(weights) * 6 * depth * width + 4 * rows * (depth + width) * 4
+    name = "streamed_matmul" if activation is None else "streamed_gated_matmul"
     return pl.pallas_call(
         kernel,
         grid=(columns // width,),
@@ -230,14 +310,14 @@ def streamed_matmul_quantized_tpu(
         out_specs=pl.BlockSpec((rows, width), lambda block: (0, block)),
         out_shape=jax.ShapeDtypeStruct((rows, columns), x.dtype),
         scratch_shapes=[pltpu.VMEM((2, leaf.shape[0], width), leaf.dtype) for leaf in leaves]
-        + [pltpu.SemaphoreType.DMA((3,))],
+        + [pltpu.SemaphoreType.DMA((len(leaves),))],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             vmem_limit_bytes=min(max(vmem + 8 * 2**20, 16 * 2**20), 100 * 2**20),
         ),
         cost_estimate=cost,
         interpret=interpret,
-        name=f"streamed_matmul_{weight.kind}",
+        name=f"{name}_{weight.kind}",
     )(
         *xs,
         *(leaf if interpret else pltpu.with_memory_space_constraint(leaf, hbm) for leaf in leaves),
