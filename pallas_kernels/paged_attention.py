@@ -35,9 +35,15 @@ def codes_to_float(codes: jax.Array) -> jax.Array:
     return codes.astype(jnp.float32)
 
 
+# An 8-bit KV pool's scales on every backend: one per SCALE_GROUP head_dim elements (the whole
+# head when head_dim is not a multiple), in SCALE_DTYPE (paired pools store its bits as uint16).
+SCALE_GROUP = 32
+SCALE_DTYPE = jnp.dtype(jnp.bfloat16)
+
+
 def scales_to_float(bits: jax.Array) -> jax.Array:
     """An 8-bit pool's scales, stored as the uint16 bits of bfloat16 values, as float32."""
-    return lax.bitcast_convert_type(bits, jnp.bfloat16).astype(jnp.float32)
+    return lax.bitcast_convert_type(bits, SCALE_DTYPE).astype(jnp.float32)
 
 
 def gather_pages(

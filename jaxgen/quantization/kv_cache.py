@@ -28,11 +28,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention import codes_to_float, scales_to_float
+from pallas_kernels.paged_attention import (
+    SCALE_DTYPE,
+    SCALE_GROUP,
+    codes_to_float,
+    scales_to_float,
+)
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-SCALE_GROUP = 32  # head_dim elements per scale (the whole head when head_dim is not a multiple)
-SCALE_DTYPE = jnp.bfloat16  # stored as its uint16 bits (below)
 # kind: (stored dtype, dtype of the codes, largest code)
 _STORAGE = {"int8": (jnp.int8, jnp.int8, 127.0), "fp8": (jnp.uint8, jnp.float8_e4m3fn, 448.0)}
 

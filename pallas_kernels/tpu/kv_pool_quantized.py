@@ -29,6 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.paged_attention import SCALE_DTYPE, SCALE_GROUP
 from pallas_kernels.tpu.kv_cache_update import (
     LANES,
     interleave_kv,
@@ -36,8 +37,6 @@ from pallas_kernels.tpu.kv_cache_update import (
     padded_num_kv_heads,
 )
 
-SCALE_GROUP = 32
-SCALE_DTYPE = jnp.dtype(jnp.bfloat16)
 SCALE_TILE_ROWS = 16  # sublanes of a bfloat16 tile (two values per 32-bit word)
 CODE_DTYPES = {"int8": (jnp.dtype(jnp.int8), 127.0), "fp8": (jnp.dtype(jnp.float8_e4m3fn), 448.0)}
 
