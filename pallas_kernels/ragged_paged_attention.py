@@ -22,11 +22,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.kv_codes import EIGHT_BIT_DTYPES, codes_to_float, scales_to_float
 from pallas_kernels.paged_attention import (
-    EIGHT_BIT_DTYPES,
     FLOAT_DTYPES,
     MASK_VALUE,
-    codes_to_float,
     compiler_params,
     default_pages_per_compute_block,
     gather_pages,
@@ -34,7 +33,6 @@ from pallas_kernels.paged_attention import (
     next_power_of_2,
     normalize,
     online_softmax_step,
-    scales_to_float,
     validate_common,
     validate_int_array,
     validate_scales,

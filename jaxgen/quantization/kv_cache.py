@@ -28,12 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention import (
-    SCALE_DTYPE,
-    SCALE_GROUP,
-    codes_to_float,
-    scales_to_float,
-)
+from pallas_kernels.kv_codes import SCALE_DTYPE, SCALE_GROUP, codes_to_float, scales_to_float
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 # kind: (stored dtype, dtype of the codes, largest code)

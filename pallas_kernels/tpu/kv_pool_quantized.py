@@ -29,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged_attention import SCALE_DTYPE, SCALE_GROUP
+from pallas_kernels.kv_codes import SCALE_DTYPE, SCALE_GROUP
 from pallas_kernels.tpu.kv_cache_update import (
     LANES,
     interleave_kv,
