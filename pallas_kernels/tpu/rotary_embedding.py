@@ -6,8 +6,9 @@ XLA splits the rotation into several fusions around a float32 copy of ``x`` in a
 This kernel reads ``x`` once and writes it once: each 128-lane chunk of ``x`` (one head, or
 several heads of 64 or 32 lanes) is turned to float32, its halves swapped by two lane rotations
 (``pltpu.roll``) and a select, and ``x * cos + swapped * sin`` written back, where the tables
-hold ``[cos, cos]`` and ``[-sin, sin]`` per head. That is the reference's arithmetic exactly:
-``x1 * cos - x2 * sin == x1 * cos + x2 * (-sin)``.
+hold ``[cos, cos]`` and ``[-sin, sin]`` per head. These are the reference's products and sums
+(``x1 * cos - x2 * sin == x1 * cos + x2 * (-sin)``); a compiler that fuses a multiply-add may
+round the last digit differently.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ BLOCK_BYTES = 2 * 2**20  # of x per grid step
 
 def rotary_embedding_supported(num_heads: int, head_dim: int) -> bool:
     """Whether the kernel takes ``[T, num_heads, head_dim]``: heads that tile 128 lanes (32,
-    64 or 128 dims, or multiples of 128), and whole 128-lane rows."""
+    64 or 128 dims, or multiples of 128); a row may end in a part of a 128-lane chunk."""
     fits = LANES % head_dim == 0 if head_dim <= LANES else head_dim % LANES == 0
     return head_dim % 2 == 0 and fits
 
@@ -81,7 +82,7 @@ def rotary_embedding_tpu(
         )
     if not rotary_embedding_supported(num_heads, head_dim):
         raise ValueError(
-            f"x {x.shape}: the kernel needs heads that tile 128 lanes and whole 128-lane rows "
+            f"x {x.shape}: the kernel needs heads that tile 128 lanes "
             "(rotary_embedding_supported); use the jnp rotation"
         )
     width, itemsize = num_heads * head_dim, x.dtype.itemsize

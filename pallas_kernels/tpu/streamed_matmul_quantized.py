@@ -231,8 +231,7 @@ def streamed_gated_matmul_quantized_tpu(
 
 
 def _validate(x, weight):
-    """The width of a column block for ``x @ weight``; ValueError for what the kernel cannot
-    take."""
+    """A ValueError for an ``x`` or ``weight`` the kernel cannot take."""
     if weight.kind not in ("int8", "int4"):
         raise ValueError(f"weight.kind must be 'int8' or 'int4', got {weight.kind!r}")
     depth, columns = weight.shape
