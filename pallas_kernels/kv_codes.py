@@ -20,9 +20,10 @@ def codes_to_float(codes: jax.Array) -> jax.Array:
     return codes.astype(jnp.float32)
 
 
-# An 8-bit KV pool's scales on every backend: one per SCALE_GROUP head_dim elements (the whole
-# head when head_dim is not a multiple), in SCALE_DTYPE (paired pools store its bits as uint16).
-SCALE_GROUP = 32
+# An 8-bit KV pool's scales on every backend: one per token, KV head and SCALE_GROUP head_dim
+# elements, i.e. one per head when head_dim is at most 128 or no multiple of it (a 256-wide head
+# has two), in SCALE_DTYPE (paired pools store its bits as uint16).
+SCALE_GROUP = 128
 SCALE_DTYPE = jnp.dtype(jnp.bfloat16)
 
 

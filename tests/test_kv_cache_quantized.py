@@ -20,16 +20,16 @@ BACKENDS = ["reference"] + (["cpu"] if jax.default_backend() == "cpu" else [])
 @pytest.mark.parametrize("dtype, tolerance", [("int8", 0.5 / 127), ("fp8", 2.0**-4)])
 def test_write_then_gather_is_within_half_a_step(dtype, tolerance):
     rng = np.random.default_rng(0)
-    pages = kv_cache.zeros(dtype, (2, 4, 8, 64), jnp.float32)  # [Hkv, P, S, D]
-    scale = np.asarray([1.0] * 32 + [30.0] * 32)
-    new = jnp.asarray(rng.standard_normal((5, 2, 64)) * scale, jnp.float32)
+    pages = kv_cache.zeros(dtype, (2, 4, 8, 256), jnp.float32)  # [Hkv, P, S, D]
+    scale = np.asarray([1.0] * 128 + [30.0] * 128)
+    new = jnp.asarray(rng.standard_normal((5, 2, 256)) * scale, jnp.float32)
     slots = jnp.asarray([8, 9, 17, 31, 10], jnp.int32)
     pages = kv_cache.write(pages, new, slots)
     gathered = pages.gather(jnp.arange(4, dtype=jnp.int32))  # [Hkv, P, S, D]
-    flat = np.asarray(gathered).reshape(2, 32, 64)[:, np.asarray(slots)].swapaxes(0, 1)
-    # each 32-element group has its own scale: the small half keeps its precision
-    bound = np.abs(np.asarray(new)).reshape(5, 2, 2, 32).max(-1, keepdims=True) * tolerance
-    error = np.abs(flat - np.asarray(new)).reshape(5, 2, 2, 32)
+    flat = np.asarray(gathered).reshape(2, 32, 256)[:, np.asarray(slots)].swapaxes(0, 1)
+    # a 256-wide head has a scale per 128 elements: the small half keeps its precision
+    bound = np.abs(np.asarray(new)).reshape(5, 2, 2, 128).max(-1, keepdims=True) * tolerance
+    error = np.abs(flat - np.asarray(new)).reshape(5, 2, 2, 128)
     assert (error <= bound * 1.01 + 1e-7).all()
 
 
@@ -115,9 +115,9 @@ def test_bytes_per_token(tiny_model_dir):
         for dtype in ("auto", "int8", "fp8")
     }
     head_dim = loaded.config.head_dim
-    groups = head_dim // 32 if head_dim % 32 == 0 else 1
-    # float32 values; one byte per code plus a bfloat16 scale per group
-    per_head = {"auto": 4 * head_dim, "int8": head_dim + 2 * groups, "fp8": head_dim + 2 * groups}
+    assert head_dim <= 128
+    # float32 values; one byte per code plus one bfloat16 scale per head
+    per_head = {"auto": 4 * head_dim, "int8": head_dim + 2, "fp8": head_dim + 2}
     for dtype, row in stats.items():
         expected = 2 * loaded.config.num_layers * loaded.config.num_kv_heads * per_head[dtype]
         assert row["kv_bytes_per_token"] == expected

@@ -117,9 +117,10 @@ def quantized_pool(pages, dtype):
 @pytest.mark.parametrize(
     "num_heads, num_kv_heads, head_dim, page_size, soft_cap, sliding_window",
     [
-        (9, 3, 64, 16, None, None),  # SmolLM2's GQA shape: two scale groups per head
-        pytest.param(8, 1, 128, 4, 30.0, None, marks=pytest.mark.slow),  # MQA, soft cap, 4 groups
-        (8, 2, 40, 8, None, 11),  # one group per head (40 is no multiple of 32), window
+        (9, 3, 64, 16, None, None),  # SmolLM2's GQA shape: one scale per head
+        pytest.param(8, 1, 128, 4, 30.0, None, marks=pytest.mark.slow),  # MQA, soft cap
+        (4, 1, 256, 4, None, None),  # two scale groups per head (a 256-wide head)
+        (8, 2, 40, 8, None, 11),  # one scale per head (40 is no multiple of 128), window
         (4, 2, 20, 4, None, None),  # head_dim not a multiple of 8: the portable loops
     ],
 )

@@ -65,7 +65,7 @@ def test_engine_greedy_tokens_match_reference(tiny_loaded):
 @pytest.mark.slow
 def test_engine_8bit_pool_greedy_tokens_match_reference(tiny_loaded):
     """An int8 pool: the TPU kernels (update + attention dequantising in VMEM) and the
-    reference backend quantise alike (per token and 32 lanes), so their greedy tokens agree."""
+    reference backend quantise alike (per token and KV head), so their greedy tokens agree."""
     prompts = [list(range(100, 140)), list(range(7, 30))]
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     outs = {}

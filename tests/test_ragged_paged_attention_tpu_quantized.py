@@ -1,4 +1,4 @@
-"""The TPU kernels on an 8-bit pool (int8 / fp8 codes + per-token group scales): the update
+"""The TPU kernels on an 8-bit pool (int8 / fp8 codes + per-token, per-head scales): the update
 kernel against its scatter reference, attention against the pure-jnp reference on the same pool
 dequantised (interpret mode on CPU: shuffled page tables, page-boundary lengths, prefill chunks),
 and AOT Mosaic compiles for a v5e chip."""
@@ -94,6 +94,18 @@ CASES = [
         id="int8-bf16-mqa-d128-window",
         marks=pytest.mark.slow,
     ),
+    pytest.param(
+        "int8",
+        jnp.bfloat16,
+        4,
+        2,
+        256,
+        128,
+        None,
+        None,
+        id="int8-bf16-gqa2-d256-two-scale-groups",
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
@@ -145,7 +157,7 @@ def test_8bit_pool_rejects_bad_inputs():
     q = jnp.zeros((8, 4, 64), jnp.float32)
     i32 = jnp.int32
     metadata = (jnp.zeros(2, i32), jnp.ones((2, 4), i32), jnp.zeros(3, i32), jnp.ones(1, i32))
-    bad_scales = QuantizedKVPool(pool.codes, pool.scales[:, :4])  # [P, C * G, S] needs 8 rows
+    bad_scales = QuantizedKVPool(pool.codes, pool.scales[:, :2])  # [P, C * G, S] needs 4 rows
     with pytest.raises(ValueError, match="kv_pages scales"):
         ragged_paged_attention_tpu(q, bad_scales, *metadata, scale=0.1)
     small_pages = QuantizedKVPool(pool.codes[:, :32], pool.scales[..., :32])
@@ -245,7 +257,7 @@ def test_attention_on_8bit_pool_aot_compile_v5e(
         f"accessed {measured:.4g} (8-bit KV {kv_floor:.4g}, bf16 KV would be {bf16_kv:.4g}), "
         f"temp {temp} B"
     )
-    assert page_scales * 16 == page_codes  # one bfloat16 per 32 code bytes, no padding
+    assert page_scales * HEAD_DIM // 2 == page_codes  # one bfloat16 per head's codes, no padding
     assert measured <= 1.05 * kv_floor + q_bytes
     assert measured <= 0.6 * bf16_kv + q_bytes
     assert temp < 64 * 2**20  # the pool is never copied or dequantised whole

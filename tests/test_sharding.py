@@ -172,7 +172,7 @@ def test_degrees_give_same_tokens_and_logits(mha_dir, gqa_dir):
 
 @pytest.fixture(scope="module")
 def head_dim_64_dir(tmp_path_factory, smollm2_tokenizer) -> str:
-    """2 query heads, 2 KV heads of 64 (two scale groups per head in an 8-bit pool)."""
+    """2 query heads, 2 KV heads of 64 (an 8-bit pool's codes are 64 bytes a head beside one scale)."""
     path = str(tmp_path_factory.mktemp("tiny-hd64"))
     return save_tiny_model(
         path, smollm2_tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=2
@@ -187,8 +187,8 @@ def check_kv_pool_cases(result: dict, cases: list) -> None:
         eight_bit = kv_cache_dtype != "auto"
         assert case["backend"] == backend, case
         assert case["pool"] == ("QuantizedPages" if eight_bit else "ArrayImpl"), case
-        # hd64 (2 layers, 2 KV heads of 64): codes + 2 bfloat16 scales per head, or float32.
-        per_token = {"hd64": 544 if eight_bit else 2048, "gqa": 80 if eight_bit else 256}
+        # hd64 (2 layers, 2 KV heads of 64): codes + a bfloat16 scale per head, or float32.
+        per_token = {"hd64": 528 if eight_bit else 2048, "gqa": 80 if eight_bit else 256}
         heads = 2 if degree == 1 or model == "gqa" else 1  # gqa at degree 4: replicated
         assert case["stats"] == {
             "kv_cache_dtype": kv_cache_dtype,
@@ -201,7 +201,7 @@ def check_kv_pool_cases(result: dict, cases: list) -> None:
         pages, head_dim = case["values"][0][1], 64 if model == "hd64" else 8
         assert case["values"] == [[heads, pages, 16, head_dim]] * degree
         if eight_bit:
-            assert case["scales"] == [[heads, pages, 16, head_dim // 32 or 1]] * degree
+            assert case["scales"] == [[heads, pages, 16, 1]] * degree  # one scale per head
         spec = "P('model',)" if heads == 1 else "P()"
         assert case["spec"] == [spec] * (1 + eight_bit)  # after the steps too
 

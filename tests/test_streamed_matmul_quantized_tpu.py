@@ -205,8 +205,9 @@ def test_quantised_weights_shrink_the_counted_bytes_for_v5e_4():
 def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     """Two layers of Llama-3-8B on v5e-4 (2 KV heads per chip) at batch 64 x 2048, int8
     weights: an int8 pool (codes + lane-major bfloat16 scales, pages of 128) makes the live KV
-    0.53125x of bf16's (one byte per code and two per 32 codes), the step's counted bytes fall by that much, and nothing else grows by
-    more than the update kernel's quantising of the new rows (1.6% at this commit)."""
+    0.5078x of bf16's (one byte per code and two per head of 128 codes), the step's counted
+    bytes fall by that much, and nothing else grows by more than the update kernel's quantising
+    of the new rows."""
     from jaxgen.ahead_of_time import compile_decode_step
 
     config = ModelConfig.from_hf_dict(dict(LLAMA3_8B, num_hidden_layers=2))
@@ -224,7 +225,7 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
     }
     live = {kv: r["decode_step"]["live_kv_bytes"] for kv, r in steps.items()}
     accessed = {kv: r["decode_step"]["bytes_accessed"] for kv, r in steps.items()}
-    assert live["int8"] / live["auto"] == pytest.approx(0.53125)
+    assert live["int8"] / live["auto"] == pytest.approx(0.5078125)
     assert accessed["int8"] - live["int8"] < 1.03 * (accessed["auto"] - live["auto"])
     assert steps["int8"]["per_chip_bytes"]["temp"] < 2**20  # neither pool array is copied
     assert "ragged_paged_attention_quantized" in steps["int8"]["kernels"]
@@ -235,8 +236,8 @@ def test_int8_kv_pool_shrinks_the_counted_kv_bytes_for_v5e_4():
 @pytest.mark.slow
 def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
     """Llama-3-8B (32 layers) on v5e-4 at batch 64 x 2048: int8 weights (16-bit scales) and
-    an int8 pool (bfloat16 scales) make the step's counted bytes 0.569x of bf16's at this
-    commit (the issue's target is 0.55x; docs/tpu.md says where the rest is), the floor 0.531x."""
+    an int8 pool (one bfloat16 scale per token and head) make the step's counted bytes at most
+    0.55x of bf16's, the issue's target (0.549x at this commit), the floor 0.519x."""
     from jaxgen.ahead_of_time import compile_decode_step
 
     config = ModelConfig.from_hf_dict(LLAMA3_8B)
@@ -253,8 +254,8 @@ def test_int8_weights_and_kv_counted_bytes_against_bf16_for_v5e_4():
         for weights, kv in (("none", "auto"), ("int8", "int8"))
     }
     bf16, int8 = steps[("none", "auto")], steps[("int8", "int8")]
-    assert int8["bytes_accessed"] / bf16["bytes_accessed"] < 0.575
-    assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.54
+    assert int8["bytes_accessed"] / bf16["bytes_accessed"] <= 0.55
+    assert int8["floor_bytes"] / bf16["floor_bytes"] < 0.52
 
 
 @pytest.mark.parametrize("spec", SPECS)

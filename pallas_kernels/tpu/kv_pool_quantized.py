@@ -4,21 +4,21 @@ attention kernel.
 
   codes:  [P, S, 2 * Hkv_p, Dp]  int8 / float8_e4m3fn (K and V heads interleaved, as the float pool)
   scales: [P, 2 * Hkv_p * G, S]  bfloat16, lane-major: token t's scale of row r for lanes
-                                 g * D/G .. (g+1) * D/G - 1 at [page, r * G + g, t] (G = D / 32
-                                 groups, or 1 when D is no multiple of 32: the engine's
-                                 ``kv_cache.SCALE_GROUP``)
+                                 g * D/G .. (g+1) * D/G - 1 at [page, r * G + g, t] (G = 1, or
+                                 D / 128 for heads wider than 128: ``kv_codes.SCALE_GROUP``)
 
-One scale per token, KV row and 32 lanes, as the paired-pool backends' ``QuantizedPages``
-(the measured choice: see ``jaxgen.quantization.kv_cache``), so both quantise identically.
-Tokens sit on the lanes: a page's scales are ``2 * Hkv_p * G`` rows of ``page_size`` lanes, one
-bfloat16 per 32 code bytes (6.25% of the codes; bfloat16 tiles are 16 rows, so fewer than 16
-rows pad to 16, as many bytes as 8 float32 rows). page_size must be a multiple of 128: Mosaic DMAs
-and slices lanes in whole 128-lane tiles, and a narrower page would be padded to 128 lanes in HBM
-(XLA also relaid out, i.e. copied, a 32-lane scale pool before the update kernel). The attention
-kernel applies them to score columns (K) and to probabilities (V) rather than dequantising codes,
-so no transpose is needed. A token-major layout ``[P, S, 2 * Hkv_p * G]`` would pad its last
-axis to 128 lanes: with 2 KV heads per chip that is 512 bytes of scales per token and layer, as
-many as the codes.
+One scale per token and KV row (per 128 lanes of a wider head), as the paired-pool backends'
+``QuantizedPages`` (the measured choice: see ``jaxgen.quantization.kv_cache``), so both quantise
+identically. Tokens sit on the lanes: a page's scales are ``2 * Hkv_p * G`` rows of
+``page_size`` lanes, one bfloat16 per ``D / G`` code bytes (1.6% of the codes at D = 128). XLA
+stores them unpadded in HBM (4, 8 or 16 rows take tiles of that many rows); in VMEM a bfloat16
+tile is 16 rows. page_size must be a multiple of 128: Mosaic DMAs and slices lanes in whole 128-lane
+tiles, and a narrower page would be padded to 128 lanes in HBM (XLA also relaid out, i.e.
+copied, a 32-lane scale pool before the update kernel). The attention kernel applies them to
+score columns (K) and to probabilities (V) rather than dequantising codes, so no transpose is
+needed. A token-major layout ``[P, S, 2 * Hkv_p * G]`` would pad its last axis to 128 lanes:
+with 2 KV heads per chip that is 256 bytes of scales per token and layer, half as many as the
+codes.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ CODE_DTYPES = {"int8": (jnp.dtype(jnp.int8), 127.0), "fp8": (jnp.dtype(jnp.float
 
 
 def scale_groups(head_dim: int) -> int:
-    """Scales per token and KV row: one per 32 lanes of the real head_dim (or one per row)."""
+    """Scales per token and KV row: one per ``SCALE_GROUP`` lanes of the real head_dim (or one
+    per row when head_dim is no multiple of it)."""
     return head_dim // SCALE_GROUP if head_dim % SCALE_GROUP == 0 else 1
 
 
@@ -77,7 +78,13 @@ def scale_rows(num_rows: int, head_dim: int) -> int:
 
 
 def scale_bytes_per_page(num_rows: int, head_dim: int, page_size: int) -> int:
-    """HBM bytes of one page's scales as stored: bfloat16 tiles of 16 rows x 128 lanes."""
+    """HBM bytes of one page's scales as XLA stores them: ``scale_rows`` rows of 128-lane tiles,
+    unpadded (a DMA of a page reads these)."""
+    return scale_rows(num_rows, head_dim) * -(-page_size // LANES) * LANES * SCALE_DTYPE.itemsize
+
+
+def scale_vmem_bytes_per_page(num_rows: int, head_dim: int, page_size: int) -> int:
+    """VMEM bytes of one page's scales: rows padded to bfloat16's 16-row tiles."""
     rows = -(-scale_rows(num_rows, head_dim) // SCALE_TILE_ROWS) * SCALE_TILE_ROWS
     return rows * -(-page_size // LANES) * LANES * SCALE_DTYPE.itemsize
 
@@ -117,8 +124,8 @@ def quantize_kv_rows(
     num_rows: int,
     head_dim_padded: int,
 ) -> tuple[jax.Array, jax.Array]:  # [T, C, Dp] codes, [T, C * G] bfloat16 scales
-    """Interleaves the new K/V rows (``interleave_kv``) and quantises each row's 32-lane groups
-    over their own absmax; padding rows and lanes are zero codes."""
+    """Interleaves the new K/V rows (``interleave_kv``) and quantises each row's scale groups
+    (``scale_groups``) over their own absmax; padding rows and lanes are zero codes."""
     head_dim = new_k.shape[-1]
     groups = scale_groups(head_dim)
     limit = CODE_DTYPES["int8" if jnp.dtype(code_dtype) == jnp.int8 else "fp8"][1]

@@ -31,6 +31,7 @@ from pallas_kernels.tpu.kv_pool_quantized import (
     scale_bytes_per_page,
     scale_groups,
     scale_rows,
+    scale_vmem_bytes_per_page,
 )
 from pallas_kernels.tpu.ragged_paged_attention_sizes import attention_cost, cdiv, vmem_limit
 from pallas_kernels.tpu.ragged_paged_attention_walk import (
@@ -214,7 +215,7 @@ def ragged_paged_attention_quantized(
     )  # [T_pad, Hq, Dp], no copy when nothing is padded
 
     slab_bytes = block_k * num_rows * head_dim_padded * codes.dtype.itemsize
-    slab_bytes += pages_per_block * scale_bytes_per_page(num_rows, head_dim, page_size)
+    slab_bytes += pages_per_block * scale_vmem_bytes_per_page(num_rows, head_dim, page_size)
     vmem_bytes = (
         2 * slab_bytes  # codes and scales, double-buffered
         + 4 * block_q * num_q_heads * head_dim_padded * q.dtype.itemsize  # q and out, 2 buffers
