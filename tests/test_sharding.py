@@ -245,7 +245,7 @@ def test_kv_pools_under_tensor_parallelism_on_every_paired_backend(head_dim_64_d
 
 def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
     """Lowered only (no GPU here): at degree 2 each layer's write and Triton kernel run inside
-    shard_map on one device's KV head: its codes [1, P, S, 64] int8 and scales [1, P, S, 2]."""
+    shard_map on one device's KV head: its codes [1, P, S, 64] int8 and scales [1, P, S, 1]."""
     config = dict(
         vocab_size=256,
         hidden_size=128,
@@ -263,7 +263,7 @@ def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
     assert result["shard_map_regions"] == 2
     pages = result["num_pages"]
     assert result["pool_shard_types"] == {
-        f"tensor<1x{pages}x16x2xui16>": True,
+        f"tensor<1x{pages}x16x1xui16>": True,
         f"tensor<1x{pages}x16x64xi8>": True,
     }
 

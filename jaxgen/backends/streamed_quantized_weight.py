@@ -27,6 +27,9 @@ from jaxgen.backends.streamed_weight import (
     _split,
     gated_streams,
     interpret_params,
+    kernel_input,
+    norm_keyword,
+    norm_leaves,
 )
 from jaxgen.quantization.quantized_weight import QuantizedWeight
 from pallas_kernels.tpu.streamed_matmul import LANES
@@ -58,6 +61,7 @@ class StreamedQuantizedWeight:
     model_axis: str | None = None
     interpret: bool = False
     packed_pieces: int = 0
+    norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
 
     @classmethod
     def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):
@@ -108,15 +112,19 @@ class StreamedQuantizedWeight:
             mins=None if mins is None else unpack(mins),
         )
 
-    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
-        """``x @ dequant(w)`` ([..., K] -> [..., N])."""
+    def matmul(self, x, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ dequant(w)`` ([..., K] -> [..., N]; x an array or a ``NormedInput``)."""
         depth, columns = self.shape
         rows = math.prod(x.shape[:-1])
-        if not self._streams(rows, x.dtype):
+        x, norm = kernel_input(x, self, rows, self._streams)
+        if not self._streams(rows, x.dtype, normed=norm is not None):
             return self.unpacked().matmul(x)[..., :columns]
         product = functools.partial(streamed_matmul_quantized_tpu, interpret=interpret_params(self))
         x2 = x.reshape(rows, depth)
-        out = product(x2, self.weight) if self.mesh is None else self._sharded(product, x2)
+        if self.mesh is None:
+            out = product(x2, self.weight, norm=norm)
+        else:
+            out = self._sharded(product, x2, norm=norm)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     @staticmethod
@@ -126,7 +134,9 @@ class StreamedQuantizedWeight:
         rows = math.prod(x.shape[:-1])
         if not gated_streams(gate, up, activation):
             return None
-        if not gate._streams(rows, x.dtype, num_weights=2):
+        streams = functools.partial(gate._streams, num_weights=2)
+        x, norm = kernel_input(x, gate, rows, streams)
+        if not streams(rows, x.dtype, normed=norm is not None):
             return None
         gated = functools.partial(
             streamed_gated_matmul_quantized_tpu,
@@ -136,9 +146,9 @@ class StreamedQuantizedWeight:
         depth, columns = gate.shape
         x2 = x.reshape(rows, depth)
         if gate.mesh is None:
-            out = gated(x2, gate.weight, up.weight)
+            out = gated(x2, gate.weight, up.weight, norm=norm)
         else:
-            out = gate._sharded(gated, x2, up)
+            out = gate._sharded(gated, x2, up, norm=norm)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     def _local_shape(self) -> tuple[int, int]:
@@ -148,7 +158,7 @@ class StreamedQuantizedWeight:
         degree = self.mesh.shape[self.model_axis]
         return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
 
-    def _streams(self, rows: int, dtype, num_weights: int = 1) -> bool:
+    def _streams(self, rows: int, dtype, num_weights: int = 1, normed: bool = False) -> bool:
         if rows > MAX_STREAMED_ROWS or self.weight.kind not in ("int8", "int4"):
             return False
         if dtype not in (jnp.bfloat16, jnp.float32):
@@ -161,13 +171,14 @@ class StreamedQuantizedWeight:
             self.weight.group_size,
             packed_scales=bool(self.packed_pieces),
             num_weights=num_weights,
+            normed=normed,
         )
         return plan is not None
 
-    def _sharded(self, product, x2, other=None):
-        """The product inside ``shard_map`` (each chip its share of codes and scales);
-        ``other``: a second kernel of the same layout whose local weight ``product`` takes
-        after this one's (the gated call's up)."""
+    def _sharded(self, product, x2, other=None, norm=None):
+        """The product inside ``shard_map`` (each chip its share of codes and scales; the norm's
+        weight, if any, replicated); ``other``: a second kernel of the same layout whose local
+        weight ``product`` takes after this one's (the gated call's up)."""
         axis, split = self.model_axis, self.split
         depth_spec = axis if split == "depth" else None
         column_spec = axis if split == "columns" else None
@@ -176,8 +187,12 @@ class StreamedQuantizedWeight:
         kernels = [self] if other is None else [self, other]
         leaves = [leaf for kernel in kernels for leaf in _leaves(kernel.weight)]
         per_weight = len(leaves) // len(kernels)
+        norm_weights = norm_leaves(norm)
 
-        def local(x, *leaves):
+        num_leaves = len(leaves)
+
+        def local(x, *inputs):
+            leaves, norm_weight = inputs[:num_leaves], inputs[num_leaves:]
             weights = [
                 dataclasses.replace(
                     kernel.weight,
@@ -188,16 +203,17 @@ class StreamedQuantizedWeight:
                 )
                 for i, kernel in enumerate(kernels)
             ]
-            out = product(x, *weights)
+            out = product(x, *weights, **norm_keyword(norm, norm_weight))
             return jax.lax.psum(out, axis) if split == "depth" else out
 
         return jax.shard_map(
             local,
             mesh=self.mesh,
-            in_specs=(PartitionSpec(None, depth_spec), *[leaf_spec] * len(leaves)),
+            in_specs=(PartitionSpec(None, depth_spec), *[leaf_spec] * len(leaves))
+            + (PartitionSpec(),) * len(norm_weights),
             out_specs=PartitionSpec(None, column_spec),
             check_vma=False,
-        )(x2, *leaves)
+        )(x2, *leaves, *norm_weights)
 
 
 def _leaves(weight) -> list:

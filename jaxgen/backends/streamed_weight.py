@@ -7,6 +7,9 @@ ones (compute-bound prefill) or shapes the kernel cannot tile. Pallas calls are 
 by XLA, so under tensor parallelism the call runs inside ``jax.shard_map`` with the weight's own
 split, as XLA would have placed the dot: a column-split weight (q/k/v, gate/up, LM head) gives a
 column-split output; a depth-split one (o, down) sums its partial products over the model axis.
+
+Both kernel types take a ``NormedInput`` (``norms_input``): where the call streams whole rows
+(not a depth split), the kernel norms x in VMEM; elsewhere the norm is computed in XLA first.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxgen.models.linear import NormedInput
 from pallas_kernels.tpu.streamed_matmul import (
     GATED_ACTIVATIONS,
     LANES,
@@ -51,6 +55,7 @@ class StreamedWeight:
     mesh: Mesh | None = None
     model_axis: str | None = None
     interpret: bool = False
+    norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
 
     @classmethod
     def wrap(cls, value, *, transposed=False, mesh=None, model_axis=None, interpret=False):
@@ -77,22 +82,23 @@ class StreamedWeight:
     def dtype(self):
         return self.values.dtype
 
-    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
-        """``x @ w`` ([..., K] -> [..., N]); ``live_rows`` is not needed (padding rows cost
-        only their share of a decode-sized product)."""
+    def matmul(self, x, live_rows: jax.Array | None = None) -> jax.Array:
+        """``x @ w`` ([..., K] -> [..., N]; x an array or a ``NormedInput``); ``live_rows`` is
+        not needed (padding rows cost only their share of a decode-sized product)."""
         depth, columns = self.shape
         rows = math.prod(x.shape[:-1])
-        x2 = x.reshape(rows, depth)
-        if not self._streams(rows, x2.dtype):
+        x, norm = kernel_input(x, self, rows, self._streams)
+        if not self._streams(rows, x.dtype, normed=norm is not None):
             weight = self.values.T if self.transposed else self.values
             return jnp.dot(x, weight)[..., :columns]  # slicing the output keeps w's split
         product = functools.partial(
             streamed_matmul_tpu, transposed=self.transposed, interpret=interpret_params(self)
         )
+        x2 = x.reshape(rows, depth)
         if self.mesh is None:
-            out = product(x2, self.values)
+            out = product(x2, self.values, norm=norm)
         else:
-            out = self._sharded(product, x2)
+            out = self._sharded(product, x2, norm)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     @staticmethod
@@ -102,7 +108,9 @@ class StreamedWeight:
         rows = math.prod(x.shape[:-1])
         if not gated_streams(gate, up, activation) or gate.transposed:
             return None
-        if not gate._streams(rows, x.dtype, num_weights=2):
+        streams = functools.partial(gate._streams, num_weights=2)
+        x, norm = kernel_input(x, gate, rows, streams)
+        if not streams(rows, x.dtype, normed=norm is not None):
             return None
         product = functools.partial(
             streamed_gated_matmul_tpu, activation=activation, interpret=interpret_params(gate)
@@ -110,16 +118,21 @@ class StreamedWeight:
         depth, columns = gate.shape
         x2 = x.reshape(rows, depth)
         if gate.mesh is None:
-            out = product(x2, gate.values, up.values)
+            out = product(x2, gate.values, up.values, norm=norm)
         else:
             spec = PartitionSpec(None, gate.model_axis if gate.split == "columns" else None)
+            weights, norm_weights = (gate.values, up.values), norm_leaves(norm)
+
+            def local(x, gate, up, *norm_weight):
+                return product(x, gate, up, **norm_keyword(norm, norm_weight))
+
             out = jax.shard_map(
-                product,
+                local,
                 mesh=gate.mesh,
-                in_specs=(PartitionSpec(), spec, spec),
+                in_specs=(PartitionSpec(), spec, spec) + (PartitionSpec(),) * len(norm_weights),
                 out_specs=spec,
                 check_vma=False,
-            )(x2, gate.values, up.values)
+            )(x2, *weights, *norm_weights)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     def _local_shape(self) -> tuple[int, int]:
@@ -129,16 +142,19 @@ class StreamedWeight:
         degree = self.mesh.shape[self.model_axis]
         return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
 
-    def _streams(self, rows: int, dtype, num_weights: int = 1) -> bool:
+    def _streams(self, rows: int, dtype, num_weights: int = 1, normed: bool = False) -> bool:
         if rows > MAX_STREAMED_ROWS or dtype != self.values.dtype:
             return False
         depth, columns = self._local_shape()
         itemsize = jnp.dtype(dtype).itemsize
-        plan = streamed_matmul_plan(rows, depth, columns, itemsize, num_weights=num_weights)
+        plan = streamed_matmul_plan(
+            rows, depth, columns, itemsize, num_weights=num_weights, normed=normed
+        )
         return plan is not None
 
-    def _sharded(self, product, x2):
-        """The product inside ``shard_map`` over the mesh (each chip its share of w)."""
+    def _sharded(self, product, x2, norm=None):
+        """The product inside ``shard_map`` over the mesh (each chip its share of w; the norm's
+        weight, if any, replicated)."""
         axis, split = self.model_axis, self.split
         # The weight's spec as stored: [K, N], or [N, K] when transposed.
         depth_spec, column_spec = (
@@ -149,17 +165,42 @@ class StreamedWeight:
             *((column_spec, depth_spec) if self.transposed else (depth_spec, column_spec))
         )
 
-        def local(x, w):  # x [M, K] or [M, K / chips]; w this chip's share
-            out = product(x, w)
+        norm_weights = norm_leaves(norm)
+
+        def local(x, w, *norm_weight):  # x [M, K] or [M, K / chips]; w this chip's share
+            out = product(x, w, **norm_keyword(norm, norm_weight))
             return jax.lax.psum(out, axis) if split == "depth" else out
 
         return jax.shard_map(
             local,
             mesh=self.mesh,
-            in_specs=(PartitionSpec(None, depth_spec), weight_spec),
+            in_specs=(PartitionSpec(None, depth_spec), weight_spec)
+            + (PartitionSpec(),) * len(norm_weights),
             out_specs=PartitionSpec(None, column_spec),
             check_vma=False,
-        )(x2, self.values)
+        )(x2, self.values, *norm_weights)
+
+
+def kernel_input(x, kernel, rows: int, streams) -> tuple[jax.Array, tuple | None]:
+    """``(x, norm)`` for a streamed call of ``kernel``: a ``NormedInput``'s un-normed rows and
+    ``(weight, eps)`` when the call streams (``streams(rows, dtype, normed=True)``) whole rows
+    (no depth split); otherwise x as an array (a ``NormedInput`` computed) and no norm."""
+    if not isinstance(x, NormedInput):
+        return x, None
+    if kernel.split != "depth" and streams(rows, x.dtype, normed=True):
+        return x.x, (x.weight, x.eps)
+    return x.value(), None
+
+
+def norm_leaves(norm) -> tuple:
+    """The arrays of a ``norm`` argument that enter ``shard_map`` (replicated): its weight."""
+    return () if norm is None else (norm[0],)
+
+
+def norm_keyword(norm, norm_weight: tuple) -> dict:
+    """The ``norm=`` argument of a product inside ``shard_map``, rebuilt from its weight's local
+    value; none without a norm."""
+    return {} if norm is None else {"norm": (norm_weight[0], norm[1])}
 
 
 def interpret_params(kernel):

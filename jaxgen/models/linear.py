@@ -16,9 +16,16 @@ panel-packed ``PackedWeight``), so :func:`matmuls` dispatches on the kernel alon
 ``live_rows`` ([2, 2] int32 [begin, end) spans of the real decode and prefill rows) lets such a
 kernel skip bucket padding rows, which come out as zeros. The backend owns the kernel and its
 matmul, so this module, and the models, import no kernel.
+
+The input may be a :class:`NormedInput`, an RMSNorm not yet computed: a kernel type whose
+``norms_input`` is true takes it as ``x`` of its ``matmul`` / ``matmul_gated`` and norms the rows
+itself (the pallas-tpu kernels do it in VMEM, so the normed rows never go to HBM and back); for
+any other, :func:`matmuls` and :func:`gated_matmul` compute it first, once per call.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +69,41 @@ class Linear(nnx.Module):
         return apply_linears((self,), x, live_rows)[0]
 
 
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:  # [..., D]
+    """``x / rms(x) * weight`` (computed in float32, scaled in the input's dtype, as HF Llama)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return xf.astype(x.dtype) * weight
+
+
+@dataclasses.dataclass(frozen=True)
+class NormedInput:
+    """``rms_norm(x, weight, eps)``, left for the kernels that read it (module docstring)."""
+
+    x: jax.Array  # [..., D]
+    weight: jax.Array  # [D], x's dtype
+    eps: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+    @property
+    def dtype(self):
+        return self.x.dtype
+
+    def value(self) -> jax.Array:
+        return rms_norm(self.x, self.weight, self.eps)
+
+
+def _input_for(x, kinds) -> jax.Array | NormedInput:
+    """``x`` as the kernel types ``kinds`` take it: a ``NormedInput`` computed unless all norm
+    their input themselves."""
+    if isinstance(x, NormedInput) and not all(getattr(k, "norms_input", False) for k in kinds):
+        return x.value()
+    return x
+
+
 def matmul(x: jax.Array, kernel, live_rows: jax.Array | None = None) -> jax.Array:
     """``x @ kernel`` for a kernel in any form (see the module docstring)."""
     if isinstance(kernel, (jax.Array, np.ndarray)):
@@ -69,18 +111,19 @@ def matmul(x: jax.Array, kernel, live_rows: jax.Array | None = None) -> jax.Arra
     return kernel.matmul(x, live_rows)
 
 
-def gated_matmul(x: jax.Array, gate, up, activation: str, live_rows=None) -> jax.Array | None:
+def gated_matmul(x, gate, up, activation: str, live_rows=None) -> jax.Array | None:
     """``act(x @ gate) * (x @ up)`` in one call when both kernels are of one type that has a
     ``matmul_gated`` and it takes them; None otherwise (the caller computes it itself)."""
     kind = type(gate)
     if type(up) is not kind or not hasattr(kind, "matmul_gated"):
         return None
-    return kind.matmul_gated(x, gate, up, activation, live_rows)
+    return kind.matmul_gated(_input_for(x, [kind]), gate, up, activation, live_rows)
 
 
-def matmuls(x: jax.Array, kernels: list, live_rows: jax.Array | None = None) -> list[jax.Array]:
+def matmuls(x, kernels: list, live_rows: jax.Array | None = None) -> list[jax.Array]:
     """``[x @ kernel for kernel in kernels]``; one ``matmul_group`` call when every kernel is the
     same non-array type that has one."""
+    x = _input_for(x, [type(kernel) for kernel in kernels])
     kind = type(kernels[0])
     if hasattr(kind, "matmul_group") and all(type(kernel) is kind for kernel in kernels):
         return list(kind.matmul_group(x, kernels, live_rows))

@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxgen.attention import attention
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear, apply_linears
+from jaxgen.models.linear import Linear, NormedInput, apply_linears, rms_norm
 from jaxgen.models.mlp import MLP
 from jaxgen.models.moe import SparseMoE
 
@@ -29,9 +29,11 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return xf.astype(x.dtype) * self.weight[...]
+        return rms_norm(x, self.weight[...], self.eps)
+
+    def deferred(self, x: jax.Array) -> NormedInput:
+        """The norm of ``x`` for the linears that read it, which may compute it themselves."""
+        return NormedInput(x, self.weight[...], self.eps)
 
 
 def _linear(n_in: int, n_out: int, bias: bool, dtype, rngs: nnx.Rngs) -> Linear:
@@ -96,7 +98,11 @@ class DecoderLayer(nnx.Module):
             self.mlp = MLP(config, dtype=dtype, rngs=rngs)
 
     def __call__(self, x, rope, kv_layer, md, backend):
-        attn, kv_layer = self.self_attn(self.input_layernorm(x), rope, kv_layer, md, backend)
+        # The norms are deferred to the projections that read them (``NormedInput``); the
+        # sparse MLP's router reads its input as is.
+        normed = self.input_layernorm.deferred(x)
+        attn, kv_layer = self.self_attn(normed, rope, kv_layer, md, backend)
         x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x), md.live_rows)
+        norm = self.post_attention_layernorm
+        x = x + self.mlp(norm.deferred(x) if isinstance(self.mlp, MLP) else norm(x), md.live_rows)
         return x, kv_layer

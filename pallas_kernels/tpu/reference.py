@@ -87,6 +87,14 @@ def streamed_matmul_reference(
     return jnp.dot(x, weight, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def rms_norm_reference(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:  # [M, K]
+    """RMSNorm as ``jaxgen.models.llama.RMSNorm`` computes it: ``x / rms(x)`` in float32, cast
+    to x's dtype, times ``weight`` ([K], x's dtype); the input the ``norm=`` calls multiply."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return xf.astype(x.dtype) * weight
+
+
 def rotary_embedding_reference(
     x: jax.Array,  # [T, H, D]
     cos: jax.Array,  # [T, D / 2] float32

@@ -14,6 +14,11 @@ right tool: :func:`streamed_matmul_plan` says when this kernel fits.
 :func:`streamed_gated_matmul_tpu` is the gated MLP's first half in one call: ``act(x @ gate) *
 (x @ up)``, the two weights streamed side by side, so neither product leaves VMEM (XLA writes
 both and reads them back for the activation and the product).
+
+Either call may take ``norm=(weight, eps)``: ``x`` is then the un-normed input of an RMSNorm
+whose output the product reads, and the kernel norms it in VMEM once (:func:`rms_normed`) before
+the first block, so the normed rows never go to HBM and back (XLA writes them and every
+projection reads them).
 """
 
 from __future__ import annotations
@@ -50,11 +55,17 @@ GATED_ACTIVATIONS = {
 
 
 def streamed_matmul_plan(
-    rows: int, depth: int, columns: int, itemsize: int, *, num_weights: int = 1
+    rows: int,
+    depth: int,
+    columns: int,
+    itemsize: int,
+    *,
+    num_weights: int = 1,
+    normed: bool = False,
 ):
     """The sizing for ``[rows, depth] @ [depth, columns]`` (``num_weights`` of them streamed side
-    by side), or None when the kernel does not fit (``x`` too large for VMEM, or no column
-    block that tiles ``columns``)."""
+    by side; ``normed``: x normed in VMEM first), or None when the kernel does not fit (``x``
+    too large for VMEM, or no column block that tiles ``columns``)."""
     slot_bytes = WEIGHT_BLOCK_BYTES // num_weights
     candidates = [
         width
@@ -71,6 +82,7 @@ def streamed_matmul_plan(
         + 2 * num_weights * depth * width * itemsize  # each weight's two slots
         + 2 * rows * width * itemsize  # out
         + num_weights * rows * width * 4  # the f32 products
+        + normed * (rows * depth * itemsize + depth * itemsize)  # normed x, the norm's weight
     )
     if vmem > VMEM_LIMIT:
         return None
@@ -85,6 +97,20 @@ def gated(gate, up, activation: str, dtype):
     return (GATED_ACTIVATIONS[activation](gate) * up).astype(dtype)
 
 
+def rms_normed(parts: list, weights: list, eps: float, depth: int) -> list:
+    """RMSNorm of rows held in ``parts`` ([M, K_i] each, together the ``depth`` elements of a
+    row; ``weights``: the norm's [1, K_i] pieces), as ``jaxgen.models.llama.RMSNorm`` rounds it:
+    ``x / rms(x)`` in float32 rounded to x's dtype, times the weight, rounded again."""
+    dtype = parts[0].dtype
+    floats = [part.astype(jnp.float32) for part in parts]
+    squares = sum(jnp.sum(part * part, axis=-1, keepdims=True) for part in floats)
+    inverse = jax.lax.rsqrt(squares / depth + eps)  # [M, 1]
+    return [
+        ((part * inverse).astype(dtype).astype(jnp.float32) * w.astype(jnp.float32)).astype(dtype)
+        for part, w in zip(floats, weights, strict=True)
+    ]
+
+
 def streamed_matmul_kernel(
     x_ref,
     *refs,
@@ -92,13 +118,18 @@ def streamed_matmul_kernel(
     single_block: bool,
     transposed: bool,
     activation: str | None = None,
+    eps: float | None = None,
 ):
-    # x_ref: [M, K]; refs: the weights in HBM, [K, N] ([N, K] transposed): one, or gate and up
-    # with an ``activation``; out_ref: [M, block_columns]; a buffer per weight, [2, K,
-    # block_columns] ([2, block_columns, K] transposed); DMA semaphores [2 * weights].
+    # x_ref: [M, K]; with an ``eps``, the norm's weight [1, K]; then the weights in HBM, [K, N]
+    # ([N, K] transposed): one, or gate and up with an ``activation``; out_ref: [M,
+    # block_columns]; a buffer per weight, [2, K, block_columns] ([2, block_columns, K]
+    # transposed); with an ``eps``, the normed x [M, K]; DMA semaphores [2 * weights].
     num_weights = 1 if activation is None else 2
+    normed = eps is not None
+    norm_ref, refs = (refs[0], refs[1:]) if normed else (None, refs)
     w_hbms, out_ref = refs[:num_weights], refs[num_weights]
-    buffers, semaphores = refs[num_weights + 1 : 2 * num_weights + 1], refs[-1]
+    buffers = refs[num_weights + 1 : 2 * num_weights + 1]
+    semaphores = refs[-1]
     block, num_blocks = pl.program_id(0), pl.num_programs(0)
 
     def copies(index, slot):
@@ -120,6 +151,16 @@ def streamed_matmul_kernel(
     def _():
         for copy in copies(0, 0):
             copy.start()
+
+    if normed:  # once, while the first blocks are in flight; every block reads the result
+        normed_ref = refs[2 * num_weights + 1]
+
+        @pl.when(block == 0)
+        def _():
+            depth = x_ref.shape[1]
+            normed_ref[...] = rms_normed([x_ref[...]], [norm_ref[...]], eps, depth)[0]
+
+        x_ref = normed_ref
 
     slot = block % 2
     for copy in copies(block, slot):
@@ -148,11 +189,15 @@ def streamed_matmul_tpu(
     w: jax.Array,  # [K, N], or [N, K] when transposed
     *,
     transposed: bool = False,
+    norm: tuple | None = None,
     interpret=False,
 ) -> jax.Array:  # [M, N], x's dtype
     """``x @ w`` (``x @ w.T`` when ``transposed``) with ``w`` streamed from HBM (module
-    docstring). ``interpret``: False, or ``pltpu.InterpretParams`` to run on CPU."""
-    return _streamed_call(x, (w,), transposed=transposed, activation=None, interpret=interpret)
+    docstring); ``norm``: ``(weight [K], eps)`` to multiply ``rms_norm(x)`` instead.
+    ``interpret``: False, or ``pltpu.InterpretParams`` to run on CPU."""
+    return _streamed_call(
+        x, (w,), transposed=transposed, activation=None, norm=norm, interpret=interpret
+    )
 
 
 def streamed_gated_matmul_tpu(
@@ -161,10 +206,12 @@ def streamed_gated_matmul_tpu(
     up: jax.Array,  # [K, N]
     *,
     activation: str = "silu",
+    norm: tuple | None = None,
     interpret=False,
 ) -> jax.Array:  # [M, N], x's dtype
     """``act(x @ gate) * (x @ up)`` (:func:`gated`) with both weights streamed from HBM side by
-    side; ``activation``: a name in ``GATED_ACTIVATIONS``."""
+    side; ``activation``: a name in ``GATED_ACTIVATIONS``; ``norm`` as for
+    :func:`streamed_matmul_tpu`."""
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(
             f"activation must be one of {', '.join(map(repr, GATED_ACTIVATIONS))}, "
@@ -176,11 +223,27 @@ def streamed_gated_matmul_tpu(
             f"{up.shape} {up.dtype}"
         )
     return _streamed_call(
-        x, (gate, up), transposed=False, activation=activation, interpret=interpret
+        x, (gate, up), transposed=False, activation=activation, norm=norm, interpret=interpret
     )
 
 
-def _streamed_call(x, weights, *, transposed, activation, interpret):
+def validate_norm(norm, x) -> None:
+    """A ValueError for a ``norm`` argument that is not ``(weight [K], eps)`` for this ``x``."""
+    if norm is None:
+        return
+    if not isinstance(norm, tuple) or len(norm) != 2:
+        raise ValueError(f"norm must be None or (weight, eps), got {type(norm).__name__}")
+    weight, eps = norm
+    if weight.shape != (x.shape[1],) or weight.dtype != x.dtype:
+        raise ValueError(
+            f"norm's weight must be [{x.shape[1]}] {x.dtype} like x's rows, got "
+            f"{weight.shape} {weight.dtype}"
+        )
+    if not isinstance(eps, float) or eps <= 0:
+        raise ValueError(f"norm's eps must be a positive float, got {eps!r}")
+
+
+def _streamed_call(x, weights, *, transposed, activation, norm, interpret):
     w = weights[0]
     if x.ndim != 2 or w.ndim != 2:
         raise ValueError(f"x and w must be 2-D, got x {x.shape} and w {w.shape}")
@@ -192,9 +255,12 @@ def _streamed_call(x, weights, *, transposed, activation, interpret):
         )
     if x.dtype != w.dtype:
         raise ValueError(f"x and w must share a dtype, got {x.dtype} and {w.dtype}")
+    validate_norm(norm, x)
     rows, itemsize = x.shape[0], jnp.dtype(x.dtype).itemsize
     num_weights = len(weights)
-    plan = streamed_matmul_plan(rows, depth, columns, itemsize, num_weights=num_weights)
+    plan = streamed_matmul_plan(
+        rows, depth, columns, itemsize, num_weights=num_weights, normed=norm is not None
+    )
     if plan is None:
         raise ValueError(
             f"x {x.shape} @ w {w.shape} does not fit the streamed matmul's VMEM budget "
@@ -202,11 +268,16 @@ def _streamed_call(x, weights, *, transposed, activation, interpret):
         )
     width = plan.block_columns
     buffer_block = (width, depth) if transposed else (depth, width)
+    normed = norm is not None
     cost = pl.CostEstimate(
-        flops=2 * num_weights * rows * depth * columns,
-        transcendentals=0 if activation is None else rows * columns,
-        bytes_accessed=(num_weights * depth * columns + rows * depth + rows * columns) * itemsize,
+        flops=2 * num_weights * rows * depth * columns + normed * 4 * rows * depth,
+        transcendentals=(0 if activation is None else rows * columns) + normed * rows,
+        bytes_accessed=(
+            num_weights * depth * columns + rows * depth + rows * columns + normed * depth
+        )
+        * itemsize,
     )
+    norm_inputs = [norm[0].reshape(1, depth)] if normed else []
     return pl.pallas_call(
         functools.partial(
             streamed_matmul_kernel,
@@ -214,13 +285,16 @@ def _streamed_call(x, weights, *, transposed, activation, interpret):
             single_block=width == columns,
             transposed=transposed,
             activation=activation,
+            eps=norm[1] if normed else None,
         ),
         grid=(columns // width,),
         in_specs=[pl.BlockSpec((rows, depth), lambda block: (0, 0))]
+        + [pl.BlockSpec((1, depth), lambda block: (0, 0))] * normed
         + [pl.BlockSpec(memory_space=pltpu.HBM)] * num_weights,
         out_specs=pl.BlockSpec((rows, width), lambda block: (0, block)),
         out_shape=jax.ShapeDtypeStruct((rows, columns), x.dtype),
         scratch_shapes=[pltpu.VMEM((2, *buffer_block), w.dtype)] * num_weights
+        + [pltpu.VMEM((rows, depth), x.dtype)] * normed
         + [pltpu.SemaphoreType.DMA((2 * num_weights,))],
         # Sequential: each grid step waits on the DMA the previous one started.
         compiler_params=pltpu.CompilerParams(
@@ -232,6 +306,7 @@ def _streamed_call(x, weights, *, transposed, activation, interpret):
         name="streamed_matmul_kernel" if activation is None else "streamed_gated_matmul",
     )(
         x,
+        *norm_inputs,
         *(
             weight if interpret else pltpu.with_memory_space_constraint(weight, pltpu.HBM)
             for weight in weights

@@ -16,6 +16,9 @@ number of groups; otherwise a backend gives the weight float32 scales (exact too
 int4: byte ``i`` of a column holds row ``2i`` (low nibble) and ``2i + 1`` (high nibble), so the
 product is ``x[:, 0::2] @ dequant(low) + x[:, 1::2] @ dequant(high)``: the two halves of ``x``
 are split by XLA beforehand (a few rows) and no nibble interleaving happens in VMEM.
+
+``norm=(weight, eps)`` norms ``x`` in VMEM first, as ``streamed_matmul``'s calls do (both halves
+of an int4 call's rows together).
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.tpu.streamed_matmul import GATED_ACTIVATIONS, LANES, gated
+from pallas_kernels.tpu.streamed_matmul import (
+    GATED_ACTIVATIONS,
+    LANES,
+    gated,
+    rms_normed,
+    validate_norm,
+)
 
 # VMEM per column block: two slots of codes and scales plus the dequantised f32 block.
 BLOCK_VMEM_BYTES = 16 * 2**20
@@ -83,11 +92,12 @@ def streamed_matmul_quantized_plan(
     *,
     packed_scales: bool = False,
     num_weights: int = 1,
+    normed: bool = False,
 ):
     """Columns per block for ``[rows, depth] @ dequant([depth, columns])`` (``num_weights`` of
-    them streamed side by side), or None when the kernel does not fit (columns not a multiple
-    of 128, groups not whole sublane tiles, an odd number of groups for ``packed_scales``, or
-    ``x`` too large for VMEM)."""
+    them streamed side by side; ``normed``: x normed in VMEM first), or None when the kernel
+    does not fit (columns not a multiple of 128, groups not whole sublane tiles, an odd number
+    of groups for ``packed_scales``, or ``x`` too large for VMEM)."""
     if columns % LANES or group_size % 16 or depth % group_size:
         return None
     if packed_scales and (depth // group_size) % 2:
@@ -99,7 +109,8 @@ def streamed_matmul_quantized_plan(
         for width in range(LANES, columns + 1, LANES)
         if columns % width == 0 and width * per_column <= BLOCK_VMEM_BYTES
     ]
-    if not candidates or 2 * rows * depth * 4 > VMEM_LIMIT // 3:  # x, double-buffered
+    # x, double-buffered, and its normed copy
+    if not candidates or (2 + normed) * rows * depth * 4 > VMEM_LIMIT // 3:
         return None
     return max(candidates)
 
@@ -111,16 +122,21 @@ def _kernel(
     block_columns: int,
     has_mins: bool,
     activation: str | None,
+    eps: float | None,
 ):
-    # x_refs: [M, K] (int8), or x_even, x_odd [M, K / 2] (int4); then each weight's codes,
+    # x_refs: [M, K] (int8), or x_even, x_odd [M, K / 2] (int4); with an ``eps``, the norm's
+    # weight in the same pieces ([1, K], or [1, K / 2] twice); then each weight's codes,
     # scales[, mins] in HBM (one weight, or gate and up with an ``activation``); out_ref
-    # [M, block_columns]; then the buffers [2, ...] of every leaf and DMA semaphores [leaves].
+    # [M, block_columns]; then the buffers [2, ...] of every leaf, with an ``eps`` the normed
+    # x pieces, and DMA semaphores [leaves].
     num_x = 1 if kind == "int8" else 2
+    normed = eps is not None
     num_leaves = (2 + has_mins) * (1 if activation is None else 2)
     x_refs = refs[:num_x]
-    hbm = refs[num_x : num_x + num_leaves]
-    out_ref = refs[num_x + num_leaves]
-    buffers = refs[num_x + num_leaves + 1 : num_x + 2 * num_leaves + 1]
+    norm_refs, refs = (refs[num_x : 2 * num_x], refs[2 * num_x :]) if normed else ((), refs[num_x:])
+    hbm = refs[:num_leaves]
+    out_ref = refs[num_leaves]
+    buffers = refs[num_leaves + 1 : 2 * num_leaves + 1]
     semaphores = refs[-1]
     block, num_blocks = pl.program_id(0), pl.num_programs(0)
 
@@ -136,6 +152,18 @@ def _kernel(
     def _():
         for copy in copies(0, 0):
             copy.start()
+
+    if normed:  # once, while the first blocks are in flight; every block reads the result
+        normed_refs = refs[2 * num_leaves + 1 : 2 * num_leaves + 1 + num_x]
+
+        @pl.when(block == 0)
+        def _():
+            depth = sum(x.shape[1] for x in x_refs)
+            pieces = rms_normed([x[...] for x in x_refs], [w[...] for w in norm_refs], eps, depth)
+            for normed_ref, piece in zip(normed_refs, pieces, strict=True):
+                normed_ref[...] = piece
+
+        x_refs = normed_refs
 
     slot = block % 2
     for copy in copies(block, slot):
@@ -199,11 +227,13 @@ def streamed_matmul_quantized_tpu(
     x: jax.Array,  # [M, K]
     weight,  # QuantizedWeight, kind int8 or int4, [K, N]; scales (mins) [G, N] or packed [G / 2, N]
     *,
+    norm: tuple | None = None,
     interpret=False,
 ) -> jax.Array:  # [M, N], x's dtype
     """``x @ weight.dequantize()`` with the codes and scales streamed from HBM (module
-    docstring). ``interpret``: False, or ``pltpu.InterpretParams`` to run on CPU."""
-    return _quantized_call(x, (weight,), activation=None, interpret=interpret)
+    docstring); ``norm``: ``(weight [K], eps)`` to multiply ``rms_norm(x)`` instead.
+    ``interpret``: False, or ``pltpu.InterpretParams`` to run on CPU."""
+    return _quantized_call(x, (weight,), activation=None, norm=norm, interpret=interpret)
 
 
 def streamed_gated_matmul_quantized_tpu(
@@ -212,10 +242,12 @@ def streamed_gated_matmul_quantized_tpu(
     up,  # QuantizedWeight [K, N], of gate's kind, group size and scale layout
     *,
     activation: str = "silu",
+    norm: tuple | None = None,
     interpret=False,
 ) -> jax.Array:  # [M, N], x's dtype
     """``act(x @ dequant(gate)) * (x @ dequant(up))`` (``streamed_matmul.gated``), both
-    weights streamed side by side; ``activation``: a name in ``GATED_ACTIVATIONS``."""
+    weights streamed side by side; ``activation``: a name in ``GATED_ACTIVATIONS``; ``norm`` as
+    for :func:`streamed_matmul_quantized_tpu`."""
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(
             f"activation must be one of {', '.join(map(repr, GATED_ACTIVATIONS))}, "
@@ -227,7 +259,7 @@ def streamed_gated_matmul_quantized_tpu(
             "gate and up must share kind, shape, group size and scale layout, got "
             f"{layout[0]} and {layout[1]}"
         )
-    return _quantized_call(x, (gate, up), activation=activation, interpret=interpret)
+    return _quantized_call(x, (gate, up), activation=activation, norm=norm, interpret=interpret)
 
 
 def _validate(x, weight):
@@ -258,9 +290,10 @@ def _validate(x, weight):
             raise ValueError(f"weight.{name} must be {expected}, got {leaf.shape}")
 
 
-def _quantized_call(x, weights, *, activation, interpret):
+def _quantized_call(x, weights, *, activation, norm, interpret):
     for weight in weights:
         _validate(x, weight)
+    validate_norm(norm, x)
     weight = weights[0]
     depth, columns = weight.shape
     rows = x.shape[0]
@@ -272,6 +305,7 @@ def _quantized_call(x, weights, *, activation, interpret):
         weight.group_size,
         packed_scales=packed,
         num_weights=len(weights),
+        normed=norm is not None,
     )
     if width is None:
         raise ValueError(
@@ -282,12 +316,16 @@ def _quantized_call(x, weights, *, activation, interpret):
     leaves = [
         leaf for w in weights for leaf in [w.values, w.scales] + ([w.mins] if has_mins else [])
     ]
-    xs = [x] if weight.kind == "int8" else [x[:, 0::2], x[:, 1::2]]
+    halves = (lambda a: [a]) if weight.kind == "int8" else (lambda a: [a[..., 0::2], a[..., 1::2]])
+    xs = halves(x)
+    normed = norm is not None
+    norm_inputs = halves(norm[0].reshape(1, depth)) if normed else []
     leaf_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
     cost = pl.CostEstimate(
-        flops=2 * len(weights) * rows * depth * columns,
-        transcendentals=0 if activation is None else rows * columns,
-        bytes_accessed=leaf_bytes + (rows * depth + rows * columns) * x.dtype.itemsize,
+        flops=2 * len(weights) * rows * depth * columns + normed * 4 * rows * depth,
+        transcendentals=(0 if activation is None else rows * columns) + normed * rows,
+        bytes_accessed=leaf_bytes
+        + (rows * depth + rows * columns + normed * depth) * x.dtype.itemsize,
     )
     hbm = pltpu.HBM
     kernel = functools.partial(
@@ -297,18 +335,20 @@ def _quantized_call(x, weights, *, activation, interpret):
         block_columns=width,
         has_mins=has_mins,
         activation=activation,
+        eps=norm[1] if normed else None,
     )
     vmem = 2 * sum(leaf.shape[0] * width * leaf.dtype.itemsize for leaf in leaves)
-    vmem += len(weights) * 6 * depth * width + 4 * rows * (depth + width) * 4
+    vmem += len(weights) * 6 * depth * width + (4 + normed) * rows * (depth + width) * 4
     name = "streamed_matmul" if activation is None else "streamed_gated_matmul"
     return pl.pallas_call(
         kernel,
         grid=(columns // width,),
-        in_specs=[pl.BlockSpec(a.shape, lambda block: (0, 0)) for a in xs]
+        in_specs=[pl.BlockSpec(a.shape, lambda block: (0, 0)) for a in xs + norm_inputs]
         + [pl.BlockSpec(memory_space=hbm)] * len(leaves),
         out_specs=pl.BlockSpec((rows, width), lambda block: (0, block)),
         out_shape=jax.ShapeDtypeStruct((rows, columns), x.dtype),
         scratch_shapes=[pltpu.VMEM((2, leaf.shape[0], width), leaf.dtype) for leaf in leaves]
+        + [pltpu.VMEM(a.shape, a.dtype) for a in xs] * normed
         + [pltpu.SemaphoreType.DMA((len(leaves),))],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
@@ -319,5 +359,6 @@ def _quantized_call(x, weights, *, activation, interpret):
         name=f"{name}_{weight.kind}",
     )(
         *xs,
+        *norm_inputs,
         *(leaf if interpret else pltpu.with_memory_space_constraint(leaf, hbm) for leaf in leaves),
     )
