@@ -25,7 +25,7 @@ from jaxgen.backends.streamed_weight import (
     MAX_STREAMED_ROWS,
     _pad,
     _split,
-    gated_streams,
+    gated_input,
     interpret_params,
     kernel_input,
     norm_keyword,
@@ -131,20 +131,16 @@ class StreamedQuantizedWeight:
     def matmul_gated(x, gate, up, activation: str, live_rows=None):
         """``act(x @ dequant(gate)) * (x @ dequant(up))`` in one streamed call, or None where
         the kernel does not take it (the caller then runs the two matmuls)."""
-        rows = math.prod(x.shape[:-1])
-        if not gated_streams(gate, up, activation):
+        prepared = gated_input(x, gate, up, activation)
+        if prepared is None:
             return None
-        streams = functools.partial(gate._streams, num_weights=2)
-        x, norm = kernel_input(x, gate, rows, streams)
-        if not streams(rows, x.dtype, normed=norm is not None):
-            return None
+        x2, norm = prepared
         gated = functools.partial(
             streamed_gated_matmul_quantized_tpu,
             activation=activation,
             interpret=interpret_params(gate),
         )
-        depth, columns = gate.shape
-        x2 = x.reshape(rows, depth)
+        columns = gate.shape[1]
         if gate.mesh is None:
             out = gated(x2, gate.weight, up.weight, norm=norm)
         else:

@@ -105,18 +105,14 @@ class StreamedWeight:
     def matmul_gated(x, gate, up, activation: str, live_rows=None):
         """``act(x @ gate) * (x @ up)`` in one streamed call (``[..., K] -> [..., N]``), or None
         where the kernel does not take it (the caller then runs the two matmuls)."""
-        rows = math.prod(x.shape[:-1])
-        if not gated_streams(gate, up, activation) or gate.transposed:
+        prepared = gated_input(x, gate, up, activation)
+        if prepared is None:
             return None
-        streams = functools.partial(gate._streams, num_weights=2)
-        x, norm = kernel_input(x, gate, rows, streams)
-        if not streams(rows, x.dtype, normed=norm is not None):
-            return None
+        x2, norm = prepared
         product = functools.partial(
             streamed_gated_matmul_tpu, activation=activation, interpret=interpret_params(gate)
         )
-        depth, columns = gate.shape
-        x2 = x.reshape(rows, depth)
+        columns = gate.shape[1]
         if gate.mesh is None:
             out = product(x2, gate.values, up.values, norm=norm)
         else:
@@ -211,6 +207,20 @@ def interpret_params(kernel):
     from jax.experimental.pallas import tpu as pltpu  # only for tests on CPU
 
     return pltpu.InterpretParams()
+
+
+def gated_input(x, gate, up, activation: str) -> tuple[jax.Array, tuple | None] | None:
+    """``(x2 [M, K], norm)`` for one gated streamed call of ``gate`` and ``up`` (x an array or a
+    ``NormedInput``), or None where the kernel does not take them (:func:`gated_streams`, a
+    transposed kernel, or no plan that fits)."""
+    rows = math.prod(x.shape[:-1])
+    if not gated_streams(gate, up, activation) or getattr(gate, "transposed", False):
+        return None
+    streams = functools.partial(gate._streams, num_weights=2)
+    x, norm = kernel_input(x, gate, rows, streams)
+    if not streams(rows, x.dtype, normed=norm is not None):
+        return None
+    return x.reshape(rows, gate.shape[0]), norm
 
 
 def gated_streams(gate, up, activation: str) -> bool:
