@@ -14,7 +14,7 @@ from jaxgen.engine.dispatched_step import DispatchedStep, live_items
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
-from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
+from jaxgen.engine.kv_pool_plan import plan_kv_pool
 from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
@@ -25,8 +25,6 @@ from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
-CPU_DEFAULT_KV_BYTES = 2 << 30
-ACCELERATOR_KV_FRACTION = 0.9
 # Steps that fail in a row, each recovered from, before the engine gives up: a fault that
 # survives a fresh KV pool is the device's, and a restart is the only cure.
 MAX_CONSECUTIVE_FAILED_STEPS = 3
@@ -47,13 +45,6 @@ class LLMEngine:
             kv_sharding=kv_sharding,
             kv_cache_dtype=config.kv_cache_dtype,
         )
-        page_size = config.page_size
-        # The backend's pool layout decides the bytes (the TPU's pads head_dim to 128 lanes).
-        page_bytes = backend.kv_bytes_per_page(model_config, page_size, loaded.dtype)
-        self.kv_bytes_per_token = page_bytes // page_size
-        shares = backend.kv_pool_shares(model_config, page_size, loaded.dtype, kv_sharding)
-        self.kv_bytes_per_token_per_device = self.kv_bytes_per_token // shares
-        kv_bytes = self._kv_budget_bytes(shares)
         self.batching = batching_plan(config, self.max_model_len)
         self.batching = dataclasses.replace(
             self.batching,
@@ -65,31 +56,21 @@ class LLMEngine:
                 sliding_window=model_config.every_layer_sliding_window,
             ),
         )
-        slots = self.batching.num_slots
-        if self.batching.paged:
-            num_pages = int(kv_bytes // page_bytes) + 1
-            need = -(-self.max_model_len // page_size) + 1
-            if num_pages < need:
-                raise ValueError(
-                    f"kv_cache_memory ({kv_bytes} bytes) holds {num_pages - 1} pages, fewer than one "
-                    f"sequence of max_model_len={self.max_model_len} needs ({need - 1})"
-                )
-            allocator = PageAllocator(
-                num_pages, page_size, enable_prefix_caching=config.enable_prefix_caching
-            )
-        else:
-            allocator = ContiguousAllocator(slots, self.max_model_len, page_size)
-            if (allocator.num_pages - 1) * page_bytes > kv_bytes:
-                raise ValueError(
-                    f"batching={config.batching!r} reserves max_model_len={self.max_model_len} tokens "
-                    f"for each of {slots} slots ({(allocator.num_pages - 1) * page_bytes} bytes), more "
-                    f"than kv_cache_memory ({kv_bytes} bytes); lower max_model_len or the batch size"
-                )
-            num_pages = allocator.num_pages
-        self.scheduler = Scheduler(self.batching.scheduler, allocator)
+        pool = plan_kv_pool(
+            config,
+            self.batching,
+            backend,
+            model_config,
+            loaded.dtype,
+            max_model_len=self.max_model_len,
+            kv_sharding=kv_sharding,
+        )
+        self.kv_bytes_per_token = pool.kv_bytes_per_token
+        self.kv_bytes_per_token_per_device = pool.kv_bytes_per_token_per_device
+        self.scheduler = Scheduler(self.batching.scheduler, pool.allocator)
         self.layout = StepLayout(
-            page_size=page_size,
-            max_num_seqs=slots,
+            page_size=config.page_size,
+            max_num_seqs=self.batching.num_slots,
             max_num_batched_tokens=self.batching.scheduler.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             min_decode_batch=self.batching.min_decode_batch,
@@ -97,8 +78,8 @@ class LLMEngine:
         )
         self.runner = ModelRunner(
             loaded,
-            num_pages=num_pages,
-            page_size=page_size,
+            num_pages=pool.num_pages,
+            page_size=config.page_size,
             attention_backend=backend,
             kv_sharding=kv_sharding,
         )
@@ -129,19 +110,6 @@ class LLMEngine:
             self._empty_feed = jax.numpy.zeros(self.layout.seq_cap, jax.numpy.int32)
         if config.precompile:
             self.precompile()
-
-    def _kv_budget_bytes(self, shares: int = 1) -> int:
-        """The pool's bytes: ``kv_cache_memory`` bytes, or a fraction of an accelerator's free
-        memory, taken on each of the ``shares`` devices every page is split over."""
-        kv = self.config.kv_cache_memory
-        if isinstance(kv, int):
-            return kv
-        device = jax.devices()[0]
-        if device.platform == "cpu":
-            return CPU_DEFAULT_KV_BYTES if kv is None else int(CPU_DEFAULT_KV_BYTES * kv)
-        stats = device.memory_stats() or {}
-        free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-        return int(free * (ACCELERATOR_KV_FRACTION if kv is None else kv)) * shares
 
     def precompile(self, sampling_params: list[SamplingParams] | None = None) -> int:
         """Compiles the step for every batch shape the engine can meet, once per sampling
