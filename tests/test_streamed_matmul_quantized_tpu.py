@@ -311,3 +311,52 @@ def test_norm_prologue_matches_dequantised_products(spec):
     np.testing.assert_allclose(
         np.asarray(plain), np.asarray(normed @ gate.dequantize()), rtol=1e-5, atol=1e-4
     )
+
+
+@needs_libtpu
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_aot_compile_of_the_norm_prologue_on_quantised_weights(kind):
+    """Mosaic compiles the quantised calls with ``norm=`` for v5e (an int4 call norms its two
+    halves of x together), plain and gated, and counts no more than the codes, scales and mins,
+    x (with int4's split of it into halves), the norm's weight and out."""
+    import jax
+    from jax.experimental import topologies
+
+    from jaxgen.quantization.quantized_weight import QuantizedWeight
+
+    topology = topologies.get_topology_desc(
+        platform="tpu", topology_name="v5e:1x1", chips_per_host_bounds=(1, 1, 1)
+    )
+    mesh = jax.sharding.Mesh(np.array(topology.devices[:1]), ("x",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def shape(dims, dtype):
+        return jax.ShapeDtypeStruct(dims, dtype, sharding=sharding)
+
+    rows, depth, columns, group = 64, 4096, 1024, 32
+    int4 = kind == "int4"
+    codes = shape(
+        (depth // 2, columns) if int4 else (depth, columns), jnp.uint8 if int4 else jnp.int8
+    )
+    packed = shape((depth // group // 2, columns), jnp.int32)  # float16 pairs
+    leaves = [codes, packed] + ([packed] if int4 else [])
+
+    def weight(values, scales, *mins):
+        mins = mins[0] if mins else None
+        return QuantizedWeight(values, scales, mins, kind, group, (depth, columns))
+
+    def step(x, norm_weight, *leaves):
+        norm = (norm_weight, 1e-5)
+        w = weight(*leaves)
+        plain = streamed_matmul_quantized_tpu(x, w, norm=norm)
+        return plain, streamed_gated_matmul_quantized_tpu(x, w, w, norm=norm)
+
+    x, norm_weight = shape((rows, depth), jnp.bfloat16), shape((depth,), jnp.bfloat16)
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(step).trace(x, norm_weight, *leaves).lower().compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    leaf_bytes = sum(np.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
+    activations = (rows * depth * (2 + 2 * int4) + depth + rows * columns) * 2
+    assert 3 * leaf_bytes <= cost["bytes accessed"] <= 3 * leaf_bytes + 3 * activations
