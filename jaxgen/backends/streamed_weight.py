@@ -180,11 +180,13 @@ class StreamedWeight:
 def kernel_input(x, kernel, rows: int, streams) -> tuple[jax.Array, tuple | None]:
     """``(x, norm)`` for a streamed call of ``kernel``: a ``NormedInput``'s un-normed rows and
     ``(weight, eps)`` when the call streams (``streams(rows, dtype, normed=True)``) whole rows
-    (no depth split); otherwise x as an array (a ``NormedInput`` computed) and no norm."""
+    (no depth split) and the norm's weight matches them; otherwise x as an array (a
+    ``NormedInput`` computed) and no norm."""
     if not isinstance(x, NormedInput):
         return x, None
-    if kernel.split != "depth" and streams(rows, x.dtype, normed=True):
-        return x.x, (x.weight, x.eps)
+    matches = x.weight.shape == x.shape[-1:] and x.weight.dtype == x.dtype
+    if matches and kernel.split != "depth" and streams(rows, x.dtype, normed=True):
+        return x.x, (x.weight, float(x.eps))
     return x.value(), None
 
 

@@ -11,8 +11,8 @@ One scale per token and KV row (per 128 lanes of a wider head), as the paired-po
 ``QuantizedPages`` (the measured choice: see ``jaxgen.quantization.kv_cache``), so both quantise
 identically. Tokens sit on the lanes: a page's scales are ``2 * Hkv_p * G`` rows of
 ``page_size`` lanes, one bfloat16 per ``D / G`` code bytes (1.6% of the codes at D = 128). XLA
-stores them unpadded in HBM (4, 8 or 16 rows take tiles of that many rows); in VMEM a bfloat16
-tile is 16 rows. page_size must be a multiple of 128: Mosaic DMAs and slices lanes in whole 128-lane
+stores them unpadded in HBM (checked on compiled layouts for 4, 8 and 16 rows); in VMEM a
+bfloat16 tile is 16 rows. page_size must be a multiple of 128: Mosaic DMAs and slices lanes in whole 128-lane
 tiles, and a narrower page would be padded to 128 lanes in HBM (XLA also relaid out, i.e.
 copied, a 32-lane scale pool before the update kernel). The attention kernel applies them to
 score columns (K) and to probabilities (V) rather than dequantising codes, so no transpose is
