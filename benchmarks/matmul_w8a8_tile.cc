@@ -10,8 +10,10 @@
 //      and the W8A8 block below (x quantised per row and 32 columns, int8 panels transposed to
 //      4-k quads once per 256-row slice, integer sums per 32 k, one float multiply-add per group),
 //      checked against a double-precision loop over the same codes.
-// This CPU (AVX2, no VNNI) has no int8 instruction doing 32 multiply-adds in one step
-// (vpdpbusd), so the question is whether four integer instructions beat two float FMAs.
+// Where the compiler targets AVX-512 VNNI with VL (-march=native on a CPU whose flags list
+// avx512_vnni and avx512vl), it also measures vpdpbusd on 256-bit registers: 32 multiply-adds of
+// unsigned x by signed w in one instruction (7-bit x offset to unsigned, as above). The W8A8
+// block itself uses the AVX2 sequence on every CPU.
 //
 //   g++ -O3 -march=native -std=c++17 -Ijaxgen/backends/cpu_kernels/native
 //       benchmarks/matmul_w8a8_tile.cc -o /tmp/matmul_w8a8_tile   (one line)
@@ -230,6 +232,38 @@ double IntegerPeak(long iterations) {
   return iterations * 4.0 * 16 * 4 / seconds;
 }
 
+// Multiply-adds per second of the same tile with vpdpbusd (AVX-512 VNNI on 256-bit registers),
+// x offset to unsigned; 0 where the build does not target it.
+double VnniPeak(long iterations) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  alignas(32) static int8_t x[4 * 256], w[64 * 64];
+  for (int i = 0; i < 4 * 256; ++i) x[i] = static_cast<int8_t>(i * 37 % 127);
+  for (int i = 0; i < 64 * 64; ++i) w[i] = static_cast<int8_t>(i * 53 % 255 - 127);
+  __m256i acc[4][2];
+  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const auto start = Clock::now();
+  for (long k = 0; k < iterations; ++k) {
+    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + (k & 63) * 64));
+    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + (k & 63) * 64 + 32));
+    for (int r = 0; r < 4; ++r) {
+      int32_t four;
+      std::memcpy(&four, x + r * 256 + (k & 63) * 4, sizeof(four));
+      const __m256i b = _mm256_set1_epi32(four);
+      acc[r][0] = _mm256_dpbusd_epi32(acc[r][0], b, w0);
+      acc[r][1] = _mm256_dpbusd_epi32(acc[r][1], b, w1);
+    }
+  }
+  const double seconds = Seconds(start);
+  int sum = 0;
+  for (int r = 0; r < 4; ++r) sum += _mm256_extract_epi32(acc[r][0], 0) + _mm256_extract_epi32(acc[r][1], 3);
+  if (sum == 12345) std::puts("");  // keeps the loop
+  return iterations * 4.0 * 16 * 4 / seconds;
+#else
+  (void)iterations;
+  return 0.0;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -283,6 +317,7 @@ int main(int argc, char** argv) {
     const double fma = FloatPeak(100000000) / 1e9;
     const double sign_trick = IntegerPeak<true>(50000000) / 1e9;
     const double offset = IntegerPeak<false>(50000000) / 1e9;
+    const double vnni = VnniPeak(50000000) / 1e9;
     const int calls = 20;
     auto start = Clock::now();
     for (int i = 0; i < calls; ++i) {
@@ -302,9 +337,9 @@ int main(int argc, char** argv) {
     const double w8a8 = macs * calls / Seconds(start) / 1e9;
     std::printf(
         "G multiply-adds/s, one thread. Registers: float32 FMA %.1f, int8 8-bit x %.1f (%.2fx), "
-        "7-bit x %.1f (%.2fx). Blocks %ldx%ldx%ld: float32 %.1f, int8 weights %.1f (%.2fx), "
+        "7-bit x %.1f (%.2fx), vpdpbusd %.1f (%.2fx; 0: not built). Blocks %ldx%ldx%ld: float32 %.1f, int8 weights %.1f (%.2fx), "
         "W8A8 %.1f (%.2fx)\n",
-        fma, sign_trick, sign_trick / fma, offset, offset / fma, rows, depth, columns, float32,
+        fma, sign_trick, sign_trick / fma, offset, offset / fma, vnni, vnni / fma, rows, depth, columns, float32,
         int8, int8 / float32, w8a8, w8a8 / float32);
   }
 }

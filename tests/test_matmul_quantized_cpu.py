@@ -1,8 +1,8 @@
 """The native int8 / int4 matmul (``PackedQuantizedWeight``) against the pure-jnp reference
 ``x @ QuantizedWeight.dequantize()`` in float64: every kind and group size, one row (registers)
 and many (the shared dequantised slice), ragged rows and columns, live-row spans, groups of
-weights in one call, weights in shared buffers, and the "cpu" backend packing a quantised
-model's kernels."""
+weights in one call, weights in shared buffers, the RMSNorm prologue (a ``NormedInput``), and
+the "cpu" backend packing a quantised model's kernels."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from jaxgen.backends.cpu_kernels import (
     quantized_matmul_available,
 )
 from jaxgen.engine.runner import FlatParams
-from jaxgen.models.linear import Linear, apply_linears
+from jaxgen.models.linear import Linear, NormedInput, apply_linears, rms_norm
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, quantize_kernel
 
 pytestmark = pytest.mark.skipif(
@@ -89,6 +89,63 @@ def test_group_and_live_rows():
         matmul_quantized_cpu_group(x[:, :64], packed[:1])
     with pytest.raises(ValueError, match="live_rows"):
         matmul_quantized_cpu_group(x, packed[:1], live_rows=live[:1])
+
+
+@pytest.mark.parametrize("spec", ["int8-channel", "int4-g32-min"])
+@pytest.mark.parametrize("rows, live", [(1, None), (2, [[0, 1], [0, 0]]), (70, [[3, 9], [20, 70]])])
+def test_norm_prologue_matches_the_normed_rows(spec, rows, live):
+    """A ``NormedInput``: the kernel norms the live rows itself, and the products equal the
+    reference on ``rms_norm``'s rows (float64 dot) and the same kernel on them in float32; padding
+    rows stay zero, and one native call holds the norm (no XLA norm before it)."""
+    depth = 576
+    rng = np.random.default_rng(rows)
+    # Rows of very different scales: the norm, not x's magnitude, sets the products.
+    x = rng.standard_normal((rows, depth)) * rng.uniform(0.01, 50, (rows, 1))
+    x = jnp.asarray(x, jnp.float32)
+    norm_weight = jnp.asarray(rng.uniform(0.5, 1.5, depth), jnp.float32)
+    weights = [quantize_kernel(rng.standard_normal((depth, n)), SPECS[spec]) for n in (576, 192)]
+    packed = [PackedQuantizedWeight.pack(w) for w in weights]
+    live_rows = None if live is None else jnp.asarray(live, jnp.int32)
+    mask = np.ones((rows, 1))
+    if live is not None:
+        mask[:] = 0
+        for begin, end in live:
+            mask[begin:end] = 1
+
+    def normed(x, w, ws, live_rows):
+        return matmul_quantized_cpu_group(NormedInput(x, w, 1e-5), ws, live_rows=live_rows)
+
+    def pre_normed(x, w, ws, live_rows):
+        return matmul_quantized_cpu_group(rms_norm(x, w, 1e-5), ws, live_rows=live_rows)
+
+    actual = jax.jit(normed)(x, norm_weight, packed, live_rows)
+    expected = jax.jit(pre_normed)(x, norm_weight, packed, live_rows)
+    rows_normed = rms_norm(x, norm_weight, 1e-5)
+    for weight, out, same_kernel in zip(weights, actual, expected, strict=True):
+        np.testing.assert_allclose(
+            out, _reference(rows_normed, weight, mask), rtol=1e-5, atol=2e-6 * depth
+        )
+        np.testing.assert_allclose(out, same_kernel, rtol=1e-5, atol=1e-4)
+    hlo = jax.jit(normed).lower(x, norm_weight, packed, live_rows).as_text()
+    assert hlo.count("jaxgen_matmul_quantized") == 1
+    assert "rsqrt" not in hlo
+
+
+def test_norm_prologue_falls_back_to_xla_for_other_weights():
+    """A norm weight that is not float32 of x's width is computed in XLA before the kernel."""
+    rng = np.random.default_rng(9)
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
+    weight = quantize_kernel(rng.standard_normal((64, 32)), SPECS["int8-channel"])
+    packed = PackedQuantizedWeight.pack(weight)
+    norm_weight = jnp.asarray(rng.uniform(0.5, 1.5, 64), jnp.bfloat16)
+    run = jax.jit(lambda x, w, p: p.matmul(NormedInput(x, w, 1e-6)))
+    np.testing.assert_allclose(
+        run(x, norm_weight, packed),
+        _reference(rms_norm(x, norm_weight, 1e-6), weight),
+        rtol=1e-5,
+        atol=1e-4,
+    )
+    assert "rsqrt" in run.lower(x, norm_weight, packed).as_text()
 
 
 def test_int4_groups_that_split_a_lane_keep_xlas_path():

@@ -19,8 +19,10 @@ matmul, so this module, and the models, import no kernel.
 
 The input may be a :class:`NormedInput`, an RMSNorm not yet computed: a kernel type whose
 ``norms_input`` is true takes it as ``x`` of its ``matmul`` / ``matmul_gated`` and norms the rows
-itself (the pallas-tpu kernels do it in VMEM, so the normed rows never go to HBM and back); for
-any other, :func:`matmuls` and :func:`gated_matmul` compute it first, once per call.
+itself (the pallas-tpu kernels do it in VMEM, so the normed rows never go to HBM and back; the
+"cpu" backend's int8 / int4 kernel in a pass before its products, in place of XLA's four small
+norm ops); for any other, :func:`matmuls` and :func:`gated_matmul` compute it first, once per
+call.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ float16 scales) repacked into 16-column panels (``native/matmul_quantized.h``) t
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
 weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
-through ``jaxgen.models.linear`` without importing this module. Reference:
-``x @ QuantizedWeight.dequantize()``.
+through ``jaxgen.models.linear`` without importing this module. It takes a ``NormedInput``
+(``norms_input``): the kernel norms the rows before the products, saving XLA's four small norm
+thunks per call. Reference: ``x @ QuantizedWeight.dequantize()``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import register_simd_kernel
+from jaxgen.models.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
 
 TARGET = "jaxgen_matmul_quantized"
@@ -81,6 +83,8 @@ class PackedQuantizedWeight:
     groups: int  # K / group: scale rows per panel
     offsets: tuple[int, int, int] = (0, 0, 0)  # of the values, scales and mins
 
+    norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
+
     @classmethod
     def pack(cls, weight: QuantizedWeight) -> PackedQuantizedWeight:
         if not can_pack_quantized(weight):
@@ -117,13 +121,15 @@ class PackedQuantizedWeight:
     def dtype(self):
         return jnp.dtype(jnp.float32)
 
-    def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
+    def matmul(self, x: jax.Array | NormedInput, live_rows: jax.Array | None = None) -> jax.Array:
         """``x @ w`` (see :func:`matmul_quantized_cpu_group`)."""
         return matmul_quantized_cpu_group(x, [self], live_rows=live_rows)[0]
 
     @staticmethod
     def matmul_group(
-        x: jax.Array, weights: list[PackedQuantizedWeight], live_rows: jax.Array | None = None
+        x: jax.Array | NormedInput,
+        weights: list[PackedQuantizedWeight],
+        live_rows: jax.Array | None = None,
     ) -> list[jax.Array]:
         """``[x @ w for w in weights]``: one native call when all have the same bits."""
         if len({w.bits for w in weights}) > 1:
@@ -132,14 +138,22 @@ class PackedQuantizedWeight:
 
 
 def matmul_quantized_cpu_group(
-    x: jax.Array,  # [..., K] float32
+    x: jax.Array | NormedInput,  # [..., K] float32
     weights: list[PackedQuantizedWeight],  # same bits, each [K, N_i]
     *,
     live_rows: jax.Array | None = None,  # [2, 2] int32 [begin, end) spans of x's flat rows
 ) -> list[jax.Array]:  # each [..., N_i] float32
-    """``[x @ dequant(w_i)]`` in one native call; rows outside ``live_rows`` come out as 0."""
+    """``[x @ dequant(w_i)]`` in one native call; rows outside ``live_rows`` come out as 0. A
+    ``NormedInput`` with a float32 weight of x's width is normed by the kernel (any other is
+    computed in XLA first)."""
     if not weights or len({w.bits for w in weights}) != 1:
         raise ValueError("weights must be one or more PackedQuantizedWeights of the same bits")
+    norm_weight, eps = jnp.zeros((0,), jnp.float32), 0.0
+    if isinstance(x, NormedInput):
+        if x.weight.shape == x.shape[-1:] and x.weight.dtype == x.dtype == jnp.float32:
+            x, norm_weight, eps = x.x, x.weight, x.eps
+        else:
+            x = x.value()
     if x.dtype != jnp.float32:
         raise ValueError(f"x must be float32 for the CPU kernel, got {x.dtype}")
     depth = x.shape[-1]
@@ -166,7 +180,9 @@ def matmul_quantized_cpu_group(
     outs = jax.ffi.ffi_call(TARGET, shapes)(
         rows,
         jnp.asarray(live_rows, jnp.int32),
+        norm_weight,  # [K], or [0]: no norm
         *args,
+        eps=np.float32(eps),
         bits=np.int64(weights[0].bits),
         panels=np.array([w.panels for w in weights], np.int64),
         groups=np.array([w.groups for w in weights], np.int64),

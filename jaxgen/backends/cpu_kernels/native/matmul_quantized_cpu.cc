@@ -7,7 +7,9 @@
 // buffers shared by every weight of a model so that a step passes three arrays, not hundreds. As the float32 kernel
 // (matmul_cpu.cc): one call per group, only the rows in the two `live_rows` spans computed (the
 // rest are zeros), the outputs split into (row block, weight, column block) items on the
-// kernels' worker pool. Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
+// kernels' worker pool. With a non-empty `norm_weight` [K], x is an RMSNorm's input: the live rows
+// are normed first (rms_norm.h; epsilon `eps`) and the products read the normed rows.
+// Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +17,7 @@
 
 #include "matmul_quantized.h"
 #include "parallel_for.h"
+#include "rms_norm.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -43,7 +46,8 @@ int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads) {
 }
 
 ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
-                               ffi::RemainingArgs args, ffi::RemainingRets outs, int64_t bits,
+                               ffi::Buffer<ffi::F32> norm_weight, ffi::RemainingArgs args,
+                               ffi::RemainingRets outs, float eps, int64_t bits,
                                ffi::Span<const int64_t> panel_counts,
                                ffi::Span<const int64_t> group_counts,
                                ffi::Span<const int64_t> offsets) {
@@ -61,6 +65,10 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: arguments per weight mismatch");
   }
   const int64_t rows = xd[0], depth = xd[1];
+  const bool normed = norm_weight.element_count() != 0;
+  if (normed && static_cast<int64_t>(norm_weight.element_count()) != depth) {
+    return ffi::Error::InvalidArgument("matmul_quantized_cpu: norm_weight [K] expected");
+  }
   const int64_t code_rows = int4 ? depth / 2 : depth;
   std::vector<Weight> group;
   int64_t column_blocks = 0;
@@ -137,6 +145,15 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     }
   }
   const float* xs = x.typed_data();
+  if (normed) {  // the products read the normed rows; rows outside the spans are never read
+    thread_local std::vector<float> normed_rows;
+    normed_rows.resize(rows * depth);
+    for (const auto& span : spans) {
+      jaxgen_cpu::RmsNormRows(xs, norm_weight.typed_data(), eps, depth, span.begin, span.end,
+                              normed_rows.data());
+    }
+    xs = normed_rows.data();
+  }
   jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>& scratch) {
     const Item& item = items[i];
     const Weight& w = group[item.w];
@@ -160,8 +177,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .RemainingArgs()
                                   .RemainingRets()
+                                  .Attr<float>("eps")
                                   .Attr<int64_t>("bits")
                                   .Attr<ffi::Span<const int64_t>>("panels")
                                   .Attr<ffi::Span<const int64_t>>("groups")
