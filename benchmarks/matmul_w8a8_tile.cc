@@ -12,8 +12,10 @@
 //      checked against a double-precision loop over the same codes.
 // Where the compiler targets AVX-512 VNNI with VL (-march=native on a CPU whose flags list
 // avx512_vnni and avx512vl), it also measures vpdpbusd on 256-bit registers: 32 multiply-adds of
-// unsigned x by signed w in one instruction (7-bit x offset to unsigned, as above). The W8A8
-// block itself uses the AVX2 sequence on every CPU.
+// unsigned x by signed w in one instruction (7-bit x offset to unsigned, as above), and the
+// engine's VNNI W8A8 block (native/matmul_w8a8.h: QuantizeRows + W8A8Block over the int8 panels
+// as packed, 512-bit registers), checked against a double-precision loop over its own codes.
+// The prototype W8A8 block below uses the AVX2 sequence on every CPU.
 //
 //   g++ -O3 -march=native -std=c++17 -Ijaxgen/backends/cpu_kernels/native
 //       benchmarks/matmul_w8a8_tile.cc -o /tmp/matmul_w8a8_tile   (one line)
@@ -32,6 +34,7 @@
 
 #include "matmul_f32.h"
 #include "matmul_quantized.h"
+#include "matmul_w8a8.h"
 
 #if !defined(JAXGEN_QUANTIZED_SIMD)
 #error "needs AVX2 + FMA + F16C (-march=native on such a CPU)"
@@ -39,7 +42,6 @@
 
 namespace jaxgen_cpu {
 
-constexpr int64_t kActivationGroup = 32;  // columns of x per activation scale
 
 // codes[m, :K], scales[m, :K / 32] = x[m, :K] quantised per group of 32 (see the top).
 inline void QuantizeActivationRow(const float* x, int64_t depth, int8_t* codes, float* scales) {
@@ -311,6 +313,31 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("W8A8 block vs double loop: max |error| %.2g of max |out| %.3g\n", error, largest);
+#if defined(JAXGEN_W8A8_VNNI)
+  std::vector<uint8_t> vnni_codes(rows * depth);
+  std::vector<float> vnni_scales(rows * groups);
+  const auto vnni_block = [&] {
+    QuantizeRows(x.data(), depth, 0, rows, vnni_codes.data(), vnni_scales.data());
+    W8A8Block(w, vnni_codes.data(), vnni_scales.data(), out.data(), 0, rows, 0, panels);
+  };
+  vnni_block();
+  error = largest = 0;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = 0; n < columns; ++n) {
+      double total = 0;
+      const int64_t p = n / kQuantPanel, lane = n % kQuantPanel;
+      for (int64_t k = 0; k < depth; ++k) {
+        total += (double(vnni_codes[m * depth + k]) - 128) * vnni_scales[m * groups + k / 32] *
+                 static_cast<int8_t>(codes[(p * depth + k) * kQuantPanel + lane]) *
+                 HalfToFloat(scales[(p * groups + k / group) * kQuantPanel + lane]);
+      }
+      error = std::max(error, std::fabs(total - out[m * columns + n]));
+      largest = std::max(largest, std::fabs(total));
+    }
+  }
+  std::printf("VNNI W8A8 block vs double loop: max |error| %.2g of max |out| %.3g\n", error,
+              largest);
+#endif
 
   const double macs = double(rows) * depth * columns;
   for (int round = 0; round < 3; ++round) {
@@ -335,11 +362,17 @@ int main(int argc, char** argv) {
       Int8ActivationMatmulBlock(w, xq.data(), xs.data(), out.data(), 0, rows, 0, columns);
     }
     const double w8a8 = macs * calls / Seconds(start) / 1e9;
+    double vnni_w8a8 = 0;
+#if defined(JAXGEN_W8A8_VNNI)
+    start = Clock::now();
+    for (int i = 0; i < calls; ++i) vnni_block();
+    vnni_w8a8 = macs * calls / Seconds(start) / 1e9;
+#endif
     std::printf(
         "G multiply-adds/s, one thread. Registers: float32 FMA %.1f, int8 8-bit x %.1f (%.2fx), "
         "7-bit x %.1f (%.2fx), vpdpbusd %.1f (%.2fx; 0: not built). Blocks %ldx%ldx%ld: float32 %.1f, int8 weights %.1f (%.2fx), "
-        "W8A8 %.1f (%.2fx)\n",
+        "W8A8 %.1f (%.2fx), VNNI W8A8 %.1f (%.2fx; 0: not built)\n",
         fma, sign_trick, sign_trick / fma, offset, offset / fma, vnni, vnni / fma, rows, depth, columns, float32,
-        int8, int8 / float32, w8a8, w8a8 / float32);
+        int8, int8 / float32, w8a8, w8a8 / float32, vnni_w8a8, vnni_w8a8 / float32);
   }
 }

@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--cases", default="all", help="all, or int4-variants")
+    parser.add_argument("--cases", default="all", help="all, int4-variants, or w8a8")
     args = parser.parse_args()
 
     from jaxgen import LLM
@@ -45,7 +45,8 @@ def main() -> None:
     sequences, first = greedy_sequences(llm, PROMPTS[: args.prompts], args.tokens)
     print("| variant | tokens | top-1 agreement | mean abs dlogprob | max abs dlogit |")
     print("| --- | --- | --- | --- | --- |")
-    cases = [("int8 weights", "int8", "auto"), ("int4 g32 weights", "int4", "auto"),
+    cases = [("int8 weights", "int8", "auto"), ("int8 weights + activations (w8a8)", "w8a8", "auto"),
+             ("int4 g32 weights", "int4", "auto"),
              ("int4 GGUF kept (Q4_1)", "auto", "auto"), ("int8 KV", None, "int8"),
              ("fp8 KV", None, "fp8")]  # fmt: skip
     variants = {
@@ -56,6 +57,8 @@ def main() -> None:
     }
     if args.cases == "int4-variants":
         cases = [(name, spec, "auto") for name, spec in variants.items()]
+    elif args.cases == "w8a8":
+        cases = cases[:2]
     for name, quantization, kv in cases:
         if isinstance(quantization, QuantizationSpec):
             candidate = requantised(reference, quantization)

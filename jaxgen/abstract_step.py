@@ -66,7 +66,10 @@ def abstract_quantized_weight(shape: tuple[int, int], spec) -> QuantizedWeight:
     rows = depth // 2 if spec.kind == "int4" else depth
     values = jax.ShapeDtypeStruct((rows, columns), VALUE_DTYPES[spec.kind])
     mins = scales if spec.asymmetric else None
-    return QuantizedWeight(values, scales, mins, kind=spec.kind, group_size=group, shape=shape)
+    return QuantizedWeight(
+        values, scales, mins, kind=spec.kind, group_size=group, shape=shape,
+        activations=spec.activations,
+    )  # fmt: skip
 
 
 def decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):

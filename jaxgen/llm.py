@@ -28,7 +28,8 @@ class LLM:
             max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
             tensor_parallel_degree, data_parallel_size (see docs/sharding.md), precompile,
             quantization ("auto": a GGUF stays quantised, a float checkpoint float; "none";
-            "int8" / "int4" / "fp8": quantise at load; see ``jaxgen.quantization``),
+            "int8" / "int4" / "fp8": quantise at load; "w8a8": int8 weights and int8
+            activations; see ``jaxgen.quantization``),
             kv_cache_dtype ("auto", "int8", "fp8").
     """
 

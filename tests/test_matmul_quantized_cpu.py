@@ -1,7 +1,8 @@
 """The native int8 / int4 matmul (``PackedQuantizedWeight``) against the pure-jnp reference
 ``x @ QuantizedWeight.dequantize()`` in float64: every kind and group size, one row (registers)
 and many (the shared dequantised slice), ragged rows and columns, live-row spans, groups of
-weights in one call, weights in shared buffers, the RMSNorm prologue (a ``NormedInput``), and
+weights in one call, weights in shared buffers, the RMSNorm prologue (a ``NormedInput``), int8
+activations (W8A8: the VNNI path and the XLA fallback, against ``QuantizedWeight.matmul``), and
 the "cpu" backend packing a quantised model's kernels."""
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from jaxgen.backends.cpu_kernels import (
     matmul_quantized_cpu_group,
     pack_shared,
     quantized_matmul_available,
+    w8a8_kernel_available,
 )
+from jaxgen.backends.cpu_kernels import matmul_quantized as matmul_quantized_module
 from jaxgen.engine.runner import FlatParams
 from jaxgen.models.linear import Linear, NormedInput, apply_linears, rms_norm
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, quantize_kernel
@@ -146,6 +149,73 @@ def test_norm_prologue_falls_back_to_xla_for_other_weights():
         atol=1e-4,
     )
     assert "rsqrt" in run.lower(x, norm_weight, packed).as_text()
+
+
+W8A8 = QuantizationSpec(kind="int8", group_size=32, activations="int8")
+
+
+@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "xla-fallback"])
+@pytest.mark.parametrize(
+    "rows, depth, live",
+    [(1, 576, None), (5, 576, None), (67, 1536, [[0, 9], [20, 67]]), (16, 64, [[2, 3], [0, 0]])],
+)
+def test_w8a8_matches_the_fake_quantised_reference(monkeypatch, vnni, rows, depth, live):
+    """int8 activations: x's live rows quantised per row and 32 columns, integer products;
+    equal to ``QuantizedWeight.matmul`` (fake-quantised x times the dequantised weight) up to
+    float rounding, for q/k/v-like groups in one call, with and without the norm prologue."""
+    if vnni and not w8a8_kernel_available():
+        pytest.skip("this CPU has no AVX-512 VNNI + VBMI")
+    if not vnni:
+        monkeypatch.setattr(matmul_quantized_module, "w8a8_kernel_available", lambda: False)
+    rng = np.random.default_rng(rows * depth)
+    x = jnp.asarray(
+        rng.standard_normal((rows, depth)) * rng.uniform(0.1, 10, (rows, 1)), jnp.float32
+    )
+    weights = [quantize_kernel(rng.standard_normal((depth, n)), W8A8) for n in (576, 192, 40)]
+    packed = [PackedQuantizedWeight.pack(w) for w in weights]
+    assert {p.activations for p in packed} == {"int8"}
+    norm_weight = jnp.asarray(rng.uniform(0.5, 1.5, depth), jnp.float32)
+    live_rows = None if live is None else jnp.asarray(live, jnp.int32)
+    mask = np.ones((rows, 1))
+    if live is not None:
+        mask[:] = 0
+        for begin, end in live:
+            mask[begin:end] = 1
+    run = jax.jit(lambda x, ws, live: matmul_quantized_cpu_group(x, ws, live_rows=live))
+    normed = jax.jit(
+        lambda x, nw, ws, live: matmul_quantized_cpu_group(
+            NormedInput(x, nw, 1e-5), ws, live_rows=live
+        )
+    )
+    rows_normed = rms_norm(x, norm_weight, 1e-5)
+    # Normed rows may differ from XLA's in the last bit, which can move a code by one step.
+    for inputs, outs, tolerance in [
+        (x, run(x, packed, live_rows), 1e-5),
+        (rows_normed, normed(x, norm_weight, packed, live_rows), 1e-3),
+    ]:
+        for weight, out in zip(weights, outs, strict=True):
+            expected = np.asarray(weight.matmul(inputs)) * mask
+            scale = np.abs(expected).max()
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=tolerance * scale)
+    hlo = run.lower(x, packed, live_rows).as_text()
+    assert hlo.count("jaxgen_matmul_quantized") == 1
+    assert ("round" in hlo) != vnni  # x quantised in the kernel, or in XLA before it
+
+
+def test_w8a8_and_weight_only_int8_are_separate_calls():
+    """A group mixing int8 activations with float ones runs one call per kind."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
+    mixed = [
+        quantize_kernel(rng.standard_normal((64, 32)), W8A8),
+        quantize_kernel(rng.standard_normal((64, 32)), SPECS["int8-g32"]),
+    ]
+    packed = [PackedQuantizedWeight.pack(w) for w in mixed]
+    outs = PackedQuantizedWeight.matmul_group(x, packed)
+    for weight, out in zip(mixed, outs, strict=True):
+        np.testing.assert_allclose(out, weight.matmul(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="same bits and activations"):
+        matmul_quantized_cpu_group(x, packed)
 
 
 def test_int4_groups_that_split_a_lane_keep_xlas_path():

@@ -1,5 +1,6 @@
 """Quantised weights: ``QuantizedWeight`` against the float weight it stands for, quantising at
-load, GGUF tensors kept quantised with the file's exact values, the ``quantization`` knob."""
+load, GGUF tensors kept quantised with the file's exact values, int8 activations (W8A8), the
+``quantization`` knob."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from jaxgen.quantization import (
     QuantizedWeight,
     pack_int4,
     quantize_kernel,
+    spec_for_path,
     unpack_int4,
 )
+from jaxgen.quantization.quantized_weight import fake_quantize_activations, quantize_activations
 
 
 def _weight(depth=256, columns=48, seed=0):
@@ -53,6 +56,60 @@ def test_matmul_is_x_times_dequantized_weight():
     x = jnp.asarray(np.random.default_rng(1).standard_normal((5, 256)), jnp.float32)
     expected = np.asarray(x, np.float64) @ np.asarray(q.dequantize(), np.float64)
     np.testing.assert_allclose(np.asarray(matmul(x, q)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_codes_are_per_row_and_32_columns():
+    """int8 codes in [-127, 127], the largest of each group at +-127, round half to even, an
+    all-zero group at scale 0; the fake-quantised x is within half a step of x."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 96)).astype(np.float32) * rng.uniform(0.01, 100, (3, 1))
+    x[1, 32:64] = 0.0
+    x[2, :32] = np.arange(-16, 16) + 0.5  # the group's max is 127 (below): x * 127 / max = x
+    x[2, 31] = 127.0
+    codes, scales = quantize_activations(jnp.asarray(x))
+    codes, scales = np.asarray(codes), np.asarray(scales)
+    assert codes.dtype == np.int8 and scales.shape == (3, 3)
+    groups = np.abs(x).reshape(3, 3, 32).max(axis=-1)
+    np.testing.assert_allclose(scales, groups / 127, rtol=1e-7)
+    assert (np.abs(codes).reshape(3, 3, 32).max(axis=-1) == np.where(groups > 0, 127, 0)).all()
+    assert scales[1, 1] == 0 and (codes[1, 32:64] == 0).all()
+    np.testing.assert_array_equal(codes[2, :31], np.round(x[2, :31]))  # halves to even
+    assert list(codes[2, 14:18]) == [-2, 0, 0, 2]  # -1.5, -0.5, 0.5, 1.5
+    error = np.abs(np.asarray(fake_quantize_activations(jnp.asarray(x))) - x)
+    assert (error <= np.repeat(scales, 32, axis=1) * 0.5001 + 1e-12).all()
+
+
+def test_w8a8_weights_quantise_their_input():
+    """``quantization="w8a8"``: int8 groups of 32 with int8 activations for every kernel and
+    the head; its matmul is the fake-quantised x times the dequantised weight."""
+    spec = spec_for_path("w8a8", ("layers", 0, "mlp", "down_proj", "kernel"))
+    assert spec == QuantizationSpec(kind="int8", group_size=32, activations="int8")
+    assert spec_for_path("w8a8", ("embed_tokens", "embedding")) == spec
+    assert spec_for_path("int8", ("lm_head", "kernel")).activations == "float"
+    w = quantize_kernel(_weight(), spec)
+    assert w.activations == "int8"
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 256)), jnp.float32)
+    expected = np.asarray(fake_quantize_activations(x), np.float64) @ np.asarray(
+        w.dequantize(), np.float64
+    )
+    np.testing.assert_allclose(np.asarray(matmul(x, w)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kind, shape, group, activations, message",
+    [
+        ("int4", (64, 8), 32, "int8", "int8 activations need an int8 weight"),
+        ("int8", (48, 8), 16, "int8", "multiples of 32"),
+        ("int8", (64, 8), 32, "int4", "activations must be one of"),
+    ],
+)
+def test_int8_activations_need_int8_weights_in_groups_of_32(
+    kind, shape, group, activations, message
+):
+    with pytest.raises(ValueError, match=message):
+        quantize_kernel(
+            _weight(*shape), QuantizationSpec(kind=kind, group_size=group, activations=activations)
+        )
 
 
 def test_take_columns_is_the_embedding_lookup():
@@ -159,7 +216,7 @@ def test_serve_bad_quantization_flag_is_one_line_and_exit_2():
     )
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if "quantization" in line]
-    assert len(lines) == 1 and "must be one of auto, none, int8, int4, fp8" in lines[0]
+    assert len(lines) == 1 and "must be one of auto, none, int8, int4, fp8, w8a8" in lines[0]
     assert lines[0].endswith("got 'int3'")
 
 
@@ -170,3 +227,27 @@ def test_serve_kv_cache_dtype_setting():
     assert resolve_settings({"kv_cache_dtype": "fp8"}, {}).engine["kv_cache_dtype"] == "fp8"
     with pytest.raises(SettingsError, match=r"kv_cache_dtype from flags .* got 'int4'"):
         resolve_settings({"kv_cache_dtype": "int4"}, {})
+
+
+def test_w8a8_engine_gives_each_request_the_same_tokens_alone_and_batched(tiny_model_dir):
+    """``quantization="w8a8"`` through the engine on both CPU paths (the native kernels and
+    XLA's reference): x is quantised per row, so a request's greedy tokens do not depend on the
+    batch it shares a step with."""
+    from jaxgen import LLM, SamplingParams
+
+    prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for backend in ("auto", "reference"):
+        llm = LLM(
+            tiny_model_dir,
+            quantization="w8a8",
+            max_model_len=128,
+            kv_cache_memory=4 << 20,
+            attention_backend=backend,
+        )
+        kinds = llm.stats()["weight_dtypes"]
+        int8 = [kind for kind in kinds if kind.startswith("int8")]
+        assert int8 and all(kind.endswith("/a8") for kind in int8), kinds
+        batched = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        alone = [llm.generate([p], params, use_tqdm=False)[0].token_ids for p in prompts]
+        assert batched == alone and all(len(tokens) == 8 for tokens in batched)

@@ -134,7 +134,8 @@ def float_model_sequences():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, threshold", [("int8", 0.98), ("int4", 0.90)])
+# w8a8: no bar in the issue; 0.966 measured (cpu kernels) at the commit that added it.
+@pytest.mark.parametrize("kind, threshold", [("int8", 0.98), ("int4", 0.90), ("w8a8", 0.95)])
 def test_quantised_at_load_agrees_with_float(float_model_sequences, kind, threshold):
     reference, llm = float_model_sequences
     sequences, first = greedy_sequences(llm, PROMPTS, 64)

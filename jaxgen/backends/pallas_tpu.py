@@ -82,8 +82,8 @@ class PallasTPUBackend(AttentionBackend):
 
         def wrap(kernel, transposed=False):
             if is_quantized(kernel):
-                if kernel.kind not in ("int8", "int4"):
-                    return None  # fp8: XLA's dot on the dequantised weight
+                if kernel.kind not in ("int8", "int4") or kernel.activations != "float":
+                    return None  # fp8, W8A8: XLA's dot (QuantizedWeight.matmul)
                 return StreamedQuantizedWeight.wrap(kernel, **placement)
             if not _streamable(kernel):
                 return None

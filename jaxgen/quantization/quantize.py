@@ -21,19 +21,22 @@ import numpy as np
 from jaxgen.quantization.quantized_weight import QuantizedWeight, pack_int4, validate_layout
 
 # What users pass: ``auto`` keeps a GGUF's quantised types and a float checkpoint float; ``none``
-# dequantises everything; the others quantise a float checkpoint at load.
-QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "fp8")
+# dequantises everything; the others quantise a float checkpoint at load ("w8a8": int8 as "int8",
+# and every matmul quantises its input to int8 too, per row and 32 columns).
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "fp8", "w8a8")
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantizationSpec:
     """One weight's quantisation: ``kind`` with ``group_size`` (None: per output channel) and,
-    for int4, a per-group minimum (``asymmetric``)."""
+    for int4, a per-group minimum (``asymmetric``); an int8 weight with ``activations="int8"``
+    quantises its input too (``QuantizedWeight``)."""
 
     kind: str
     group_size: int | None = None
     asymmetric: bool = False
+    activations: str = "float"
 
 
 def validate_quantization(value) -> str:
@@ -51,6 +54,8 @@ def spec_for_path(quantization: str, path: tuple) -> QuantizationSpec | None:
     if quantization in ("auto", "none"):
         return None
     head = path[-1] == "embedding" or path[0] == "lm_head"
+    if quantization == "w8a8":
+        return QuantizationSpec(kind="int8", group_size=32, activations="int8")
     if quantization == "int8" or (quantization == "int4" and head):
         return QuantizationSpec(kind="int8", group_size=32)
     if quantization == "int4":
@@ -68,7 +73,7 @@ def quantize_kernel(w, spec: QuantizationSpec) -> QuantizedWeight:
         raise ValueError(f"only [K, N] kernels are quantised, got shape {w.shape}")
     depth, columns = w.shape
     group = depth if spec.group_size is None else spec.group_size
-    validate_layout(spec.kind, group, (depth, columns))
+    validate_layout(spec.kind, group, (depth, columns), spec.activations)
     blocks = w.reshape(depth // group, group, columns)
     if spec.kind == "fp8":
         scales = np.abs(blocks).max(axis=1) / FP8_MAX  # [G, N]
@@ -83,7 +88,7 @@ def quantize_kernel(w, spec: QuantizationSpec) -> QuantizedWeight:
         codes = np.clip(np.rint(blocks / _safe(scales)[:, None]), -127, 127).astype(np.int8)
         return QuantizedWeight(
             jnp.asarray(codes.reshape(depth, columns)), jnp.asarray(scales), None,
-            kind="int8", group_size=group, shape=(depth, columns),
+            kind="int8", group_size=group, shape=(depth, columns), activations=spec.activations,
         )  # fmt: skip
     if spec.asymmetric:
         low, high = blocks.min(axis=1), blocks.max(axis=1)

@@ -9,6 +9,12 @@ A ``[K, N]`` kernel (``Linear``'s orientation: input features first) stored as i
 | ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]`` |
 | ``fp8`` | float8_e4m3fn ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
 
+An int8 weight may also quantise its input (``activations="int8"``, W8A8; ``quantization=
+"w8a8"``): x is taken per row and 32 columns as ``s * q`` with ``s = max|x| / 127`` and
+``q = round_half_even(x * 127 / max|x|)`` (:func:`quantize_activations`), so a kernel can sum
+``q * value`` in integers. :meth:`matmul` computes ``fake_quantize_activations(x) @ dequantize()``,
+the reference the native W8A8 kernel is held to.
+
 Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
 one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
 onto int8 / int4 / int4-with-mins with group 32 value for value (``jaxgen.loaders.gguf_loader``).
@@ -31,13 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 
 KINDS = ("int8", "int4", "fp8")
+ACTIVATIONS = ("float", "int8")  # what an int8 weight does with its input
+ACTIVATION_GROUP = 32  # columns of x per activation scale (int8 activations)
 VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["values", "scales", "mins"],
-    meta_fields=["kind", "group_size", "shape"],
+    meta_fields=["kind", "group_size", "shape", "activations"],
 )
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
@@ -49,9 +57,10 @@ class QuantizedWeight:
     kind: str
     group_size: int
     shape: tuple[int, int]  # (K, N)
+    activations: str = "float"  # "int8": x quantised per row and 32 columns (module docstring)
 
     def __post_init__(self):
-        validate_layout(self.kind, self.group_size, self.shape)
+        validate_layout(self.kind, self.group_size, self.shape, self.activations)
 
     @property
     def dtype(self):
@@ -82,6 +91,8 @@ class QuantizedWeight:
     def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
         """``x @ dequantize()`` (every row computed; ``live_rows`` is for native kernels)."""
         del live_rows
+        if self.activations == "int8":
+            x = fake_quantize_activations(x)
         return jnp.dot(x, self.dequantize(x.dtype))
 
     def take_columns(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:  # [T] -> [T, K]
@@ -97,10 +108,15 @@ class QuantizedWeight:
         return picked.dequantize(dtype).T
 
 
-def validate_layout(kind: str, group_size: int, shape: tuple[int, int]) -> None:
-    """``ValueError`` for an unknown kind or a group size that does not divide K."""
+def validate_layout(
+    kind: str, group_size: int, shape: tuple[int, int], activations: str = "float"
+) -> None:
+    """``ValueError`` for an unknown kind or a group size that does not divide K; int8
+    activations need an int8 weight whose K and group size are multiples of 32."""
     if kind not in KINDS:
         raise ValueError(f"quantization kind must be one of {KINDS}, got {kind!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
     depth = shape[0]
     if not isinstance(group_size, int) or group_size < 1 or depth % group_size:
         raise ValueError(
@@ -108,6 +124,33 @@ def validate_layout(kind: str, group_size: int, shape: tuple[int, int]) -> None:
         )
     if kind == "int4" and group_size % 2:
         raise ValueError(f"int4 group_size must be even, got {group_size}")
+    if activations == "int8" and (
+        kind != "int8" or depth % ACTIVATION_GROUP or group_size % ACTIVATION_GROUP
+    ):
+        raise ValueError(
+            f"int8 activations need an int8 weight whose input width and group size are "
+            f"multiples of {ACTIVATION_GROUP}, got {kind} {shape} in groups of {group_size}"
+        )
+
+
+def quantize_activations(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [..., K] (K a multiple of 32) as int8 codes [..., K] in [-127, 127] and float32
+    scales [..., K / 32], per row and 32 columns: ``s = max|x| / 127``, ``q =
+    round_half_even(x * (127 / max|x|))`` (an all-zero group: codes 0, scale 0)."""
+    x = x.astype(jnp.float32)
+    groups = x.reshape(*x.shape[:-1], x.shape[-1] // ACTIVATION_GROUP, ACTIVATION_GROUP)
+    largest = jnp.max(jnp.abs(groups), axis=-1, keepdims=True)
+    inverse = jnp.float32(127.0) / jnp.where(largest == 0, 1.0, largest)
+    codes = jnp.clip(jnp.round(groups * inverse), -127, 127)
+    codes = jnp.where(largest == 0, 0.0, codes).astype(jnp.int8).reshape(x.shape)
+    return codes, (largest / jnp.float32(127.0))[..., 0]
+
+
+def fake_quantize_activations(x: jax.Array) -> jax.Array:
+    """The float32 values x's int8 codes stand for: ``s * q`` (:func:`quantize_activations`)."""
+    codes, scales = quantize_activations(x)
+    groups = codes.reshape(*codes.shape[:-1], -1, ACTIVATION_GROUP).astype(jnp.float32)
+    return (groups * scales[..., None]).reshape(codes.shape)
 
 
 def is_quantized(kernel) -> bool:

@@ -4,7 +4,8 @@
 - ``paged_attention``: paged decode attention over a float32 or 8-bit pool
   (``paged_attention_cpu``, ``paged_attention_cpu_quantized``).
 - ``matmul``: float32 matmul over panel-packed weights (``PackedWeight``, ``matmul_cpu``).
-- ``matmul_quantized``: int8 / int4 matmul dequantising in registers (``PackedQuantizedWeight``).
+- ``matmul_quantized``: int8 / int4 matmul dequantising in registers (``PackedQuantizedWeight``),
+  and int8 x int8 (W8A8) on AVX-512 VNNI.
 """
 
 from jaxgen.backends.cpu_kernels.matmul import (
@@ -22,6 +23,7 @@ from jaxgen.backends.cpu_kernels.matmul_quantized import (
     matmul_quantized_cpu_group,
     pack_shared,
     quantized_matmul_available,
+    w8a8_kernel_available,
 )
 from jaxgen.backends.cpu_kernels.paged_attention import (
     cpu_kernel_available,
@@ -45,4 +47,5 @@ __all__ = [
     "paged_attention_cpu",
     "paged_attention_cpu_quantized",
     "unpack_weight",
+    "w8a8_kernel_available",
 ]

@@ -7,11 +7,15 @@ weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
 through ``jaxgen.models.linear`` without importing this module. It takes a ``NormedInput``
 (``norms_input``): the kernel norms the rows before the products, saving XLA's four small norm
-thunks per call. Reference: ``x @ QuantizedWeight.dequantize()``.
+thunks per call. An int8 weight with int8 activations (``quantization="w8a8"``) quantises x's
+live rows in the kernel and sums the products in integers (``native/matmul_w8a8.h``, AVX-512
+VNNI); on a CPU without VNNI x is quantised in XLA and the weight-only path runs on it (the same
+numbers up to rounding). Reference: ``QuantizedWeight.matmul``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 
@@ -19,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgen.backends.cpu_kernels.build import register_simd_kernel
+from jaxgen.backends.cpu_kernels.build import load_library, register_simd_kernel
 from jaxgen.models.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
+from jaxgen.quantization.quantized_weight import fake_quantize_activations
 
 TARGET = "jaxgen_matmul_quantized"
 QUANT_PANEL = 16  # kQuantPanel in native/matmul_quantized.h
@@ -32,6 +37,16 @@ INT4_BLOCK_ROWS = 8  # kInt4BlockRows: int4 rows in one 32-bit lane
 def quantized_matmul_available() -> bool:
     """Builds and registers the kernel once; False without a build or AVX2 + FMA + F16C."""
     return register_simd_kernel("JaxgenQuantizedMatmulHasSimd", "JaxgenMatmulQuantized", TARGET)
+
+
+@functools.cache
+def w8a8_kernel_available() -> bool:
+    """Whether the build has the int8-activation path (AVX-512 VNNI + VBMI on this CPU)."""
+    if not quantized_matmul_available():
+        return False
+    check = load_library().JaxgenW8A8HasVnni
+    check.restype = ctypes.c_bool
+    return bool(check())
 
 
 def can_pack_quantized(weight) -> bool:
@@ -65,7 +80,7 @@ def _int4_lanes(panels: jax.Array) -> jax.Array:  # [P, K / 2, 16] -> [P, K / 2,
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["values", "scales", "mins"],
-    meta_fields=["bits", "columns", "depth", "groups", "offsets"],
+    meta_fields=["bits", "columns", "depth", "groups", "offsets", "activations"],
 )
 @dataclasses.dataclass(frozen=True)
 class PackedQuantizedWeight:
@@ -82,6 +97,7 @@ class PackedQuantizedWeight:
     depth: int  # K
     groups: int  # K / group: scale rows per panel
     offsets: tuple[int, int, int] = (0, 0, 0)  # of the values, scales and mins
+    activations: str = "float"  # "int8": x quantised per row and 32 columns (W8A8)
 
     norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
 
@@ -107,6 +123,7 @@ class PackedQuantizedWeight:
             columns=columns,
             depth=weight.shape[0],
             groups=weight.shape[0] // weight.group_size,
+            activations=weight.activations,
         )
 
     @property
@@ -131,8 +148,9 @@ class PackedQuantizedWeight:
         weights: list[PackedQuantizedWeight],
         live_rows: jax.Array | None = None,
     ) -> list[jax.Array]:
-        """``[x @ w for w in weights]``: one native call when all have the same bits."""
-        if len({w.bits for w in weights}) > 1:
+        """``[x @ w for w in weights]``: one native call when all have the same bits and
+        activations."""
+        if len({(w.bits, w.activations) for w in weights}) > 1:
             return [w.matmul(x, live_rows) for w in weights]
         return matmul_quantized_cpu_group(x, weights, live_rows=live_rows)
 
@@ -145,9 +163,16 @@ def matmul_quantized_cpu_group(
 ) -> list[jax.Array]:  # each [..., N_i] float32
     """``[x @ dequant(w_i)]`` in one native call; rows outside ``live_rows`` come out as 0. A
     ``NormedInput`` with a float32 weight of x's width is normed by the kernel (any other is
-    computed in XLA first)."""
-    if not weights or len({w.bits for w in weights}) != 1:
-        raise ValueError("weights must be one or more PackedQuantizedWeights of the same bits")
+    computed in XLA first). Weights with int8 activations quantise x first: in the kernel
+    where it has VNNI, else in XLA."""
+    if not weights or len({(w.bits, w.activations) for w in weights}) != 1:
+        raise ValueError(
+            "weights must be one or more PackedQuantizedWeights of the same bits and activations"
+        )
+    activation_bits = 8 if weights[0].activations == "int8" else 32
+    if activation_bits == 8 and not w8a8_kernel_available():
+        x = x.value() if isinstance(x, NormedInput) else x
+        x, activation_bits = fake_quantize_activations(x), 32
     norm_weight, eps = jnp.zeros((0,), jnp.float32), 0.0
     if isinstance(x, NormedInput):
         if x.weight.shape == x.shape[-1:] and x.weight.dtype == x.dtype == jnp.float32:
@@ -184,6 +209,7 @@ def matmul_quantized_cpu_group(
         *args,
         eps=np.float32(eps),
         bits=np.int64(weights[0].bits),
+        activation_bits=np.int64(activation_bits),
         panels=np.array([w.panels for w in weights], np.int64),
         groups=np.array([w.groups for w in weights], np.int64),
         offsets=np.array([w.offsets for w in weights], np.int64).reshape(-1),

@@ -8,7 +8,9 @@
 // (matmul_cpu.cc): one call per group, only the rows in the two `live_rows` spans computed (the
 // rest are zeros), the outputs split into (row block, weight, column block) items on the
 // kernels' worker pool. With a non-empty `norm_weight` [K], x is an RMSNorm's input: the live rows
-// are normed first (rms_norm.h; epsilon `eps`) and the products read the normed rows.
+// are normed first (rms_norm.h; epsilon `eps`) and the products read the normed rows. With
+// `activation_bits` 8 (int8 weights only; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live rows
+// are quantised per row and 32 columns and the products summed in integers (matmul_w8a8.h).
 // Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "matmul_quantized.h"
+#include "matmul_w8a8.h"
 #include "parallel_for.h"
 #include "rms_norm.h"
 #include "xla/ffi/api/ffi.h"
@@ -48,6 +51,7 @@ int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads) {
 ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
                                ffi::Buffer<ffi::F32> norm_weight, ffi::RemainingArgs args,
                                ffi::RemainingRets outs, float eps, int64_t bits,
+                               int64_t activation_bits,
                                ffi::Span<const int64_t> panel_counts,
                                ffi::Span<const int64_t> group_counts,
                                ffi::Span<const int64_t> offsets) {
@@ -57,6 +61,17 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: live_rows [2, 2] expected");
   }
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
+  const bool int8_activations = activation_bits == 8;
+  if (!int8_activations && activation_bits != 32) {
+    return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32 or 8");
+  }
+  if (int8_activations &&
+      (!jaxgen_cpu::kW8A8Vnni || bits != 8 || xd.size() != 2 ||
+       xd[1] % jaxgen_cpu::kActivationGroup != 0)) {
+    return ffi::Error::InvalidArgument(
+        "matmul_quantized_cpu: int8 activations need int8 weights, K a multiple of 32 and "
+        "AVX-512 VNNI");
+  }
   const bool int4 = bits == 4;
   const size_t per_weight = int4 ? 3 : 2;
   const size_t count = outs.size();
@@ -85,7 +100,9 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     const int64_t code_end = offsets[3 * i] + panels * code_rows * jaxgen_cpu::kQuantPanel;
     const int64_t scale_elements = panels * groups * jaxgen_cpu::kQuantPanel;
     if (panels < 1 || groups < 1 || depth % groups != 0 ||
-        (int4 && (depth / groups) % jaxgen_cpu::kInt4BlockRows != 0) || offsets[3 * i] < 0 ||
+        (int4 && (depth / groups) % jaxgen_cpu::kInt4BlockRows != 0) ||
+        (int8_activations && (depth / groups) % jaxgen_cpu::kActivationGroup != 0) ||
+        offsets[3 * i] < 0 ||
         offsets[3 * i + 1] < 0 || offsets[3 * i + 2] < 0 ||
         code_end > static_cast<int64_t>(values->element_count()) ||
         offsets[3 * i + 1] + scale_elements > static_cast<int64_t>(scales->element_count()) ||
@@ -154,6 +171,26 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     }
     xs = normed_rows.data();
   }
+#if defined(JAXGEN_W8A8_VNNI)
+  if (int8_activations) {  // x's codes and scales for the live rows, then integer products
+    thread_local std::vector<uint8_t> codes;
+    thread_local std::vector<float> scales;
+    codes.resize(rows * depth);
+    scales.resize(rows * depth / jaxgen_cpu::kActivationGroup);
+    for (const auto& span : spans) {
+      jaxgen_cpu::QuantizeRows(xs, depth, span.begin, span.end, codes.data(), scales.data());
+    }
+    const uint8_t* code_data = codes.data();
+    const float* scale_data = scales.data();
+    jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>&) {
+      const Item& item = items[i];
+      const Weight& w = group[item.w];
+      jaxgen_cpu::W8A8Block(w.panels, code_data, scale_data, w.out, item.m0, item.m1,
+                            item.n0 / jaxgen_cpu::kQuantPanel, item.n1 / jaxgen_cpu::kQuantPanel);
+    });
+    return ffi::Error::Success();
+  }
+#endif
   jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>& scratch) {
     const Item& item = items[i];
     const Weight& w = group[item.w];
@@ -173,6 +210,10 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
 // True when the AVX2 + FMA + F16C path was compiled in; without it callers keep XLA's path.
 extern "C" bool JaxgenQuantizedMatmulHasSimd() { return jaxgen_cpu::kQuantizedSimd; }
 
+// True when the W8A8 path (AVX-512 VNNI + VBMI) was compiled in; without it int8-activation
+// weights quantise x in XLA and run the weight-only path.
+extern "C" bool JaxgenW8A8HasVnni() { return jaxgen_cpu::kW8A8Vnni; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -182,6 +223,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                                   .RemainingRets()
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("bits")
+                                  .Attr<int64_t>("activation_bits")
                                   .Attr<ffi::Span<const int64_t>>("panels")
                                   .Attr<ffi::Span<const int64_t>>("groups")
                                   .Attr<ffi::Span<const int64_t>>("offsets"));
