@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "matmul_f32.h"
@@ -314,29 +315,39 @@ int main(int argc, char** argv) {
   }
   std::printf("W8A8 block vs double loop: max |error| %.2g of max |out| %.3g\n", error, largest);
 #if defined(JAXGEN_W8A8_VNNI)
-  std::vector<uint8_t> vnni_codes(rows * depth);
+  std::vector<uint8_t> vnni_codes(rows * depth * 2);
   std::vector<float> vnni_scales(rows * groups);
-  const auto vnni_block = [&] {
-    QuantizeRows(x.data(), depth, 0, rows, vnni_codes.data(), vnni_scales.data());
-    W8A8Block(w, vnni_codes.data(), vnni_scales.data(), out.data(), 0, rows, 0, panels);
+  const auto vnni_block = [&](auto bits) {  // x's codes of that many bits, then the block
+    QuantizeRows<bits.value>(x.data(), depth, 0, rows, vnni_codes.data(), vnni_scales.data());
+    W8A8Block<bits.value>(w, vnni_codes.data(), vnni_scales.data(), out.data(), 0, rows, 0,
+                          panels);
   };
-  vnni_block();
-  error = largest = 0;
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t n = 0; n < columns; ++n) {
-      double total = 0;
-      const int64_t p = n / kQuantPanel, lane = n % kQuantPanel;
-      for (int64_t k = 0; k < depth; ++k) {
-        total += (double(vnni_codes[m * depth + k]) - 128) * vnni_scales[m * groups + k / 32] *
-                 static_cast<int8_t>(codes[(p * depth + k) * kQuantPanel + lane]) *
-                 HalfToFloat(scales[(p * groups + k / group) * kQuantPanel + lane]);
+  const auto check = [&](auto bits) {
+    vnni_block(bits);
+    double worst = 0, top = 0;
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t n = 0; n < columns; ++n) {
+        double total = 0;
+        const int64_t p = n / kQuantPanel, lane = n % kQuantPanel;
+        for (int64_t k = 0; k < depth; ++k) {
+          const double code =
+              bits.value == 8
+                  ? double(vnni_codes[m * depth + k]) - 128
+                  : 256.0 * vnni_codes[2 * m * depth + k] + vnni_codes[(2 * m + 1) * depth + k] -
+                        32768;
+          total += code * vnni_scales[m * groups + k / 32] *
+                   static_cast<int8_t>(codes[(p * depth + k) * kQuantPanel + lane]) *
+                   HalfToFloat(scales[(p * groups + k / group) * kQuantPanel + lane]);
+        }
+        worst = std::max(worst, std::fabs(total - out[m * columns + n]));
+        top = std::max(top, std::fabs(total));
       }
-      error = std::max(error, std::fabs(total - out[m * columns + n]));
-      largest = std::max(largest, std::fabs(total));
     }
-  }
-  std::printf("VNNI W8A8 block vs double loop: max |error| %.2g of max |out| %.3g\n", error,
-              largest);
+    std::printf("VNNI block, %d-bit x, vs double loop: max |error| %.2g of max |out| %.3g\n",
+                bits.value, worst, top);
+  };
+  check(std::integral_constant<int, 8>{});
+  check(std::integral_constant<int, 16>{});
 #endif
 
   const double macs = double(rows) * depth * columns;
@@ -362,17 +373,21 @@ int main(int argc, char** argv) {
       Int8ActivationMatmulBlock(w, xq.data(), xs.data(), out.data(), 0, rows, 0, columns);
     }
     const double w8a8 = macs * calls / Seconds(start) / 1e9;
-    double vnni_w8a8 = 0;
+    double vnni_w8a8 = 0, vnni_w8a16 = 0;
 #if defined(JAXGEN_W8A8_VNNI)
     start = Clock::now();
-    for (int i = 0; i < calls; ++i) vnni_block();
+    for (int i = 0; i < calls; ++i) vnni_block(std::integral_constant<int, 8>{});
     vnni_w8a8 = macs * calls / Seconds(start) / 1e9;
+    start = Clock::now();
+    for (int i = 0; i < calls; ++i) vnni_block(std::integral_constant<int, 16>{});
+    vnni_w8a16 = macs * calls / Seconds(start) / 1e9;
 #endif
     std::printf(
         "G multiply-adds/s, one thread. Registers: float32 FMA %.1f, int8 8-bit x %.1f (%.2fx), "
         "7-bit x %.1f (%.2fx), vpdpbusd %.1f (%.2fx; 0: not built). Blocks %ldx%ldx%ld: float32 %.1f, int8 weights %.1f (%.2fx), "
-        "W8A8 %.1f (%.2fx), VNNI W8A8 %.1f (%.2fx; 0: not built)\n",
+        "W8A8 %.1f (%.2fx), VNNI 8-bit x %.1f (%.2fx), 16-bit x %.1f (%.2fx; 0: not built)\n",
         fma, sign_trick, sign_trick / fma, offset, offset / fma, vnni, vnni / fma, rows, depth, columns, float32,
-        int8, int8 / float32, w8a8, w8a8 / float32, vnni_w8a8, vnni_w8a8 / float32);
+        int8, int8 / float32, w8a8, w8a8 / float32, vnni_w8a8, vnni_w8a8 / float32, vnni_w8a16,
+        vnni_w8a16 / float32);
   }
 }

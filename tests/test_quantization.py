@@ -85,7 +85,7 @@ def test_w8a8_weights_quantise_their_input():
     spec = spec_for_path("w8a8", ("layers", 0, "mlp", "down_proj", "kernel"))
     assert spec == QuantizationSpec(kind="int8", group_size=32, activations="int8")
     assert spec_for_path("w8a8", ("embed_tokens", "embedding")) == spec
-    assert spec_for_path("int8", ("lm_head", "kernel")).activations == "float"
+    assert spec_for_path("int8", ("lm_head", "kernel")).activations == "int16"
     w = quantize_kernel(_weight(), spec)
     assert w.activations == "int8"
     x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 256)), jnp.float32)

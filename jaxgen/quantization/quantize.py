@@ -22,7 +22,8 @@ from jaxgen.quantization.quantized_weight import QuantizedWeight, pack_int4, val
 
 # What users pass: ``auto`` keeps a GGUF's quantised types and a float checkpoint float; ``none``
 # dequantises everything; the others quantise a float checkpoint at load ("w8a8": int8 as "int8",
-# and every matmul quantises its input to int8 too, per row and 32 columns).
+# and every matmul quantises its input to int8 too, per row and 32 columns; "int8" lets integer
+# kernels take the input as 16-bit codes: QuantizedWeight).
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "fp8", "w8a8")
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 
@@ -57,7 +58,7 @@ def spec_for_path(quantization: str, path: tuple) -> QuantizationSpec | None:
     if quantization == "w8a8":
         return QuantizationSpec(kind="int8", group_size=32, activations="int8")
     if quantization == "int8" or (quantization == "int4" and head):
-        return QuantizationSpec(kind="int8", group_size=32)
+        return QuantizationSpec(kind="int8", group_size=32, activations="int16")
     if quantization == "int4":
         return QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
     return QuantizationSpec(kind="fp8")

@@ -13,7 +13,11 @@ An int8 weight may also quantise its input (``activations="int8"``, W8A8; ``quan
 "w8a8"``): x is taken per row and 32 columns as ``s * q`` with ``s = max|x| / 127`` and
 ``q = round_half_even(x * 127 / max|x|)`` (:func:`quantize_activations`), so a kernel can sum
 ``q * value`` in integers. :meth:`matmul` computes ``fake_quantize_activations(x) @ dequantize()``,
-the reference the native W8A8 kernel is held to.
+the reference the native W8A8 kernel is held to. ``activations="int16"`` (an int8 weight
+quantised at load, ``quantization="int8"``) lets a kernel that sums in integers take x as 16-bit
+codes the same way (``L = 32767`` in place of 127: within ``max|x| / 65534`` of x per group,
+finer than float16); every other path, the reference included, uses x as it is. A GGUF's
+weights keep ``"float"``, so a kept file computes its dequantised model's numbers.
 
 Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
 one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
@@ -37,8 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 KINDS = ("int8", "int4", "fp8")
-ACTIVATIONS = ("float", "int8")  # what an int8 weight does with its input
-ACTIVATION_GROUP = 32  # columns of x per activation scale (int8 activations)
+ACTIVATIONS = ("float", "int16", "int8")  # what an int8 weight does with its input
+ACTIVATION_GROUP = 32  # columns of x per activation scale (int8 / int16 activations)
 VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
 
 
@@ -57,7 +61,7 @@ class QuantizedWeight:
     kind: str
     group_size: int
     shape: tuple[int, int]  # (K, N)
-    activations: str = "float"  # "int8": x quantised per row and 32 columns (module docstring)
+    activations: str = "float"  # "int8" / "int16": x's codes per row and 32 columns (docstring)
 
     def __post_init__(self):
         validate_layout(self.kind, self.group_size, self.shape, self.activations)
@@ -112,7 +116,7 @@ def validate_layout(
     kind: str, group_size: int, shape: tuple[int, int], activations: str = "float"
 ) -> None:
     """``ValueError`` for an unknown kind or a group size that does not divide K; int8
-    activations need an int8 weight whose K and group size are multiples of 32."""
+    or int16 activations need an int8 weight whose K and group size are multiples of 32."""
     if kind not in KINDS:
         raise ValueError(f"quantization kind must be one of {KINDS}, got {kind!r}")
     if activations not in ACTIVATIONS:
@@ -124,31 +128,33 @@ def validate_layout(
         )
     if kind == "int4" and group_size % 2:
         raise ValueError(f"int4 group_size must be even, got {group_size}")
-    if activations == "int8" and (
+    if activations != "float" and (
         kind != "int8" or depth % ACTIVATION_GROUP or group_size % ACTIVATION_GROUP
     ):
         raise ValueError(
-            f"int8 activations need an int8 weight whose input width and group size are "
-            f"multiples of {ACTIVATION_GROUP}, got {kind} {shape} in groups of {group_size}"
+            f"{activations} activations need an int8 weight whose input width and group size "
+            f"are multiples of {ACTIVATION_GROUP}, got {kind} {shape} in groups of {group_size}"
         )
 
 
-def quantize_activations(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x [..., K] (K a multiple of 32) as int8 codes [..., K] in [-127, 127] and float32
-    scales [..., K / 32], per row and 32 columns: ``s = max|x| / 127``, ``q =
-    round_half_even(x * (127 / max|x|))`` (an all-zero group: codes 0, scale 0)."""
+def quantize_activations(x: jax.Array, bits: int = 8) -> tuple[jax.Array, jax.Array]:
+    """x [..., K] (K a multiple of 32) as ``bits``-bit codes [..., K] (int8 in [-127, 127], or
+    int16 in [-32767, 32767]) and float32 scales [..., K / 32], per row and 32 columns: ``s =
+    max|x| / L``, ``q = round_half_even(x * (L / max|x|))`` (an all-zero group: codes 0, scale
+    0)."""
+    levels = jnp.float32(2 ** (bits - 1) - 1)
     x = x.astype(jnp.float32)
     groups = x.reshape(*x.shape[:-1], x.shape[-1] // ACTIVATION_GROUP, ACTIVATION_GROUP)
     largest = jnp.max(jnp.abs(groups), axis=-1, keepdims=True)
-    inverse = jnp.float32(127.0) / jnp.where(largest == 0, 1.0, largest)
-    codes = jnp.clip(jnp.round(groups * inverse), -127, 127)
-    codes = jnp.where(largest == 0, 0.0, codes).astype(jnp.int8).reshape(x.shape)
-    return codes, (largest / jnp.float32(127.0))[..., 0]
+    inverse = jnp.where(largest == 0, 0.0, levels / jnp.where(largest == 0, 1.0, largest))
+    codes = jnp.clip(jnp.round(groups * inverse), -levels, levels)
+    codes = codes.astype(jnp.int8 if bits == 8 else jnp.int16).reshape(x.shape)
+    return codes, (largest / levels)[..., 0]
 
 
-def fake_quantize_activations(x: jax.Array) -> jax.Array:
-    """The float32 values x's int8 codes stand for: ``s * q`` (:func:`quantize_activations`)."""
-    codes, scales = quantize_activations(x)
+def fake_quantize_activations(x: jax.Array, bits: int = 8) -> jax.Array:
+    """The float32 values x's codes stand for: ``s * q`` (:func:`quantize_activations`)."""
+    codes, scales = quantize_activations(x, bits)
     groups = codes.reshape(*codes.shape[:-1], -1, ACTIVATION_GROUP).astype(jnp.float32)
     return (groups * scales[..., None]).reshape(codes.shape)
 

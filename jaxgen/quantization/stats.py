@@ -20,7 +20,7 @@ def weight_stats(loaded) -> dict:
         if isinstance(value, QuantizedWeight):
             name = value.kind if value.mins is None else f"{value.kind}+min"
             name += f"/g{value.group_size}" if value.group_size < value.shape[0] else "/channel"
-            name += "/a8" if value.activations == "int8" else ""
+            name += {"int8": "/a8", "int16": "/a16"}.get(value.activations, "")
             count = math.prod(value.shape)
         else:
             name, count = str(value.dtype), math.prod(value.shape)

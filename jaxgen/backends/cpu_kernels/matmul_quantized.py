@@ -10,7 +10,9 @@ through ``jaxgen.models.linear`` without importing this module. It takes a ``Nor
 thunks per call. An int8 weight with int8 activations (``quantization="w8a8"``) quantises x's
 live rows in the kernel and sums the products in integers (``native/matmul_w8a8.h``, AVX-512
 VNNI); on a CPU without VNNI x is quantised in XLA and the weight-only path runs on it (the same
-numbers up to rounding). Reference: ``QuantizedWeight.matmul``.
+numbers up to rounding). An int8 weight quantised at load (``activations="int16"``) takes x as
+16-bit codes on a VNNI CPU the same way (two bytes, two ``vpdpbusd``), and x as it is elsewhere.
+Reference: ``QuantizedWeight.matmul``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jaxgen.quantization.quantized_weight import fake_quantize_activations
 
 TARGET = "jaxgen_matmul_quantized"
 QUANT_PANEL = 16  # kQuantPanel in native/matmul_quantized.h
+ACTIVATION_BITS = {"float": 32, "int16": 16, "int8": 8}  # x as the kernel takes it
 INT4_BLOCK_ROWS = 8  # kInt4BlockRows: int4 rows in one 32-bit lane
 
 
@@ -169,10 +172,11 @@ def matmul_quantized_cpu_group(
         raise ValueError(
             "weights must be one or more PackedQuantizedWeights of the same bits and activations"
         )
-    activation_bits = 8 if weights[0].activations == "int8" else 32
-    if activation_bits == 8 and not w8a8_kernel_available():
-        x = x.value() if isinstance(x, NormedInput) else x
-        x, activation_bits = fake_quantize_activations(x), 32
+    activation_bits = ACTIVATION_BITS[weights[0].activations]
+    if activation_bits < 32 and not w8a8_kernel_available():
+        if activation_bits == 8:  # int8 codes are the weight's numbers: quantise in XLA
+            x = fake_quantize_activations(x.value() if isinstance(x, NormedInput) else x)
+        activation_bits = 32
     norm_weight, eps = jnp.zeros((0,), jnp.float32), 0.0
     if isinstance(x, NormedInput):
         if x.weight.shape == x.shape[-1:] and x.weight.dtype == x.dtype == jnp.float32:

@@ -9,8 +9,9 @@
 // rest are zeros), the outputs split into (row block, weight, column block) items on the
 // kernels' worker pool. With a non-empty `norm_weight` [K], x is an RMSNorm's input: the live rows
 // are normed first (rms_norm.h; epsilon `eps`) and the products read the normed rows. With
-// `activation_bits` 8 (int8 weights only; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live rows
-// are quantised per row and 32 columns and the products summed in integers (matmul_w8a8.h).
+// `activation_bits` 8 or 16 (int8 weights only; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live
+// rows are quantised per row and 32 columns and the products summed in integers
+// (matmul_w8a8.h).
 // Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
 
 #include <algorithm>
@@ -61,9 +62,9 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: live_rows [2, 2] expected");
   }
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
-  const bool int8_activations = activation_bits == 8;
+  const bool int8_activations = activation_bits == 8 || activation_bits == 16;
   if (!int8_activations && activation_bits != 32) {
-    return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32 or 8");
+    return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32, 16 or 8");
   }
   if (int8_activations &&
       (!jaxgen_cpu::kW8A8Vnni || bits != 8 || xd.size() != 2 ||
@@ -175,18 +176,30 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   if (int8_activations) {  // x's codes and scales for the live rows, then integer products
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<float> scales;
-    codes.resize(rows * depth);
+    const bool wide = activation_bits == 16;
+    codes.resize(rows * depth * (wide ? 2 : 1));
     scales.resize(rows * depth / jaxgen_cpu::kActivationGroup);
     for (const auto& span : spans) {
-      jaxgen_cpu::QuantizeRows(xs, depth, span.begin, span.end, codes.data(), scales.data());
+      if (wide) {
+        jaxgen_cpu::QuantizeRows<16>(xs, depth, span.begin, span.end, codes.data(),
+                                     scales.data());
+      } else {
+        jaxgen_cpu::QuantizeRows<8>(xs, depth, span.begin, span.end, codes.data(), scales.data());
+      }
     }
     const uint8_t* code_data = codes.data();
     const float* scale_data = scales.data();
     jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>&) {
       const Item& item = items[i];
       const Weight& w = group[item.w];
-      jaxgen_cpu::W8A8Block(w.panels, code_data, scale_data, w.out, item.m0, item.m1,
-                            item.n0 / jaxgen_cpu::kQuantPanel, item.n1 / jaxgen_cpu::kQuantPanel);
+      const int64_t p0 = item.n0 / jaxgen_cpu::kQuantPanel, p1 = item.n1 / jaxgen_cpu::kQuantPanel;
+      if (wide) {
+        jaxgen_cpu::W8A8Block<16>(w.panels, code_data, scale_data, w.out, item.m0, item.m1, p0,
+                                  p1);
+      } else {
+        jaxgen_cpu::W8A8Block<8>(w.panels, code_data, scale_data, w.out, item.m0, item.m1, p0,
+                                 p1);
+      }
     });
     return ffi::Error::Success();
   }
