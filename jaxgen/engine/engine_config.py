@@ -195,9 +195,10 @@ class EngineConfig:
     quantization: str = knob(
         "auto",
         help="weights as loaded: auto (a GGUF keeps its Q8_0/Q4_0/Q4_1 types, a float checkpoint "
-        "stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load; "
-        "w8a8: int8 weights whose matmuls quantise their input to int8 too, per row and 32 "
-        "columns (jaxgen.quantization); TGI's eetq and bitsandbytes mean int8",
+        "stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load "
+        "(int8: integer CPU kernels may take x as 16-bit codes); w8a8: int8 weights whose "
+        "matmuls quantise their input to int8 too, per row and 32 columns "
+        "(jaxgen.quantization); TGI's eetq and bitsandbytes mean int8",
         choices=QUANTIZATION_CHOICES,
         env=("QUANTIZE",),
         properties=("option.quantize",),
