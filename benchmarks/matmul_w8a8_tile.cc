@@ -200,10 +200,17 @@ double FloatPeak(long iterations) {
   return iterations * 12.0 * 8 / seconds;
 }
 
-// Multiply-adds per second of a 4-row x 16-column int8 tile in registers, 4 k per step:
-// kSigned (8-bit x, sign trick) or 7-bit x already offset to unsigned.
-template <bool kSigned>
+// How a tile's int8 products are formed: 8-bit x with the sign trick, 7-bit x offset to
+// unsigned (vpmaddubsw + vpmaddwd + vpaddd), or vpdpbusd (AVX-512 VNNI on 256-bit registers).
+enum class IntegerProduct { kSignTrick, kOffset, kVnni };
+
+// Multiply-adds per second of a 4-row x 16-column int8 tile in registers, 4 k per step; 0 for
+// kVnni where the build does not target it.
+template <IntegerProduct kProduct>
 double IntegerPeak(long iterations) {
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  if constexpr (kProduct == IntegerProduct::kVnni) return 0.0;
+#endif
   alignas(32) static int8_t x[4 * 256], w[64 * 64];
   for (int i = 0; i < 4 * 256; ++i) x[i] = static_cast<int8_t>(i * 37 % 127);
   for (int i = 0; i < 64 * 64; ++i) w[i] = static_cast<int8_t>(i * 53 % 255 - 127);
@@ -218,13 +225,18 @@ double IntegerPeak(long iterations) {
       int32_t four;
       std::memcpy(&four, x + r * 256 + (k & 63) * 4, sizeof(four));
       const __m256i b = _mm256_set1_epi32(four);
-      if constexpr (kSigned) {
+      if constexpr (kProduct == IntegerProduct::kSignTrick) {
         const __m256i magnitude = _mm256_abs_epi8(b);
         acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w0, b)), ones));
         acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w1, b)), ones));
-      } else {
+      } else if constexpr (kProduct == IntegerProduct::kOffset) {
         acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(b, w0), ones));
         acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(b, w1), ones));
+      } else {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+        acc[r][0] = _mm256_dpbusd_epi32(acc[r][0], b, w0);
+        acc[r][1] = _mm256_dpbusd_epi32(acc[r][1], b, w1);
+#endif
       }
     }
   }
@@ -233,38 +245,6 @@ double IntegerPeak(long iterations) {
   for (int r = 0; r < 4; ++r) sum += _mm256_extract_epi32(acc[r][0], 0) + _mm256_extract_epi32(acc[r][1], 3);
   if (sum == 12345) std::puts("");  // keeps the loop
   return iterations * 4.0 * 16 * 4 / seconds;
-}
-
-// Multiply-adds per second of the same tile with vpdpbusd (AVX-512 VNNI on 256-bit registers),
-// x offset to unsigned; 0 where the build does not target it.
-double VnniPeak(long iterations) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  alignas(32) static int8_t x[4 * 256], w[64 * 64];
-  for (int i = 0; i < 4 * 256; ++i) x[i] = static_cast<int8_t>(i * 37 % 127);
-  for (int i = 0; i < 64 * 64; ++i) w[i] = static_cast<int8_t>(i * 53 % 255 - 127);
-  __m256i acc[4][2];
-  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-  const auto start = Clock::now();
-  for (long k = 0; k < iterations; ++k) {
-    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + (k & 63) * 64));
-    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + (k & 63) * 64 + 32));
-    for (int r = 0; r < 4; ++r) {
-      int32_t four;
-      std::memcpy(&four, x + r * 256 + (k & 63) * 4, sizeof(four));
-      const __m256i b = _mm256_set1_epi32(four);
-      acc[r][0] = _mm256_dpbusd_epi32(acc[r][0], b, w0);
-      acc[r][1] = _mm256_dpbusd_epi32(acc[r][1], b, w1);
-    }
-  }
-  const double seconds = Seconds(start);
-  int sum = 0;
-  for (int r = 0; r < 4; ++r) sum += _mm256_extract_epi32(acc[r][0], 0) + _mm256_extract_epi32(acc[r][1], 3);
-  if (sum == 12345) std::puts("");  // keeps the loop
-  return iterations * 4.0 * 16 * 4 / seconds;
-#else
-  (void)iterations;
-  return 0.0;
-#endif
 }
 
 }  // namespace
@@ -297,23 +277,29 @@ int main(int argc, char** argv) {
                             xs.data() + m * depth / kActivationGroup);
     }
   };
+  // Prints a block's out against a double-precision loop over x's codes (x_value(m, k): the
+  // code times its scale) and the weight's.
+  const auto compare_with_double_loop = [&](const char* block, auto x_value) {
+    double error = 0, largest = 0;
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t n = 0; n < columns; ++n) {
+        double total = 0;
+        const int64_t p = n / kQuantPanel, lane = n % kQuantPanel;
+        for (int64_t k = 0; k < depth; ++k) {
+          total += x_value(m, k) * static_cast<int8_t>(codes[(p * depth + k) * kQuantPanel + lane]) *
+                   HalfToFloat(scales[(p * groups + k / group) * kQuantPanel + lane]);
+        }
+        error = std::max(error, std::fabs(total - out[m * columns + n]));
+        largest = std::max(largest, std::fabs(total));
+      }
+    }
+    std::printf("%s vs double loop: max |error| %.2g of max |out| %.3g\n", block, error, largest);
+  };
   quantize();
   Int8ActivationMatmulBlock(w, xq.data(), xs.data(), out.data(), 0, rows, 0, columns);
-  double error = 0, largest = 0;
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t n = 0; n < columns; ++n) {
-      double total = 0;
-      const int64_t p = n / kQuantPanel, lane = n % kQuantPanel;
-      for (int64_t k = 0; k < depth; ++k) {
-        total += double(xq[m * depth + k]) * xs[m * depth / 32 + k / 32] *
-                 static_cast<int8_t>(codes[(p * depth + k) * kQuantPanel + lane]) *
-                 HalfToFloat(scales[(p * groups + k / group) * kQuantPanel + lane]);
-      }
-      error = std::max(error, std::fabs(total - out[m * columns + n]));
-      largest = std::max(largest, std::fabs(total));
-    }
-  }
-  std::printf("W8A8 block vs double loop: max |error| %.2g of max |out| %.3g\n", error, largest);
+  compare_with_double_loop("W8A8 block", [&](int64_t m, int64_t k) {
+    return double(xq[m * depth + k]) * xs[m * depth / 32 + k / 32];
+  });
 #if defined(JAXGEN_W8A8_VNNI)
   std::vector<uint8_t> vnni_codes(rows * depth * 2);
   std::vector<float> vnni_scales(rows * groups);
@@ -322,40 +308,24 @@ int main(int argc, char** argv) {
     W8A8Block<bits.value>(w, vnni_codes.data(), vnni_scales.data(), out.data(), 0, rows, 0,
                           panels);
   };
-  const auto check = [&](auto bits) {
-    vnni_block(bits);
-    double worst = 0, top = 0;
-    for (int64_t m = 0; m < rows; ++m) {
-      for (int64_t n = 0; n < columns; ++n) {
-        double total = 0;
-        const int64_t p = n / kQuantPanel, lane = n % kQuantPanel;
-        for (int64_t k = 0; k < depth; ++k) {
-          const double code =
-              bits.value == 8
-                  ? double(vnni_codes[m * depth + k]) - 128
-                  : 256.0 * vnni_codes[2 * m * depth + k] + vnni_codes[(2 * m + 1) * depth + k] -
-                        32768;
-          total += code * vnni_scales[m * groups + k / 32] *
-                   static_cast<int8_t>(codes[(p * depth + k) * kQuantPanel + lane]) *
-                   HalfToFloat(scales[(p * groups + k / group) * kQuantPanel + lane]);
-        }
-        worst = std::max(worst, std::fabs(total - out[m * columns + n]));
-        top = std::max(top, std::fabs(total));
-      }
-    }
-    std::printf("VNNI block, %d-bit x, vs double loop: max |error| %.2g of max |out| %.3g\n",
-                bits.value, worst, top);
-  };
-  check(std::integral_constant<int, 8>{});
-  check(std::integral_constant<int, 16>{});
+  vnni_block(std::integral_constant<int, 8>{});
+  compare_with_double_loop("VNNI block, 8-bit x", [&](int64_t m, int64_t k) {
+    return (double(vnni_codes[m * depth + k]) - 128) * vnni_scales[m * groups + k / 32];
+  });
+  vnni_block(std::integral_constant<int, 16>{});
+  compare_with_double_loop("VNNI block, 16-bit x", [&](int64_t m, int64_t k) {
+    const double code =
+        256.0 * vnni_codes[2 * m * depth + k] + vnni_codes[(2 * m + 1) * depth + k] - 32768;
+    return code * vnni_scales[m * groups + k / 32];
+  });
 #endif
 
   const double macs = double(rows) * depth * columns;
   for (int round = 0; round < 3; ++round) {
     const double fma = FloatPeak(100000000) / 1e9;
-    const double sign_trick = IntegerPeak<true>(50000000) / 1e9;
-    const double offset = IntegerPeak<false>(50000000) / 1e9;
-    const double vnni = VnniPeak(50000000) / 1e9;
+    const double sign_trick = IntegerPeak<IntegerProduct::kSignTrick>(50000000) / 1e9;
+    const double offset = IntegerPeak<IntegerProduct::kOffset>(50000000) / 1e9;
+    const double vnni = IntegerPeak<IntegerProduct::kVnni>(50000000) / 1e9;
     const int calls = 20;
     auto start = Clock::now();
     for (int i = 0; i < calls; ++i) {

@@ -45,6 +45,17 @@ SPECS = {
 }
 
 
+def _live_rows_and_mask(live, rows: int):
+    """``live`` spans as the kernel's ``live_rows`` (None: every row) and the [rows, 1] mask of
+    the rows they cover."""
+    if live is None:
+        return None, np.ones((rows, 1))
+    mask = np.zeros((rows, 1))
+    for begin, end in live:
+        mask[begin:end] = 1
+    return jnp.asarray(live, jnp.int32), mask
+
+
 def _reference(x, weight: QuantizedWeight, mask=None):
     out = np.asarray(x, np.float64) @ np.asarray(weight.dequantize(), np.float64)
     return out if mask is None else out * mask
@@ -108,12 +119,7 @@ def test_norm_prologue_matches_the_normed_rows(spec, rows, live):
     norm_weight = jnp.asarray(rng.uniform(0.5, 1.5, depth), jnp.float32)
     weights = [quantize_kernel(rng.standard_normal((depth, n)), SPECS[spec]) for n in (576, 192)]
     packed = [PackedQuantizedWeight.pack(w) for w in weights]
-    live_rows = None if live is None else jnp.asarray(live, jnp.int32)
-    mask = np.ones((rows, 1))
-    if live is not None:
-        mask[:] = 0
-        for begin, end in live:
-            mask[begin:end] = 1
+    live_rows, mask = _live_rows_and_mask(live, rows)
 
     def normed(x, w, ws, live_rows):
         return matmul_quantized_cpu_group(NormedInput(x, w, 1e-5), ws, live_rows=live_rows)
@@ -178,12 +184,7 @@ def test_integer_activations_match_the_reference(monkeypatch, activations, vnni,
     packed = [PackedQuantizedWeight.pack(w) for w in weights]
     assert {p.activations for p in packed} == {activations}
     norm_weight = jnp.asarray(rng.uniform(0.5, 1.5, depth), jnp.float32)
-    live_rows = None if live is None else jnp.asarray(live, jnp.int32)
-    mask = np.ones((rows, 1))
-    if live is not None:
-        mask[:] = 0
-        for begin, end in live:
-            mask[begin:end] = 1
+    live_rows, mask = _live_rows_and_mask(live, rows)
     run = jax.jit(lambda x, ws, live: matmul_quantized_cpu_group(x, ws, live_rows=live))
     normed = jax.jit(
         lambda x, nw, ws, live: matmul_quantized_cpu_group(
