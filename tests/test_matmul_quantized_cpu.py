@@ -29,6 +29,7 @@ from jaxgen.backends.cpu_kernels import matmul_quantized as matmul_quantized_mod
 from jaxgen.engine.runner import FlatParams
 from jaxgen.models.linear import Linear, NormedInput, apply_linears, rms_norm
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, quantize_kernel
+from jaxgen.quantization.quantized_weight import fake_quantize_activations
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu" or not quantized_matmul_available(),
@@ -201,6 +202,12 @@ def test_integer_activations_match_the_reference(monkeypatch, activations, vnni,
             expected = np.asarray(weight.matmul(inputs)) * mask
             scale = np.abs(expected).max()
             np.testing.assert_allclose(out, expected, rtol=1e-5, atol=tolerance * scale)
+    if vnni and activations == "int16":  # the kernel's own 16-bit codes, to float rounding
+        codes_x = fake_quantize_activations(x, bits=16)
+        for weight, out in zip(weights, run(x, packed, live_rows), strict=True):
+            expected = np.asarray(codes_x @ weight.dequantize()) * mask
+            scale = np.abs(expected).max()
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * scale)
     hlo = run.lower(x, packed, live_rows).as_text()
     assert hlo.count("jaxgen_matmul_quantized") == 1
     # int8 codes: in the kernel, or in XLA before it; int16 codes only in the kernel.

@@ -100,7 +100,7 @@ class PackedQuantizedWeight:
     depth: int  # K
     groups: int  # K / group: scale rows per panel
     offsets: tuple[int, int, int] = (0, 0, 0)  # of the values, scales and mins
-    activations: str = "float"  # "int8": x quantised per row and 32 columns (W8A8)
+    activations: str = "float"  # "int8" / "int16": x's codes (QuantizedWeight.activations)
 
     norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
 
@@ -167,7 +167,8 @@ def matmul_quantized_cpu_group(
     """``[x @ dequant(w_i)]`` in one native call; rows outside ``live_rows`` come out as 0. A
     ``NormedInput`` with a float32 weight of x's width is normed by the kernel (any other is
     computed in XLA first). Weights with int8 activations quantise x first: in the kernel
-    where it has VNNI, else in XLA."""
+    where it has VNNI, else in XLA; int16 ones in the kernel where it has VNNI, else not at
+    all."""
     if not weights or len({(w.bits, w.activations) for w in weights}) != 1:
         raise ValueError(
             "weights must be one or more PackedQuantizedWeights of the same bits and activations"
