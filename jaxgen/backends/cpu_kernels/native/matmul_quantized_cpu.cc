@@ -4,15 +4,15 @@
 // the same x (q/k/v; gate/up), each given as its packed values, float16 scales and (int4) float16
 // minimums (matmul_quantized.h has the layout and the tile), found at element offsets of their
 // buffers (attributes `panels`, `groups` and `offsets`, per weight): a weight's own arrays, or
-// buffers shared by every weight of a model so that a step passes three arrays, not hundreds. As the float32 kernel
-// (matmul_cpu.cc): one call per group, only the rows in the two `live_rows` spans computed (the
-// rest are zeros), the outputs split into (row block, weight, column block) items on the
-// kernels' worker pool. With a non-empty `norm_weight` [K], x is an RMSNorm's input: the live rows
-// are normed first (rms_norm.h; epsilon `eps`) and the products read the normed rows. With
-// `activation_bits` 8 or 16 (int8 weights only; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live
-// rows are quantised per row and 32 columns and the products summed in integers
-// (matmul_w8a8.h).
-// Reference: x @ QuantizedWeight.dequantize() (tests/test_matmul_quantized_cpu.py).
+// buffers shared by every weight of a model so that a step passes three arrays, not hundreds.
+// As the float32 kernel (matmul_cpu.cc): one call per group, only the rows in the two
+// `live_rows` spans computed (the rest are zeros), the outputs split into (row block, weight,
+// column block) items on the kernels' worker pool. With a non-empty `norm_weight` [K], x is an
+// RMSNorm's input: the live rows are normed first (rms_norm.h; epsilon `eps`) and the products
+// read the normed rows. With `activation_bits` 8 or 16 (int8 weights only; needs AVX-512 VNNI,
+// JaxgenW8A8HasVnni) the live rows are quantised per row and 32 columns and the products summed
+// in integers (matmul_w8a8.h). Reference: QuantizedWeight.matmul
+// (tests/test_matmul_quantized_cpu.py).
 
 #include <algorithm>
 #include <cstdint>
@@ -62,15 +62,15 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: live_rows [2, 2] expected");
   }
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
-  const bool int8_activations = activation_bits == 8 || activation_bits == 16;
-  if (!int8_activations && activation_bits != 32) {
+  const bool integer_activations = activation_bits == 8 || activation_bits == 16;
+  if (!integer_activations && activation_bits != 32) {
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32, 16 or 8");
   }
-  if (int8_activations &&
+  if (integer_activations &&
       (!jaxgen_cpu::kW8A8Vnni || bits != 8 || xd.size() != 2 ||
        xd[1] % jaxgen_cpu::kActivationGroup != 0)) {
     return ffi::Error::InvalidArgument(
-        "matmul_quantized_cpu: int8 activations need int8 weights, K a multiple of 32 and "
+        "matmul_quantized_cpu: integer activations need int8 weights, K a multiple of 32 and "
         "AVX-512 VNNI");
   }
   const bool int4 = bits == 4;
@@ -102,7 +102,7 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     const int64_t scale_elements = panels * groups * jaxgen_cpu::kQuantPanel;
     if (panels < 1 || groups < 1 || depth % groups != 0 ||
         (int4 && (depth / groups) % jaxgen_cpu::kInt4BlockRows != 0) ||
-        (int8_activations && (depth / groups) % jaxgen_cpu::kActivationGroup != 0) ||
+        (integer_activations && (depth / groups) % jaxgen_cpu::kActivationGroup != 0) ||
         offsets[3 * i] < 0 ||
         offsets[3 * i + 1] < 0 || offsets[3 * i + 2] < 0 ||
         code_end > static_cast<int64_t>(values->element_count()) ||
@@ -173,7 +173,7 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     xs = normed_rows.data();
   }
 #if defined(JAXGEN_W8A8_VNNI)
-  if (int8_activations) {  // x's codes and scales for the live rows, then integer products
+  if (integer_activations) {  // x's codes and scales for the live rows, then integer products
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<float> scales;
     const bool wide = activation_bits == 16;
@@ -192,7 +192,8 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>&) {
       const Item& item = items[i];
       const Weight& w = group[item.w];
-      const int64_t p0 = item.n0 / jaxgen_cpu::kQuantPanel, p1 = item.n1 / jaxgen_cpu::kQuantPanel;
+      const int64_t p0 = item.n0 / jaxgen_cpu::kQuantPanel;
+      const int64_t p1 = item.n1 / jaxgen_cpu::kQuantPanel;
       if (wide) {
         jaxgen_cpu::W8A8Block<16>(w.panels, code_data, scale_data, w.out, item.m0, item.m1, p0,
                                   p1);
@@ -223,8 +224,8 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
 // True when the AVX2 + FMA + F16C path was compiled in; without it callers keep XLA's path.
 extern "C" bool JaxgenQuantizedMatmulHasSimd() { return jaxgen_cpu::kQuantizedSimd; }
 
-// True when the W8A8 path (AVX-512 VNNI + VBMI) was compiled in; without it int8-activation
-// weights quantise x in XLA and run the weight-only path.
+// True when the integer-activation path (AVX-512 VNNI + VBMI) was compiled in; without it
+// weights with int8 activations quantise x in XLA and those with int16 ones take x as it is.
 extern "C" bool JaxgenW8A8HasVnni() { return jaxgen_cpu::kW8A8Vnni; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
