@@ -31,8 +31,9 @@ FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantizationSpec:
     """One weight's quantisation: ``kind`` with ``group_size`` (None: per output channel) and,
-    for int4, a per-group minimum (``asymmetric``); an int8 weight with ``activations="int8"``
-    quantises its input too (``QuantizedWeight``)."""
+    for int4, a per-group minimum (``asymmetric``); an int8 weight's ``activations``: "int8"
+    quantises its input too, "int16" lets integer kernels take it as 16-bit codes
+    (``QuantizedWeight``)."""
 
     kind: str
     group_size: int | None = None
