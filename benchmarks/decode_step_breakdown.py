@@ -8,6 +8,7 @@ has them) and context lengths spread over 40-128 tokens:
   cpu        - the full step as the engine runs it on CPU: native decode kernel, native matmul
 
     python benchmarks/decode_step_breakdown.py [--batch 64] [--repeats 7] [--modes cpu,matmul-cpu]
+        [--quantization auto|none]
 """
 
 import argparse
@@ -26,9 +27,12 @@ parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--batch", type=int, default=64)
 parser.add_argument("--repeats", type=int, default=7)
 parser.add_argument("--modes", default=None, help="comma-separated subset of the variants above")
+parser.add_argument(
+    "--quantization", default="auto", help="load_model's: auto (the GGUF kept) or none (float32)"
+)
 args = parser.parse_args()
 
-m = load_model(None)
+m = load_model(None, quantization=args.quantization)
 cfg = m.config
 B, S, W = args.batch, 16, 8  # batch, page_size, block-table width (128 tokens)
 P = 4 * B * W  # a pool four times what the batch uses, pages handed out in random order

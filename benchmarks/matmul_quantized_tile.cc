@@ -1,8 +1,8 @@
 // The CPU quantised matmul (jaxgen/backends/cpu_kernels/native/matmul_quantized.h) alone, outside
-// XLA: QuantizedMatmulBlock over 8-panel column blocks on the kernels' own worker pool
-// (parallel_for.h; JAXGEN_CPU_THREADS caps it, as in the engine), the codes rotated over copies
-// so that they stream from memory as in a decode step. Prints the best of five rounds: microseconds per call
-// and weights per second. Codes and scales are random bytes taken as already packed (the layout
+// XLA: QuantizedMatmulBlock over the engine's column blocks (column_blocks.h) on the kernels'
+// own worker pool (parallel_for.h; JAXGEN_CPU_THREADS caps it, as in the engine), the codes
+// rotated over copies so that they stream from memory as in a decode step. Prints the best of
+// five rounds: microseconds per call and weights per second. Codes and scales are random bytes taken as already packed (the layout
 // does not change the speed).
 //
 //   g++ -O3 -march=native -std=c++17 -pthread -Ijaxgen/backends/cpu_kernels/native \
@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "column_blocks.h"
 #include "matmul_quantized.h"
 #include "parallel_for.h"
 
@@ -31,7 +32,10 @@ int main(int argc, char** argv) {
   const int64_t columns = (std::atol(argv[3]) + kQuantPanel - 1) / kQuantPanel * kQuantPanel;
   const int bits = std::atoi(argv[4]);
   const int copies = argc > 5 ? std::atoi(argv[5]) : 100;
-  const int64_t group = 32, block = 8 * kQuantPanel;
+  const int64_t group = 32;
+  const int64_t panels = columns / kQuantPanel;
+  const int64_t block =
+      jaxgen_cpu::ColumnBlockPanels({panels}, rows, jaxgen_cpu::NumThreads())[0] * kQuantPanel;
   const int64_t code_bytes = columns * depth * bits / 8;
   const int64_t scale_count = columns / kQuantPanel * (depth / group) * kQuantPanel;
   std::vector<float> x(rows * depth), out(rows * columns);

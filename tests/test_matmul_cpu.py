@@ -78,19 +78,26 @@ def test_live_rows_compute_only_their_rows(spans):
         matmul_cpu(x, pack_weight(w), columns, live_rows=live[:1])
 
 
-def test_group_matches_dot_for_each_weight():
+# Live spans: many rows (column blocks balanced over threads), one decode row and four rows in
+# two spans (each thread one stretch of the group's panels, crossing weights).
+GROUP_SPANS = [[[0, 9], [12, 45]], [[0, 1], [0, 0]], [[0, 2], [20, 22]]]
+
+
+@pytest.mark.parametrize("spans", GROUP_SPANS)
+def test_group_matches_dot_for_each_weight(spans):
     # q/k/v-like: three weights of different widths (one with a padded panel) read one x; rows
-    # in two live spans with padding between and after.
+    # in live spans with padding between and after.
     rows, depth = 50, 300
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
     widths = (576, 192, 100)
     weights = [jnp.asarray(rng.standard_normal((depth, n)), jnp.float32) for n in widths]
-    live = np.array([[0, 9], [12, 45]], np.int32)
+    live = np.array(spans, np.int32)
     run = jax.jit(lambda x, ws, live: matmul_cpu_group(x, ws, list(widths), live_rows=live))
     outputs = run(x, [pack_weight(w) for w in weights], live)
     mask = np.zeros((rows, 1))
-    mask[0:9] = mask[12:45] = 1
+    for begin, end in spans:
+        mask[begin:end] = 1
     for w, actual in zip(weights, outputs, strict=True):
         expected = mask * (np.asarray(x, np.float64) @ np.asarray(w, np.float64))
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * np.sqrt(depth))

@@ -82,7 +82,34 @@ def test_matches_dequantized_dot(spec, rows, depth, columns):
     )
 
 
-def test_group_and_live_rows():
+def test_one_int8_row_with_odd_depth():
+    """One row of per-channel int8 whose depth is not a multiple of the tile's 4-k unroll."""
+    rng = np.random.default_rng(3)
+    weight = quantize_kernel(rng.standard_normal((250, 40)), SPECS["int8-channel"])
+    x = jnp.asarray(rng.standard_normal((1, 250)), jnp.float32)
+    actual = jax.jit(lambda x, w: w.matmul(x))(x, PackedQuantizedWeight.pack(weight))
+    np.testing.assert_allclose(np.asarray(actual), _reference(x, weight), rtol=1e-5, atol=5e-4)
+
+
+@pytest.mark.parametrize("spec", ["int8-channel", "int4-g32-min"])
+def test_every_slice_tile_height(spec):
+    """5-17 rows take the shared dequantised slice: full tiles and every ragged last tile
+    (1-8 rows with AVX-512, 1-6 without), over two k-blocks (256 + 64 deep)."""
+    rng = np.random.default_rng(17)
+    weight = quantize_kernel(rng.standard_normal((320, 48)), SPECS[spec])
+    packed = PackedQuantizedWeight.pack(weight)
+    run = jax.jit(lambda x, w: w.matmul(x))
+    for rows in range(5, 18):
+        x = jnp.asarray(rng.standard_normal((rows, 320)), jnp.float32)
+        np.testing.assert_allclose(
+            np.asarray(run(x, packed)), _reference(x, weight), rtol=1e-5, atol=2e-6 * 320
+        )
+
+
+@pytest.mark.parametrize("spans", [[[0, 9], [12, 45]], [[0, 1], [0, 0]], [[0, 2], [20, 22]]])
+def test_group_and_live_rows(spans):
+    """q/k/v-like widths in one call; many live rows (balanced column blocks), one row and four
+    rows in two spans (one stretch of the group's panels per thread, crossing weights)."""
     rows, depth = 50, 320
     rng = np.random.default_rng(5)
     x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
@@ -90,11 +117,12 @@ def test_group_and_live_rows():
         quantize_kernel(rng.standard_normal((depth, n)), SPECS["int4-g32-min"])
         for n in (576, 192, 100)
     ]
-    live = np.array([[0, 9], [12, 45]], np.int32)
+    live = np.array(spans, np.int32)
     packed = [PackedQuantizedWeight.pack(w) for w in weights]
     run = jax.jit(lambda x, ws, live: matmul_quantized_cpu_group(x, ws, live_rows=live))
     mask = np.zeros((rows, 1))
-    mask[0:9] = mask[12:45] = 1
+    for begin, end in spans:
+        mask[begin:end] = 1
     for weight, actual in zip(weights, run(x, packed, live), strict=True):
         np.testing.assert_allclose(actual, _reference(x, weight, mask), rtol=1e-5, atol=1e-3)
     assert run.lower(x, packed, live).as_text().count("jaxgen_matmul_quantized") == 1

@@ -7,13 +7,15 @@
 // [begin, end) spans are computed (`live_rows`, int32 [2, 2]: an engine step's decode and
 // prefill tokens); the other rows, padding up to a shape bucket, come out as zeros. The blocking
 // lives in matmul_f32.h; this file splits each span's outputs into (row block, weight, column
-// block) items and runs them on the kernels' worker pool (parallel_for.h). Reference:
+// block) items (column_blocks.h) and runs them on the kernels' worker pool (parallel_for.h).
+// Reference:
 // jnp.dot on the unpacked weight (tests/test_matmul_cpu.py).
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "column_blocks.h"
 #include "matmul_f32.h"
 #include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
@@ -64,6 +66,15 @@ ffi::Error MatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
   const int64_t rows = xd[0], depth = xd[1];
   std::vector<Weight> group;
   int64_t column_blocks = 0;
+  std::vector<int64_t> panel_counts;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    auto packed = weights.get<ffi::Buffer<ffi::F32>>(i);
+    const bool packed_3d = packed.has_value() && packed->dimensions().size() == 3;
+    panel_counts.push_back(packed_3d ? packed->dimensions()[0] : 1);  // else rejected below
+  }
+  const std::vector<int64_t> block_panels = jaxgen_cpu::ColumnBlockPanels(
+      panel_counts, jaxgen_cpu::LiveRowCount(live_rows.typed_data(), kMaxSpans, rows),
+      jaxgen_cpu::NumThreads());
   for (size_t i = 0; i < weights.size(); ++i) {
     auto packed = weights.get<ffi::Buffer<ffi::F32>>(i);
     auto out = outs.get<ffi::Buffer<ffi::F32>>(i);
@@ -75,11 +86,10 @@ ffi::Error MatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
       return ffi::Error::InvalidArgument("matmul_cpu: packed w [N/24, K, 24] expected");
     }
     const int64_t panels = pd[0];
-    const int64_t block_panels = panels > 64 ? 8 : 4;
-    const int64_t blocks = (panels + block_panels - 1) / block_panels;
+    const int64_t blocks = (panels + block_panels[i] - 1) / block_panels[i];
     group.push_back({packed->typed_data(), (*out)->typed_data(),
                      panels * jaxgen_cpu::kPanelWidth, blocks,
-                     block_panels * jaxgen_cpu::kPanelWidth});
+                     block_panels[i] * jaxgen_cpu::kPanelWidth});
     column_blocks += blocks;
   }
 

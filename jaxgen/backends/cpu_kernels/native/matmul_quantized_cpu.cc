@@ -7,17 +7,18 @@
 // buffers shared by every weight of a model so that a step passes three arrays, not hundreds.
 // As the float32 kernel (matmul_cpu.cc): one call per group, only the rows in the two
 // `live_rows` spans computed (the rest are zeros), the outputs split into (row block, weight,
-// column block) items on the kernels' worker pool. With a non-empty `norm_weight` [K], x is an
-// RMSNorm's input: the live rows are normed first (rms_norm.h; epsilon `eps`) and the products
-// read the normed rows. With `activation_bits` 8 or 16 (int8 weights only; needs AVX-512 VNNI,
-// JaxgenW8A8HasVnni) the live rows are quantised per row and 32 columns and the products summed
-// in integers (matmul_w8a8.h). Reference: QuantizedWeight.matmul
-// (tests/test_matmul_quantized_cpu.py).
+// column block) items on the kernels' worker pool (column_blocks.h). With a non-empty
+// `norm_weight` [K], x is an RMSNorm's input: the live rows are normed first (rms_norm.h;
+// epsilon `eps`) and the products read the normed rows. With `activation_bits` 8 or 16 (int8
+// weights only; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live rows are quantised per row and 32
+// columns and the products summed in integers (matmul_w8a8.h). Reference:
+// QuantizedWeight.matmul (tests/test_matmul_quantized_cpu.py).
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "column_blocks.h"
 #include "matmul_quantized.h"
 #include "matmul_w8a8.h"
 #include "parallel_for.h"
@@ -88,6 +89,9 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   const int64_t code_rows = int4 ? depth / 2 : depth;
   std::vector<Weight> group;
   int64_t column_blocks = 0;
+  const std::vector<int64_t> block_panels = jaxgen_cpu::ColumnBlockPanels(
+      std::vector<int64_t>(panel_counts.begin(), panel_counts.end()),
+      jaxgen_cpu::LiveRowCount(live_rows.typed_data(), kSpans, rows), jaxgen_cpu::NumThreads());
   for (size_t i = 0; i < count; ++i) {
     auto values = args.get<ffi::AnyBuffer>(per_weight * i);
     auto scales = args.get<ffi::AnyBuffer>(per_weight * i + 1);
@@ -119,8 +123,7 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
       }
       mins = static_cast<const uint16_t*>(m->untyped_data()) + offsets[3 * i + 2];
     }
-    const int64_t block_panels = panels > 64 ? 8 : 4;
-    const int64_t blocks = (panels + block_panels - 1) / block_panels;
+    const int64_t blocks = (panels + block_panels[i] - 1) / block_panels[i];
     jaxgen_cpu::QuantizedPanels p{
         static_cast<const uint8_t*>(values->untyped_data()) + offsets[3 * i],
         static_cast<const uint16_t*>(scales->untyped_data()) + offsets[3 * i + 1],
@@ -129,7 +132,7 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
         panels * jaxgen_cpu::kQuantPanel,
         depth / groups,
         int4};
-    group.push_back({p, (*out)->typed_data(), block_panels * jaxgen_cpu::kQuantPanel});
+    group.push_back({p, (*out)->typed_data(), block_panels[i] * jaxgen_cpu::kQuantPanel});
     column_blocks += blocks;
   }
   struct Span {
