@@ -172,73 +172,61 @@ inline __m512 LoadHalf16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Int4RowTile with 512-bit vectors: one load holds the block's 16 lanes, so a row j costs one
-// AND (or shift), one conversion and one FMA for all 16 columns, x[k] broadcast from memory.
-__attribute__((noinline)) inline void Int4RowTileWide(const QuantizedPanels& w, int64_t k0,
-                                                      int64_t k1, const float* x,
-                                                      const float* scaled, const uint8_t* values,
-                                                      const uint16_t* scales,
-                                                      const uint16_t* mins, float* c,
-                                                      bool accumulate) {
+// One row with 512-bit vectors, c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16], per group:
+// - int4 (Int4RowTile's scheme): one 64-byte load holds a block's 16 lanes, so each of its 8
+//   rows is one AND (or shift), one conversion and one FMA with scaled[k] (the row through
+//   ScaleRowForInt4) for all 16 columns; then the scale, and the minimum times the group's sum
+//   of x, once.
+// - int8 with float x (a kept GGUF's Q8_0 weights, its LM head among them; int8 quantised at
+//   load takes integer x on VNNI, matmul_w8a8.h): per k one sign-extending load of the 16
+//   codes, one conversion and one FMA with x[k]; then the scale once.
+// Four accumulator chains; x broadcast from memory into each FMA.
+template <bool kInt4>
+__attribute__((noinline)) void RowTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
+                                           const float* x, const float* scaled,
+                                           const uint8_t* values, const uint16_t* scales,
+                                           const uint16_t* mins, float* c, bool accumulate) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m256 xs = _mm256_setzero_ps();
-    for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (; k < end; k += kInt4BlockRows) {
-      const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
-      const float* xk = scaled + k;
+    if constexpr (kInt4) {
+      __m256 xs = _mm256_setzero_ps();
+      for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+      for (; k < end; k += kInt4BlockRows) {
+        const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
+        const float* xk = scaled + k;
 #define JAXGEN_INT4_ROW_WIDE(J, A, CODE) \
   A = _mm512_fmadd_ps(_mm512_set1_ps(xk[J]), _mm512_cvtepi32_ps(CODE), A);
-      JAXGEN_INT4_ROW_WIDE(0, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF)))
-      JAXGEN_INT4_ROW_WIDE(1, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF0)))
-      JAXGEN_INT4_ROW_WIDE(2, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF00)))
-      JAXGEN_INT4_ROW_WIDE(3, a3, _mm512_and_si512(v, _mm512_set1_epi32(0xF000)))
-      JAXGEN_INT4_ROW_WIDE(4, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF0000)))
-      JAXGEN_INT4_ROW_WIDE(5, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF00000)))
-      JAXGEN_INT4_ROW_WIDE(6, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF000000)))
-      JAXGEN_INT4_ROW_WIDE(7, a3, _mm512_srli_epi32(v, 28))
+        JAXGEN_INT4_ROW_WIDE(0, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF)))
+        JAXGEN_INT4_ROW_WIDE(1, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF0)))
+        JAXGEN_INT4_ROW_WIDE(2, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF00)))
+        JAXGEN_INT4_ROW_WIDE(3, a3, _mm512_and_si512(v, _mm512_set1_epi32(0xF000)))
+        JAXGEN_INT4_ROW_WIDE(4, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF0000)))
+        JAXGEN_INT4_ROW_WIDE(5, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF00000)))
+        JAXGEN_INT4_ROW_WIDE(6, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF000000)))
+        JAXGEN_INT4_ROW_WIDE(7, a3, _mm512_srli_epi32(v, 28))
 #undef JAXGEN_INT4_ROW_WIDE
-    }
-    const __m512 e = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-    const __m512 sum_x = _mm512_set1_ps(HorizontalSum8(xs));
-    acc = _mm512_fmadd_ps(e, LoadHalf16(scales + g * kQuantPanel), acc);
-    acc = _mm512_fmadd_ps(sum_x, LoadHalf16(mins + g * kQuantPanel), acc);
-  }
-  const __m512 prior = accumulate ? _mm512_loadu_ps(c) : _mm512_setzero_ps();
-  _mm512_storeu_ps(c, _mm512_add_ps(prior, acc));
-}
-
-// One int8 row of float x with 512-bit vectors (a kept GGUF's Q8_0 weights, its LM head among
-// them; int8 quantised at load takes integer x on VNNI, matmul_w8a8.h): per k one
-// sign-extending load of the 16 codes, one conversion and one FMA with x[k] broadcast from
-// memory, four accumulator chains; per group the scale once.
-__attribute__((noinline)) inline void Int8RowTileWide(const QuantizedPanels& w, int64_t k0,
-                                                      int64_t k1, const float* x,
-                                                      const uint8_t* values,
-                                                      const uint16_t* scales, float* c,
-                                                      bool accumulate) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const uint8_t* codes = values + (k - k0) * kQuantPanel;
+      }
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(HorizontalSum8(xs)),
+                            LoadHalf16(mins + g * kQuantPanel), acc);
+    } else {
+      const uint8_t* codes = values + (k - k0) * kQuantPanel;
 #define JAXGEN_INT8_ROW_WIDE(J, A)                                                         \
   A = _mm512_fmadd_ps(_mm512_set1_ps(x[k + J]),                                           \
                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(            \
                           reinterpret_cast<const __m128i*>(codes + J * kQuantPanel)))), \
                       A);
-    for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
-      JAXGEN_INT8_ROW_WIDE(0, a0)
-      JAXGEN_INT8_ROW_WIDE(1, a1)
-      JAXGEN_INT8_ROW_WIDE(2, a2)
-      JAXGEN_INT8_ROW_WIDE(3, a3)
-    }
-    for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
+      for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
+        JAXGEN_INT8_ROW_WIDE(0, a0)
+        JAXGEN_INT8_ROW_WIDE(1, a1)
+        JAXGEN_INT8_ROW_WIDE(2, a2)
+        JAXGEN_INT8_ROW_WIDE(3, a3)
+      }
+      for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
 #undef JAXGEN_INT8_ROW_WIDE
+    }
     acc = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                           LoadHalf16(scales + g * kQuantPanel), acc);
   }
@@ -479,30 +467,18 @@ constexpr int64_t kSliceTileRows = 8;  // rows of a float tile over a dequantise
 constexpr int64_t kSliceTileRows = 6;
 #endif
 
-// c[R, 16] (+)= x[R, :kc] @ slice[kc, 16] for R <= kSliceTileRows (FloatTile16Wide with
-// AVX-512, else FloatTile16).
+// c[rows, 16] (+)= x[rows, :kc] @ slice[kc, 16] for rows <= R (FloatTile16Wide with AVX-512,
+// else FloatTile16).
+template <int R>
 inline void SliceTile(int64_t rows, int64_t kc, const float* x, int64_t ldx, const float* slice,
                       float* c, int64_t ldc, bool accumulate) {
+  if constexpr (R > 1) {
+    if (rows < R) return SliceTile<R - 1>(rows, kc, x, ldx, slice, c, ldc, accumulate);
+  }
 #if defined(__AVX512F__)
-  switch (rows) {
-    case 8: FloatTile16Wide<8>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 7: FloatTile16Wide<7>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 6: FloatTile16Wide<6>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 5: FloatTile16Wide<5>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 4: FloatTile16Wide<4>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 3: FloatTile16Wide<3>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 2: FloatTile16Wide<2>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    default: FloatTile16Wide<1>(kc, x, ldx, slice, c, ldc, accumulate); break;
-  }
+  FloatTile16Wide<R>(kc, x, ldx, slice, c, ldc, accumulate);
 #else
-  switch (rows) {
-    case 6: FloatTile16<6>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 5: FloatTile16<5>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 4: FloatTile16<4>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 3: FloatTile16<3>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    case 2: FloatTile16<2>(kc, x, ldx, slice, c, ldc, accumulate); break;
-    default: FloatTile16<1>(kc, x, ldx, slice, c, ldc, accumulate); break;
-  }
+  FloatTile16<R>(kc, x, ldx, slice, c, ldc, accumulate);
 #endif
 }
 #else
@@ -571,20 +547,15 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
       if (shared_slice) {
         DequantizeSlice<kInt4>(w, k0, k1, values, scales, mins, slice);
         for (int64_t m = m0; m < m1; m += kSliceTileRows) {
-          SliceTile(std::min<int64_t>(kSliceTileRows, m1 - m), k1 - k0, x + m * K + k0, K,
-                    slice, out + m * N + first, N, accumulate);
+          SliceTile<kSliceTileRows>(m1 - m, k1 - k0, x + m * K + k0, K, slice,
+                                    out + m * N + first, N, accumulate);
         }
         continue;
       }
 #if defined(__AVX512F__)
-      if (one_row) {  // 512-bit one-row tiles
-        if constexpr (kInt4) {
-          Int4RowTileWide(w, k0, k1, x + m0 * K, scratch.data(), values, scales, mins,
-                          out + m0 * N + first, accumulate);
-        } else {
-          Int8RowTileWide(w, k0, k1, x + m0 * K, values, scales, out + m0 * N + first,
-                          accumulate);
-        }
+      if (one_row) {
+        RowTileWide<kInt4>(w, k0, k1, x + m0 * K, scratch.data(), values, scales, mins,
+                           out + m0 * N + first, accumulate);
         continue;
       }
 #endif
