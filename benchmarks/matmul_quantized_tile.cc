@@ -2,8 +2,8 @@
 // XLA: QuantizedMatmulBlock over the engine's column blocks (column_blocks.h) on the kernels'
 // own worker pool (parallel_for.h; JAXGEN_CPU_THREADS caps it, as in the engine), the codes
 // rotated over copies so that they stream from memory as in a decode step. Prints the best of
-// five rounds: microseconds per call and weights per second. Codes and scales are random bytes taken as already packed (the layout
-// does not change the speed).
+// five rounds: microseconds per call and weights per second. Codes and scales are random bytes
+// taken as already packed (the layout does not change the speed).
 //
 //   g++ -O3 -march=native -std=c++17 -pthread -Ijaxgen/backends/cpu_kernels/native \
 //       benchmarks/matmul_quantized_tile.cc -o /tmp/matmul_quantized_tile

@@ -8,8 +8,7 @@
 // prefill tokens); the other rows, padding up to a shape bucket, come out as zeros. The blocking
 // lives in matmul_f32.h; this file splits each span's outputs into (row block, weight, column
 // block) items (column_blocks.h) and runs them on the kernels' worker pool (parallel_for.h).
-// Reference:
-// jnp.dot on the unpacked weight (tests/test_matmul_cpu.py).
+// Reference: jnp.dot on the unpacked weight (tests/test_matmul_cpu.py).
 
 #include <algorithm>
 #include <cstdint>

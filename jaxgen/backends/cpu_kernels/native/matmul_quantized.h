@@ -513,9 +513,9 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 #endif
 
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
-// One 4-row tile dequantises in registers (one int4 row: Int4RowTile over the row scaled once
-// into `scratch`); a block of more rows dequantises each 256 x 16 slice once into an
-// L1-resident buffer and runs float tiles over it (SIMD builds).
+// One 4-row tile dequantises in registers (one row: RowTileWide with AVX-512, else for int4
+// Int4RowTile; int4 rows scaled once into `scratch`); a block of more rows dequantises each
+// 256 x 16 slice once into an L1-resident buffer and runs float tiles over it (SIMD builds).
 template <bool kInt4>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
                           int64_t m1, int64_t n0, int64_t n1, std::vector<float>& scratch) {
