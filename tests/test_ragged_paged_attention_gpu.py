@@ -44,9 +44,9 @@ def attend(*args, **options):
 
 
 def reference(*args, **options):
-    """The float32 reference on ``args``, jitted."""
+    """The float32 reference on ``args``, jitted (on CPU as ``FAST_COMPILE`` says)."""
     call = jax.jit(functools.partial(ragged_paged_attention_reference, **options))
-    return call.trace(*args).lower().compile(FAST_COMPILE)(*args)
+    return call.trace(*args).lower().compile(FAST_COMPILE if INTERPRET else None)(*args)
 
 
 def kernel_grids(args, **options) -> dict[str, tuple]:
