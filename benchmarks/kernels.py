@@ -1,4 +1,5 @@
-"""Benchmarks paged decode attention: our Pallas kernel, the jitted XLA reference, and jax's own
+"""Benchmarks paged decode attention: our GPU ragged kernel on decode steps (its decode path with
+and without the MMA units), the jitted XLA reference, and jax's own
 ``jax.experimental.pallas.ops.gpu.paged_attention``.
 
 Usage:
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import math
 import statistics
 import sys
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pallas_kernels.paged_attention import paged_attention, paged_attention_reference  # noqa: E402
+from pallas_kernels import paged_attention_reference, ragged_paged_attention  # noqa: E402
 
 ROTATION_BYTES = 256 << 20  # rotate over at least this much K/V so L2 cannot hold it
 
@@ -80,12 +80,25 @@ def step_bytes(shapes: Shapes, batch: int, context: int) -> int:
     return kv_bytes(shapes, batch, context) + 2 * q_bytes
 
 
+def decode_step(interpret: bool, **tuning):
+    """Our ragged kernel on a decode step: one query row per sequence."""
+
+    @jax.jit
+    def call(q, k_pages, v_pages, lengths, block_tables):
+        batch = q.shape[0]
+        cu_q_lens = jnp.arange(batch + 1, dtype=jnp.int32)
+        num_seqs = jnp.asarray([batch], jnp.int32)
+        args = (q, k_pages, v_pages, lengths, block_tables, cu_q_lens, num_seqs)
+        return ragged_paged_attention(*args, interpret=interpret, **tuning)
+
+    return call
+
+
 def implementations(interpret: bool, page_size: int):
     """name -> fn(q, k_pages, v_pages, lengths, block_tables) for every available implementation."""
-    impls = {
-        "pallas (ours)": functools.partial(paged_attention, interpret=interpret),
-        "xla reference": jax.jit(paged_attention_reference),
-    }
+    impls = {"xla reference": jax.jit(paged_attention_reference)}
+    for label, decode_dot in (("no MMA", False), ("MMA", True)):
+        impls[f"pallas (ours, {label})"] = decode_step(interpret, decode_dot=decode_dot)
     try:
         from jax.experimental.pallas.ops.gpu import paged_attention as jax_ops
     except ImportError as error:  # Triton-less jaxlib builds

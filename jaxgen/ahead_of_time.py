@@ -11,14 +11,14 @@ The figures are the compiler's: ``memory_analysis()`` (bytes per chip) and ``cos
 (bytes and flops it counts for one step, per chip). They are counts, not measured times.
 
 For CUDA, :func:`lower_decode_step_for_cuda` lowers the same step with the ``pallas-gpu`` backend
-(``lowering_platforms=("cuda",)``) and lists the kernels it calls: it lowers; nothing is compiled
-or run for a GPU here.
+(``lowering_platforms=("cuda",)``, for an abstract H100: jax 0.11 needs a GPU to lower Pallas
+Triton kernels for, ``pallas_kernels.gpu.abstract_device``) and lists the kernels it calls: it
+lowers; nothing is compiled or run for a GPU here.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import json
 import math
@@ -39,8 +39,9 @@ from jaxgen.engine.runner import jitted_step
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
 from jaxgen.quantization.quantize import validate_quantization
-from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan, make_mesh
+from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.tpu_targets import GB, resolve_target
+from pallas_kernels.gpu.abstract_device import abstract_gpu, abstract_gpu_mesh
 
 
 def config_from_path(model: str | None) -> ModelConfig:
@@ -64,19 +65,15 @@ def lower_decode_step_for_cuda(
 ) -> dict:
     """Lowers one decode step for CUDA (``pallas-gpu`` backend) and lists the custom calls it
     makes. ``num_pages`` defaults to what the step's sequences need, plus the scratch page.
-    ``tensor_parallel_degree`` > 1: over that many of this host's devices (simulated CPU devices
-    will do), weights and pool placed as the engine places them; the pool shard shapes found in
+    ``tensor_parallel_degree`` > 1: over a mesh of that many abstract H100s (no devices needed
+    on this host), weights and pool placed as the engine places them; the pool shard shapes found in
     the module are reported (``pool_shard_types``: each device's codes / scales, as the kernels
     inside ``shard_map`` see them). Lowering only: no GPU compiler runs, so nothing here says
     the kernels fit a GPU."""
     if max_model_len < 1 or max_num_seqs < 1:
         raise ValueError("max_model_len and max_num_seqs must be >= 1")
-    if tensor_parallel_degree > len(jax.devices()):
-        raise ValueError(
-            f"tensor_parallel_degree={tensor_parallel_degree} needs that many devices to lower "
-            f"over, this host has {len(jax.devices())} (on CPU: XLA_FLAGS="
-            f"--xla_force_host_platform_device_count={tensor_parallel_degree})"
-        )
+    if tensor_parallel_degree < 1:
+        raise ValueError(f"tensor_parallel_degree must be >= 1, got {tensor_parallel_degree}")
     pages_per_seq = -(-max_model_len // page_size)
     num_pages = num_pages or max_num_seqs * pages_per_seq + 1
     abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
@@ -86,7 +83,7 @@ def lower_decode_step_for_cuda(
     step_inputs, flags = decode_step_inputs(page_size, max_num_seqs, max_model_len)
     mesh, shard_types = None, []
     if tensor_parallel_degree > 1:
-        mesh = make_mesh(tensor_parallel_degree)
+        mesh = abstract_gpu_mesh((1, tensor_parallel_degree), (DATA_AXIS, MODEL_AXIS))
         plan = ShardingPlan.create(config, mesh)
         backend = dataclasses.replace(backend, mesh=mesh, model_axis=plan.kv_sharding.spec[0])
         params = nnx.from_flat_state(
@@ -106,7 +103,7 @@ def lower_decode_step_for_cuda(
             }
         )
     start = time.perf_counter()
-    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    with abstract_gpu(mesh):
         lowered = (
             jitted_step(graphdef, backend)
             .trace(params, pool, *step_inputs, flags=flags, head=None)
@@ -115,8 +112,10 @@ def lower_decode_step_for_cuda(
     text = lowered.as_text()
     seconds = time.perf_counter() - start
     targets = collections.Counter(re.findall(r"custom_call @([^(\s]+)\(", text))
-    # Each Pallas kernel is a private function (called once per layer) holding its custom call.
+    # The kernel's wrapper is a private function (called once per layer) holding the Triton
+    # custom calls, each named after its kernel.
     kernels = collections.Counter(re.findall(r"call @(ragged_paged_attention[\w.]*)\(", text))
+    triton = sorted(set(re.findall(r'custom_call @__gpu\$xla\.gpu\.triton.*?name = "(\w+)"', text)))
     return {
         "target": "cuda",
         "attention_backend": backend.name,
@@ -124,6 +123,7 @@ def lower_decode_step_for_cuda(
         "tensor_parallel_degree": tensor_parallel_degree,
         "custom_calls": dict(targets),
         "kernel_calls": dict(kernels),
+        "triton_kernels": triton,
         "shard_map_regions": text.count("sdy.manual_computation("),
         "pool_shard_types": {t: t in text for t in shard_types},
         "num_pages": num_pages,

@@ -257,9 +257,11 @@ def cmd_plan_target(args) -> int:
                 f"{result['shard_map_regions']} shard_map regions (one per layer)"
             )
         for name, count in sorted(result["kernel_calls"].items()):
-            print(f"  Pallas kernel     {name} x {count}")
+            print(f"  Pallas kernel     {name} x {count} (one call per layer)")
+        for name in result["triton_kernels"]:
+            print(f"    Triton kernel   {name}")
         for name, count in sorted(result["custom_calls"].items()):
-            print(f"  custom call       {name} (in {count} kernel body)")
+            print(f"  custom call       {name} ({count} kernel bodies)")
         return 0
     result = compile_decode_step(
         config_from_path(args.model),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.ragged_paged_attention import ragged_paged_attention_reference
+from pallas_kernels import ragged_paged_attention_reference
 from pallas_kernels.tpu import (
     attention_cost,
     deinterleave_kv,

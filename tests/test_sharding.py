@@ -244,7 +244,7 @@ def test_kv_pools_under_tensor_parallelism_on_every_paired_backend(head_dim_64_d
 
 
 def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
-    """Lowered only (no GPU here): at degree 2 each layer's write and Triton kernel run inside
+    """Lowered only (no GPU here): at degree 2 each layer's write and Triton kernels run inside
     shard_map on one device's KV head: its codes [1, P, S, 64] int8 and scales [1, P, S, 1]."""
     config = dict(
         vocab_size=256,
@@ -258,7 +258,11 @@ def test_pallas_gpu_8bit_pool_lowers_for_cuda_under_tensor_parallelism():
     result = run_worker(
         "cuda_lowering_tp", {"config": config, "kv_cache_dtype": "int8"}, num_devices=2
     )
-    assert result["custom_calls"] == {"__gpu$xla.gpu.triton": 1}  # one private kernel
+    assert result["custom_calls"] == {"__gpu$xla.gpu.triton": 2}  # decode, prefill: private
+    assert result["triton_kernels"] == [
+        "ragged_paged_attention_decode",
+        "ragged_paged_attention_prefill",
+    ]
     assert sum(result["kernel_calls"].values()) == 2  # called once per layer
     assert result["shard_map_regions"] == 2
     pages = result["num_pages"]

@@ -5,7 +5,7 @@ preparation and the attention kernels, and is chosen once per engine by :func:`s
 | --- | --- | --- |
 | ``reference`` | anywhere | plain XLA (gathers pages) |
 | ``pallas-tpu`` | TPU (interpreted on CPU) | ragged paged attention + in-place K/V write (Mosaic) |
-| ``pallas-gpu`` | GPU (interpreted on CPU) | decode + ragged prefill kernels (Triton) |
+| ``pallas-gpu`` | GPU (interpreted on CPU) | split-KV decode + ragged prefill kernels (Triton) |
 | ``cpu`` | CPU, float32 | native C++ paged attention and matmul (XLA FFI; XLA matmuls under TP) |
 """
 
@@ -84,7 +84,13 @@ def select_backend(
     # Paired-pool backends: the pool split over KV heads as ``kv_sharding`` says.
     split = dict(mesh=kv_sharding.mesh, model_axis=kv_sharding.spec[0]) if sharded else {}
     if resolved == "pallas-gpu":
-        interpret = (platform or jax.default_backend()) == "cpu"
+        platform = platform or jax.default_backend()
+        if platform not in ("cpu", "gpu", "cuda"):
+            raise ValueError(
+                f"attention_backend='pallas-gpu' runs on a CUDA GPU (or interpreted on the CPU), "
+                f"not on the {platform} platform"
+            )
+        interpret = platform == "cpu"
         return PallasGPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype, **split)
     backend = {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]
     return backend(kv_cache_dtype=kv_cache_dtype, **split)

@@ -1,7 +1,10 @@
-"""The Pallas GPU backend: the ragged paged-attention kernel of ``pallas_kernels`` over every row of
-the step (Pallas's interpreter on CPU, which is how the tests run it). An 8-bit pool
-(``kv_cache_dtype`` "int8" / "fp8") reaches the kernel as codes and scales, dequantised per key
-block inside it."""
+"""The Pallas GPU backend: every row of the step, decode and prefill, through the GPU ragged
+paged-attention kernels (``pallas_kernels/gpu/ragged_paged_attention``: split-KV decode programs
+sized to the GQA group, causal prefill blocks; Pallas's interpreter on CPU, which is how the tests
+run them). An 8-bit pool (``kv_cache_dtype`` "int8" / "fp8") reaches the kernels as codes and
+scales, dequantised per key block inside them. The new K/V are written by the paired pool's XLA
+scatter into the donated pool (see docs/gpu.md for how the device check confirms it is in place).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,26 @@ import dataclasses
 
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from pallas_kernels import ragged_paged_attention
+from pallas_kernels.gpu.ragged_paged_attention import TUNING
 
 
 @dataclasses.dataclass(frozen=True)
 class PallasGPUBackend(PairedPoolBackend):
     """``interpret``: run the kernels in Pallas's interpreter (on CPU, for tests); set by
     ``select_backend`` from the platform, so lowering for CUDA from a CPU host emits the
-    kernels themselves."""
+    kernels themselves. ``tuning``: the kernel's tuning arguments as ``(name, value)`` pairs
+    (hashable, so the backend stays a static argument of the step), e.g.
+    ``(("decode_dot", True), ("num_splits", 8))``; empty: the kernel's defaults."""
 
     name = "pallas-gpu"
     interpret: bool = False
+    tuning: tuple[tuple[str, object], ...] = ()
     shard_kernels = True  # a Triton call is opaque to XLA's partitioner: one per device
+
+    def __post_init__(self):
+        unknown = sorted({name for name, _ in self.tuning} - set(TUNING))
+        if unknown:
+            raise ValueError(f"tuning: unknown kernel arguments {unknown}; known: {TUNING}")
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         return ragged_paged_attention(
@@ -31,5 +43,6 @@ class PallasGPUBackend(PairedPoolBackend):
             md.cu_q_lens,
             md.num_seqs,
             interpret=self.interpret,
+            **dict(self.tuning),
             **opts,
         )

@@ -9,8 +9,7 @@ import jax.numpy as jnp
 
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from jaxgen.quantization.kv_cache import QuantizedPages
-from pallas_kernels.paged_attention import MASK_VALUE, gather_pages
-from pallas_kernels.ragged_paged_attention import query_blocks
+from pallas_kernels.ragged_layout import MASK_VALUE, gather_pages, query_blocks
 
 QUERY_BLOCK = 16  # query rows per attention block of steps larger than their sequence slots
 

@@ -137,7 +137,8 @@ class EngineConfig:
     attention_backend: str = knob(
         "auto",
         help="reference (pure JAX), pallas-tpu (Mosaic ragged kernel, docs/tpu.md), pallas-gpu "
-        "(decode + ragged prefill kernels), pallas (the platform's Pallas kernels; interpret mode "
+        "(Triton split-KV decode + ragged prefill kernels, docs/gpu.md; a CUDA GPU, or "
+        "interpreted on CPU), pallas (the platform's Pallas kernels; interpret mode "
         "on CPU), cpu (native C++ kernels through the XLA FFI: paged decode attention and the "
         "projections' matmuls over panel-packed weights; CPU, float32; under tensor parallelism "
         "the attention per device, XLA's matmuls) or "

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import load_library, register
 from pallas_kernels.kv_codes import EIGHT_BIT_DTYPES
-from pallas_kernels.paged_attention import validate_common, validate_int_array
+from pallas_kernels.validation import validate_common, validate_int_array
 
 TARGET = "jaxgen_paged_decode_f32"
 QUANTIZED_TARGET = "jaxgen_paged_decode_q8"

@@ -1,0 +1,161 @@
+"""Block sizes, launch parameters and the decode split count of the GPU ragged paged-attention
+kernels, chosen from static shapes only (so one compile per shape bucket), each with its reason.
+
+The defaults are reasoned, not yet measured: every one can be overridden through the wrapper's
+tuning arguments, and docs/gpu.md lists what the device check times.
+
+Why these numbers:
+- Triton tensors have power-of-two sizes, so a head_dim such as 96 is computed on 128 lanes
+  (``padded_head_dim``; the extra lanes are masked out of every load and store) and a GQA group
+  of 3 or 6 on 4 or 8 rows.
+- ``tl.dot`` (the MMA units) needs at least 16 rows. Decode is memory-bound: a query row reads
+  each key once and does 4 * head_dim flops with it, so the MMA units buy nothing while padding a
+  group of 4 rows to 16 would waste three quarters of them. Small groups (padded to at most
+  ``DOT_GROUP`` - 1 rows) therefore score keys without the MMA units: a broadcast multiply and a
+  float32 sum over lanes of ``[rows, block_k, lanes]``, which ``DECODE_PRODUCTS`` bounds so the
+  products fit in registers (64 per thread at 4 warps). Groups of 8 or more do twice the
+  arithmetic per key byte, near what the CUDA cores sustain at full bandwidth (H100: about 67
+  fp32 TFLOP/s against 3.35 TB/s), so they take the MMA path padded to 16 rows.
+- Split-KV for decode: one program per (sequence slot, KV head) leaves most of the GPU idle when
+  there are few sequences (batch 1 at 8 KV heads: 8 programs on 132 SMs, each walking its whole
+  context). Each (sequence, KV head) is cut into ``num_splits`` contiguous key ranges, one per
+  program, merged afterwards by log-sum-exp. The count is static: enough programs for
+  ``PROGRAMS_PER_SM`` per SM of an H100/H200 (132 SMs) over the step's sequence slots, and no
+  more splits than key blocks in a full block table. Each sequence's own length is cut into that
+  many ranges at run time, so short sequences are split as finely as long ones.
+- Prefill (rows with more than one query): query blocks of 128 rows (tokens x the group's heads)
+  for head_dim up to 128, 64 rows at 256 (the float32 accumulator is rows x lanes), against key
+  blocks of 64 (32 at 256) keys; 8 warps for the larger tiles, as FlashAttention's Triton
+  kernels use on Hopper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+NUM_SMS = 132  # H100 SXM5 and H200
+PROGRAMS_PER_SM = 4
+MIN_DOT_SIZE = 16  # tl.dot: every dimension at least 16
+DOT_GROUP = 8  # decode groups padded to this many rows or more use the MMA path
+DECODE_PRODUCTS = 8192  # [rows, block_k, lanes] float32 products of one non-MMA score block
+MAX_HEAD_DIM = 256  # the largest head_dim whose accumulator and tiles fit a program
+
+
+def next_power_of_2(value: int) -> int:
+    """Smallest power of two >= ``value`` (1 for value <= 1)."""
+    return 1 if value <= 1 else 1 << (value - 1).bit_length()
+
+
+def is_power_of_2(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """Lanes a head is computed on: a power of two, at least 16 for ``tl.dot``."""
+    return max(MIN_DOT_SIZE, next_power_of_2(head_dim))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSizes:
+    """One decode program: ``rows`` query rows (the KV head's group, padded) against
+    ``block_k`` keys at a time, over one of ``num_splits`` ranges of its sequence."""
+
+    use_dot: bool
+    rows: int
+    block_k: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillSizes:
+    """One prefill program: ``block_q`` tokens x the padded group = ``rows`` query rows against
+    ``block_k`` keys at a time."""
+
+    block_q: int
+    rows: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def _check_power_of_2(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not is_power_of_2(value)):
+        raise ValueError(f"{name} must be a power of two >= 1, got {value!r}")
+
+
+def decode_sizes(
+    *,
+    group: int,
+    head_dim: int,
+    max_seqs: int,
+    num_kv_heads: int,
+    max_keys: int,
+    use_dot: bool | None = None,
+    num_splits: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> DecodeSizes:
+    """Decode sizes for ``max_seqs`` sequence slots of at most ``max_keys`` keys (the block
+    table's width in keys); the keyword overrides are the wrapper's tuning arguments."""
+    _check_power_of_2("decode_block_k", block_k)
+    if num_splits is not None and (isinstance(num_splits, bool) or num_splits < 1):
+        raise ValueError(f"num_splits must be an integer >= 1, got {num_splits!r}")
+    padded_group = next_power_of_2(group)
+    lanes = padded_head_dim(head_dim)
+    if use_dot is None:
+        use_dot = padded_group >= DOT_GROUP
+    rows = max(MIN_DOT_SIZE, padded_group) if use_dot else padded_group
+    if block_k is None:
+        block_k = 32 if use_dot else max(8, min(64, DECODE_PRODUCTS // (rows * lanes)))
+    if use_dot and block_k < MIN_DOT_SIZE:
+        raise ValueError(f"decode_block_k must be >= 16 on the dot path, got {block_k}")
+    key_blocks = max(1, -(-max_keys // block_k))
+    if num_splits is None:
+        num_splits = max(1, NUM_SMS * PROGRAMS_PER_SM // max(1, max_seqs * num_kv_heads))
+    num_splits = min(num_splits, key_blocks)
+    return DecodeSizes(
+        use_dot=bool(use_dot),
+        rows=rows,
+        block_k=block_k,
+        num_splits=num_splits,
+        num_warps=num_warps or 4,
+        num_stages=num_stages or 2,
+    )
+
+
+def prefill_sizes(
+    *,
+    group: int,
+    head_dim: int,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> PrefillSizes:
+    """Prefill sizes; the keyword overrides are the wrapper's tuning arguments."""
+    _check_power_of_2("prefill_block_q", block_q)
+    _check_power_of_2("prefill_block_k", block_k)
+    padded_group = next_power_of_2(group)
+    lanes = padded_head_dim(head_dim)
+    if block_q is None:
+        block_q = max(1, (128 if lanes <= 128 else 64) // padded_group)
+    rows = block_q * padded_group
+    if rows < MIN_DOT_SIZE:
+        raise ValueError(
+            f"prefill_block_q={block_q} gives {rows} query rows (x {padded_group} heads); "
+            f"tl.dot needs at least {MIN_DOT_SIZE}"
+        )
+    if block_k is None:
+        block_k = 64 if lanes <= 128 else 32
+    if block_k < MIN_DOT_SIZE:
+        raise ValueError(f"prefill_block_k must be >= 16, got {block_k}")
+    return PrefillSizes(
+        block_q=block_q,
+        rows=rows,
+        block_k=block_k,
+        num_warps=num_warps or (8 if rows * lanes >= 128 * 128 else 4),
+        num_stages=num_stages or 3,
+    )
