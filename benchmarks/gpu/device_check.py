@@ -1,22 +1,24 @@
 """jaxgen on a real GPU in one command: seven stages, each with its own time budget, the JSON
 rewritten after every stage (and every step of a long one) so a timeout still returns what
-finished, a log of everything, and a table printed last.
+finished, a log of everything, and a table printed last. benchmarks/gpu/README.md has the
+details.
 
-On the device (an H100 or H200; the carried wheels first, see below), from the repository root:
+On the device (an H100 or H200), from the repository root, with ``.whl`` carried (a run's
+``timeout_s`` of about 480; the check's own budget is 380 s):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout 420 python3 benchmarks/gpu/device_check.py --out $OUT
 
-with ``.whl`` in the run's carried paths. Before it, on a machine with pip access:
-``bash benchmarks/gpu/fetch_wheels.sh`` puts the wheels the device image lacks in ``.whl/``
-(3.3 MB): llguidance (every engine imports it), gguf, starlette and uvicorn (GGUF loading and
-the server; their own dependencies are in the image).
+Before it, on a machine with pip access, ``bash benchmarks/gpu/fetch_wheels.sh`` puts the wheels
+the device image lacks in ``.whl/`` (3.3 MB): llguidance 1.9.1 (every engine imports it), gguf
+0.19.0, starlette 1.10.0 and uvicorn 0.54.0 (GGUF loading and the server; their own dependencies
+are in the image).
 
-On CPU, the same code at toy sizes (kernels in Pallas's interpreter), in well under a minute;
-tests/test_gpu_device_check.py runs it:
+On CPU, the same code at toy sizes (kernels in Pallas's interpreter); tests/test_gpu_device_check.py
+runs it:
 
     python benchmarks/gpu/device_check.py --dry-run --out /tmp/device_check
 
-Stages (``--stages`` picks some, e.g. to rerun what failed):
+Stages (``--stages`` picks some, e.g. to rerun what failed; ``--stage-budget NAME=SECONDS``):
   1. machine: device, versions, importable modules, copy bandwidth, bf16 matmul rate.
   2. kernel_correctness: the ragged paged-attention kernel vs its float32 reference.
   3. kernel_bandwidth: the kernel's bytes/s on 8B-shaped decode steps vs the copy bandwidth.
@@ -70,7 +72,7 @@ def stage_module(name: str):
 class Context:
     """What a stage sees: the profile, the arguments, where results go, the compile log."""
 
-    def __init__(self, args, profile, partial, compile_log, report_data=None):
+    def __init__(self, args, profile, partial, compile_log, report_data=None, early=None):
         from jaxgen.engine.engine_config import EngineConfig
 
         self.args = args
@@ -82,6 +84,7 @@ class Context:
         self.backend = "pallas-gpu"
         self.report_data = report_data or {}
         self.want_memory_analysis = True
+        self.early = early if early is not None else {}  # processes started for a later stage
 
     def copy_bandwidth(self) -> float | None:
         """The machine stage's copy bandwidth (bytes/s), or the one passed to a child."""
@@ -97,6 +100,13 @@ def parse_args(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="CPU, toy sizes")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all stages")
     parser.add_argument("--stages", default=",".join(profiles.STAGES))
+    parser.add_argument(
+        "--stage-budget",
+        action="append",
+        default=[],
+        metavar="STAGE=SECONDS",
+        help="a stage's most seconds (repeatable), e.g. end_to_end=200",
+    )
     parser.add_argument("--page-size", type=int, default=None, help="default: the engine's")
     parser.add_argument(
         "--kernel-tuning",
@@ -120,7 +130,22 @@ def parse_args(argv=None):
     unknown = set(args.stages.split(",")) - set(profiles.STAGES)
     if unknown:
         parser.error(f"unknown stages {sorted(unknown)}; choose from {profiles.STAGES}")
+    budgets = {}
+    for item in args.stage_budget:
+        name, _, seconds = item.partition("=")
+        if name not in profiles.STAGES or not seconds.replace(".", "", 1).isdigit():
+            parser.error(f"--stage-budget takes STAGE=SECONDS, got {item!r}")
+        budgets[name] = float(seconds)
+    args.stage_budget = budgets
     return args
+
+
+def stage_budgets(args, profile) -> dict:
+    """The profile's budgets with ``--stage-budget`` overrides."""
+    return {
+        name: profiles.StageBudget(args.stage_budget.get(name, budget.max_s), budget.min_s)
+        for name, budget in profile.budgets.items()
+    }
 
 
 def setup_jax(args, profile):
@@ -237,13 +262,21 @@ def main(argv=None) -> int:
         "commit": git_commit(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "budget_s": deadline - started,
+        "stage_budgets_s": {
+            name: budget.max_s for name, budget in stage_budgets(args, profile).items()
+        },
     }
     out = Report(os.path.join(args.out, "device_check.json"), meta)
     compile_log = setup_jax(args, profile)
     from benchmarks.gpu import summary_table
 
-    for name in [s for s in profiles.STAGES if s in args.stages.split(",")]:
-        budget = profile.budgets[name]
+    selected = [s for s in profiles.STAGES if s in args.stages.split(",")]
+    budgets = stage_budgets(args, profile)
+    early = {}  # transformers' parity process, started with the kernel checks
+    for name in selected:
+        if "engine_parity" in selected and name == "kernel_correctness":
+            early["engine_parity"] = stage_module("engine_parity").start_transformers(profile)
+        budget = budgets[name]
         allowed = min(budget.max_s, deadline - time.time())
         if allowed < budget.min_s:
             out.update(name, status="skipped", reason=f"{allowed:.0f} s left < {budget.min_s} s")
@@ -256,7 +289,7 @@ def main(argv=None) -> int:
         stage_budget = Budget(start + allowed)
         out.update(name, status="running", budget_s=allowed)
         ctx = Context(
-            args, profile, lambda r, n=name: out.update(n, result=r), compile_log, out.data
+            args, profile, lambda r, n=name: out.update(n, result=r), compile_log, out.data, early
         )
         compiles = {}
         try:
@@ -274,6 +307,8 @@ def main(argv=None) -> int:
         compiles = compiles or compile_log.since(before)
         out.update(name, seconds=time.time() - start, **compiles)
         log(f"stage {name}: {out.stage(name)['status']} in {time.time() - start:.1f} s")
+    for child, _ in early.values():  # its stage was skipped: nothing waits for it
+        child.kill()
     out.data["meta"]["seconds"] = time.time() - started
     out.data["meta"]["compiles"] = compile_log.count
     out.data["meta"]["compile_s"] = compile_log.seconds

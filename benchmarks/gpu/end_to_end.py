@@ -55,29 +55,36 @@ def prefill_token_cap(ctx, config, kv_bytes: int) -> int:
     return pow2_floor(max(free, 0) / per_token)
 
 
+def engine_sizes(ctx, config, batch: int) -> dict:
+    """The KV pool's bytes and the prefill tokens per step for ``batch`` sequences."""
+    profile = ctx.profile
+    max_len = profile.prompt_len + profile.output_len
+    pages = batch * -(-max_len // ctx.page_size) + 4
+    kv_bytes = pages * ctx.page_size * config.kv_bytes_per_token(2)
+    cap = prefill_token_cap(ctx, config, kv_bytes)
+    # At least one prompt per step even when the estimate says no room (an OOM is a result).
+    tokens = max(16, batch, min(batch * profile.prompt_len, max(cap, profile.prompt_len)))
+    return {"prefill_tokens_per_step": tokens, "kv_cache_bytes": kv_bytes}
+
+
 def engine_for(ctx, loaded, batch: int, knobs: dict):
     """An LLM sized for ``batch`` sequences of prompt + output tokens."""
     from jaxgen import LLM
 
     profile = ctx.profile
-    config = loaded.config
-    max_len = profile.prompt_len + profile.output_len
-    pages = batch * -(-max_len // ctx.page_size) + 4
-    kv_bytes = pages * ctx.page_size * config.kv_bytes_per_token(2)
-    cap = prefill_token_cap(ctx, config, kv_bytes)
-    prefill_tokens = max(16, batch, min(batch * profile.prompt_len, cap))
+    sizes = engine_sizes(ctx, loaded.config, batch)
     llm = LLM(
         loaded,
         attention_backend=ctx.backend,
         page_size=ctx.page_size,
-        max_model_len=max_len,
+        max_model_len=profile.prompt_len + profile.output_len,
         max_rolling_batch_size=batch,
-        max_rolling_batch_prefill_tokens=prefill_tokens,
-        kv_cache_memory=kv_bytes,
+        max_rolling_batch_prefill_tokens=sizes["prefill_tokens_per_step"],
+        kv_cache_memory=sizes["kv_cache_bytes"],
         enable_prefix_caching=False,
         **knobs,
     )
-    return llm, {"prefill_tokens_per_step": prefill_tokens, "kv_cache_bytes": kv_bytes}
+    return llm, sizes
 
 
 def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> dict:
@@ -90,8 +97,8 @@ def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> 
     rng = np.random.default_rng(seed)
     vocab = loaded.config.vocab_size
     row = {"batch": batch, "knobs": knobs, **sizes}
+    capture = DecodeCapture(llm.engine.runner)
     try:
-        capture = DecodeCapture(llm.engine.runner)
         label = f"b{batch}" + "".join(f" {k}={v}" for k, v in knobs.items())
         ctx.compile_log.label = f"end_to_end {label} cold"
         before = ctx.compile_log.snapshot()
@@ -130,8 +137,9 @@ def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> 
             if row["memory_analysis"] is not None:
                 row["memory_analysis"].update(ctx.compile_log.since(before))
     finally:
-        del llm
-        gc.collect()
+        capture.release()
+        del llm, capture
+        gc.collect()  # the pool goes before the next engine allocates its own
     return row
 
 
@@ -155,19 +163,24 @@ def add_floor(row: dict, *, weight_bytes: int, kv_per_token: int, context: float
         row["meets_target"] = row["x_floor"] <= target
 
 
-def estimate_seconds(ctx, batch: int, compile_s: float, floor_args: dict) -> float:
-    """A rough cost of one batch size: two compiles, then two passes (cold and timed), each a
-    prefill at the measured matmul rate and a decode at twice the floor."""
+def estimate_seconds(ctx, config, batch: int, compile_s: float, floor_args: dict) -> float:
+    """A rough cost of one batch size: its compiles (a prefill and a decode shape; five when
+    the prefill takes several steps, as sequences then start and end a few steps apart), then
+    two passes (cold and timed), each a prefill at the measured matmul rate and a decode at
+    twice the floor."""
     profile = ctx.profile
     rate = ctx.args.matmul_rate or 3e14
     bw = ctx.args.copy_bandwidth or 2e12
+    one_step = engine_sizes(ctx, config, batch)["prefill_tokens_per_step"] >= (
+        batch * profile.prompt_len
+    )
     params = floor_args["weight_bytes"] / 2  # bf16
     prefill = 2 * params * batch * profile.prompt_len / rate
     step_bytes = (
         floor_args["weight_bytes"] + batch * floor_args["context"] * floor_args["kv_per_token"]
     )
     decode = 2 * profile.output_len * step_bytes / bw
-    return 2 * compile_s + 2 * (prefill + decode) + 5
+    return (2 if one_step else 5) * compile_s + 2 * (prefill + decode) + 5
 
 
 def run(ctx, budget) -> dict:
@@ -202,7 +215,7 @@ def run(ctx, budget) -> dict:
     plan += [(b, knobs, False) for knobs in profile.knob_settings for b in profile.knob_batches]
     for index, (batch, knobs, trace) in enumerate(plan):
         rows = result["knob_rows"] if knobs else result["rows"]
-        needed = estimate_seconds(ctx, batch, compile_s, floor_args)
+        needed = estimate_seconds(ctx, config, batch, compile_s, floor_args)
         if not budget.allows(needed):
             rows.append(
                 {
@@ -261,11 +274,9 @@ def table_rows(result: dict) -> list[dict]:
 def summary(result: dict) -> str:
     parts = []
     for row in result.get("rows", []):
-        if "x_floor" in row:
-            parts.append(
-                f"b{row['batch']} {row['timed']['output_tok_s']:.0f} tok/s "
-                f"{row['x_floor']:.2f}x floor"
-            )
+        if "timed" in row:
+            floor = f" {row['x_floor']:.2f}x floor" if "x_floor" in row else ""
+            parts.append(f"b{row['batch']} {row['timed']['output_tok_s']:.0f} tok/s{floor}")
         elif "skipped" in row:
             parts.append(f"b{row['batch']} skipped")
         elif "error" in row:

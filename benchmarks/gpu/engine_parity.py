@@ -61,27 +61,30 @@ def wait_for(path: str, child: Child, deadline: float) -> dict | None:
     return None
 
 
-def run(ctx, budget) -> dict:
-    profile = ctx.profile
+def start_transformers(profile) -> tuple[Child, str]:
+    """Starts ``hf_parity_models.py`` (checkpoints, then transformers' tokens); the device
+    check starts it a stage early, so torch's import overlaps the kernel checks."""
     directory = tempfile.mkdtemp(prefix="jaxgen-parity-")
     device = "cuda" if jax.default_backend() == "gpu" else "cpu"
-    child = Child(
-        [
-            sys.executable,
-            os.path.join(HERE, "hf_parity_models.py"),
-            "--dir",
-            directory,
-            "--models",
-            ",".join(profile.parity_models),
-            "--prompt-lens",
-            ",".join(map(str, profile.parity_prompt_lens)),
-            "--max-tokens",
-            str(profile.parity_max_tokens),
-            "--device",
-            device,
-        ],
-        "hf parity",
-    )
+    command = [
+        sys.executable,
+        os.path.join(HERE, "hf_parity_models.py"),
+        "--dir",
+        directory,
+        "--models",
+        ",".join(profile.parity_models),
+        "--prompt-lens",
+        ",".join(map(str, profile.parity_prompt_lens)),
+        "--max-tokens",
+        str(profile.parity_max_tokens),
+        "--device",
+        device,
+    ]
+    return Child(command, "hf parity"), directory
+
+
+def run(ctx, budget) -> dict:
+    child, directory = ctx.early.pop("engine_parity", None) or start_transformers(ctx.profile)
     result = {"matmul_precision": "highest", "page_size": ctx.page_size, "models": {}}
     try:
         ready = wait_for(os.path.join(directory, "ready.json"), child, budget.deadline)

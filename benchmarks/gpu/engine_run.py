@@ -37,6 +37,13 @@ class DecodeCapture:
             self.arrays, self.flags = arrays, flags
         return self.original(arrays, flags, *args, **kwargs)
 
+    def release(self) -> None:
+        """Puts the runner's own ``dispatch`` back and lets go of it (the wrapper and the
+        runner refer to each other: without this the old KV pool outlives its engine)."""
+        if self.runner is not None:
+            del self.runner.dispatch
+        self.runner = self.arrays = self.flags = None
+
     def replay_seconds(self, steps: int) -> float | None:
         """Seconds per step of ``steps`` dispatches of the kept step, back to back (the device
         time once the host runs ahead; the step rewrites the same pool slots each time)."""
@@ -78,21 +85,77 @@ class DecodeCapture:
         return out
 
 
-def _copy_trace(directory: str, destination: str) -> dict:
-    """Copies the trace's Perfetto file to ``destination`` and reads its device busy time."""
-    found = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)
-    if not found:
-        found = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
-    if not found:
-        return {"trace_error": "the profiler wrote no trace file"}
-    shutil.copyfile(found[0], destination)
-    with gzip.open(found[0], "rt") as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    return {
-        "trace_file": os.path.basename(destination),
-        "device_busy_s": device_busy_seconds(events),
-    }
+class StepTrace:
+    """A ``jax.profiler`` trace of ``steps`` engine calls, its Perfetto file copied to
+    ``destination``; a profiler that fails is recorded, never raised (the run goes on)."""
+
+    def __init__(self, destination: str, steps: int):
+        self.destination = destination
+        self.steps = steps
+        self.directory = None
+        self.active = False
+        self.error = None
+        self.calls = self.engine_steps = 0
+        self.seconds = 0.0
+
+    def start(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="jaxgen-trace-")
+        try:
+            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            self.active = True
+        except Exception as error:
+            self.error = f"start_trace: {type(error).__name__}: {error}"
+
+    def record(self, seconds: float, engine_steps: int) -> None:
+        self.calls += 1
+        self.engine_steps += engine_steps
+        self.seconds += seconds
+        if self.calls == self.steps:
+            self.stop()
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        try:
+            jax.profiler.stop_trace()
+        except Exception as error:
+            self.error = f"stop_trace: {type(error).__name__}: {error}"
+
+    def result(self) -> dict:
+        """What was traced, the file, and device busy time per step read from it."""
+        if self.directory is None:
+            return {}
+        out = {"traced": {"calls": self.calls, "steps": self.engine_steps, "s": self.seconds}}
+        try:
+            if self.error is None:
+                out.update(self._copy())
+        except Exception as error:
+            self.error = f"reading the trace: {type(error).__name__}: {error}"
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        if self.error:
+            out["trace_error"] = self.error
+        busy = out.get("device_busy_s")
+        if busy is not None and self.engine_steps:
+            out["trace_device_ms_per_step"] = 1e3 * busy / self.engine_steps
+            out["trace_wall_ms_per_step"] = 1e3 * self.seconds / self.engine_steps
+        return out
+
+    def _copy(self) -> dict:
+        pattern = os.path.join(self.directory, "**", "{}")
+        found = glob.glob(pattern.format("perfetto_trace.json.gz"), recursive=True)
+        found = found or glob.glob(pattern.format("*.trace.json.gz"), recursive=True)
+        if not found:
+            return {"trace_error": "the profiler wrote no trace file"}
+        shutil.copyfile(found[0], self.destination)
+        with gzip.open(found[0], "rt") as f:
+            data = json.load(f)
+        events = data["traceEvents"] if isinstance(data, dict) else data
+        return {
+            "trace_file": os.path.basename(self.destination),
+            "device_busy_s": device_busy_seconds(events),
+        }
 
 
 def drive(
@@ -114,48 +177,41 @@ def drive(
     started: set[str] = set()
     final: dict[str, list[int]] = {}
     prefill = {"calls": 0, "steps": 0, "seconds": 0.0}
-    decode_times, decode_steps, traced = [], [], {"calls": 0, "steps": 0, "seconds": 0.0}
-    trace_dir = None
+    decode_times, decode_steps = [], []
+    trace = StepTrace(trace_to, trace_steps) if trace_to else None
     begin = time.perf_counter()
-    while engine.has_unfinished():
-        decoding = len(started) == len(ids)
-        tracing = (
-            trace_to is not None
-            and decoding
-            and trace_dir is None
-            and (len(decode_times) == trace_first_step)
-        )
-        if tracing:
-            trace_dir = tempfile.mkdtemp(prefix="jaxgen-trace-")
-            jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-        in_trace = trace_dir is not None and traced["calls"] < trace_steps and decoding
-        steps_before = engine.num_steps
-        start = time.perf_counter()
-        outputs = engine.step()
-        seconds = time.perf_counter() - start
-        steps = engine.num_steps - steps_before
-        for out in outputs:
-            if out.outputs[0].token_ids:
-                started.add(out.request_id)
-            if out.finished:
-                final[out.request_id] = list(out.outputs[0].token_ids)
-        if in_trace:
-            traced["calls"] += 1
-            traced["steps"] += steps
-            traced["seconds"] += seconds
-            if traced["calls"] == trace_steps:
-                jax.profiler.stop_trace()
-        elif decoding:
-            decode_times.append(seconds)
-            decode_steps.append(steps)
-        else:
-            prefill["calls"] += 1
-            prefill["steps"] += steps
-            prefill["seconds"] += seconds
+    try:
+        while engine.has_unfinished():
+            decoding = len(started) == len(ids)
+            if trace and trace.directory is None and decoding:
+                if len(decode_times) == trace_first_step:
+                    trace.start()
+            in_trace = trace is not None and trace.active
+            steps_before = engine.num_steps
+            start = time.perf_counter()
+            outputs = engine.step()
+            seconds = time.perf_counter() - start
+            steps = engine.num_steps - steps_before
+            for out in outputs:
+                if out.outputs[0].token_ids:
+                    started.add(out.request_id)
+                if out.finished:
+                    final[out.request_id] = list(out.outputs[0].token_ids)
+            if in_trace:
+                trace.record(seconds, steps)
+            elif decoding:
+                decode_times.append(seconds)
+                decode_steps.append(steps)
+            else:
+                prefill["calls"] += 1
+                prefill["steps"] += steps
+                prefill["seconds"] += seconds
+    finally:
+        if trace is not None:
+            trace.stop()  # the run ended (or failed) inside the traced window
     total = time.perf_counter() - begin
-    if trace_dir is not None and traced["calls"] < trace_steps:
-        jax.profiler.stop_trace()  # the run ended inside the traced window
     decode_s, decode_n = sum(decode_times), sum(decode_steps)
+    per_call = [t / n for t, n in zip(decode_times, decode_steps, strict=True) if n]
     result = {
         "seconds": total,
         "output_tokens": sum(len(tokens) for tokens in final.values()),
@@ -164,18 +220,9 @@ def drive(
         "prefill_calls": prefill["calls"],
         "decode_steps": decode_n,
         "decode_ms_per_step": 1e3 * decode_s / decode_n if decode_n else None,
-        "decode_ms_median_call": 1e3
-        * median(t / n for t, n in zip(decode_times, decode_steps, strict=True) if n)
-        if decode_n
-        else None,
+        "decode_ms_median_call": 1e3 * median(per_call) if per_call else None,
+        "output_tok_s": sum(len(tokens) for tokens in final.values()) / total,
     }
-    result["output_tok_s"] = result["output_tokens"] / total
-    if trace_dir is not None:
-        result["traced"] = traced
-        result.update(_copy_trace(trace_dir, trace_to))
-        busy = result.get("device_busy_s")
-        if busy is not None and traced["steps"]:
-            result["trace_device_ms_per_step"] = 1e3 * busy / traced["steps"]
-            result["trace_wall_ms_per_step"] = 1e3 * traced["seconds"] / traced["steps"]
-        shutil.rmtree(trace_dir, ignore_errors=True)
+    if trace is not None:
+        result.update(trace.result())
     return result

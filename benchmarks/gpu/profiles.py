@@ -81,6 +81,7 @@ class Profile:
     bandwidth_heads: tuple[int, int, int]
     bandwidth_configs: tuple[tuple[int, int], ...]
     variant_configs: tuple[tuple[int, int], ...]
+    variant_values: int | None  # values of each tuning argument timed (None: all found)
     rotation_bytes: int  # inputs rotated over at least this many bytes (several L2s)
     seconds_per_call: float  # kernel calls per timed jit call: about this long in all
     max_loops: int
@@ -142,6 +143,7 @@ GPU = Profile(
         (1, 32768),
     ),
     variant_configs=((64, 4096), (1, 32768)),
+    variant_values=None,
     rotation_bytes=512 << 20,
     seconds_per_call=0.02,
     max_loops=500,
@@ -183,6 +185,7 @@ DRY_RUN = dataclasses.replace(
     bandwidth_heads=(4, 2, 64),
     bandwidth_configs=((2, 64),),
     variant_configs=((2, 64),),
+    variant_values=1,
     rotation_bytes=64 << 10,
     seconds_per_call=0.0,
     max_loops=2,
