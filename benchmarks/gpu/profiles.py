@@ -110,14 +110,14 @@ class Profile:
 
 GPU = Profile(
     name="gpu",
-    total_budget_s=380.0,
+    total_budget_s=345.0,
     budgets={
-        "machine": StageBudget(20, 5),
-        "kernel_correctness": StageBudget(45, 15),
-        "kernel_bandwidth": StageBudget(50, 15),
-        "engine_parity": StageBudget(55, 25),
-        "end_to_end": StageBudget(150, 60),
-        "torch_peer": StageBudget(70, 30),
+        "machine": StageBudget(15, 5),
+        "kernel_correctness": StageBudget(40, 15),
+        "kernel_bandwidth": StageBudget(45, 15),
+        "engine_parity": StageBudget(45, 25),
+        "end_to_end": StageBudget(140, 60),
+        "torch_peer": StageBudget(60, 30),
         "bench_compare": StageBudget(120, 45),
     },
     interpret=False,
