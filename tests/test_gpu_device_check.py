@@ -58,9 +58,11 @@ def test_dry_run_kernel_stages(dry_run):
         assert case["non_finite_real"] == 0 and case["padding_max_abs"] == 0.0
         assert case["relative_error"] < case["tolerance"]
     bandwidth = data["stages"]["kernel_bandwidth"]["result"]
-    assert [(r["batch"], r["context"]) for r in bandwidth["rows"]] == list(
-        DRY_RUN.bandwidth_configs
-    )
+    defaults = [(r["batch"], r["context"]) for r in bandwidth["rows"] if not r["tuning"]]
+    assert defaults == list(DRY_RUN.bandwidth_configs)
+    # the kernel's variants (none for a kernel without tuning arguments), one value each here
+    variants = [r["tuning"] for r in bandwidth["rows"] if r["tuning"]]
+    assert variants == [{name: values[0]} for name, values in bandwidth["variants_tried"].items()]
     assert all(r["achieved_Bps"] > 0 for r in bandwidth["rows"])
     machine = data["stages"]["machine"]["result"]
     assert machine["copy"]["bandwidth_Bps"] > 0 and machine["matmul"]["flops_per_s"] > 0
