@@ -1,0 +1,163 @@
+"""Stage 3, the kernel's achieved bandwidth on decode steps of the Llama-3-8B attention shape (32
+query heads, 8 KV heads, head_dim 128, bf16, the engine's page size): batch x context as the
+profile lists, against the copy bandwidth stage 1 measured. Each timed call runs the kernel
+many times back to back inside one jitted loop (no host dispatch between them), each time over
+a different set of pages, so neither launch overhead nor the L2 cache flatters it. The kernel's
+decode variants and split counts (``tuning_variants``) are timed at a few pairs."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from benchmarks.gpu.floors import median, paged_attention_bytes
+from benchmarks.gpu.kernel_batches import attention_kernels, decode_batch, tuning_variants
+from benchmarks.gpu.report import log
+
+# Bandwidth assumed before the first timing, to size the loop of kernel calls per timed call.
+GUESS_BPS = 3e12
+# Issue 40's target: at least this share of the copy bandwidth at these (batch, context).
+TARGET_FRACTION = 0.75
+TARGET_CONFIGS = ((64, 4096), (1, 32768))
+
+
+def loop_count(num_bytes: int, seconds: float, max_loops: int) -> int:
+    """Kernel calls per timed call: about ``seconds`` of work at GUESS_BPS, within [2, max]."""
+    return int(min(max_loops, max(2, seconds * GUESS_BPS / max(num_bytes, 1))))
+
+
+def time_config(kernels, batch_args, *, loops: int, repeats: int, interpret: bool, tuning):
+    """Median seconds of one kernel call: ``loops`` calls per jitted call, block tables
+    rotating, the outputs summed so none is dropped."""
+    q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs = batch_args
+    call = functools.partial(kernels.kernel, interpret=interpret, **tuning)
+
+    @jax.jit
+    def many(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs):
+        def body(i, total):
+            table = tables[i % tables.shape[0]]
+            out = call(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs)
+            return total + jnp.sum(out.astype(jnp.float32))
+
+        return lax.fori_loop(0, loops, body, jnp.float32(0))
+
+    start = time.perf_counter()
+    jax.block_until_ready(many(*batch_args))
+    first_s = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(many(*batch_args))
+        times.append(time.perf_counter() - start)
+    return median(times) / loops, first_s
+
+
+def run(ctx, budget) -> dict:
+    profile = ctx.profile
+    kernels = attention_kernels()
+    num_heads, num_kv_heads, head_dim = profile.bandwidth_heads
+    page_size = ctx.page_size
+    copy_bw = ctx.copy_bandwidth()
+    variants = tuning_variants(kernels.kernel, ctx.args.kernel_tuning)
+    result = {
+        "kernel_module": kernels.module,
+        "shape": {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
+        "page_size": page_size,
+        "copy_bandwidth_Bps": copy_bw,
+        "variants_tried": variants,
+        "rows": [],
+    }
+    plan = [(b, c, {}) for b, c in profile.bandwidth_configs]
+    for (batch, context), (name, values) in itertools.product(
+        profile.variant_configs, variants.items()
+    ):
+        plan += [(batch, context, {name: value}) for value in values[: profile.variant_values]]
+    for batch, context, tuning in plan:
+        if not budget.allows(4.0):
+            result.setdefault("skipped", []).append([batch, context, tuning])
+            continue
+        sizes = dict(
+            batch=batch,
+            context=context,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+        )
+        num_bytes = paged_attention_bytes(**sizes, itemsize=2)
+        kv_bytes = num_bytes - 2 * batch * num_heads * head_dim * 2
+        rotations = int(min(64, max(1, -(-profile.rotation_bytes // kv_bytes))))
+        row = {"batch": batch, "context": context, "tuning": tuning, "bytes": num_bytes}
+        try:
+            args = decode_batch(**sizes, rotations=rotations)
+            loops = loop_count(num_bytes, profile.seconds_per_call, profile.max_loops)
+            seconds, first_s = time_config(
+                kernels,
+                args,
+                loops=loops,
+                repeats=profile.repeats,
+                interpret=profile.interpret,
+                tuning=tuning,
+            )
+            del args
+            achieved = num_bytes / seconds
+            row |= {
+                "us_per_call": seconds * 1e6,
+                "achieved_Bps": achieved,
+                "fraction_of_copy": achieved / copy_bw if copy_bw else None,
+                "rotations": rotations,
+                "loops": loops,
+                "compile_and_first_s": first_s,
+            }
+            if copy_bw and not tuning and (batch, context) in TARGET_CONFIGS:
+                row["meets_target"] = achieved / copy_bw >= TARGET_FRACTION
+            fraction = f" ({achieved / copy_bw:.0%} of copy)" if copy_bw else ""
+            log(
+                f"attention b{batch} ctx{context} {tuning or 'default'}: "
+                f"{seconds * 1e6:.1f} us, {achieved / 1e12:.3f} TB/s{fraction}"
+            )
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {error}"
+            log(f"attention b{batch} ctx{context} {tuning}: {row['error']}")
+        result["rows"].append(row)
+        ctx.partial(result)
+    if result.get("skipped"):
+        result["status"] = "partial"
+    return result
+
+
+def summary(result: dict) -> str:
+    parts = []
+    for row in result.get("rows", []):
+        if row["tuning"] or "achieved_Bps" not in row:
+            continue
+        if (row["batch"], row["context"]) in ((64, 4096), (1, 32768), (1, 1024)):
+            fraction = row.get("fraction_of_copy")
+            share = f" {fraction:.0%}" if fraction else ""
+            parts.append(
+                f"b{row['batch']}x{row['context']}: {row['achieved_Bps'] / 1e12:.2f} TB/s{share}"
+            )
+    errors = sum("error" in row for row in result.get("rows", []))
+    return "; ".join(parts) + (f"; {errors} errors" if errors else "")
+
+
+def table_rows(result: dict) -> list[dict]:
+    rows = []
+    for row in result.get("rows", []):
+        rows.append(
+            {
+                "batch": row["batch"],
+                "context": row["context"],
+                "tuning": ",".join(f"{k}={v}" for k, v in row["tuning"].items()) or "default",
+                "us": row.get("us_per_call"),
+                "TB/s": row["achieved_Bps"] / 1e12 if "achieved_Bps" in row else None,
+                "of copy": row.get("fraction_of_copy"),
+                "error": row.get("error"),
+            }
+        )
+    return rows

@@ -1,0 +1,210 @@
+"""What the device check runs: the GPU's sizes and the CPU dry run's, stage by stage.
+
+No jax or torch import here: the torch peer reads the same model shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+LLAMA3_8B = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+# The dry run's model: the 8B's family and layout at toy sizes.
+TINY_LLAMA = {
+    **LLAMA3_8B,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+}
+
+STAGES = (
+    "machine",
+    "kernel_correctness",
+    "kernel_bandwidth",
+    "engine_parity",
+    "end_to_end",
+    "torch_peer",
+    "bench_compare",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageBudget:
+    """A stage runs for at most ``max_s`` seconds and is skipped when fewer than ``min_s``
+    remain of the whole run's budget."""
+
+    max_s: float
+    min_s: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Every size the stages use; ``GPU`` and ``DRY_RUN`` below."""
+
+    name: str
+    total_budget_s: float
+    budgets: dict[str, StageBudget]
+    interpret: bool  # Pallas kernels in the interpreter (CPU)
+    # machine: a copy of copy_bytes, copy_loops times per timed call; matmul_size^3 bf16
+    copy_bytes: int
+    copy_loops: int
+    matmul_size: int
+    matmul_loops: int
+    repeats: int
+    # kernel correctness: the long context and the decode batch of the cases
+    long_context: int
+    very_long_context: int
+    decode_batch: int
+    correctness_cases: tuple[str, ...] | None  # None: every case
+    # kernel bandwidth: (q heads, KV heads, head_dim), (batch, context) pairs, and the pairs
+    # the kernel's variants are timed at
+    bandwidth_heads: tuple[int, int, int]
+    bandwidth_configs: tuple[tuple[int, int], ...]
+    variant_configs: tuple[tuple[int, int], ...]
+    variant_values: int | None  # values of each tuning argument timed (None: all found)
+    rotation_bytes: int  # inputs rotated over at least this many bytes (several L2s)
+    seconds_per_call: float  # kernel calls per timed jit call: about this long in all
+    max_loops: int
+    # engine parity
+    parity_models: tuple[str, ...]
+    parity_prompt_lens: tuple[int, ...]
+    parity_max_tokens: int
+    # end to end (and the torch peer)
+    model: dict
+    e2e_batches: tuple[int, ...]
+    prompt_len: int
+    output_len: int
+    trace_batches: tuple[int, ...]
+    trace_first_step: int
+    trace_steps: int
+    replay_steps: int
+    knob_settings: tuple[dict, ...]  # engine knobs tried at knob_batches as the budget allows
+    knob_batches: tuple[int, ...]
+    # bench compare
+    compare_modes: tuple[str, ...]
+    compare_num_prompts: int
+    compare_input_len: int
+    compare_outputs: tuple[int, ...]
+    compare_slots: int
+
+
+GPU = Profile(
+    name="gpu",
+    total_budget_s=345.0,
+    budgets={
+        "machine": StageBudget(15, 5),
+        "kernel_correctness": StageBudget(40, 15),
+        "kernel_bandwidth": StageBudget(45, 15),
+        "engine_parity": StageBudget(45, 25),
+        "end_to_end": StageBudget(140, 60),
+        "torch_peer": StageBudget(60, 30),
+        "bench_compare": StageBudget(120, 45),
+    },
+    interpret=False,
+    copy_bytes=2 << 30,
+    copy_loops=10,
+    matmul_size=8192,
+    matmul_loops=10,
+    repeats=5,
+    long_context=5000,
+    very_long_context=32768,
+    decode_batch=24,
+    correctness_cases=None,
+    bandwidth_heads=(32, 8, 128),
+    bandwidth_configs=(
+        (1, 1024),
+        (16, 1024),
+        (64, 1024),
+        (256, 1024),
+        (1, 4096),
+        (16, 4096),
+        (64, 4096),
+        (256, 4096),
+        (1, 32768),
+    ),
+    variant_configs=((64, 4096), (1, 32768)),
+    variant_values=None,
+    rotation_bytes=512 << 20,
+    seconds_per_call=0.02,
+    max_loops=500,
+    parity_models=("llama", "qwen3", "gemma3"),
+    parity_prompt_lens=(5, 17, 16, 33),
+    parity_max_tokens=16,
+    model=LLAMA3_8B,
+    e2e_batches=(1, 64, 256, 16),
+    prompt_len=1024,
+    output_len=128,
+    trace_batches=(1, 64),
+    trace_first_step=8,
+    trace_steps=5,
+    replay_steps=20,
+    knob_settings=({"num_scheduler_steps": 8}, {"async_scheduling": True}),
+    knob_batches=(1, 64),
+    compare_modes=("static", "paged", "continuous", "dynamic"),
+    compare_num_prompts=32,
+    compare_input_len=64,
+    compare_outputs=(64, 128, 256),
+    compare_slots=16,
+)
+
+DRY_RUN = dataclasses.replace(
+    GPU,
+    name="dry-run",
+    total_budget_s=900.0,
+    budgets={name: StageBudget(300, 1) for name in STAGES},
+    interpret=True,
+    copy_bytes=8 << 20,
+    copy_loops=2,
+    matmul_size=128,
+    matmul_loops=2,
+    repeats=2,
+    long_context=70,
+    very_long_context=150,
+    decode_batch=5,
+    correctness_cases=("llama3 gqa4 d128 bf16 mixed", "gqa4 d64 int8 decode window"),
+    bandwidth_heads=(4, 2, 64),
+    bandwidth_configs=((2, 64),),
+    variant_configs=((2, 64),),
+    variant_values=1,
+    rotation_bytes=64 << 10,
+    seconds_per_call=0.0,
+    max_loops=2,
+    parity_models=("llama",),
+    parity_prompt_lens=(5, 17),
+    parity_max_tokens=6,
+    model=TINY_LLAMA,
+    e2e_batches=(2,),
+    prompt_len=32,
+    output_len=8,
+    trace_batches=(2,),
+    trace_first_step=2,
+    trace_steps=2,
+    replay_steps=2,
+    knob_settings=({"num_scheduler_steps": 2},),
+    knob_batches=(2,),
+    compare_modes=("paged",),
+    compare_num_prompts=4,
+    compare_input_len=8,
+    compare_outputs=(4, 8),
+    compare_slots=2,
+)
