@@ -81,7 +81,7 @@ class Context:
         self.partial = partial  # called with the stage's result so far; writes it
         self.compile_log = compile_log
         self.page_size = args.page_size or EngineConfig().page_size
-        self.backend = "pallas-gpu"
+        self.backend = args.backend
         self.report_data = report_data or {}
         self.want_memory_analysis = True
         self.early = early if early is not None else {}  # processes started for a later stage
@@ -115,6 +115,13 @@ def parse_args(argv=None):
         help="kernel variants to time, e.g. '{\"num_splits\": [8, 32]}' (default: found)",
     )
     parser.add_argument("--peer-compile", choices=("off", "auto"), default="auto")
+    parser.add_argument(
+        "--backend",
+        choices=("pallas-gpu", "reference"),
+        default="pallas-gpu",
+        help="attention backend of the engine stages (pallas-gpu falls back to reference when "
+        "every kernel case raised, so the engine is still measured)",
+    )
     parser.add_argument(
         "--commit", default=None, help="recorded in the JSON (the device's copy has no .git)"
     )
@@ -205,6 +212,7 @@ def run_child(ctx, name: str, budget: Budget) -> dict:
         machine = ctx.report_data["stages"].get("machine", {}).get("result", {})
         command = [sys.executable, os.path.abspath(__file__), "--child", name, *common]
         command += ["--page-size", str(ctx.page_size), "--parent-bytes", str(parent_bytes())]
+        command += ["--backend", args.backend]
         for flag, value in (
             ("--copy-bandwidth", ctx.copy_bandwidth()),
             ("--matmul-rate", machine.get("matmul", {}).get("flops_per_s")),
@@ -225,6 +233,12 @@ def run_child(ctx, name: str, budget: Budget) -> dict:
     else:
         result["status"] = status
     return result
+
+
+def kernel_unusable(stage: dict) -> bool:
+    """Whether every kernel case raised (the kernel does not compile or run here)."""
+    rows = stage.get("result", {}).get("cases", [])
+    return stage.get("status") == "error" or (bool(rows) and all("error" in r for r in rows))
 
 
 def parent_bytes() -> int:
@@ -310,6 +324,10 @@ def main(argv=None) -> int:
         compiles = compiles or compile_log.since(before)
         out.update(name, seconds=time.time() - start, **compiles)
         log(f"stage {name}: {out.stage(name)['status']} in {time.time() - start:.1f} s")
+        if name == "kernel_correctness" and kernel_unusable(out.stage(name)):
+            args.backend = "reference"
+            out.data["meta"]["backend_fallback"] = "every kernel case raised: engine on reference"
+            log("every kernel case raised: the engine stages run on the reference backend")
     for child, _ in early.values():  # its stage was skipped: nothing waits for it
         child.kill()
     out.data["meta"]["seconds"] = time.time() - started
