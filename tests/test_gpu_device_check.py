@@ -86,14 +86,19 @@ def test_dry_run_end_to_end_and_peer(dry_run):
     assert row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
     assert row["timed"]["compiles"] == 0 and row["cold"]["compiles"] > 0
     assert row["timed"]["decode_steps"] > 0 and row["floor_ms"] > 0 and row["x_floor"] > 0
-    assert row["replay_device_ms_per_step"] > 0
-    analysis = row["memory_analysis"]
-    assert analysis["kv_pool_bytes"] > 0 and analysis["compiles"] == 0  # the step's own exe
     with gzip.open(out / row["timed"]["trace_file"], "rt") as f:
         assert json.load(f)["traceEvents"]
+    assert row["timed"]["profiler_s"] > 0  # traced: left out of its output tok/s
+    # The main rows run with asynchronous scheduling, whose steps are not replayed; the knob
+    # row (multi-step, with single steps among them) is, and holds the memory analysis.
+    assert row["knobs"] == DRY_RUN.e2e_knobs and row["engine_stats"]["async_steps"] > 0
+    assert "replay_device_ms_per_step" not in row and "memory_analysis" not in row
     (knob_row,) = e2e["knob_rows"]
     assert knob_row["engine_stats"]["multi_step_calls"] > 0
     assert knob_row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
+    assert knob_row["replay_device_ms_per_step"] > 0
+    analysis = knob_row["memory_analysis"]
+    assert analysis["kv_pool_bytes"] > 0 and analysis["compiles"] == 0  # the step's own exe
     peer = data["stages"]["torch_peer"]["result"]
     assert [r["batch"] for r in peer["rows"]] == list(DRY_RUN.e2e_batches)
     assert all(r["new_tokens_per_sequence"] == DRY_RUN.output_len for r in peer["rows"])

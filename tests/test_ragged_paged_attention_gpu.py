@@ -7,6 +7,7 @@ and sequence slots, split-KV, both decode paths, float and 8-bit pools; their lo
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -113,15 +114,15 @@ def check(args, reference_args, *, dtype, options, tuning=None):
 
 MIXED_CASES = {
     # head_dim 96 on 128 lanes; a window and a soft cap; three decode splits over 8-key blocks
-    # (the 43-key row has 6); the group of 4 scored without the MMA units.
+    # (the 43-key row has 6); the group of 4 scored without the MMA units (the lane-sum path).
     "hd96-window-softcap-3-splits": dict(
         group=4,
         head_dim=96,
         dtype=jnp.float32,
         options=dict(soft_cap=3.0, sliding_window=11, scale=0.2),
-        tuning=dict(num_splits=3, decode_block_k=8),
+        tuning=dict(decode_dot=False, num_splits=3, decode_block_k=8),
     ),
-    # GQA 8: the MMA decode path by default (16 rows); the default split count.
+    # GQA 8: the MMA decode path, the default (16 rows); the default split count.
     "gqa8-bf16-defaults": dict(group=8, head_dim=128, dtype=jnp.bfloat16),
     # An int8 pool (one scale per head), the MMA path forced on a group of 4, one split (decode
     # rows written straight into the output).
@@ -152,16 +153,25 @@ def test_split_kv_is_exercised():
     """The decode grid has the requested splits (the step's long row spans all of them), and
     the default gives a batch-1 step's 2 sequence slots x 8 KV heads about 4 programs per SM."""
     args, _ = mixed_batch(0, group=4, head_dim=96, dtype=jnp.float32)
-    grids = kernel_grids(args, num_splits=3, decode_block_k=8)
+    grids = kernel_grids(args, decode_dot=False, num_splits=3, decode_block_k=8)
     assert grids["ragged_paged_attention_decode"] == (10, 2, 3)  # (slots, KV heads, splits)
     assert grids["ragged_paged_attention_prefill"][1] == 2
     batch1 = decode_sizes(group=4, head_dim=128, max_seqs=2, num_kv_heads=8, max_keys=32768)
-    assert batch1.num_splits == 33 and not batch1.use_dot and batch1.rows == 4
-    assert 2 * 8 * batch1.num_splits >= 4 * 132
+    # The default is the MMA path: a group of 4 padded to tl.dot's 16 rows, 32-key blocks.
+    assert batch1.use_dot and batch1.rows == 16 and batch1.block_k == 32
+    assert batch1.num_splits == 33 and 2 * 8 * batch1.num_splits >= 4 * 132
+    lane_sum = decode_sizes(
+        group=4, head_dim=128, max_seqs=2, num_kv_heads=8, max_keys=32768, use_dot=False
+    )
+    assert not lane_sum.use_dot and lane_sum.rows == 4 and lane_sum.block_k == 16
+    assert lane_sum.num_splits == 33
     batch64 = decode_sizes(group=4, head_dim=128, max_seqs=64, num_kv_heads=8, max_keys=4096)
     assert batch64.num_splits == 1
     gqa8 = decode_sizes(group=8, head_dim=128, max_seqs=8, num_kv_heads=8, max_keys=4096)
     assert gqa8.use_dot and gqa8.rows == 16
+    # Short tables cap the splits at their key blocks (batch 1 x 1k keys: 32 blocks of 32).
+    short = decode_sizes(group=4, head_dim=128, max_seqs=1, num_kv_heads=8, max_keys=1024)
+    assert short.num_splits == 32
     assert prefill_sizes(group=4, head_dim=128).rows == 128
     assert prefill_sizes(group=4, head_dim=256).rows == 64
 
@@ -261,13 +271,67 @@ def test_lowers_for_cuda(head_dim, pool):
         assert "tensor<8x4096x16x" + str(head_dim) + "xf32>" not in text or pool == "f32"
 
 
-def test_batch1_decode_fills_the_gpu_with_group_sized_programs():
+def test_batch1_decode_fills_the_gpu():
     """Lowered for CUDA: a batch-1 step over 32k keys (2 sequence slots, 8 KV heads, GQA 4)
-    launches 2 x 8 x 33 decode programs, each holding the group's 4 query rows (its partial
-    accumulators are [33, 2, 8, 4, 128]), not 64 padded rows."""
+    launches 2 x 8 x 33 decode programs. The default (the MMA path) holds the group's 4 query
+    rows padded to tl.dot's 16 (partial accumulators [33, 2, 8, 16, 128]), not the earlier
+    kernel's 64; ``decode_dot=False`` holds just the 4 ([33, 2, 8, 4, 128])."""
+    grid = "grid_x = 2 : i32, grid_y = 8 : i32, grid_z = 33 : i32"
     text = _lowered_for_cuda(128, "bf16", num_tokens=2, max_seqs=2, width=2048)
-    assert "grid_x = 2 : i32, grid_y = 8 : i32, grid_z = 33 : i32" in text
-    assert "tensor<33x2x8x4x128xf32>" in text
+    assert grid in text
+    assert "tensor<33x2x8x16x128xf32>" in text
+    lane_sum = _lowered_for_cuda(
+        128, "bf16", num_tokens=2, max_seqs=2, width=2048, decode_dot=False
+    )
+    assert grid in lane_sum
+    assert "tensor<33x2x8x4x128xf32>" in lane_sum
+
+
+def _triton_modules(text: str) -> dict[str, str]:
+    """The Triton modules ``pallas_call(debug=True)`` printed, by kernel name."""
+    modules = {}
+    for match in re.finditer(r"^module @(\w+) \{$", text, flags=re.MULTILINE):
+        end = re.compile(r"^\}", flags=re.MULTILINE).search(text, match.end())
+        modules[match.group(1)] = text[match.end() : end.start() if end else len(text)]
+    return modules
+
+
+def _clamped_lane_ranges(module: str, lanes: int) -> list[str]:
+    """The ``tt.make_range`` values of ``lanes`` elements that an ``arith.minsi`` clamps."""
+    ranges = re.findall(
+        rf"(%[\w#]+) = tt\.make_range \{{end = {lanes} : i32, start = 0 : i32\}}", module
+    )
+    clamped = []
+    for name in ranges:
+        operand = re.escape(name) + r"(?![\w#])"
+        if re.search(rf"arith\.minsi ({operand}|%[\w#]+, {operand})", module):
+            clamped.append(name)
+    return clamped
+
+
+@pytest.mark.parametrize("head_dim, clamped", [(128, False), (96, True)])
+def test_power_of_two_lanes_are_a_plain_iota(head_dim, clamped, monkeypatch, capsys):
+    """Where head_dim is a power of two the kernels index lanes with the plain iota: no
+    ``arith.minsi`` on the 128-lane ``tt.make_range`` in the Triton IR of either kernel. A
+    clamped lane index made Triton load every K/V element on its own (2-byte loads); the plain
+    iota gives 16-byte, pipelined copies (on an H200 the MMA decode path went from 775 to 335 us
+    a call at batch 64 x 4k). head_dim 96 keeps the clamped, masked lanes: it shows the check
+    sees a clamp where there is one."""
+    from jax.experimental import pallas as pl
+
+    from pallas_kernels.gpu.ragged_paged_attention import kernel
+
+    pallas_call = pl.pallas_call
+    monkeypatch.setattr(
+        kernel.pl, "pallas_call", functools.partial(pallas_call, debug=True), raising=True
+    )
+    # Shapes no other test lowers, so no cached trace skips the patched pallas_call.
+    _lowered_for_cuda(head_dim, "bf16", num_tokens=24, max_seqs=3, width=24)
+    modules = _triton_modules(capsys.readouterr().out)
+    assert set(modules) == {"ragged_paged_attention_decode", "ragged_paged_attention_prefill"}
+    for name, module in modules.items():
+        assert "tt.make_range {end = 128 : i32, start = 0 : i32}" in module, name
+        assert bool(_clamped_lane_ranges(module, 128)) == clamped, name
 
 
 def _bad_inputs():

@@ -133,13 +133,14 @@ def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> 
             for k, v in llm.stats().items()
             if k in ("steps", "multi_step_calls", "async_steps", "preemptions", "kv_pages_peak")
         }
-        if ctx.want_memory_analysis:
+        # On the first row whose capture kept a step (not an asynchronous row: at d2b7523 the
+        # H200 run's first row was one, and no memory analysis came back).
+        if ctx.want_memory_analysis and capture.arrays is not None:
             ctx.want_memory_analysis = False
             ctx.compile_log.label = f"end_to_end {label} memory analysis"
             before = ctx.compile_log.snapshot()
             row["memory_analysis"] = capture.memory_analysis()
-            if row["memory_analysis"] is not None:
-                row["memory_analysis"].update(ctx.compile_log.since(before))
+            row["memory_analysis"].update(ctx.compile_log.since(before))
     finally:
         capture.release()
         del llm, capture

@@ -1,5 +1,6 @@
-"""Ragged paged attention for NVIDIA GPUs (Pallas Triton): split-KV decode programs sized to
-the GQA group, causal prefill blocks, float and 8-bit pools. See docs/gpu.md."""
+"""Ragged paged attention for NVIDIA GPUs (Pallas Triton): split-KV decode programs, one per KV
+head's GQA group (padded to tl.dot's 16 rows), causal prefill blocks, float and 8-bit pools. See
+docs/gpu.md."""
 
 from pallas_kernels.gpu.ragged_paged_attention.reference import (
     paged_attention_reference,

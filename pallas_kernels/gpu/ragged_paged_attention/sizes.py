@@ -1,32 +1,43 @@
 """Block sizes, launch parameters and the decode split count of the GPU ragged paged-attention
 kernels, chosen from static shapes only (so one compile per shape bucket), each with its reason.
 
-The defaults are reasoned, not yet measured: every one can be overridden through the wrapper's
-tuning arguments, and docs/gpu.md lists what the device check times.
+Measured on an NVIDIA H200 by the device check (commit d2b7523; docs/gpu.md has the tables and
+docs/measurements/ the JSON); every size can be overridden through the wrapper's tuning
+arguments.
 
 Why these numbers:
 - Triton tensors have power-of-two sizes, so a head_dim such as 96 is computed on 128 lanes
   (``padded_head_dim``; the extra lanes are masked out of every load and store) and a GQA group
   of 3 or 6 on 4 or 8 rows.
-- ``tl.dot`` (the MMA units) needs at least 16 rows. Decode is memory-bound: a query row reads
-  each key once and does 4 * head_dim flops with it, so the MMA units buy nothing while padding a
-  group of 4 rows to 16 would waste three quarters of them. Small groups (padded to at most
-  ``DOT_GROUP`` - 1 rows) therefore score keys without the MMA units: a broadcast multiply and a
-  float32 sum over lanes of ``[rows, block_k, lanes]``, which ``DECODE_PRODUCTS`` bounds so the
-  products fit in registers (64 per thread at 4 warps). Groups of 8 or more do twice the
-  arithmetic per key byte, near what the CUDA cores sustain at full bandwidth (H100: about 67
-  fp32 TFLOP/s against 3.35 TB/s), so they take the MMA path padded to 16 rows.
+- Decode scores keys with ``tl.dot`` (the MMA units) by default, the group padded to 16 rows
+  (``tl.dot``'s minimum; Llama-3's group of 4 gives 16 rows, not the 64 of the earlier kernel).
+  Decode is memory-bound, so the padded rows cost MMA work the step has to spare; what decided
+  on the device is how the key blocks are read. Compiled offline for sm_90, the dot path's
+  decode kernel copies each block into shared memory with 16-byte ``cp.async`` copies, which
+  Triton pipelines (``num_stages``); the lane-sum path (a float32 multiply and sum over
+  ``[rows, block_k, lanes]``, ``DECODE_PRODUCTS`` bounding the products to what fits in
+  registers) loads straight into registers, with no ``cp.async`` and nothing pipelined.
+  On the H200, batch 64 x 4k keys: the dot path 335 us a call (just under 75% of the copy bandwidth), the
+  lane-sum path 2,829 us (9%); batch 1 x 32k keys: 54 us (58%) against 360 us (9%). The lane-sum
+  path stays as ``decode_dot=False``.
+- Decode key blocks of 32 keys (the dot path): 64 measured 2% faster at batch 64 x 4k (77% of
+  copy against 75%) and 4% faster at batch 1 x 32k (60% against 58%), within what one run
+  separates; 3 stages instead of 2 came within 1.5% either way.
 - Split-KV for decode: one program per (sequence slot, KV head) leaves most of the GPU idle when
   there are few sequences (batch 1 at 8 KV heads: 8 programs on 132 SMs, each walking its whole
   context). Each (sequence, KV head) is cut into ``num_splits`` contiguous key ranges, one per
   program, merged afterwards by log-sum-exp. The count is static: enough programs for
   ``PROGRAMS_PER_SM`` per SM of an H100/H200 (132 SMs) over the step's sequence slots, and no
   more splits than key blocks in a full block table. Each sequence's own length is cut into that
-  many ranges at run time, so short sequences are split as finely as long ones.
+  many ranges at run time, so short sequences are split as finely as long ones. Measured at
+  batch 1 x 32k: 66 splits (the default for one sequence slot, 528 programs) 54 us, 16 splits
+  104 us, 4 splits 362 us; at batch 64 x 4k, where the default is 1 split (512 programs), 4 and
+  16 splits were 5% and 8.5% slower.
 - Prefill (rows with more than one query): query blocks of 128 rows (tokens x the group's heads)
   for head_dim up to 128, 64 rows at 256 (the float32 accumulator is rows x lanes), against key
   blocks of 64 (32 at 256) keys; 8 warps for the larger tiles, as FlashAttention's Triton
-  kernels use on Hopper.
+  kernels use on Hopper. These are not timed apart by the device check yet (its prefill is
+  measured inside the engine's steps only).
 """
 
 from __future__ import annotations
@@ -36,10 +47,8 @@ import dataclasses
 NUM_SMS = 132  # H100 SXM5 and H200
 PROGRAMS_PER_SM = 4
 MIN_DOT_SIZE = 16  # tl.dot: every dimension at least 16
-DOT_GROUP = 8  # decode groups padded to this many rows or more use the MMA path
-# Every decode group takes the MMA path: on an H200 (f075695) it ran 3.6x faster than the
-# lane-sum path at batch 64 x 4k keys (its key blocks are copied asynchronously, pipelined);
-# see docs/gpu.md.
+# Decode on the MMA path unless decode_dot=False: on an H200 it ran 8.4x faster than the
+# lane-sum path at batch 64 x 4k keys (d2b7523; 3.7x before the lane fix, f075695).
 DECODE_DOT_DEFAULT = True
 DECODE_PRODUCTS = 8192  # [rows, block_k, lanes] float32 products of one non-MMA score block
 MAX_HEAD_DIM = 256  # the largest head_dim whose accumulator and tiles fit a program
@@ -110,7 +119,7 @@ def decode_sizes(
     padded_group = next_power_of_2(group)
     lanes = padded_head_dim(head_dim)
     if use_dot is None:
-        use_dot = DECODE_DOT_DEFAULT or padded_group >= DOT_GROUP
+        use_dot = DECODE_DOT_DEFAULT
     rows = max(MIN_DOT_SIZE, padded_group) if use_dot else padded_group
     if block_k is None:
         block_k = 32 if use_dot else max(8, min(64, DECODE_PRODUCTS // (rows * lanes)))

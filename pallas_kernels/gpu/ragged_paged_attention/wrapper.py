@@ -140,7 +140,8 @@ def ragged_paged_attention(
       sliding_window: if set, a query at position p sees keys in ``(p - sliding_window, p]``.
       interpret: run the kernels in Pallas's interpreter (on CPU).
       decode_dot: score decode rows with ``tl.dot`` (group padded to 16 rows) or without the MMA
-        units (a float32 multiply and sum); None: the dot for groups of 8 or more.
+        units (a float32 multiply and sum); None: the dot (measured faster on an H200, see
+        ``sizes.py``).
       num_splits: key ranges per (decode sequence, KV head), merged by log-sum-exp; None: enough
         for 4 programs per SM of a 132-SM GPU (see ``sizes.py``). Capped at the key blocks of a
         full block table.
