@@ -187,7 +187,7 @@ def mode_streamed_weight(args: dict) -> dict:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from jaxgen.backends.streamed_weight import StreamedWeight
-    from pallas_kernels.tpu.reference import streamed_matmul_reference
+    from pallas_kernels.tpu.streamed_matmul import streamed_matmul_reference
 
     mesh = Mesh(np.array(jax.devices()[:4]), ("model",))
     rng = np.random.default_rng(0)

@@ -14,13 +14,11 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.tpu import ragged_paged_attention_reference_tpu, ragged_paged_attention_tpu
-from pallas_kernels.tpu.kv_cache_update_quantized import update_quantized_pool_tpu
-from pallas_kernels.tpu.kv_pool_quantized import (
-    QuantizedKVPool,
-    quantized_pool_shapes,
+from pallas_kernels.tpu.kv_cache_update import (
     update_quantized_pool_reference,
-    zeros_quantized_pool,
+    update_quantized_pool_tpu,
 )
+from pallas_kernels.tpu.kv_pool import QuantizedKVPool, quantized_pool_shapes, zeros_quantized_pool
 from tests.test_ragged_paged_attention_tpu import (
     _compile,
     assert_no_races,

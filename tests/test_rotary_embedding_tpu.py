@@ -1,4 +1,4 @@
-"""The RoPE kernel (pallas_kernels/tpu/rotary_embedding.py) against its pure-jnp reference in TPU
+"""The RoPE kernel (pallas_kernels/tpu/rotary_embedding/) against its pure-jnp reference in TPU
 interpret mode, the reference against the model's own rotation, the pallas-tpu backend's use of
 it (and its fallback), its input checks, and its AOT compile for a v5e chip."""
 
@@ -12,8 +12,11 @@ from jax.experimental.pallas import tpu as pltpu
 
 from jaxgen.backends import PallasTPUBackend, ReferenceBackend
 from jaxgen.models.rope import apply_rope, rope_angles
-from pallas_kernels.tpu.reference import rotary_embedding_reference
-from pallas_kernels.tpu.rotary_embedding import rotary_embedding_supported, rotary_embedding_tpu
+from pallas_kernels.tpu.rotary_embedding import (
+    rotary_embedding_reference,
+    rotary_embedding_supported,
+    rotary_embedding_tpu,
+)
 from tests.test_pallas_tpu_backend import needs_libtpu
 
 INTERPRET = pltpu.InterpretParams(detect_races=True)

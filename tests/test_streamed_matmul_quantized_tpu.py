@@ -14,11 +14,12 @@ from jax.experimental.pallas import tpu as pltpu
 from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.config import ModelConfig
 from jaxgen.quantization.quantize import QuantizationSpec, quantize_kernel
-from pallas_kernels.tpu.reference import rms_norm_reference, streamed_gated_matmul_reference
-from pallas_kernels.tpu.streamed_matmul_quantized import (
+from pallas_kernels.tpu.streamed_matmul import (
     float16_bits_to_float32,
     pack_float16_pairs,
+    rms_norm_reference,
     streamed_gated_matmul_quantized_tpu,
+    streamed_gated_matmul_reference,
     streamed_matmul_quantized_tpu,
 )
 from tests.test_pallas_tpu_backend import LLAMA3_8B, needs_libtpu

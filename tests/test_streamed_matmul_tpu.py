@@ -1,6 +1,7 @@
-"""The streamed matmul (pallas_kernels/tpu/streamed_matmul.py) against its pure-jnp reference in
-TPU interpret mode (DMAs and semaphores simulated, race detection on), its input checks, and its
-AOT compile for a v5e chip, where the compiler must count the weight's bytes once."""
+"""The streamed matmul (pallas_kernels/tpu/streamed_matmul/kernel.py) against its pure-jnp
+reference in TPU interpret mode (DMAs and semaphores simulated, race detection on), its input
+checks, and its AOT compile for a v5e chip, where the compiler must count the weight's bytes
+once."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from pallas_kernels.tpu import (
     streamed_matmul_reference,
     streamed_matmul_tpu,
 )
-from pallas_kernels.tpu.reference import rms_norm_reference, streamed_gated_matmul_reference
-from pallas_kernels.tpu.streamed_matmul import GATED_ACTIVATIONS, streamed_gated_matmul_tpu
+from pallas_kernels.tpu.streamed_matmul import (
+    GATED_ACTIVATIONS,
+    rms_norm_reference,
+    streamed_gated_matmul_reference,
+    streamed_gated_matmul_tpu,
+)
 
 INTERPRET = pltpu.InterpretParams(detect_races=True)
 

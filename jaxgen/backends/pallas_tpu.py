@@ -2,7 +2,7 @@
 small kernel that writes the step's K/V into the pool in place.
 
 The pool of a layer is one array ``[num_pages, page_size, 2 * Hkv_p, Dp]`` with K and V heads
-interleaved and ``head_dim`` padded to 128 lanes (``pallas_kernels.tpu.kv_cache_update``). Pallas
+interleaved and ``head_dim`` padded to 128 lanes (``pallas_kernels.tpu.kv_pool.layout``). Pallas
 calls are not partitioned by XLA, so under tensor parallelism the backend runs them inside
 ``jax.shard_map`` over the model axis: each chip attends its own query heads against its own KV
 heads. When a model has fewer KV heads than chips, each KV head is repeated so that every chip
@@ -26,12 +26,8 @@ from jaxgen.backends.streamed_weight import StreamedWeight
 from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 from jaxgen.quantization.quantized_embedding_table import QuantizedEmbeddingTable
-from pallas_kernels.tpu.kv_cache_update import kv_pool_shape, update_kv_cache_tpu
-from pallas_kernels.tpu.kv_cache_update_quantized import update_quantized_pool_tpu
-from pallas_kernels.tpu.kv_pool_quantized import (
-    QuantizedKVPool,
-    quantized_pool_shapes,
-)
+from pallas_kernels.tpu.kv_cache_update import update_kv_cache_tpu, update_quantized_pool_tpu
+from pallas_kernels.tpu.kv_pool import QuantizedKVPool, kv_pool_shape, quantized_pool_shapes
 from pallas_kernels.tpu.ragged_paged_attention import ragged_paged_attention_tpu
 from pallas_kernels.tpu.rotary_embedding import rotary_embedding_supported, rotary_embedding_tpu
 

@@ -1,5 +1,5 @@
 """The pallas-tpu backend's quantised ``Linear`` kernels: int8 / int4 codes and scales streamed
-from HBM by ``pallas_kernels.tpu.streamed_matmul_quantized`` and dequantised in VMEM.
+from HBM by ``pallas_kernels.tpu.streamed_matmul.quantized`` and dequantised in VMEM.
 
 ``StreamedQuantizedWeight`` wraps a ``QuantizedWeight`` as ``StreamedWeight`` wraps a float
 kernel: decode-sized products run the Pallas kernel (inside ``jax.shard_map`` with the weight's
@@ -32,14 +32,14 @@ from jaxgen.backends.streamed_weight import (
     norm_leaves,
 )
 from jaxgen.quantization.quantized_weight import QuantizedWeight
-from pallas_kernels.tpu.streamed_matmul import LANES
-from pallas_kernels.tpu.streamed_matmul_quantized import (
+from pallas_kernels.tpu.streamed_matmul import (
     pack_float16_pairs,
     streamed_gated_matmul_quantized_tpu,
     streamed_matmul_quantized_plan,
     streamed_matmul_quantized_tpu,
     unpack_float16_pairs,
 )
+from pallas_kernels.tpu.tiling import LANES
 
 
 @functools.partial(

@@ -25,11 +25,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxgen.models.linear import NormedInput
 from pallas_kernels.tpu.streamed_matmul import (
     GATED_ACTIVATIONS,
-    LANES,
     streamed_gated_matmul_tpu,
     streamed_matmul_plan,
     streamed_matmul_tpu,
 )
+from pallas_kernels.tpu.tiling import LANES
 
 # Above this many rows a product is compute-bound and XLA's dot, tiled over rows and columns,
 # is the better tool.

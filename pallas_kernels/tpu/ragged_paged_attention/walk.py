@@ -18,10 +18,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.tpu.kv_cache_update import LANES
-from pallas_kernels.tpu.ragged_paged_attention_sizes import cdiv
-
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+from pallas_kernels.tpu.ragged_paged_attention.reference import MASK_VALUE
+from pallas_kernels.tpu.tiling import LANES, cdiv
 
 
 def walk_kv_blocks(

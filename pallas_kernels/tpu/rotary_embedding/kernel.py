@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-LANES = 128
+from pallas_kernels.tpu.tiling import LANES
+
 BLOCK_BYTES = 2 * 2**20  # of x per grid step
 
 

@@ -5,19 +5,11 @@ from __future__ import annotations
 
 from jax.experimental import pallas as pl
 
-from pallas_kernels.tpu.kv_cache_update import dtype_packing
+from pallas_kernels.tpu.tiling import cdiv
 
 KV_BLOCK_TOKENS = 512  # Target tokens per KV block: ~0.25-2 MiB per DMA slab at Hkv 1-8.
 KV_BLOCK_MAX_BYTES = 2 * 1024 * 1024
 PREFILL_BLOCK_ROWS = 256  # q rows (tokens x group) per block for prefill.
-
-
-def cdiv(a, b):
-    return (a + b - 1) // b
-
-
-def sublane_rows(dtype) -> int:
-    return 8 * dtype_packing(dtype)
 
 
 def default_block_sizes(

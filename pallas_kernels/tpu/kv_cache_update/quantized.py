@@ -1,7 +1,8 @@
 """A Pallas TPU kernel that quantises a step's new K/V rows and writes codes and scales into an
 8-bit pool (``QuantizedKVPool``) in place.
 
-Codes: one DMA per token, HBM to HBM, all in flight at once (as ``update_kv_cache_tpu``).
+Codes: one DMA per token, HBM to HBM, all in flight at once (``kernel.row_copies``, as
+``update_kv_cache_tpu``).
 Scales: a token's scales are one lane column ``[C * G, 1]`` of its page's ``[C * G, S]`` scale
 tile, and Mosaic DMAs whole 128-lane words only. So each page's tile is read into VMEM, its
 tokens' columns are set there, and the tile is written back: tokens are walked in order, a page is
@@ -22,8 +23,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.tpu.kv_cache_update import padded_head_dim
-from pallas_kernels.tpu.kv_pool_quantized import (
+from pallas_kernels.tpu.kv_cache_update.kernel import (
+    check_update_args,
+    page_and_offset,
+    row_copies,
+)
+from pallas_kernels.tpu.kv_pool.layout import padded_head_dim
+from pallas_kernels.tpu.kv_pool.quantized import (
     QuantizedKVPool,
     quantize_kv_rows,
     scale_bytes_per_page,
@@ -49,28 +55,10 @@ def _update_kernel(
     num_pages, page_size = pool_codes_out.shape[:2]
     num_scale_rows = tiles.shape[1]
 
+    start_codes, wait_codes = row_copies(slots_ref, codes_hbm, pool_codes_out, code_sems.at[0])
+
     def slot_of(token):
-        slot = slots_ref[token]
-        in_range = (slot >= 0) & (slot < num_pages * page_size)
-        slot = jnp.where(in_range, slot, 0)
-        return in_range, slot // page_size, slot % page_size
-
-    def code_copy(token):
-        in_range, page, offset = slot_of(token)
-        copy = pltpu.make_async_copy(
-            codes_hbm.at[token], pool_codes_out.at[page, offset], code_sems.at[0]
-        )
-        return in_range, copy
-
-    def start_codes(token, carry):
-        in_range, copy = code_copy(token)
-        pl.when(in_range)(copy.start)
-        return carry
-
-    def wait_codes(token, carry):
-        in_range, copy = code_copy(token)
-        pl.when(in_range)(copy.wait)
-        return carry
+        return page_and_offset(slots_ref, token, num_pages, page_size)
 
     def read(buffer, page):
         return pltpu.make_async_copy(
@@ -133,7 +121,7 @@ def _update_kernel(
             pending_1,
         )
 
-    lax.fori_loop(0, num_tokens, start_codes, 0)
+    start_codes()
     start = (jnp.int32(-1), jnp.int32(0), jnp.int32(0), jnp.int32(0))
     page_now, buffer, pending_0, pending_1 = lax.fori_loop(0, num_tokens, set_scales, start)
     other_pending = jnp.where(buffer == 0, pending_1, pending_0)
@@ -148,19 +136,13 @@ def _update_kernel(
         copy.start()
         copy.wait()
 
-    lax.fori_loop(0, num_tokens, wait_codes, 0)
+    wait_codes()
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def _update(pool, new_k, new_v, slot_mapping, *, interpret):
     num_pages, page_size, num_rows, head_dim_padded = pool.codes.shape
-    codes, scales = quantize_kv_rows(
-        new_k,
-        new_v,
-        code_dtype=pool.codes.dtype,
-        num_rows=num_rows,
-        head_dim_padded=head_dim_padded,
-    )  # [T, C, Dp], [T, C * G] bfloat16
+    codes, scales = quantize_kv_rows(pool, new_k, new_v)  # [T, C, Dp], [T, C * G] bfloat16
     scales = scales.astype(jnp.float32)  # the kernel turns rows into columns in float32
     num_tokens, num_scale_rows = scales.shape
     tile_bytes = scale_bytes_per_page(num_rows, new_k.shape[-1], page_size)
@@ -225,21 +207,14 @@ def update_quantized_pool_tpu(
     if not isinstance(pool, QuantizedKVPool) or pool.codes.ndim != 4:
         raise ValueError(f"pool must be a QuantizedKVPool of rank-4 codes, got {pool!r:.80}")
     num_pages, page_size, num_rows, head_dim_padded = pool.codes.shape
-    for name, x in (("new_k", new_k), ("new_v", new_v)):
-        if x.ndim != 3 or x.shape != new_k.shape:
-            raise ValueError(f"{name} must be [T, Hkv, D] like new_k, got shape {x.shape}")
-    num_tokens, num_kv_heads, head_dim = new_k.shape
-    if padded_head_dim(head_dim) != head_dim_padded or 2 * num_kv_heads > num_rows:
+    check_update_args(pool.codes.shape, new_k, new_v, slot_mapping, pool_name="the pool's")
+    head_dim = new_k.shape[-1]
+    if padded_head_dim(head_dim) != head_dim_padded:
         raise ValueError(
-            f"new_k heads/head_dim {new_k.shape[1:]} do not fit the pool's rows/lanes "
-            f"{(num_rows, head_dim_padded)}"
+            f"new_k head_dim {head_dim} must pad to the pool's {head_dim_padded} lanes, got "
+            f"{padded_head_dim(head_dim)}"
         )
     expected = (num_pages, scale_rows(num_rows, head_dim), page_size)
     if pool.scales.shape != expected:
         raise ValueError(f"pool.scales must be [P, C * G, S] = {expected}, got {pool.scales.shape}")
-    if slot_mapping.shape != (num_tokens,) or slot_mapping.dtype != jnp.int32:
-        raise ValueError(
-            f"slot_mapping must be int32 [{num_tokens}], got {slot_mapping.dtype} "
-            f"{slot_mapping.shape}"
-        )
     return _update(pool, new_k, new_v, slot_mapping, interpret=interpret)

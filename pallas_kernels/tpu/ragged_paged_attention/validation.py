@@ -5,38 +5,16 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels.tpu.kv_cache_update import (
-    LANES,
-    POOL_DTYPES,
-    _tile_friendly,
-    dtype_packing,
-    padded_head_dim,
-)
-from pallas_kernels.tpu.kv_pool_quantized import scale_rows
-from pallas_kernels.tpu.ragged_paged_attention_sizes import sublane_rows
+from pallas_kernels.tpu.kv_pool.layout import POOL_DTYPES, padded_head_dim, tile_friendly
+from pallas_kernels.tpu.kv_pool.quantized import scale_rows
+from pallas_kernels.tpu.tiling import LANES, dtype_packing, sublane_rows
 
 CODE_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 
 
-def validate_attention_call(
-    q,
-    kv_pages,
-    kv_scales,
-    kv_lens,
-    block_tables,
-    cu_q_lens,
-    num_seqs,
-    *,
-    scale,
-    soft_cap,
-    sliding_window,
-    num_kv_pages_per_block,
-    num_queries_per_block,
-    vmem_limit_bytes,
-    num_kv_heads,
-) -> int:
-    """Raises ``ValueError`` naming the bad argument; returns the number of real KV heads.
-    ``kv_scales`` is None for a float pool."""
+def validate_arrays(q, kv_pages, kv_scales, metadata, num_kv_heads: int | None) -> int:
+    """Checks q, the pool (``kv_scales``: None for a float pool) and ``metadata`` (kv_lens,
+    block_tables, cu_q_lens, num_seqs); returns the number of real KV heads."""
     if q.ndim != 3:
         raise ValueError(f"q must be [T, Hq, D], got shape {q.shape}")
     if q.dtype not in POOL_DTYPES:
@@ -61,7 +39,7 @@ def validate_attention_call(
                 f"{kv_scales.dtype} {kv_scales.shape}"
             )
     packing = dtype_packing(kv_pages.dtype)
-    if num_rows % 2 or num_rows % packing or not _tile_friendly(num_rows // packing):
+    if num_rows % 2 or num_rows % packing or not tile_friendly(num_rows // packing):
         raise ValueError(
             f"kv_pages axis 2 ({num_rows}) must be 2 * Hkv_p with Hkv_p from padded_num_kv_heads"
         )
@@ -80,6 +58,11 @@ def validate_attention_call(
         raise ValueError(f"num_kv_heads {num_kv_heads} must be in [1, {num_rows // 2}]")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    _validate_metadata(*metadata)
+    return num_kv_heads
+
+
+def _validate_metadata(kv_lens, block_tables, cu_q_lens, num_seqs) -> None:
     for name, x, rank in (
         ("kv_lens", kv_lens, 1),
         ("block_tables", block_tables, 2),
@@ -97,22 +80,22 @@ def validate_attention_call(
         raise ValueError(f"num_seqs must have shape (1,), got {num_seqs.shape}")
     if max_seqs < 1 or pages_per_seq < 1:
         raise ValueError(f"block_tables must be non-empty, got shape {block_tables.shape}")
+
+
+def validate_options(options, pages_per_seq: int) -> None:
+    """Checks a call's static choices (``kernel.CallOptions``; ``pages_per_block`` and
+    ``block_q`` as the caller gave them: None for the defaults)."""
+    scale, soft_cap, window = options.scale, options.soft_cap, options.sliding_window
+    pages, block_q, vmem = options.pages_per_block, options.block_q, options.vmem_limit_bytes
     if not isinstance(scale, (int, float)):
         raise ValueError(f"scale must be a Python float, got {type(scale)}")
     if soft_cap is not None and not soft_cap > 0:
         raise ValueError(f"soft_cap must be None or positive, got {soft_cap}")
-    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
-        raise ValueError(f"sliding_window must be None or a positive int, got {sliding_window}")
-    if num_kv_pages_per_block is not None and not 0 < num_kv_pages_per_block <= pages_per_seq:
-        raise ValueError(
-            f"num_kv_pages_per_block {num_kv_pages_per_block} must be in [1, {pages_per_seq}]"
-        )
-    if num_queries_per_block is not None and (
-        num_queries_per_block < 8 or num_queries_per_block % 8
-    ):
-        raise ValueError(
-            f"num_queries_per_block {num_queries_per_block} must be a positive multiple of 8"
-        )
-    if vmem_limit_bytes is not None and vmem_limit_bytes <= 0:
-        raise ValueError(f"vmem_limit_bytes must be positive, got {vmem_limit_bytes}")
-    return num_kv_heads
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window must be None or a positive int, got {window}")
+    if pages is not None and not 0 < pages <= pages_per_seq:
+        raise ValueError(f"num_kv_pages_per_block {pages} must be in [1, {pages_per_seq}]")
+    if block_q is not None and (block_q < 8 or block_q % 8):
+        raise ValueError(f"num_queries_per_block {block_q} must be a positive multiple of 8")
+    if vmem is not None and vmem <= 0:
+        raise ValueError(f"vmem_limit_bytes must be positive, got {vmem}")

@@ -1,5 +1,5 @@
 """The TPU KV pool in 8 bits: int8 or fp8 (e4m3) codes in the interleaved layout of
-``kv_cache_update`` plus bfloat16 scales, quantised when written and dequantised in VMEM by the
+``kv_pool.layout`` plus bfloat16 scales, quantised when written and dequantised in VMEM by the
 attention kernel.
 
   codes:  [P, S, 2 * Hkv_p, Dp]  int8 / float8_e4m3fn (K and V heads interleaved, as the float pool)
@@ -30,12 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.kv_codes import SCALE_DTYPE, SCALE_GROUP
-from pallas_kernels.tpu.kv_cache_update import (
-    LANES,
-    interleave_kv,
-    padded_head_dim,
-    padded_num_kv_heads,
-)
+from pallas_kernels.tpu.kv_pool.layout import interleave_kv, padded_head_dim, padded_num_kv_heads
+from pallas_kernels.tpu.tiling import LANES
 
 SCALE_TILE_ROWS = 16  # sublanes of a bfloat16 tile (two values per 32-bit word)
 CODE_DTYPES = {"int8": (jnp.dtype(jnp.int8), 127.0), "fp8": (jnp.dtype(jnp.float8_e4m3fn), 448.0)}
@@ -117,15 +113,15 @@ def zeros_quantized_pool(shapes: QuantizedKVPool) -> QuantizedKVPool:
 
 
 def quantize_kv_rows(
+    pool: QuantizedKVPool,
     new_k: jax.Array,  # [T, Hkv, D]
     new_v: jax.Array,  # [T, Hkv, D]
-    *,
-    code_dtype,
-    num_rows: int,
-    head_dim_padded: int,
 ) -> tuple[jax.Array, jax.Array]:  # [T, C, Dp] codes, [T, C * G] bfloat16 scales
-    """Interleaves the new K/V rows (``interleave_kv``) and quantises each row's scale groups
-    (``scale_groups``) over their own absmax; padding rows and lanes are zero codes."""
+    """The new K/V rows as ``pool`` stores them: interleaved (``interleave_kv``), each row's
+    scale groups (``scale_groups``) quantised over their own absmax into the pool's code dtype;
+    padding rows and lanes are zero codes."""
+    _, _, num_rows, head_dim_padded = pool.codes.shape
+    code_dtype = pool.codes.dtype
     head_dim = new_k.shape[-1]
     groups = scale_groups(head_dim)
     limit = CODE_DTYPES["int8" if jnp.dtype(code_dtype) == jnp.int8 else "fp8"][1]
@@ -157,29 +153,3 @@ def quantize_kv_rows(
         codes = jnp.round(codes)
     codes = jnp.pad(codes, ((0, 0), (0, 0), (0, head_dim_padded - head_dim))).astype(code_dtype)
     return codes, scales.reshape(num_tokens, num_rows * groups).astype(SCALE_DTYPE)
-
-
-def update_quantized_pool_reference(
-    pool: QuantizedKVPool,
-    new_k: jax.Array,  # [T, Hkv, D]
-    new_v: jax.Array,  # [T, Hkv, D]
-    slot_mapping: jax.Array,  # [T] int32
-) -> QuantizedKVPool:
-    """Scatter of each token's quantised rows and scales into its slot (out-of-range dropped)."""
-    num_pages, page_size, num_rows, head_dim_padded = pool.codes.shape
-    codes, scales = quantize_kv_rows(
-        new_k,
-        new_v,
-        code_dtype=pool.codes.dtype,
-        num_rows=num_rows,
-        head_dim_padded=head_dim_padded,
-    )
-    num_slots = num_pages * page_size
-    slots = jnp.where((slot_mapping >= 0) & (slot_mapping < num_slots), slot_mapping, num_slots)
-    flat_codes = pool.codes.reshape(num_slots, num_rows, head_dim_padded)
-    flat_scales = pool.scales.transpose(1, 0, 2).reshape(-1, num_slots)  # [C * G, P * S]
-    flat_scales = flat_scales.at[:, slots].set(scales.T, mode="drop")
-    return QuantizedKVPool(
-        flat_codes.at[slots].set(codes, mode="drop").reshape(pool.codes.shape),
-        flat_scales.reshape(-1, num_pages, page_size).transpose(1, 0, 2),
-    )
