@@ -50,6 +50,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--keep-alive-timeout", type=float, help="seconds an idle connection stays (default 5)")
     add("--max-connections", type=int, help="open connections before 503 (default 1024)")
     add(
+        "--max-header-bytes",
+        type=int,
+        help="largest request line + headers; larger gets 431 (default 16384)",
+    )
+    add(
         "--tool-call-parser",
         help="how chat output is read for tool calls: auto (from the chat template), hermes, "
         "llama3_json, mistral or pythonic (default auto)",

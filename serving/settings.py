@@ -36,6 +36,7 @@ DEFAULT_BODY_READ_TIMEOUT = 30.0
 DEFAULT_HEADER_READ_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_HEADER_BYTES = 16 << 10  # request line + headers (llhttp's and h11's default)
 
 ROLLING_BATCH_PAGED = ("auto", "vllm", "lmi-dist", "lmi_dist", "scheduler", "paged", "true")
 # TGI / SageMaker environment variables -> setting names (the engine knobs' are declared on
@@ -99,6 +100,7 @@ class ServerSettings:
     header_read_timeout: float = DEFAULT_HEADER_READ_TIMEOUT
     keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     log_level: str = "info"
     tool_call_parser: str = "auto"  # how chat output is read for tool calls (jaxgen.tool_calling)
     api_key: str | None = None  # Bearer token every route but /health, /ping, /metrics needs
@@ -216,6 +218,7 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         ("max_stop_sequences", 0),
         ("max_body_bytes", 1024),
         ("max_connections", 1),
+        ("max_header_bytes", 1024),
     ):
         value, source = take(name)
         if value is not None:
