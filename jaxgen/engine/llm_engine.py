@@ -142,8 +142,12 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        compiled_grammar=None,
     ) -> Request:
-        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt."""
+        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt, or
+        a constraint that does not compile. ``compiled_grammar``: the matcher of
+        ``params.structured_outputs`` compiled already (``GrammarCompiler``; the server and
+        ``AsyncLLM`` compile off the engine's thread), else it is compiled here."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         if not prompt_token_ids:
@@ -159,8 +163,9 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
             )
-        if params.structured_outputs is not None:  # compiled (or cached) before it is queued
-            self.grammars.compiler.compile(params.structured_outputs)
+        grammar = None
+        if params.structured_outputs is not None:  # compiled before the request is queued
+            grammar = compiled_grammar or self.grammars.compiler.compile(params.structured_outputs)
         request = Request(
             request_id,
             prompt,
@@ -174,8 +179,8 @@ class LLMEngine:
         for seq in request.seqs:
             self.scheduler.add(seq)
             self.seq_to_request[seq.seq_id] = request
-        if params.structured_outputs is not None:
-            self.grammars.add([seq.seq_id for seq in request.seqs], params.structured_outputs)
+        if grammar is not None:
+            self.grammars.add([seq.seq_id for seq in request.seqs], grammar)
         self.requests[request_id] = request
         self.prompt_tokens_total += len(prompt_token_ids)
         return request
@@ -352,6 +357,8 @@ class LLMEngine:
             self.generation_tokens_total += 1
             reason = request.on_token(seq, logprobs.get(seq.seq_id))
             grammar_reason = self.grammars.advance(seq.seq_id, seq.output_token_ids[-1])
+            if grammar_reason == "error":
+                request.errors[seq.index] = f"structured output: {self.grammars.error(seq.seq_id)}"
             if reason is None or grammar_reason == "error":
                 reason = grammar_reason
             if reason is None and seq.num_tokens >= self.max_model_len:
