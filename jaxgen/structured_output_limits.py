@@ -154,50 +154,27 @@ def grammar_shape(text: str) -> GrammarShape:
     return GrammarShape(len(starts), group_depth, _longest_chain(references))
 
 
+# A rule body's tokens: quoted strings, character classes (GBNF) or regexes (Lark) and comments
+# (skipped as one token each), names, and brackets. Unterminated quotes end at the line's end.
+_STRING = r'"(?:[^"\\\n]|\\.)*"?|\'(?:[^\'\\\n]|\\.)*\'?'
+_GBNF_TOKEN = re.compile(_STRING + r"|\[(?:[^\]\\\n]|\\.)*\]?|#[^\n]*|[A-Za-z_][\w\-]*|[(){}]")
+_LARK_TOKEN = re.compile(_STRING + r"|//[^\n]*|/(?:[^/\\\n]|\\.)*/?|[A-Za-z_]\w*|[()\[\]{}]")
+
+
 def _scan_body(body: str, gbnf: bool) -> tuple[list[str], int]:
     """The names a rule body mentions and its deepest group nesting."""
-    words, depth, deepest, i, n = [], 0, 0, 0, len(body)
-    while i < n:
-        c = body[i]
-        if c in "\"'":
-            i = _skip_quoted(body, i, c)
-        elif c == "#" and gbnf or body.startswith("//", i):
-            i = body.find("\n", i) + 1 or n
-        elif c == "[" and gbnf:
-            i = _skip_quoted(body, i, "]")
-        elif c == "/" and not gbnf:
-            i = _skip_quoted(body, i, "/")
-        elif c in "([{":
+    words, depth, deepest = [], 0, 0
+    for match in (_GBNF_TOKEN if gbnf else _LARK_TOKEN).finditer(body):
+        token = match.group()
+        first = token[0]
+        if first in "([{":
             depth += 1
             deepest = max(deepest, depth)
-            i += 1
-        elif c in ")]}":
+        elif first in ")]}":
             depth = max(depth - 1, 0)
-            i += 1
-        elif c.isalpha() or c == "_":
-            match = _NAME.match(body, i)
-            words.append(match.group())
-            i = match.end()
-        else:
-            i += 1
+        elif first.isalpha() or first == "_":
+            words.append(token)
     return words, deepest
-
-
-def _skip_quoted(text: str, start: int, close: str) -> int:
-    """The index past the ``close`` ending the quoted run opened at ``start`` (escapes
-    skipped; an unterminated run ends at the line's end)."""
-    i = start + 1
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-        elif c == close:
-            return i + 1
-        elif c == "\n":
-            return i
-        else:
-            i += 1
-    return i
 
 
 def _longest_chain(references: dict[str, set[str]]) -> int:
@@ -250,22 +227,17 @@ def _longest_chain(references: dict[str, set[str]]) -> int:
     return max(longest, default=0)
 
 
+_REGEX_TOKEN = re.compile(r"\\.|\[(?:[^\]\\]|\\.)*\]?|[()]")  # escapes and classes skipped
+
+
 def _group_depth(regex: str) -> int:
     """Deepest nesting of groups in a regex (escapes and character classes skipped)."""
     depth = deepest = 0
-    i = 0
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            i = _skip_quoted(regex, i, "]")
-            continue
-        if c == "(":
+    for match in _REGEX_TOKEN.finditer(regex):
+        token = match.group()
+        if token == "(":
             depth += 1
             deepest = max(deepest, depth)
-        elif c == ")":
+        elif token == ")":
             depth = max(depth - 1, 0)
-        i += 1
     return deepest

@@ -79,8 +79,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--grammar-compile-workers",
         type=int,
-        help="threads compiling structured-output grammars (default 2; small grammars have "
-        "one more of their own)",
+        help="threads compiling structured-output grammars over 4 KiB (default: one per 4 CPU "
+        "cores, 1 to 4; smaller grammars have a thread of their own)",
     )
     add(
         "--max-queued-grammar-compiles",

@@ -39,7 +39,8 @@ DEFAULT_HEADER_READ_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_HEADER_BYTES = 16 << 10  # request line + headers (llhttp's and h11's default)
-DEFAULT_GRAMMAR_COMPILE_WORKERS = 2
+# One compile thread per 4 CPU cores (1 to 4): compiles must leave the engine its cores.
+DEFAULT_GRAMMAR_COMPILE_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 DEFAULT_MAX_QUEUED_GRAMMAR_COMPILES = 16
 DEFAULT_MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI's API
 # StructuredOutputLimits' fields: each is a setting (and a flag) of the same name.

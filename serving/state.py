@@ -13,6 +13,7 @@ from serving.generation import TokenTexts
 from serving.metrics import ServerMetrics
 from serving.setting_parsers import SettingsError
 from serving.settings import ServerSettings
+from serving.structured_output_requests import compiler_of
 from serving.validation import RequestError
 from serving.workers import Workers
 
@@ -130,6 +131,10 @@ class ServerState:
         self.token_texts = TokenTexts(llm.tokenizer)
         self.compute_type = f"jaxgen-{jax.default_backend()}"
         self.llm = llm
+        # The grammar compiler's llguidance tokenizer takes a second or two to build: built now,
+        # in the background, so the first constrained request does not wait for it.
+        compiler = compiler_of(self)
+        self.workers.compile_small.submit(lambda: compiler.llg_tokenizer)
         if self.phase == LOADING:
             self.phase = READY
 
