@@ -215,7 +215,7 @@ def grammar_text(constraint: StructuredOutputsParams) -> str:
 
 
 def _short(message: str, limit: int = 500) -> str:
-    message = " ".join(message.split())
+    message = " ".join(message.replace("<non-verbose/>", "").split())
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
