@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.grammar_masks import grammar_compiler
+from jaxgen.engine.grammar_threads import default_grammar_threads
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.replicas import create_engine
@@ -79,11 +80,15 @@ class AsyncLLM:
         request_id: str | None = None,
         delta: bool = True,
         prompt_token_ids: list[int] | None = None,
+        compiled_grammar=None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams a request: each item holds the new text/tokens (``delta=True``) or all so far.
 
         The last item has ``finished=True``. Invalid input raises ``ValueError`` before anything
         is queued. Cancelling the consumer (or leaving the loop) aborts the request.
+        ``compiled_grammar``: ``params.structured_outputs``' matcher, compiled already
+        (``GrammarCompiler.compile``); without it the constraint is compiled here, off the
+        engine's thread.
         """
         if self._stopped.is_set():
             raise RuntimeError("AsyncLLM is shut down")
@@ -95,11 +100,15 @@ class AsyncLLM:
             text, prompt_token_ids = self.encode(prompt)
         else:
             text = prompt if isinstance(prompt, str) else None
-        if params.structured_outputs is not None:  # compile here, not on the engine thread
-            compiler = grammar_compiler(
+        if params.structured_outputs is not None and compiled_grammar is None:
+            compiler = grammar_compiler(  # compiled here, never on the engine thread
                 self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
             )
-            await asyncio.to_thread(compiler.compile, params.structured_outputs)
+            compiled_grammar = compiler.cached(params.structured_outputs)
+            if compiled_grammar is None:
+                compiled_grammar = await asyncio.wrap_future(
+                    default_grammar_threads().submit(compiler.build, params.structured_outputs)
+                )
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:
@@ -107,7 +116,16 @@ class AsyncLLM:
         self._streams[request_id] = (loop, stream)
         done = concurrent_result(loop)
         self._commands.put(
-            ("add", request_id, text, prompt_token_ids, params, time.monotonic(), done)
+            (
+                "add",
+                request_id,
+                text,
+                prompt_token_ids,
+                params,
+                time.monotonic(),
+                compiled_grammar,
+                done,
+            )
         )
         try:
             await done  # raises the engine's ValueError for a bad request
@@ -201,12 +219,19 @@ class AsyncLLM:
     def _handle(self, command) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, text, token_ids, params, arrival, done = command
+            _, request_id, text, token_ids, params, arrival, grammar, done = command
             if self.dead is not None:
                 done.set_exception(self.dead)
                 return
             try:
-                self.engine.add_request(request_id, text, token_ids, params, arrival_time=arrival)
+                self.engine.add_request(
+                    request_id,
+                    text,
+                    token_ids,
+                    params,
+                    arrival_time=arrival,
+                    compiled_grammar=grammar,
+                )
             except BaseException as e:
                 done.set_exception(e)
             else:

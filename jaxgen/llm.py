@@ -61,9 +61,10 @@ class LLM:
         }
 
     def precompile(self, sampling_params: SamplingParams | list[SamplingParams] | None = None):
-        """Compiles the engine step for every batch shape, once per sampling configuration
-        (default: greedy), so later ``generate`` calls compile nothing; returns the compiles.
-        ``LLM(..., precompile=True)`` does the greedy set at start."""
+        """Compiles the engine step for every batch shape and the sampler for every row bucket,
+        so later ``generate`` calls compile nothing, whatever their sampling parameters (they
+        share these executables; ``sampling_params`` is accepted for compatibility and changes
+        nothing); returns the compiles. ``LLM(..., precompile=True)`` does it at start."""
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params]
         return self.engine.precompile(sampling_params)

@@ -12,11 +12,12 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None = None  # "stop", "length", "abort", "error" or None while running
     logprobs: list[dict[int, float]] | None = None
     stop_reason: str | int | None = None  # the stop string or token that ended it
     # ``LLM.chat(..., tools=...)``: the calls read from ``text`` (``jaxgen.tool_calling.ToolCall``)
     tool_calls: list | None = None
+    error: str | None = None  # why ``finish_reason`` is "error", when the engine knows
 
 
 @dataclasses.dataclass

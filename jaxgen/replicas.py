@@ -104,6 +104,7 @@ class ReplicatedEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        compiled_grammar=None,
     ):
         """Queues the request on the least loaded replica (by outstanding tokens)."""
         if request_id in self._route:
@@ -114,8 +115,9 @@ class ReplicatedEngine:
             range(len(self.engines)),
             key=lambda i: (self.outstanding_tokens[i], self.requests_routed[i], i),
         )
+        grammar = {} if compiled_grammar is None else {"compiled_grammar": compiled_grammar}
         request = self.engines[index].add_request(
-            request_id, prompt, prompt_token_ids, params, arrival_time
+            request_id, prompt, prompt_token_ids, params, arrival_time, **grammar
         )
         self._route[request_id] = (index, cost)
         self.outstanding_tokens[index] += cost

@@ -87,6 +87,7 @@ def create_app(
             yield
         finally:
             await state.drain(settings.drain_timeout)
+            state.workers.shutdown()
             for stop in unsubscribe:
                 stop()
             if owned and state.llm is not None:

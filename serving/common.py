@@ -9,8 +9,10 @@ import time
 from starlette.requests import ClientDisconnect, Request
 
 from serving.state import ServerState
-from serving.streaming import ClientDisconnected
-from serving.validation import RequestError, check_content_type, read_json_object
+from serving.streaming import ClientDisconnected, run_until_disconnect
+from serving.structured_output_requests import compile_constraint, look_up
+from serving.validation import RequestError, check_content_type, parse_json_object, read_body
+from serving.workers import LARGE_BODY_BYTES
 
 
 def server_state(request: Request) -> ServerState:
@@ -18,7 +20,8 @@ def server_state(request: Request) -> ServerState:
 
 
 async def accept(request: Request) -> tuple[ServerState, dict]:
-    """The state and JSON body of a generation request; refuses it while not ready."""
+    """The state and JSON body of a generation request; refuses it while not ready. A body
+    over ``LARGE_BODY_BYTES`` is decoded on the large parse lane, off the event loop."""
     state = server_state(request)
     if state.status != "ready":
         state.admit()  # raises the right 503
@@ -26,8 +29,8 @@ async def accept(request: Request) -> tuple[ServerState, dict]:
     if body is None:
         check_content_type(request.headers.get("content-type"))
         try:
-            body = await asyncio.wait_for(
-                read_json_object(request, state.limits.max_body_bytes),
+            raw = await asyncio.wait_for(
+                read_body(request, state.limits.max_body_bytes),
                 state.settings.body_read_timeout,
             )
         except ClientDisconnect:
@@ -37,16 +40,63 @@ async def accept(request: Request) -> tuple[ServerState, dict]:
                 f"the request body took over {state.settings.body_read_timeout:g} s to arrive",
                 kind="timeout",
             ) from None
+        request.state.body_bytes = len(raw)
+        if len(raw) > LARGE_BODY_BYTES:
+            body = await state.workers.parse(len(raw), parse_json_object, raw)
+        else:
+            body = parse_json_object(raw)
         request.state.json_body = body
     return state, body
 
 
-def encode_text(state: ServerState, text: str) -> list[int]:
-    """Prompt text to token ids (with the tokenizer's special tokens, like ``AsyncLLM.encode``)."""
+async def prepare(request: Request, state: ServerState, body: dict, parse, constraint_of):
+    """Prepares an admitted request off the event loop: ``parse(state, body)`` (checks,
+    chat template, tokenising) on a parse lane, then its constraint (``constraint_of(parsed)``
+    gives it and the field it came from) compiled on a compile lane. Returns the parsed
+    request and the compiled matcher (or None). Raises ``RequestError``, or
+    ``ClientDisconnected`` if the client leaves first (the work still queued is cancelled)."""
+    size = getattr(request.state, "body_bytes", 0)
+
+    def parse_and_look_up():
+        parsed = parse(state, body)
+        constraint, param = constraint_of(parsed)
+        return parsed, constraint, param, look_up(state, constraint)
+
+    async def work():
+        parsed, constraint, param, (grammar, constraint_bytes) = await state.workers.parse(
+            size, parse_and_look_up
+        )
+        if constraint is not None and grammar is None:
+            grammar = await compile_constraint(state, constraint, param, constraint_bytes)
+        return parsed, grammar
+
+    return await run_until_disconnect(request.receive, work())
+
+
+def encode_text(
+    state: ServerState, text: str, param: str = "prompt", check: bool = True
+) -> list[int]:
+    """Prompt text to token ids (with the tokenizer's special tokens, like ``AsyncLLM.encode``).
+    With ``check``, text too long to fit ``max_input_tokens`` whatever its tokens is refused
+    without tokenizing it (``check_text_length``)."""
+    if check:
+        check_text_length(state, len(text), param)
     try:
         return state.llm.tokenizer.encode(text, add_special_tokens=True)
     except Exception as error:  # the tokenizer refused the text
         raise RequestError(f"cannot tokenize the prompt: {error}"[:300]) from None
+
+
+def check_text_length(state: ServerState, num_chars: int, param: str) -> None:
+    """Refuses ``num_chars`` of prompt text that cannot fit ``max_input_tokens`` tokens (no
+    token covers more characters than the vocabulary's longest entry)."""
+    limits = state.limits
+    if num_chars > limits.max_prompt_chars:
+        raise RequestError(
+            f"`{param}` has {num_chars} characters: more than {limits.max_input_tokens} tokens "
+            f"(max_input_tokens) can hold, at most {limits.max_prompt_chars} characters",
+            param=param,
+        )
 
 
 def random_seed() -> int:
@@ -82,7 +132,9 @@ __all__ = [
     "ClientDisconnected",
     "RequestError",
     "accept",
+    "check_text_length",
     "encode_text",
+    "prepare",
     "random_seed",
     "server_state",
     "timing_headers",

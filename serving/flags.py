@@ -8,6 +8,7 @@ import os
 
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine_knobs import add_engine_flags
+from jaxgen.structured_output_limits import StructuredOutputLimits
 from serving.settings import engine_knobs, resolve_settings
 
 
@@ -49,6 +50,43 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--keep-alive-timeout", type=float, help="seconds an idle connection stays (default 5)")
     add("--max-connections", type=int, help="open connections before 503 (default 1024)")
+    add(
+        "--max-header-bytes",
+        type=int,
+        help="largest request line + headers; larger gets 431 (default 16384)",
+    )
+    add(
+        "--max-logit-bias",
+        type=int,
+        help="most logit_bias entries per request (default 300, at most 1024)",
+    )
+    limits = StructuredOutputLimits()
+    structured = {
+        "max_constraint_bytes": "largest structured-output constraint (a grammar, regex, the "
+        "choices, a JSON Schema as JSON), in bytes",
+        "max_grammar_rules": "most rules in a grammar (GBNF or Lark)",
+        "max_constraint_depth": "deepest nesting in a constraint: subschemas, grammar or regex "
+        "groups, chains of grammar rules each referring to the next",
+        "max_schema_properties": "most properties over a JSON Schema",
+        "max_enum_values": "most enum and const values over a JSON Schema; most choices",
+    }
+    for name, meaning in structured.items():
+        add(
+            f"--{name.replace('_', '-')}",
+            type=int,
+            help=f"{meaning} (default {getattr(limits, name)})",
+        )
+    add(
+        "--grammar-compile-workers",
+        type=int,
+        help="threads compiling structured-output grammars over 4 KiB (default: one per 4 CPU "
+        "cores, 1 to 4; smaller grammars have a thread of their own)",
+    )
+    add(
+        "--max-queued-grammar-compiles",
+        type=int,
+        help="grammar compiles running or waiting, per queue, before 429 (default 16)",
+    )
     add(
         "--tool-call-parser",
         help="how chat output is read for tool calls: auto (from the chat template), hermes, "

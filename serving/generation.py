@@ -106,13 +106,17 @@ class Generation:
         ticket: the admitted request's ``Ticket`` (request ids are registered on it for draining).
         prompt_token_ids: the checked prompt.
         params: the request's ``SamplingParams``.
+        grammar: ``params.structured_outputs``' compiled matcher (``prepare``), or None.
     """
 
-    def __init__(self, state, ticket, prompt_token_ids: list[int], params: SamplingParams):
+    def __init__(
+        self, state, ticket, prompt_token_ids: list[int], params: SamplingParams, grammar=None
+    ):
         self.state = state
         self.ticket = ticket
         self.prompt_token_ids = prompt_token_ids
         self.params = params
+        self.grammar = grammar
         self.completions = [Completion(index=i) for i in range(params.n)]
         self.metrics: dict | None = None
         self.finished = False
@@ -127,7 +131,8 @@ class Generation:
         )
 
     async def stream(self) -> AsyncIterator[list[Delta]]:
-        """Yields each step's deltas; raises ``GenerationAborted``/``GenerationFailed``."""
+        """Yields each step's deltas; raises ``GenerationAborted``/``GenerationFailed`` (also
+        when a completion ends with ``finish_reason`` "error": its grammar failed)."""
         llm = self.state.llm
         request_id = self.ticket.new_request_id()
         outcome = "abort"
@@ -138,7 +143,12 @@ class Generation:
                 request_id=request_id,
                 delta=True,
                 prompt_token_ids=self.prompt_token_ids,
+                compiled_grammar=self.grammar,
             ):
+                failed = [piece for piece in output.outputs if piece.finish_reason == "error"]
+                if failed:  # never a normal answer with an invented finish reason
+                    outcome = "error"
+                    raise GenerationFailed(failed[0].error or "the engine failed the request")
                 deltas = self._add(output)
                 if output.finished:
                     self._finish(output)

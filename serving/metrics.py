@@ -63,6 +63,12 @@ class EngineStatsCollector:
             ("jaxgen_kv_cache_usage_ratio", "Fraction of KV pages in use.", "kv_cache_usage"),
             ("jaxgen_kv_pages_used", "KV pages referenced by requests.", "kv_pages_used"),
             ("jaxgen_kv_pages_total", "Usable KV pages in the pool.", "kv_pages_total"),
+            (
+                "jaxgen_precompile_compiles",
+                "XLA compilations the engine ran before it was ready.",
+                "precompile_compiles",
+            ),
+            ("jaxgen_precompile_seconds", "Seconds the engine spent precompiling.", "precompile_s"),
         )
         for name, documentation, key in gauges:
             yield GaugeMetricFamily(name, documentation, value=float(stats.get(key, 0)))
@@ -72,6 +78,11 @@ class EngineStatsCollector:
             ("jaxgen_generation_tokens", "Tokens generated.", "generation_tokens_total"),
             ("jaxgen_engine_steps", "Engine steps run.", "steps"),
             ("jaxgen_engine_failed_steps", "Engine steps that raised.", "failed_steps"),
+            (
+                "jaxgen_compiles",
+                "XLA compilations in this process (precompiling included); none after ready.",
+                "compiles",
+            ),
         )
         for name, documentation, key in counters:
             yield CounterMetricFamily(name, documentation, value=float(stats.get(key, 0)))

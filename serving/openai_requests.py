@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from serving.common import encode_text
+from serving.common import check_text_length, encode_text
 from serving.prompt_logprobs_format import logit_bias_field, prompt_logprobs_field
 from serving.structured_output_requests import openai_structured_outputs
 from serving.tool_calls import constrain, message_tool_fields, render_prompt, tool_request
@@ -94,7 +94,7 @@ def parse_common(
         logprobs=logprobs,
         structured_outputs=openai_structured_outputs(fields),
         prompt_logprobs=prompt_logprobs,
-        logit_bias=logit_bias_field(fields, limits.vocab_size),
+        logit_bias=logit_bias_field(fields, limits.vocab_size, limits.max_logit_bias),
     )
     params = []
     for prompt in prompts:
@@ -180,7 +180,11 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
     if top is not None and not want_logprobs:
         raise RequestError("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
     tokenizer = state.llm.tokenizer
+    # The messages' text alone may be too long for any tokenization: refused before the
+    # template renders it (and the rendered prompt before it is tokenized).
+    check_text_length(state, sum(len(message["content"]) for message in messages), "messages")
     text = render_prompt(state, messages, tools, add_generation_prompt)
+    check_text_length(state, len(text), "messages")
     prompt = tokenizer.encode(text, add_special_tokens=False)
     prompt_logprobs = prompt_logprobs_field(fields)
     if prompt_logprobs is not None and fields.data.get("stream") is True:  # as vLLM

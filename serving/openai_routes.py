@@ -11,12 +11,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.common import accept
+from serving.common import accept, prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
 from serving.openai_format import ChatFormat, CompletionFormat, usage
 from serving.openai_requests import parse_chat, parse_completion
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
-from serving.structured_output_requests import compile_constraint, constraint_field
+from serving.structured_output_requests import constraint_field
 from serving.tool_calls import constraint_param
 from serving.validation import RequestError
 
@@ -82,18 +82,15 @@ async def serve(request: Request, parse, format_class) -> Response:
     try:
         state, body = await accept(request)
         check_model(state, body.get("model"))
-        parsed = parse(state, body)
-        constraint = parsed.params[0].structured_outputs
-        param = constraint_param(parsed.tools) or constraint_field(body)
-        await compile_constraint(state, constraint, param)
         ticket = state.admit()
-        ticket.label = request_id_of(request)
     except RequestError as error:
         return openai_error(error)
+    ticket.label = request_id_of(request)
     streaming = False
     try:
+        parsed, grammar = await prepare(request, state, body, parse, openai_constraint(body))
         generations = [
-            Generation(state, ticket, prompt, params)
+            Generation(state, ticket, prompt, params, grammar)
             for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
         ]
         formatter = format_class(
@@ -117,6 +114,16 @@ async def serve(request: Request, parse, format_class) -> Response:
         if not streaming:
             ticket.release()
     return JSONResponse(formatter.response(results))
+
+
+def openai_constraint(body: dict):
+    """``constraint_of`` for ``prepare``: a parsed request's constraint and its field."""
+
+    def constraint_of(parsed) -> tuple:
+        param = constraint_param(parsed.tools) or constraint_field(body)
+        return parsed.params[0].structured_outputs, param
+
+    return constraint_of
 
 
 def request_id_of(request: Request) -> str:

@@ -14,13 +14,19 @@ def prompt_logprobs_field(fields: Fields) -> int | None:
     return fields.integer("prompt_logprobs", minimum=0, maximum=MAX_PROMPT_LOGPROBS)
 
 
-def logit_bias_field(fields: Fields, vocab_size: int) -> dict[int, float] | None:
-    """OpenAI's ``logit_bias``: ``{"token id": bias}`` with biases in [-100, 100]."""
+def logit_bias_field(fields: Fields, vocab_size: int, max_entries: int) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias``: ``{"token id": bias}`` with biases in [-100, 100], at most
+    ``max_entries`` of them (``--max-logit-bias``)."""
     value = fields.data.get("logit_bias")
     if value is None or value == {}:
         return None
     if not isinstance(value, dict):
         raise fields.error("logit_bias", "must be an object mapping token ids to biases")
+    if len(value) > max_entries:
+        raise RequestError(
+            f"`logit_bias` has {len(value)} entries; at most {max_entries} (--max-logit-bias)",
+            param="logit_bias",
+        )
     bias = {}
     for key, number in value.items():
         token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None

@@ -9,12 +9,12 @@ import time
 
 import uvicorn
 
-from serving.protocol import header_deadline_protocol
+from serving.protocol import hardened_protocol
 from serving.settings import ServerSettings
 
 
 def uvicorn_config(app, settings: ServerSettings, *, host: str, port: int, log_level: str):
-    """uvicorn's config for the app: the connection cap, keep-alive and header deadlines."""
+    """uvicorn's config for the app: the connection cap, keep-alive, header deadline and size."""
     return uvicorn.Config(
         app,
         host=host,
@@ -23,7 +23,7 @@ def uvicorn_config(app, settings: ServerSettings, *, host: str, port: int, log_l
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=5,
-        http=header_deadline_protocol(settings.header_read_timeout),
+        http=hardened_protocol(settings.header_read_timeout, settings.max_header_bytes),
         limit_concurrency=settings.max_connections,
         timeout_keep_alive=settings.keep_alive_timeout,
     )

@@ -12,7 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jaxgen.engine.sampling_shapes import LOGIT_BIAS_WIDTH
 from jaxgen.engine_knobs import KnobField, environment_variables, knob_fields, property_keys
+from jaxgen.structured_output_limits import StructuredOutputLimits
 from jaxgen.tool_calling.formats import TOOL_CALL_PARSERS
 from serving.setting_parsers import (
     SettingsError,
@@ -36,6 +38,13 @@ DEFAULT_BODY_READ_TIMEOUT = 30.0
 DEFAULT_HEADER_READ_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
 DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_HEADER_BYTES = 16 << 10  # request line + headers (llhttp's and h11's default)
+# One compile thread per 4 CPU cores (1 to 4): compiles must leave the engine its cores.
+DEFAULT_GRAMMAR_COMPILE_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
+DEFAULT_MAX_QUEUED_GRAMMAR_COMPILES = 16
+DEFAULT_MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI's API
+# StructuredOutputLimits' fields: each is a setting (and a flag) of the same name.
+STRUCTURED_OUTPUT_LIMITS = tuple(field.name for field in dataclasses.fields(StructuredOutputLimits))
 
 ROLLING_BATCH_PAGED = ("auto", "vllm", "lmi-dist", "lmi_dist", "scheduler", "paged", "true")
 # TGI / SageMaker environment variables -> setting names (the engine knobs' are declared on
@@ -99,6 +108,14 @@ class ServerSettings:
     header_read_timeout: float = DEFAULT_HEADER_READ_TIMEOUT
     keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_logit_bias: int = DEFAULT_MAX_LOGIT_BIAS
+    # Structured output: what a constraint may hold, and how many compile at once.
+    structured_output_limits: StructuredOutputLimits = dataclasses.field(
+        default_factory=StructuredOutputLimits
+    )
+    grammar_compile_workers: int = DEFAULT_GRAMMAR_COMPILE_WORKERS
+    max_queued_grammar_compiles: int = DEFAULT_MAX_QUEUED_GRAMMAR_COMPILES
     log_level: str = "info"
     tool_call_parser: str = "auto"  # how chat output is read for tool calls (jaxgen.tool_calling)
     api_key: str | None = None  # Bearer token every route but /health, /ping, /metrics needs
@@ -216,10 +233,25 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         ("max_stop_sequences", 0),
         ("max_body_bytes", 1024),
         ("max_connections", 1),
+        ("max_header_bytes", 1024),
+        ("max_logit_bias", 0),
+        ("grammar_compile_workers", 1),
+        ("max_queued_grammar_compiles", 1),
     ):
         value, source = take(name)
         if value is not None:
             setattr(settings, name, parse_int(value, name, source, minimum=minimum))
+    if settings.max_logit_bias > LOGIT_BIAS_WIDTH:
+        raise SettingsError(
+            f"max_logit_bias from {settings.sources['max_logit_bias']} must be <= "
+            f"{LOGIT_BIAS_WIDTH} (the sampler's logit-bias table), got {settings.max_logit_bias}"
+        )
+    limits = {}
+    for name in STRUCTURED_OUTPUT_LIMITS:
+        value, source = take(name)
+        if value is not None:
+            limits[name] = parse_int(value, name, source, minimum=1)
+    settings.structured_output_limits = StructuredOutputLimits(**limits)
     for name in ("drain_timeout", "body_read_timeout", "header_read_timeout", "keep_alive_timeout"):
         value, source = take(name)
         if value is not None:

@@ -13,7 +13,9 @@ from serving.generation import TokenTexts
 from serving.metrics import ServerMetrics
 from serving.setting_parsers import SettingsError
 from serving.settings import ServerSettings
+from serving.structured_output_requests import compiler_of
 from serving.validation import RequestError
+from serving.workers import Workers
 
 logger = logging.getLogger("serving")
 
@@ -30,6 +32,10 @@ class Limits:
     max_stop_sequences: int
     max_body_bytes: int
     vocab_size: int
+    max_logit_bias: int
+    # A prompt of more characters than this cannot fit max_input_tokens: each token covers at
+    # most the longest vocabulary entry. Longer prompts are refused without tokenizing them.
+    max_prompt_chars: int
 
     @classmethod
     def resolve(cls, settings: ServerSettings, llm) -> Limits:
@@ -53,7 +59,18 @@ class Limits:
             settings.max_stop_sequences,
             settings.max_body_bytes,
             vocab,
+            settings.max_logit_bias,
+            max_input * longest_token(llm.tokenizer),
         )
+
+
+def longest_token(tokenizer) -> int:
+    """Characters of the longest vocabulary entry (byte-level entries: one per byte, so at
+    least the characters the token covers); 1024 if the tokenizer cannot list its vocabulary."""
+    try:
+        return max((len(token) for token in tokenizer.get_vocab()), default=1)
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab
+        return 1024
 
 
 class Ticket:
@@ -102,6 +119,9 @@ class ServerState:
         self.started_at = time.time()
         self._ids = itertools.count()
         self._prefix = f"srv{id(self) & 0xFFFF:04x}"
+        self.workers = Workers(
+            settings.grammar_compile_workers, settings.max_queued_grammar_compiles
+        )
 
     def attach(self, llm) -> None:
         """Makes the server ready around a loaded engine."""
@@ -111,6 +131,10 @@ class ServerState:
         self.token_texts = TokenTexts(llm.tokenizer)
         self.compute_type = f"jaxgen-{jax.default_backend()}"
         self.llm = llm
+        # The grammar compiler's llguidance tokenizer takes a second or two to build: built now,
+        # in the background, so the first constrained request does not wait for it.
+        compiler = compiler_of(self)
+        self.workers.compile_small.submit(lambda: compiler.llg_tokenizer)
         if self.phase == LOADING:
             self.phase = READY
 

@@ -1,13 +1,17 @@
 """Structured output in request bodies: OpenAI's ``response_format``, vLLM's ``structured_outputs``
 (and its older ``guided_*`` fields), TGI's ``parameters.grammar``; each becomes a
-``StructuredOutputsParams``, and its grammar is compiled off the event loop before the request is
-admitted, so a schema or regex llguidance refuses is a 400 naming the field."""
+``StructuredOutputsParams``. Its grammar is checked against the server's limits and compiled on a
+compile lane (``serving.workers``) before generation starts, and the engine gets the compiled
+matcher: a constraint over a limit, one llguidance refuses or cannot follow, or one that admits
+no output is a 400 naming the field; a full compile queue is a 429."""
 
 from __future__ import annotations
 
 import asyncio
 
 from jaxgen.engine.grammar_masks import grammar_compiler
+from jaxgen.engine.grammar_threads import QueueFull
+from jaxgen.structured_output_limits import ConstraintTooLarge
 from jaxgen.structured_outputs import StructuredOutputsParams
 from serving.validation import Fields, RequestError
 
@@ -99,16 +103,42 @@ def _params(param: str, **kinds) -> StructuredOutputsParams:
         raise RequestError(f"`{param}`: {error}"[:600], param=param) from None
 
 
-async def compile_constraint(state, constraint: StructuredOutputsParams | None, param: str):
-    """Compiles ``constraint``'s grammar in a worker thread (cached: the engine reuses it);
-    a grammar llguidance refuses becomes a 400 naming ``param``."""
+def look_up(state, constraint: StructuredOutputsParams | None) -> tuple[object, int]:
+    """``constraint``'s compiled matcher if it is cached (else None), and the size of its text
+    (which compile lane it takes). Call it off the event loop: a large schema takes a while to
+    serialise."""
     if constraint is None:
-        return
-    llm = state.llm
-    compiler = grammar_compiler(
-        llm.tokenizer, llm.model_config.vocab_size, llm.model_config.eos_token_ids
-    )
+        return None, 0
+    compiler = compiler_of(state)
+    return compiler.cached(constraint), len(constraint.key())
+
+
+async def compile_constraint(state, constraint: StructuredOutputsParams, param: str, size: int):
+    """Builds ``constraint``'s matcher on its compile lane and returns it. Raises
+    ``RequestError``: 429 when the lane's queue is full, 400 naming ``param`` when the
+    constraint is refused. Cancelled while it waits in the queue, it never runs."""
+    lane = state.workers.compile_lane(size)
+    limits = state.settings.structured_output_limits
     try:
-        await asyncio.to_thread(compiler.compile, constraint)
+        future = lane.submit(compiler_of(state).build, constraint, limits)
+    except QueueFull:
+        state.metrics.rejected.labels(reason="grammar_queue").inc()
+        raise RequestError(
+            f"{lane.pending} grammar compiles are running or waiting, the most allowed "
+            "(--max-queued-grammar-compiles); retry later",
+            kind="overloaded",
+        ) from None
+    try:
+        return await asyncio.wrap_future(future)
+    except ConstraintTooLarge as error:
+        flag = "--" + error.limit.replace("_", "-")
+        message = str(error).replace(f"({error.limit})", f"({flag})")
+        raise RequestError(f"`{param}`: {message}", param=param) from None
     except ValueError as error:
         raise RequestError(f"`{param}`: {error}"[:600], param=param) from None
+
+
+def compiler_of(state):
+    llm = state.llm
+    config = llm.model_config
+    return grammar_compiler(llm.tokenizer, config.vocab_size, config.eos_token_ids)

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import jaxgen
-from serving.common import accept, encode_text, random_seed, timing_headers
+from serving.common import accept, encode_text, prepare, random_seed, timing_headers
 from serving.generation import (
     Generation,
     GenerationAborted,
@@ -21,7 +21,7 @@ from serving.generation import (
 )
 from serving.generation import top_logprobs as top_entries
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
-from serving.structured_output_requests import compile_constraint, tgi_grammar
+from serving.structured_output_requests import tgi_grammar
 from serving.validation import (
     Fields,
     RequestError,
@@ -103,7 +103,8 @@ def parse_request(state, body: dict) -> TgiRequest:
     truncate = p.integer("truncate", minimum=1)
     top_n_tokens = p.integer("top_n_tokens", 0, minimum=0, maximum=MAX_TOP_N_TOKENS)
 
-    prompt_token_ids = encode_text(state, inputs)
+    # With ``truncate`` a long input is cut after tokenizing: no length check before.
+    prompt_token_ids = encode_text(state, inputs, "inputs", check=truncate is None)
     if truncate is not None:
         prompt_token_ids = prompt_token_ids[-truncate:]
     check_token_ids(prompt_token_ids or [0], limits.vocab_size, "inputs")
@@ -152,6 +153,22 @@ def parse_request(state, body: dict) -> TgiRequest:
     )
 
 
+def parse_stream_request(state, body: dict) -> TgiRequest:
+    """``parse_request`` for ``/generate_stream``, which refuses ``decoder_input_details``."""
+    parsed = parse_request(state, body)
+    if parsed.decoder_input_details:  # as TGI: the prefill goes with the whole answer only
+        raise RequestError(
+            "`decoder_input_details` == true is not supported when streaming tokens",
+            param="parameters.decoder_input_details",
+        )
+    return parsed
+
+
+def tgi_constraint(parsed: TgiRequest) -> tuple:
+    """``constraint_of`` for ``prepare``: the request's grammar and its field."""
+    return parsed.params.structured_outputs, "parameters.grammar"
+
+
 def finish_reason(completion) -> str:
     if completion.finish_reason == "length":
         return "length"
@@ -171,13 +188,12 @@ async def generate(request: Request) -> Response:
     received = time.monotonic()
     try:
         state, body = await accept(request)
-        parsed = parse_request(state, body)
-        await compile_constraint(state, parsed.params.structured_outputs, "parameters.grammar")
         ticket = state.admit()
     except RequestError as error:
         return tgi_error(error)
     try:
-        generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params)
+        parsed, grammar = await prepare(request, state, body, parse_request, tgi_constraint)
+        generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params, grammar)
         result = await run_until_disconnect(request.receive, generation.run())
     except RequestError as error:
         return tgi_error(error)
@@ -234,17 +250,17 @@ async def generate_stream(request: Request) -> Response:
     """``POST /generate_stream``: one SSE event per token; the last carries the full text."""
     try:
         state, body = await accept(request)
-        parsed = parse_request(state, body)
-        if parsed.decoder_input_details:  # as TGI: the prefill goes with the whole answer only
-            raise RequestError(
-                "`decoder_input_details` == true is not supported when streaming tokens",
-                param="parameters.decoder_input_details",
-            )
-        await compile_constraint(state, parsed.params.structured_outputs, "parameters.grammar")
         ticket = state.admit()
     except RequestError as error:
         return tgi_error(error)
-    generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params)
+    try:
+        parsed, grammar = await prepare(request, state, body, parse_stream_request, tgi_constraint)
+    except BaseException as error:
+        ticket.release()
+        if isinstance(error, RequestError):
+            return tgi_error(error)
+        raise
+    generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params, grammar)
     return EventStreamResponse(
         stream_events(state, parsed, generation),
         ticket.release,

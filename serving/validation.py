@@ -54,8 +54,8 @@ def check_content_type(content_type: str | None) -> None:
     )
 
 
-async def read_json_object(request, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object: strict UTF-8, no NaN/Infinity, at most ``max_bytes``."""
+async def read_body(request, max_bytes: int) -> bytes:
+    """The body's bytes, at most ``max_bytes`` (413 past them, before reading them all)."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
         raise RequestError(f"request body exceeds {max_bytes} bytes", kind="too_large")
@@ -65,7 +65,7 @@ async def read_json_object(request, max_bytes: int) -> dict[str, Any]:
         if size > max_bytes:
             raise RequestError(f"request body exceeds {max_bytes} bytes", kind="too_large")
         chunks.append(chunk)
-    return parse_json_object(b"".join(chunks))
+    return b"".join(chunks)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

@@ -5,6 +5,7 @@ are capped, streams cut short never look complete, unknown models are 404, non-J
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 import threading
@@ -161,6 +162,49 @@ def test_timeout_flags_parse():
     assert settings.model_name == "a" and settings.model_aliases == ("b", "c")
     defaults = ServerSettings()
     assert (defaults.body_read_timeout, defaults.header_read_timeout) == (30.0, 10.0)
+
+
+# -- (1b) request smuggling and oversized headers ---------------------------------------------------
+def test_content_length_with_transfer_encoding_is_refused_and_closed(server):
+    """CL.TE: a proxy that frames by Content-Length forwards the smuggled request inside the
+    body; this server frames by Transfer-Encoding. Neither may read it (RFC 9112 section 6.3):
+    400, and the connection is closed with nothing after it answered."""
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = b"0\r\n\r\n" + smuggled
+    length = b"Content-Length: %d\r\n" % len(body)
+    chunked = b"Transfer-Encoding: chunked\r\n"
+    start = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for framing in (length + chunked, chunked + length):
+        reply = raw_exchange(server.port, [start + framing + b"\r\n" + body], limit=5.0)
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+        assert reply.count(b"HTTP/1.1 ") == 1, reply  # the smuggled request got no answer
+        assert b"connection: close" in reply.lower()
+        assert b"Transfer-Encoding" in reply  # the JSON body says why
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("size", [64 << 10, 1 << 20])
+def test_oversized_headers_get_431(server, size):
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    reply = raw_exchange(server.port, [head], limit=10.0)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:200]
+    assert b"--max-header-bytes" in reply and b"16384" in reply
+    assert b"connection: close" in reply.lower()
+    within = {"X-Big": "a" * 8000}
+    assert httpx.get(f"{server.url}/health", headers=within, timeout=5).status_code == 200
+
+
+def test_header_limit_is_a_setting(llm, tiny_model_dir):
+    settings = resolve_settings({"max_header_bytes": "4096"}, environ={})
+    assert settings.max_header_bytes == 4096 and ServerSettings().max_header_bytes == 16384
+    with ServerThread(
+        create_app(llm, dataclasses.replace(settings, model=tiny_model_dir))
+    ) as running:
+        headers = {"X-Big": "a" * 5000}
+        answer = httpx.get(f"{running.url}/health", headers=headers, timeout=5)
+        assert answer.status_code == 431 and "4096" in answer.json()["error"]
+        small = httpx.get(f"{running.url}/health", headers={"X-Big": "a" * 3000}, timeout=5)
+        assert small.status_code == 200
 
 
 # -- (2) streams cut short -------------------------------------------------------------------------

@@ -284,3 +284,109 @@ def test_compiler_takes_gbnf_and_caches_by_constraint(smollm2_tokenizer):
         is first
     )
     assert compiler.num_compiled == 2
+
+
+# -- limits and the dry run: what is refused before a request is queued -------------------------
+def chain(num_rules: int) -> str:
+    rules = "".join(f'r{i} ::= "a" r{i + 1} | "b"\n' for i in range(num_rules))
+    return f'root ::= r0\n{rules}r{num_rules} ::= "c"\n'
+
+
+@pytest.mark.parametrize(
+    "constraint, limit",
+    [
+        ({"grammar": chain(4500)}, "max_grammar_rules"),
+        ({"grammar": chain(40)}, "max_constraint_depth"),
+        ({"grammar": "start: " + "(" * 40 + '"a"' + ")" * 40}, "max_constraint_depth"),
+        ({"grammar": "root ::= " + '"a" ' * 70_000}, "max_constraint_bytes"),
+        ({"regex": "(" * 40 + "a" + ")" * 40}, "max_constraint_depth"),
+        ({"choice": [f"c{i}" for i in range(1001)]}, "max_enum_values"),
+        (
+            {"json": {"enum": list(range(600)), "anyOf": [{"const": i} for i in range(401)]}},
+            "max_enum_values",
+        ),
+        ({"json": {"properties": {f"p{i}": {} for i in range(5001)}}}, "max_schema_properties"),
+        ({"json": json.loads('{"items": ' * 33 + "{}" + "}" * 33)}, "max_constraint_depth"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else next(iter(value)),
+)
+def test_limits_refuse_before_compiling(constraint, limit):
+    from jaxgen.structured_output_limits import (
+        ConstraintTooLarge,
+        StructuredOutputLimits,
+        check_constraint,
+    )
+    from jaxgen.structured_outputs import StructuredOutputsParams
+
+    params = StructuredOutputsParams(**constraint)
+    with pytest.raises(ConstraintTooLarge, match=f"^{params.kind}: .*\\({limit}\\)$") as error:
+        check_constraint(params, StructuredOutputLimits())
+    assert error.value.limit == limit
+    try:  # within a raised limit, this one no longer refuses it
+        check_constraint(params, StructuredOutputLimits(**{limit: 10**7}))
+    except ConstraintTooLarge as other:
+        assert other.limit != limit
+
+
+def test_grammar_shape_reads_rules_and_references():
+    from jaxgen.structured_output_limits import grammar_shape
+
+    gbnf = (
+        "# a comment naming value object\n"
+        'root   ::= value\nvalue  ::= object | "[" value "]" | [a-z"]+\n'
+        'object ::= "{" (member ("," member)*)? "}"\nmember ::= "\\"root\\"" ":" value\n'
+    )
+    shape = grammar_shape(gbnf)
+    # root -> value <-> object <-> member: one cycle; strings, classes and comments skipped
+    assert (shape.rules, shape.chain_depth, shape.group_depth) == (4, 2, 2)
+    lark = 'start: a b\na: "x" | b\nb: C /[ab]+/ // c\nC: "c"\n%ignore C\n'
+    assert grammar_shape(lark) == type(shape)(rules=4, group_depth=0, chain_depth=4)
+    assert grammar_shape(chain(10)).chain_depth == 12
+
+
+@pytest.mark.parametrize(
+    "constraint, words",
+    [
+        ({"json": {"$ref": "#"}}, "admits no output"),
+        ({"json": {"allOf": [{"$ref": "#"}]}}, "admits no output"),
+        (
+            {"json": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}},
+            "cannot be followed",
+        ),
+        ({"choice": [f"option{i}" for i in range(2500)]}, "Current row has 2501 items"),
+        ({"regex": "(a{1000}){1000}"}, "too many expressions"),
+    ],
+)
+def test_compiler_refuses_what_it_cannot_follow(smollm2_tokenizer, constraint, words):
+    """The dry run: a constraint that admits no output, or that llguidance's parser gives up on
+    within its first tokens, is a ``ValueError`` naming its field, not a request that fails."""
+    from jaxgen.engine.grammar_masks import GrammarCompiler
+    from jaxgen.structured_output_limits import StructuredOutputLimits
+    from jaxgen.structured_outputs import StructuredOutputsParams
+
+    tokenizer = smollm2_tokenizer
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    params = StructuredOutputsParams(**constraint)
+    limits = StructuredOutputLimits(max_enum_values=5000)
+    with pytest.raises(ValueError, match=f"^{params.kind}: .*{re.escape(words)}"):
+        compiler.compile(params, limits)
+    assert compiler.cached(params) is None and compiler.num_compiled == 0
+
+
+def test_queued_compiles_are_bounded_and_cancellable():
+    import threading
+
+    from jaxgen.engine.grammar_threads import GrammarThreads, QueueFull
+
+    threads = GrammarThreads(1, max_pending=2, name="test")
+    release = threading.Event()
+    ran = []
+    first = threads.submit(lambda: release.wait(10) and ran.append("first"))
+    second = threads.submit(ran.append, "second")
+    with pytest.raises(QueueFull):
+        threads.submit(ran.append, "third")
+    assert second.cancel()  # still queued
+    release.set()
+    first.result(10)
+    assert threads.run(ran.append, "fourth") is None and ran == ["first", "fourth"]
+    threads.shutdown()

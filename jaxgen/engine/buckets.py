@@ -3,9 +3,6 @@ so a steady workload compiles nothing new."""
 
 from __future__ import annotations
 
-# Top-logprobs counts a step is compiled for: a few executables, not one per requested k.
-LOGPROB_BUCKETS = (1, 5, 20, 1 << 30)
-
 
 def power_of_two_buckets(limit: int, start: int = 1) -> list[int]:
     """``start, 2*start, 4*start, ...`` up to and including the first value ``>= limit``."""

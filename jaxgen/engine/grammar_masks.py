@@ -3,17 +3,21 @@ per constrained sequence, and the packed token bitmask of a step's sampling rows
 
 The device side is ``sampler.apply_token_bitmask``: a row whose ``constrained`` flag is set keeps
 only the tokens whose bit is 1 (bit ``j`` of word ``w`` is token ``32 * w + j``). A step without
-a constrained row carries a bitmask of width 0, so it runs the unconstrained executable.
+a constrained row carries a bitmask of width 0 here; the runner gives every step the same
+shape (``sampling_shapes``), and the sampler skips the mask when no row is constrained.
 
 A matcher advances on each token its sequence keeps. Preemption recomputes a sequence from its
 tokens without dropping generated ones, so the matcher stays where it was; a sequence whose
-grammar admits no further token (only EOS) finishes with ``"stop"``.
+grammar admits no further token (only EOS) finishes with ``"stop"``, one whose matcher refuses
+its token (llguidance's parser out of its limits) with ``"error"`` (``GrammarMasks.error``
+says why).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -22,10 +26,18 @@ import llguidance
 import llguidance.hf
 import numpy as np
 
+from jaxgen.engine.grammar_threads import GrammarThreads, default_grammar_threads
 from jaxgen.engine.step_batch import StepBatch
+from jaxgen.structured_output_limits import StructuredOutputLimits, check_constraint
 from jaxgen.structured_outputs import StructuredOutputsParams
 
 MAX_CACHED_GRAMMARS = 256
+# llguidance's own limits, with short errors (no parser state dump: they go to clients).
+PARSER_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+DRY_RUN_TOKENS = 32  # tokens ``GrammarCompiler.dry_run`` follows a new grammar for
+# Texts the dry run takes first when allowed (closers first): it leaves strings and values
+# early and reaches the grammar's later structure (a JSON object's next properties).
+DRY_RUN_PREFERRED = ('"', "}", "]", ",", ":", "{", "[")
 # Compact JSON (no free whitespace between tokens): a sampled model cannot wander into
 # whitespace until max_tokens, and the output stays short.
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -39,9 +51,13 @@ def bitmask_width(vocab_size: int) -> int:
 class GrammarCompiler:
     """Turns ``StructuredOutputsParams`` into ready llguidance matchers, cached by constraint.
 
-    The llguidance tokenizer is built on first use (about a second). ``compile`` is thread-safe:
-    callers (the server, ``AsyncLLM``) compile off the engine's step loop, and the engine's own
-    call then hits the cache.
+    ``build`` checks a constraint against ``StructuredOutputLimits``, compiles it, and follows
+    it for a few tokens (``dry_run``), so a constraint llguidance cannot follow is refused here
+    (``ValueError`` naming its field) rather than failing a request mid-output. It runs on
+    ``GrammarThreads`` (a large stack: a grammar that still recursed too deep would kill the
+    process on a default one); ``compile`` does that and waits. The llguidance tokenizer is
+    built on first use (about a second). Thread-safe: callers (the server, ``AsyncLLM``)
+    compile off the engine's step loop, and hand the engine the matcher.
     """
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
@@ -70,29 +86,92 @@ class GrammarCompiler:
         """Words per row llguidance fills (its vocabulary may be wider than the logits)."""
         return bitmask_width(self.llg_tokenizer.vocab_size)
 
-    def compile(self, constraint: StructuredOutputsParams) -> llguidance.LLMatcher:
-        """The pristine matcher of ``constraint`` (copy it before use). Raises ``ValueError``
-        naming the constraint's field (``json``, ``regex``, ...) when llguidance refuses it:
-        invalid or unsupported JSON Schema, a regex or grammar that does not compile."""
+    @functools.cached_property
+    def preferred_tokens(self) -> list[int]:
+        """The ids of ``DRY_RUN_PREFERRED``'s texts that are one token each, in order."""
+        ids = []
+        for text in DRY_RUN_PREFERRED:
+            encoded = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(encoded) == 1 and encoded[0] < self.vocab_size:
+                ids.append(int(encoded[0]))
+        return ids
+
+    def cached(self, constraint: StructuredOutputsParams) -> llguidance.LLMatcher | None:
+        """The pristine matcher of ``constraint`` if it was compiled before, else None."""
         key = constraint.key()
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
-                return cached
+            return cached
+
+    def compile(
+        self,
+        constraint: StructuredOutputsParams,
+        limits: StructuredOutputLimits | None = None,
+        threads: GrammarThreads | None = None,
+    ) -> llguidance.LLMatcher:
+        """The pristine matcher of ``constraint`` (copy it before use): cached, or ``build``
+        on ``threads`` (the process's default ones) and waited for."""
+        cached = self.cached(constraint)
+        if cached is not None:
+            return cached
+        return (threads or default_grammar_threads()).run(self.build, constraint, limits)
+
+    def build(
+        self, constraint: StructuredOutputsParams, limits: StructuredOutputLimits | None = None
+    ) -> llguidance.LLMatcher:
+        """Checks, compiles, dry-runs and caches ``constraint``'s matcher; call it on a
+        ``GrammarThreads`` thread. Raises ``ValueError`` naming the constraint's field
+        (``json``, ``regex``, ...): a constraint over ``limits`` (``ConstraintTooLarge``),
+        invalid or unsupported JSON Schema, a regex or grammar that does not compile, one that
+        admits no output, or one llguidance cannot follow."""
+        check_constraint(constraint, limits or StructuredOutputLimits())
         tokenizer = self.llg_tokenizer
         start = time.perf_counter()
         grammar = grammar_text(constraint)
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=PARSER_LIMITS)
         if matcher.is_error():
             raise ValueError(f"{constraint.kind}: {_short(matcher.get_error())}")
+        self.dry_run(constraint, matcher)
         with self._lock:
             self.compile_seconds += time.perf_counter() - start
             self.num_compiled += 1
-            self._cache[key] = matcher
+            self._cache[constraint.key()] = matcher
             while len(self._cache) > MAX_CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
         return matcher
+
+    def dry_run(self, constraint: StructuredOutputsParams, matcher: llguidance.LLMatcher) -> None:
+        """Follows a copy of ``matcher`` for up to ``DRY_RUN_TOKENS`` tokens and raises
+        ``ValueError`` if it fails: a schema that admits no value fails at once; one that
+        makes llguidance's parser exceed its limits (``Current row has 5001 items``, ``too many
+        expressions``) fails on its first lexemes, where a request would otherwise fail after
+        its output began. Each step takes the first allowed ``DRY_RUN_PREFERRED`` text, else
+        the lowest allowed id that is not EOS. Failures further in still end a request with
+        ``finish_reason`` "error"."""
+        probe = matcher.deep_copy()
+        mask = np.zeros(self.mask_width, np.int32)
+        eos = set(self.eos_token_ids)
+        preferred = self.preferred_tokens
+        for step in range(DRY_RUN_TOKENS):
+            probe.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+            if probe.is_error():
+                what = "admits no output" if step == 0 else "cannot be followed"
+                raise ValueError(f"{constraint.kind}: {what} ({_short(probe.get_error())})")
+            if probe.is_stopped():
+                return
+            bits = np.unpackbits(mask.view(np.uint8), bitorder="little")
+            allowed = np.flatnonzero(bits)
+            tokens = [t for t in preferred if bits[t]]
+            tokens += [t for t in allowed[allowed < self.vocab_size].tolist() if t not in eos]
+            if not tokens:
+                if step == 0 and not (set(allowed.tolist()) & eos):
+                    raise ValueError(f"{constraint.kind}: admits no output")
+                return
+            if not probe.consume_token(tokens[0]):
+                error = _short(probe.get_error())
+                raise ValueError(f"{constraint.kind}: cannot be followed ({error})")
 
 
 _COMPILERS: dict[tuple, GrammarCompiler] = {}
@@ -136,7 +215,7 @@ def grammar_text(constraint: StructuredOutputsParams) -> str:
 
 
 def _short(message: str, limit: int = 500) -> str:
-    message = " ".join(message.split())
+    message = " ".join(message.replace("<non-verbose/>", "").split())
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
@@ -155,9 +234,8 @@ class GrammarMasks:
         self.matchers: dict[int, llguidance.LLMatcher] = {}  # seq_id -> its matcher
         self.stats = GrammarStats()
 
-    def add(self, seq_ids, constraint: StructuredOutputsParams) -> None:
-        """Gives each sequence its own matcher of ``constraint`` (``n > 1``: one per sample)."""
-        pristine = self.compiler.compile(constraint)
+    def add(self, seq_ids, pristine: llguidance.LLMatcher) -> None:
+        """Gives each sequence its own copy of a compiled matcher (``n > 1``: one per sample)."""
         for seq_id in seq_ids:
             self.matchers[seq_id] = pristine.deep_copy()
 
@@ -197,14 +275,6 @@ class GrammarMasks:
         )
         return dataclasses.replace(batch, sampling=sampling)
 
-    def padding_bitmask(self, batch: StepBatch) -> StepBatch:
-        """``batch`` with an all-allowed bitmask and no constrained row (precompiling)."""
-        num_rows = len(batch.seqs)
-        width = bitmask_width(self.compiler.vocab_size)
-        return self.with_bitmask(
-            batch, np.full((num_rows, width), -1, np.int32), np.zeros(num_rows, np.bool_)
-        )
-
     def advance(self, seq_id: int, token: int) -> str | None:
         """Feeds the token a sequence kept to its matcher. Returns ``"stop"`` once the grammar
         admits nothing more, ``"error"`` if the matcher refused the token, else None."""
@@ -214,3 +284,9 @@ class GrammarMasks:
         if not matcher.consume_token(token):
             return "error"
         return "stop" if matcher.is_stopped() else None
+
+    def error(self, seq_id: int) -> str:
+        """Why a sequence's matcher refused its token."""
+        matcher = self.matchers.get(seq_id)
+        message = matcher.get_error() if matcher is not None else ""
+        return _short(message or "the grammar refused the sampled token")

@@ -20,7 +20,7 @@ from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.sampling_tensors import SamplingRow
 from jaxgen.engine.scheduler import Scheduler, SchedulerOutput
-from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batches, unpack
+from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch, unpack
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
@@ -80,6 +80,8 @@ class LLMEngine:
             loaded,
             num_pages=pool.num_pages,
             page_size=config.page_size,
+            max_model_len=self.max_model_len,
+            seq_cap=self.layout.seq_cap,
             attention_backend=backend,
             kv_sharding=kv_sharding,
         )
@@ -112,19 +114,20 @@ class LLMEngine:
             self.precompile()
 
     def precompile(self, sampling_params: list[SamplingParams] | None = None) -> int:
-        """Compiles the step for every batch shape the engine can meet, once per sampling
-        configuration in ``sampling_params`` (default: greedy). On the native CPU backend that
-        is every shape (one per token bucket); elsewhere decode-only steps (prefill-holding steps
-        compile when first met). Call it before requests arrive. Returns the compiles it took."""
+        """Compiles the step for every batch shape the engine can meet, and the sampler for
+        every row bucket. Every sampling configuration (filters, penalties, logit bias, bans,
+        logprobs, prompt logprobs, grammars) runs these same executables, so
+        ``sampling_params`` changes nothing (it is accepted for compatibility). On the native
+        CPU and Pallas TPU backends that is every shape (one per token bucket); elsewhere
+        decode-only steps (prefill-holding steps compile when first met). With
+        ``num_scheduler_steps`` > 1 the multi-step decode calls too. Call it before requests
+        arrive. Returns the compiles it took."""
         start = time.perf_counter()
         before = compile_counter.compile_count()
-        configs = sampling_params or [SamplingParams(temperature=0.0)]
-        constrained = any(params.structured_outputs is not None for params in configs)
-        for batch in precompile_batches(self.layout, configs, self.loaded.config.eos_token_ids):
-            self._run_now(batch)
-            if constrained:  # the same shapes with a grammar's bitmask
-                self._run_now(self.grammars.padding_bitmask(batch))
-            if multi_step.may_run_steps(self, batch):
+        for inputs in self.layout.precompile_shapes():
+            batch = precompile_batch(inputs)
+            self._run_now(batch)  # as a step runs: with the previous step's feed when async
+            if multi_step.may_run_steps(self, inputs):
                 self._run_now(batch, self.config.num_scheduler_steps)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
@@ -139,8 +142,12 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        compiled_grammar=None,
     ) -> Request:
-        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt."""
+        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt, or
+        a constraint that does not compile. ``compiled_grammar``: the matcher of
+        ``params.structured_outputs`` compiled already (``GrammarCompiler``; the server and
+        ``AsyncLLM`` compile off the engine's thread), else it is compiled here."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         if not prompt_token_ids:
@@ -156,8 +163,9 @@ class LLMEngine:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
             )
-        if params.structured_outputs is not None:  # compiled (or cached) before it is queued
-            self.grammars.compiler.compile(params.structured_outputs)
+        grammar = None
+        if params.structured_outputs is not None:  # compiled before the request is queued
+            grammar = compiled_grammar or self.grammars.compiler.compile(params.structured_outputs)
         request = Request(
             request_id,
             prompt,
@@ -171,8 +179,8 @@ class LLMEngine:
         for seq in request.seqs:
             self.scheduler.add(seq)
             self.seq_to_request[seq.seq_id] = request
-        if params.structured_outputs is not None:
-            self.grammars.add([seq.seq_id for seq in request.seqs], params.structured_outputs)
+        if grammar is not None:
+            self.grammars.add([seq.seq_id for seq in request.seqs], grammar)
         self.requests[request_id] = request
         self.prompt_tokens_total += len(prompt_token_ids)
         return request
@@ -243,12 +251,7 @@ class LLMEngine:
         if self.config.async_scheduling:
             pending = async_scheduling.pending_feed(batch, previous, self._empty_feed)
         step = self.runner.dispatch(
-            batch.arrays,
-            batch.flags,
-            batch.prompt_targets,
-            batch.prompt_top,
-            *pending,
-            num_steps=num_steps,
+            batch.arrays, batch.prompt_targets, *pending, num_steps=num_steps
         )
         return DispatchedStep(scheduled, batch, step, start, num_steps)
 
@@ -354,6 +357,8 @@ class LLMEngine:
             self.generation_tokens_total += 1
             reason = request.on_token(seq, logprobs.get(seq.seq_id))
             grammar_reason = self.grammars.advance(seq.seq_id, seq.output_token_ids[-1])
+            if grammar_reason == "error":
+                request.errors[seq.index] = f"structured output: {self.grammars.error(seq.seq_id)}"
             if reason is None or grammar_reason == "error":
                 reason = grammar_reason
             if reason is None and seq.num_tokens >= self.max_model_len:

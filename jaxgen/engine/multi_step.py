@@ -11,7 +11,8 @@ import jax
 from jaxgen.engine.dispatched_step import DispatchedStep, live_items
 from jaxgen.engine.sampling_tensors import uses_penalties
 from jaxgen.engine.scheduler import SchedulerOutput
-from jaxgen.engine.step_batch import StepBatch, unpack
+from jaxgen.engine.step_batch import unpack
+from jaxgen.engine.step_layout import StepInputs
 from jaxgen.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -48,15 +49,10 @@ def decode_steps(engine: LLMEngine, scheduled: SchedulerOutput) -> int:
     return steps
 
 
-def may_run_steps(engine: LLMEngine, batch: StepBatch) -> bool:
-    """Whether a call of ``batch``'s shape and flags can be multi-step (to precompile)."""
-    return (
-        engine.config.num_scheduler_steps > 1
-        and batch.prompt is None
-        and not batch.flags.any_penalties
-        and batch.sampling.banned_token_ids.shape[1] == 0
-        and len(batch.inputs.token_ids) <= engine.layout.seq_cap
-    )
+def may_run_steps(engine: LLMEngine, inputs: StepInputs) -> bool:
+    """Whether a call of ``inputs``' shape can be multi-step (to precompile): a decode-only
+    shape when ``num_scheduler_steps`` > 1."""
+    return engine.config.num_scheduler_steps > 1 and len(inputs.token_ids) <= engine.layout.seq_cap
 
 
 def read_steps(engine: LLMEngine, current: DispatchedStep, output) -> list[RequestOutput]:

@@ -65,6 +65,7 @@ class Request:
         self.texts = [""] * params.n  # final-safe text (stop strings held back while streaming)
         self.logprobs: list[list[dict[int, float]]] = [[] for _ in range(params.n)]
         self.stop_reasons: list[str | int | None] = [None] * params.n
+        self.errors: list[str | None] = [None] * params.n  # why a sample ended with "error"
         self._max_stop_len = max((len(s) for s in params.stop), default=0)
         self.prompt_logprobs: list[dict[int, float] | None] | None = None
         self._prompt_logprobs_missing = 0
@@ -149,6 +150,7 @@ class Request:
                 if self.params.logprobs is not None
                 else None,
                 stop_reason=self.stop_reasons[seq.index],
+                error=self.errors[seq.index],
             )
             for seq in self.seqs
         ]

@@ -1,8 +1,11 @@
 """Batched on-device sampling with per-request parameters (vLLM semantics).
 
 The host turns every running sequence into a row of ``SamplingTensors`` plus static
-``SamplingFlags`` (``sampling_tensors.build_sampling_tensors``); the engine's jitted step calls
-:func:`sample` on the logits of the last position, with the flags as a static argument.
+``SamplingFlags`` (``sampling_tensors.build_sampling_tensors``). :func:`sample` traces only the
+stages its flags and array widths ask for; the engine fits every batch to one shape and calls
+it with every flag on (``sampling_shapes``), and each stage then runs only when a row of the
+batch needs it (``lax.cond`` on the batch's values), so one executable per row bucket serves
+every sampling configuration.
 
 Per row, in vLLM's order: ``logit_bias`` added; banned tokens -> -inf; repetition, frequency and presence penalties;
 greedy rows (temperature 0, or ``top_k == 1``) take the argmax; the others divide by their
@@ -74,33 +77,73 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
     logits = logits.astype(jnp.float32)  # [B, V]
     batch_size, vocab_size = logits.shape
 
-    processed = add_logit_bias(logits, tensors.logit_bias_ids, tensors.logit_bias_values)
-    processed = ban_tokens(processed, tensors.banned_token_ids)
-    if tensors.token_bitmask.shape[1]:  # a static shape: steps without a grammar skip this
-        processed = apply_token_bitmask(processed, tensors.token_bitmask, tensors.constrained)
-    if flags.any_penalties:
-        processed = apply_penalties(
+    # Each stage is a static no-op when its input has width 0 or its flag is off, and is
+    # skipped at run time (``_only_if``) when no row of this batch needs it: a step run with
+    # every flag on (the engine's shape-stable sampling) costs what the batch asks for.
+    processed = logits
+    if tensors.logit_bias_ids.shape[1]:
+        processed = _only_if(
+            jnp.any(tensors.logit_bias_ids >= 0),
+            lambda x: add_logit_bias(x, tensors.logit_bias_ids, tensors.logit_bias_values),
             processed,
-            tensors.prompt_token_ids,
-            tensors.output_token_ids,
-            tensors.repetition_penalty,
-            tensors.presence_penalty,
-            tensors.frequency_penalty,
+        )
+    if tensors.banned_token_ids.shape[1]:
+        processed = _only_if(
+            jnp.any(tensors.banned_token_ids >= 0),
+            lambda x: ban_tokens(x, tensors.banned_token_ids),
+            processed,
+        )
+    if tensors.token_bitmask.shape[1]:  # a static shape: steps without a grammar skip this
+        processed = _only_if(
+            jnp.any(tensors.constrained),
+            lambda x: apply_token_bitmask(x, tensors.token_bitmask, tensors.constrained),
+            processed,
+        )
+    if flags.any_penalties:
+        penalised = (
+            (tensors.repetition_penalty != 1.0)
+            | (tensors.presence_penalty != 0.0)
+            | (tensors.frequency_penalty != 0.0)
+        )
+        processed = _only_if(
+            jnp.any(penalised),
+            lambda x: apply_penalties(
+                x,
+                tensors.prompt_token_ids,
+                tensors.output_token_ids,
+                tensors.repetition_penalty,
+                tensors.presence_penalty,
+                tensors.frequency_penalty,
+            ),
+            processed,
         )
     greedy_ids = jnp.argmax(processed, axis=-1).astype(jnp.int32)
     if flags.all_greedy:
         token_ids = greedy_ids
     else:
         greedy_rows = (tensors.temperature < GREEDY_TEMPERATURE) | (tensors.top_k == 1)
-        sampled_ids = _sample_random(processed, tensors, flags, greedy_rows)
-        token_ids = jnp.where(greedy_rows, greedy_ids, sampled_ids)
+        token_ids = jax.lax.cond(
+            jnp.all(greedy_rows),
+            lambda: greedy_ids,
+            lambda: jnp.where(
+                greedy_rows, greedy_ids, _sample_random(processed, tensors, flags, greedy_rows)
+            ),
+        )
 
     log_normalizer = _logsumexp(logits)  # [B]
     token_logits = jnp.take_along_axis(logits, token_ids[:, None], axis=-1)[:, 0]
     num_top = min(flags.num_logprobs, vocab_size)
     if num_top > 0:
-        top_logits, top_token_ids = jax.lax.top_k(logits, num_top)
-        top_logprobs = top_logits - log_normalizer[:, None]
+
+        def top():
+            top_logits, top_ids = jax.lax.top_k(logits, num_top)
+            return top_ids.astype(jnp.int32), top_logits - log_normalizer[:, None]
+
+        def none():
+            shape = (batch_size, num_top)
+            return jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.float32)
+
+        top_token_ids, top_logprobs = jax.lax.cond(jnp.any(tensors.num_logprobs > 0), top, none)
     else:
         top_token_ids = jnp.zeros((batch_size, 0), jnp.int32)
         top_logprobs = jnp.zeros((batch_size, 0), jnp.float32)
@@ -110,6 +153,17 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
         top_token_ids=top_token_ids.astype(jnp.int32),
         top_logprobs=top_logprobs,
     )
+
+
+def _only_if(needed: jax.Array, transform, logits: jax.Array) -> jax.Array:
+    """``transform(logits)`` when ``needed`` (a traced bool) holds, else ``logits`` untouched.
+
+    Args:
+        needed: [] bool.
+        transform: [B, V] -> [B, V]; an exact no-op on the rows that do not need it.
+        logits: [B, V] float32.
+    """
+    return jax.lax.cond(needed, transform, lambda x: x, logits)
 
 
 def add_logit_bias(logits: jax.Array, bias_ids: jax.Array, bias_values: jax.Array) -> jax.Array:

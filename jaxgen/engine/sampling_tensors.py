@@ -48,6 +48,7 @@ class SamplingTensors:
     constrained: jax.Array  # [B] bool
     logit_bias_ids: jax.Array  # [B, K] i32, padded with -1; K = 0 when no row has a logit_bias
     logit_bias_values: jax.Array  # [B, K] f32, added to those tokens' logits
+    num_logprobs: jax.Array  # [B] i32; top logprobs the row returns (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +196,9 @@ def build_sampling_tensors(
         constrained=np.zeros(batch_size, np.bool_),
         logit_bias_ids=bias_ids,
         logit_bias_values=bias_values,
+        num_logprobs=np.array(
+            [row.params.logprobs or 0 for row in rows] + [0] * (batch_size - len(rows)), np.int32
+        ),
     )
     return tensors, flags
 

@@ -12,15 +12,13 @@ import dataclasses
 
 import numpy as np
 
-from jaxgen.engine.buckets import LOGPROB_BUCKETS, bucket_for
-from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsBatch, build_prompt_logprobs
+from jaxgen.engine.prompt_logprobs import PromptLogprobsBatch, build_prompt_logprobs
 from jaxgen.engine.sampling_tensors import (
     SamplerOutput,
     SamplingFlags,
     SamplingRow,
     SamplingTensors,
     build_sampling_tensors,
-    min_tokens_banned_ids,
 )
 from jaxgen.engine.scheduler import SchedulerOutput
 from jaxgen.engine.sequence import Sequence
@@ -35,15 +33,10 @@ class StepBatch:
     """One step's batch, on the host."""
 
     inputs: StepInputs  # the step's numpy inputs; ``inputs.arrays`` go to the device
-    sampling: SamplingTensors  # [S] rows, numpy
-    flags: SamplingFlags  # static: the jitted step specialises on them
+    sampling: SamplingTensors  # [S] rows, numpy (the runner fits them to its sampling shapes)
+    flags: SamplingFlags  # what the batch's rows use (the device runs every stage it needs)
     seqs: list[Sequence | None]  # [S]: the sequence each logits row samples for; None: none
     prompt: PromptLogprobsBatch | None = None  # None: no sequence of the step wants them
-
-    @property
-    def prompt_top(self) -> int | None:
-        """The step's static prompt-logprobs switch: None (off) or the top-k bucket."""
-        return None if self.prompt is None else self.prompt.num_top
 
     @property
     def prompt_targets(self):
@@ -66,10 +59,6 @@ def _batch(
     tensors, flags = build_sampling_tensors(
         rows, len(inputs.rows), base_seed=base_seed, step_counter=step
     )
-    if flags.num_logprobs:  # a few buckets, not one executable per requested k
-        flags = dataclasses.replace(
-            flags, num_logprobs=bucket_for(flags.num_logprobs, LOGPROB_BUCKETS)
-        )
     return StepBatch(inputs, tensors, flags, seqs, prompt)
 
 
@@ -102,37 +91,10 @@ def build_step_batch(
     return _batch(inputs, rows, seqs, base_seed, step, build_prompt_logprobs(inputs))
 
 
-def precompile_batches(
-    layout: StepLayout, sampling_params: list[SamplingParams], eos_token_ids
-) -> list[StepBatch]:
-    """All-padding batches of every shape ``layout.precompile_shapes`` lists, once per sampling
-    variant: each configuration in ``sampling_params``, and the same with its ``min_tokens``
-    bans where it has any. A configuration with ``prompt_logprobs`` also compiles the steps
-    that compute them: its own row's flags (the step that finishes the prompt) and greedy
-    padding flags (earlier prefill chunks), each with the prompt logprobs switched on. Their
-    logits rows are padding: they touch only the scratch page."""
-    variants = []  # (row, prompt top-k or None): one real row gives the flags and widths
-    for params in sampling_params:
-        prompt_top = None if params.prompt_logprobs is None else PROMPT_TOP
-        if prompt_top is not None:
-            variants += [(SamplingRow(params), prompt_top), (PADDING_ROW, prompt_top)]
-        variants.append((SamplingRow(params), None))
-        banned = min_tokens_banned_ids(params, 0, eos_token_ids)
-        if banned:  # while min_tokens is not reached
-            variants.append((SamplingRow(params, banned_token_ids=banned), prompt_top))
-    shapes = layout.precompile_shapes()
-    batches = []
-    for row, prompt_top in variants:
-        for inputs in shapes:
-            padding = len(inputs.rows) - 1
-            prompt = None
-            if prompt_top is not None:
-                targets = np.full(len(inputs.token_ids), -1, np.int32)
-                prompt = PromptLogprobsBatch(targets, prompt_top, [])
-            batches.append(
-                _batch(inputs, [row] + [PADDING_ROW] * padding, inputs.rows, 0, 0, prompt)
-            )
-    return batches
+def precompile_batch(inputs: StepInputs) -> StepBatch:
+    """An all-padding batch of ``inputs``' shape (precompiling): greedy padding rows that touch
+    only the scratch page."""
+    return _batch(inputs, [PADDING_ROW] * len(inputs.rows), inputs.rows, 0, 0)
 
 
 def unpack(
@@ -147,7 +109,7 @@ def unpack(
             continue
         token = int(token_ids[row])
         tokens[seq.seq_id] = token
-        if batch.flags.num_logprobs or (seq.params is not None and seq.params.logprobs is not None):
+        if seq.params is not None and seq.params.logprobs is not None:
             entry = {token: float(output.logprobs[row])}
             k = seq.params.logprobs or 0
             top = zip(output.top_token_ids[row][:k], output.top_logprobs[row][:k], strict=True)

@@ -1,0 +1,56 @@
+"""The threads that prepare a request off the event loop: parsing its body, rendering and
+tokenising its prompt, compiling its output constraint.
+
+The event loop only reads bodies and writes responses; a 4 MB prompt or a thousand-rule
+grammar never stalls ``/health`` or another client's stream. Each kind of work has a lane for
+small jobs and one for large ones, so a plain request never waits behind a hostile one:
+
+- parsing: bodies up to ``LARGE_BODY_BYTES`` on one thread, larger ones on another;
+- compiling: constraints up to ``SMALL_CONSTRAINT_BYTES`` (as JSON) on one thread, larger ones
+  on ``grammar_compile_workers`` threads. Both compile lanes have a large native stack
+  (``GrammarThreads``) and hold at most ``max_queued_grammar_compiles`` compiles, running or
+  waiting; past that a request gets 429 at once.
+
+A request whose client disconnects is cancelled where it waits (``run_until_disconnect``); a
+compile already running finishes, and its grammar is cached for the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from jaxgen.engine.grammar_threads import GrammarThreads
+
+LARGE_BODY_BYTES = 16 << 10  # bodies past this are parsed on the large lane
+SMALL_CONSTRAINT_BYTES = 4 << 10  # constraints up to this compile on the small lane
+
+
+class Workers:
+    """The server's preparation threads (see the module docstring)."""
+
+    def __init__(self, grammar_compile_workers: int, max_queued_grammar_compiles: int):
+        self.parse_small = ThreadPoolExecutor(1, thread_name_prefix="jaxgen-parse")
+        self.parse_large = ThreadPoolExecutor(1, thread_name_prefix="jaxgen-parse-large")
+        self.compile_small = GrammarThreads(
+            1, max_pending=max_queued_grammar_compiles, name="grammar-small"
+        )
+        self.compile_large = GrammarThreads(
+            grammar_compile_workers, max_pending=max_queued_grammar_compiles, name="grammar"
+        )
+
+    async def parse(self, size: int, fn: Callable, *args):
+        """``fn(*args)`` on the parse lane for a body of ``size`` bytes."""
+        lane = self.parse_large if size > LARGE_BODY_BYTES else self.parse_small
+        return await asyncio.get_running_loop().run_in_executor(lane, fn, *args)
+
+    def compile_lane(self, size: int) -> GrammarThreads:
+        """The compile lane of a constraint whose JSON text has ``size`` bytes."""
+        return self.compile_large if size > SMALL_CONSTRAINT_BYTES else self.compile_small
+
+    def shutdown(self) -> None:
+        for pool in (self.parse_small, self.parse_large):
+            pool.shutdown(wait=False, cancel_futures=True)
+        for threads in (self.compile_small, self.compile_large):
+            threads.shutdown()
