@@ -92,13 +92,16 @@ def test_huge_prompts_never_stall_other_requests(server, name):
         body = {"inputs": LONG_PROMPT, "parameters": {"truncate": 8, "max_new_tokens": 2}}
         return client.post("/generate", json=body)
 
+    baseline = latencies_during(server, lambda client: time.sleep(1.0))[1]
     answer, times = latencies_during(server, hostile)
     if name in ("huge prompt", "huge chat"):
         assert answer.status_code == 400
         assert "max_input_tokens" in answer.json()["error"]["message"]
     else:
         assert answer.status_code == 200, answer.text[:300]
-    assert max(times) < 1.0, times
+    # The hostile request delays no plain one by more than 1 s (measured against the same
+    # machine's latency without it, so a loaded machine does not fail the test).
+    assert max(times) < max(baseline) + 1.0, (baseline, times)
 
 
 def slow_builds(monkeypatch, seconds: float) -> list[str]:
