@@ -90,11 +90,16 @@ async def stream_events(builder: ResponseBuilder, generation: Generation):
                     for event in builder.finish(delta.finish_reason, generation.result):
                         yield event
     except RequestError as error:
-        yield builder.event("error", **openai_error_body(error)["error"])
+        yield error_event(builder, error)
     except (GenerationAborted, GenerationFailed) as error:
         kind = "unavailable" if isinstance(error, GenerationAborted) else "generation"
-        body = openai_error_body(RequestError(f"generation stopped: {error}", kind=kind))
-        yield builder.event("error", **body["error"])
+        yield error_event(builder, RequestError(f"generation stopped: {error}", kind=kind))
+
+
+def error_event(builder: ResponseBuilder, error: RequestError) -> bytes:
+    """Responses' ``error`` event: ``{"type": "error", "code", "message", "param"}``."""
+    body = openai_error_body(error)["error"]
+    return builder.event("error", code=body["code"], message=body["message"], param=body["param"])
 
 
 class ResponseBuilder:
