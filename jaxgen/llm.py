@@ -133,6 +133,7 @@ class LLM:
         )
         prompts = []
         for conversation in conversations:
+            conversation = check_conversation(conversation)
             options = ChatTemplateOptions.build(
                 conversation,
                 add_generation_prompt=add_generation_prompt,
@@ -142,7 +143,7 @@ class LLM:
             prompts.append(
                 render_chat(
                     tokenizer,
-                    check_conversation(conversation),
+                    conversation,
                     tools=request.tools,
                     chat_template=chat_template,
                     options=options,
