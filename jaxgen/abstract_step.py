@@ -73,8 +73,9 @@ def abstract_quantized_weight(shape: tuple[int, int], spec) -> QuantizedWeight:
 
 
 def decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
-    """``ShapeDtypeStruct``s of a full-width decode step's inputs (after params and pool), and
-    its static sampling flags."""
+    """``ShapeDtypeStruct``s of a full-width decode step's array arguments after params and pool
+    (the step's inputs, then its prompt-logprob targets: none), of its rows' sampling tensors
+    (a multi-step decode samples inside the step), and its ``sample_rows``."""
     layout = StepLayout(
         page_size=page_size,
         max_num_seqs=max_num_seqs,
@@ -82,12 +83,16 @@ def decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sh
         max_model_len=max_model_len,
     )
     inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
-    tensors, flags = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
-    arrays = (*inputs.arrays, tensors)
-    abstract = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding), arrays
-    )
-    return abstract, flags
+    targets = np.full(np.shape(inputs.token_ids)[0], -1, np.int32)  # no prompt logprobs
+    tensors, _ = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+
+    def abstract(tree):
+        return jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding),
+            tree,
+        )
+
+    return abstract((*inputs.arrays, targets)), abstract(tensors), tensors.temperature.shape[0]
 
 
 def per_chip_bytes(tree) -> int:

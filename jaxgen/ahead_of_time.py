@@ -80,7 +80,7 @@ def lower_decode_step_for_cuda(
     graphdef, params = nnx.split(abstract)
     backend = PallasGPUBackend(kv_cache_dtype=kv_cache_dtype)
     pool = backend.kv_pool_shapes(config, num_pages, page_size, dtype)
-    step_inputs, flags = decode_step_inputs(page_size, max_num_seqs, max_model_len)
+    step_inputs, _, sample_rows = decode_step_inputs(page_size, max_num_seqs, max_model_len)
     mesh, shard_types = None, []
     if tensor_parallel_degree > 1:
         mesh = abstract_gpu_mesh((1, tensor_parallel_degree), (DATA_AXIS, MODEL_AXIS))
@@ -95,7 +95,9 @@ def lower_decode_step_for_cuda(
         leaf_shardings = backend.kv_pool_sharding()
         pool = [placed(layer, (leaf_shardings, leaf_shardings)) for layer in pool]
         replicated = NamedSharding(mesh, PartitionSpec())
-        step_inputs, flags = decode_step_inputs(page_size, max_num_seqs, max_model_len, replicated)
+        step_inputs, _, sample_rows = decode_step_inputs(
+            page_size, max_num_seqs, max_model_len, replicated
+        )
         shard_types = sorted(
             {
                 _tensor_type(leaf.sharding.shard_shape(leaf.shape), leaf.dtype)
@@ -106,7 +108,7 @@ def lower_decode_step_for_cuda(
     with abstract_gpu(mesh):
         lowered = (
             jitted_step(graphdef, backend)
-            .trace(params, pool, *step_inputs, flags=flags, head=None)
+            .trace(params, pool, *step_inputs, head=None, sample_rows=sample_rows)
             .lower(lowering_platforms=("cuda",))
         )
     text = lowered.as_text()
@@ -223,17 +225,17 @@ def compile_decode_step(
             else pool_sharding
         )
         pool.append(placed(layer, shardings))
-    step_inputs, flags = decode_step_inputs(
+    step_inputs, sampling, sample_rows = decode_step_inputs(
         page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
     step = jitted_step(graphdef, backend)
     steps = {}
     if num_scheduler_steps > 1:  # as ModelRunner.dispatch passes them
-        steps = {"num_steps": num_scheduler_steps, "page_size": page_size}
+        steps = {"num_steps": num_scheduler_steps, "page_size": page_size, "sampling": sampling}
     start = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = step.trace(
-            step_params, pool, *step_inputs, flags=flags, head=head, **steps
+            step_params, pool, *step_inputs, head=head, sample_rows=sample_rows, **steps
         ).lower()
         compiled = lowered.compile()
     compile_seconds = time.perf_counter() - start

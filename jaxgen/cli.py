@@ -1,4 +1,4 @@
-"""The ``jaxgen`` command line: generate, serve, bench, plan, convert."""
+"""The ``jaxgen`` command line: generate, serve, run-batch, bench, plan, convert."""
 
 from __future__ import annotations
 
@@ -41,6 +41,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 1  # not reached
 
 
+def cmd_run_batch(args: argparse.Namespace) -> int:
+    """Replaces this process with ``python -m serving.run_batch``: OpenAI batch files run
+    through the server's app in process (the server's layer, as ``serve``)."""
+    argv = [sys.executable, "-m", "serving.run_batch", *args.serve_arguments]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+    return 1  # not reached
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxgen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
 
+    batch = sub.add_parser(
+        "run-batch",
+        help="run an OpenAI batch file (-i requests.jsonl -o results.jsonl); "
+        "`jaxgen run-batch --help` lists its flags",
+        add_help=False,
+    )
+    batch.set_defaults(func=cmd_run_batch)
+
     planner.add_parser(sub)
     convert.add_parser(sub)
     bench_cli.add_parser(sub)
@@ -71,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.command == "serve":  # every flag after ``serve`` is the server's to parse
+    if args.command in ("serve", "run-batch"):  # every flag after it is the server's to parse
         args.serve_arguments = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

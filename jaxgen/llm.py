@@ -7,6 +7,7 @@ import itertools
 import time
 from collections.abc import Sequence as Seq
 
+from jaxgen.chat_template_options import ChatTemplateOptions
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
@@ -97,7 +98,9 @@ class LLM:
         sampling_params=None,
         *,
         use_tqdm: bool = True,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
         chat_template: str | None = None,
         tools: list[dict] | None = None,
         tool_choice: str | dict | None = None,
@@ -112,7 +115,10 @@ class LLM:
         constrain the output to calls; "none" offers the tools but reads no calls). Messages may
         hold assistant ``tool_calls`` and ``tool`` results. ``tool_call_parser``: "auto" (from
         the chat template), "hermes", "llama3_json", "mistral" or "pythonic".
-        See docs/api.md.
+        ``add_generation_prompt`` (default: true unless ``continue_final_message``),
+        ``continue_final_message`` (continue the final assistant message rather than start a
+        new turn) and ``chat_template_kwargs`` (extra template variables) are vLLM's
+        controls (``jaxgen.chat_template_options``). See docs/api.md.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not conversations or not all(isinstance(c, list) and c for c in conversations):
@@ -125,16 +131,24 @@ class LLM:
             tool_call_parser=tool_call_parser,
             chat_template=chat_template_of(tokenizer, chat_template),
         )
-        prompts = [
-            render_chat(
-                tokenizer,
-                check_conversation(c),
-                tools=request.tools,
+        prompts = []
+        for conversation in conversations:
+            conversation = check_conversation(conversation)
+            options = ChatTemplateOptions.build(
+                conversation,
                 add_generation_prompt=add_generation_prompt,
-                chat_template=chat_template,
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
             )
-            for c in conversations
-        ]
+            prompts.append(
+                render_chat(
+                    tokenizer,
+                    conversation,
+                    tools=request.tools,
+                    chat_template=chat_template,
+                    options=options,
+                )
+            )
         if request.parses_output:
             sampling_params = [
                 _with_tools(p, request) for p in _normalize_params(sampling_params, len(prompts))

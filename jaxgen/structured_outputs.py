@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json as json_module
 
+from jaxgen.strict_schemas import strict_schema
+
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
@@ -18,6 +20,10 @@ class StructuredOutputsParams:
         regex: the output matches this regular expression (whole output).
         choice: the output is one of these strings.
         grammar: a Lark grammar (llguidance's dialect; GBNF is accepted and converted).
+        strict: with ``json``, read the schema strictly (the default, as OpenAI's strict mode
+            and vLLM's xgrammar): no property or array item it does not declare, unless it
+            allows them (``additionalProperties``, ``items``); False gives JSON Schema's own
+            lenient reading. See ``jaxgen.strict_schemas``.
     """
 
     json: dict | str | None = None
@@ -25,6 +31,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    strict: bool = True
 
     def __post_init__(self):
         set_kinds = [kind for kind in KINDS if _is_set(kind, getattr(self, kind))]
@@ -44,6 +51,8 @@ class StructuredOutputsParams:
                     raise ValueError("json: a JSON Schema must be an object")
             elif not isinstance(self.json, dict):
                 raise ValueError(f"json: must be a dict or a JSON string, got {self.json!r}")
+        if not isinstance(self.strict, bool):
+            raise ValueError(f"strict: must be a bool, got {self.strict!r}")
         if not isinstance(self.json_object, bool):
             raise ValueError(f"json_object: must be a bool, got {self.json_object!r}")
         if self.regex is not None and not isinstance(self.regex, str):
@@ -67,7 +76,7 @@ class StructuredOutputsParams:
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            unknown = sorted(set(value) - set(KINDS))
+            unknown = sorted(set(value) - set(KINDS) - {"strict"})
             if unknown:
                 raise ValueError(
                     f"structured_outputs: unknown field(s) {unknown}; expected one of {KINDS}"
@@ -86,7 +95,13 @@ class StructuredOutputsParams:
         value = getattr(self, self.kind)
         if self.kind == "json" and isinstance(value, str):
             value = json_module.loads(value)
-        return self.kind + ":" + json_module.dumps(value, sort_keys=True)
+        lenient = "(lenient)" if self.kind == "json" and not self.strict else ""
+        return self.kind + lenient + ":" + json_module.dumps(value, sort_keys=True)
+
+    def schema(self):
+        """The JSON schema a ``json`` constraint compiles: strict unless ``strict`` is False."""
+        value = json_module.loads(self.json) if isinstance(self.json, str) else self.json
+        return strict_schema(value) if self.strict else value
 
 
 def _is_set(kind: str, value) -> bool:

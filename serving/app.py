@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving import openai_routes, tgi_routes, tokenize_routes
+from serving import openai_responses, openai_routes, tgi_routes, tokenize_routes
 from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.settings import ServerSettings
@@ -99,6 +99,7 @@ def create_app(
         Route("/metrics", metrics_route, methods=["GET"]),
         *tgi_routes.ROUTES,
         *openai_routes.ROUTES,
+        *openai_responses.ROUTES,
         *tokenize_routes.ROUTES,
     ]
     handlers = {

@@ -8,13 +8,21 @@ from serving.tool_calls import ToolDeltas, tool_message
 
 
 def usage(results: list[GenerationResult]) -> dict:
+    """OpenAI's ``usage``, with ``prompt_tokens_details.cached_tokens`` always present: the
+    prompt tokens read from the prefix cache rather than computed."""
     prompt = sum(len(r.prompt_token_ids) for r in results)
     completion = sum(len(c.token_ids) for r in results for c in r.completions)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(cached_tokens(r) for r in results)},
     }
+
+
+def cached_tokens(result: GenerationResult) -> int:
+    """Prompt tokens of ``result`` whose K/V came from the prefix cache."""
+    return int((result.metrics or {}).get("num_cached_tokens") or 0)
 
 
 class _Format:
@@ -236,6 +244,8 @@ class ChatFormat(_Format):
         finish_reason = completion.finish_reason
         if self.parsed.tools is not None:  # content and tool_calls read from the text
             message, finish_reason = tool_message(self.parsed.tools, completion.text, finish_reason)
+        if self.parsed.echoed_content:  # ``echo``: the continued message leads the answer
+            message["content"] = self.parsed.echoed_content + (message["content"] or "")
         return {
             "index": self.choice_index(prompt_index, completion.index),
             "message": message,
@@ -250,7 +260,7 @@ class ChatFormat(_Format):
                 [
                     {
                         "index": self.choice_index(0, i),
-                        "delta": {"role": "assistant", "content": ""},
+                        "delta": {"role": "assistant", "content": self.parsed.echoed_content},
                         "logprobs": None,
                         "finish_reason": None,
                     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.chat_template_options import ChatTemplateError, ChatTemplateOptions
 from serving.common import check_text_length, encode_text
 from serving.prompt_logprobs_format import logit_bias_field, prompt_logprobs_field
 from serving.structured_output_requests import openai_structured_outputs
@@ -45,6 +46,7 @@ class OpenAIRequest:
     echo: bool = False
     tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
     prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
+    echoed_content: str = ""  # chat ``echo``: the final assistant message, leading the answer
 
 
 def parse_common(
@@ -174,7 +176,8 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
     messages = chat_messages(fields)
     tools = tool_request(state, fields)
     fields.unsupported("functions", allowed=lambda v: v == [])
-    add_generation_prompt = fields.boolean("add_generation_prompt", True)
+    options = template_options(fields, messages)
+    echo = fields.boolean("echo", False)
     want_logprobs = fields.boolean("logprobs", False)
     top = fields.integer("top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
     if top is not None and not want_logprobs:
@@ -183,7 +186,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
     # The messages' text alone may be too long for any tokenization: refused before the
     # template renders it (and the rendered prompt before it is tokenized).
     check_text_length(state, sum(len(message["content"]) for message in messages), "messages")
-    text = render_prompt(state, messages, tools, add_generation_prompt)
+    text = render_prompt(state, messages, tools, options)
     check_text_length(state, len(text), "messages")
     prompt = tokenizer.encode(text, add_special_tokens=False)
     prompt_logprobs = prompt_logprobs_field(fields)
@@ -212,7 +215,29 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         (top or 0) if want_logprobs else None,
         tools=tools if tools.parses_output else None,
         prompt_logprobs=prompt_logprobs,
+        echoed_content=echoed_content(messages) if echo else "",
     )
+
+
+def template_options(fields: Fields, messages: list[dict]) -> ChatTemplateOptions:
+    """vLLM's ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``
+    (400 naming the field: both flags true, nothing to continue, bad kwargs)."""
+    try:
+        return ChatTemplateOptions.build(
+            messages,
+            add_generation_prompt=fields.data.get("add_generation_prompt"),
+            continue_final_message=fields.data.get("continue_final_message"),
+            chat_template_kwargs=fields.data.get("chat_template_kwargs"),
+        )
+    except ChatTemplateError as error:
+        raise RequestError(str(error), param=error.param) from None
+
+
+def echoed_content(messages: list[dict]) -> str:
+    """What chat ``echo`` puts before the answer: the final message's text when it is the
+    assistant's (the message continued), as vLLM."""
+    last = messages[-1]
+    return last["content"] if last["role"] == "assistant" else ""
 
 
 def chat_messages(fields: Fields) -> list[dict]:

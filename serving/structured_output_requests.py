@@ -36,6 +36,8 @@ def openai_structured_outputs(fields: Fields) -> StructuredOutputsParams | None:
         if not isinstance(raw, dict):
             raise fields.error("structured_outputs", "must be an object")
         kinds = {k: v for k, v in raw.items() if v is not None and v is not False}
+        if "strict" in raw:  # false: the lenient reading of a ``json`` schema
+            kinds["strict"] = raw["strict"]
         found.append(("structured_outputs", _params("structured_outputs", **kinds)))
     for key, kind in GUIDED_FIELDS.items():
         if fields.data.get(key) is not None:
@@ -64,14 +66,14 @@ def _response_format(value) -> StructuredOutputsParams | None:
     if kind == "json_schema":
         spec = Fields(fields.data.get("json_schema"), "response_format.json_schema")
         spec.string("name")
-        spec.boolean("strict")
+        strict = spec.boolean("strict", True)  # false: JSON Schema's lenient reading
         spec.string("description")
         schema = spec.data.get("schema")
         if schema is None:  # OpenAI's schema is optional: then any JSON object
             return StructuredOutputsParams(json_object=True)
         if not isinstance(schema, dict):
             raise spec.error("schema", "must be a JSON Schema object")
-        return _params("response_format.json_schema.schema", json=schema)
+        return _params("response_format.json_schema.schema", json=schema, strict=strict)
     raise fields.error("type", "must be 'text', 'json_object' or 'json_schema'")
 
 

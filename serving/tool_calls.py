@@ -44,15 +44,11 @@ def message_tool_fields(message: dict, role: str, param: str) -> dict:
         raise RequestError(str(error), param=error.param) from None
 
 
-def render_prompt(state, messages: list[dict], tools: ToolRequest, add_generation_prompt: bool):
-    """The prompt text: the conversation and the offered tools through the chat template."""
+def render_prompt(state, messages: list[dict], tools: ToolRequest, options):
+    """The prompt text: the conversation and the offered tools through the chat template
+    (``options``: the request's ``ChatTemplateOptions``)."""
     try:
-        return render_chat(
-            state.llm.tokenizer,
-            messages,
-            tools=tools.tools,
-            add_generation_prompt=add_generation_prompt,
-        )
+        return render_chat(state.llm.tokenizer, messages, tools=tools.tools, options=options)
     except Exception as error:  # the template refused the conversation
         raise RequestError(
             f"`messages` do not fit the chat template: {error}"[:500], param="messages"

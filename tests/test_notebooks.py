@@ -1,14 +1,15 @@
 """The notebooks: committed without outputs, and each runs top to bottom (nbclient, kernel python3).
 
-The default suite runs the quickstart exactly as a user would, on the embedded SmolLM2 (about a
-minute on a 2-core CPU, most of it XLA compiling the step's shapes), and checks its answers. The
-slow suite runs the other notebooks on the tiny random checkpoint (``JAXGEN_NOTEBOOK_MODEL``):
-on SmolLM2 their studies take one to four minutes each on such a machine, dominated by
-compilations; run them by hand for real numbers (``jupyter nbconvert --execute --to notebook``).
+The slow suite runs every notebook top to bottom as a user would, on the embedded SmolLM2 (the
+default model, a GGUF kept quantised), at ``SCALE = "small"``: one to four minutes each on a
+2-core CPU, dominated by XLA compiling the step's shapes. ``JAXGEN_NOTEBOOK_MODEL`` points a
+notebook at another checkpoint; run them by hand for real numbers (``jupyter nbconvert --execute
+--to notebook``).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,13 +100,16 @@ def test_quickstart_runs_on_default_model(monkeypatch):
 @pytest.mark.parametrize(
     "name", ["02_batching_strategies", "03_sharding_and_capacity", "04_serving"]
 )
-def test_notebook_runs_on_tiny_model(name, tiny_model_dir, monkeypatch):
-    nb = _execute(NOTEBOOK_DIR / f"{name}.ipynb", monkeypatch, tiny_model_dir)
+def test_notebook_runs_on_default_model(name, monkeypatch):
+    nb = _execute(NOTEBOOK_DIR / f"{name}.ipynb", monkeypatch, None)
     text = _text_outputs(nb)
     if name == "02_batching_strategies":
         assert "knee at concurrency" in text
     elif name == "03_sharding_and_capacity":
         assert "greedy outputs identical" in text and "critical batch size" in text
+        # The default model's kernels are kept quantised: codes and scales placed by columns.
+        assert "codes: uint8 global shape (288, 576)" in text and "scales: " in text
+        assert re.search(r"q_proj (codes|scales): (P|PartitionSpec)\(None, 'model'\)", text)
         assert "best for throughput (T): TP 8" in text  # section 6, the replicas-vs-TP sweep
     elif name == "04_serving" and "serving package: found" in text:
         assert "exit code: 0" in text

@@ -24,6 +24,7 @@ POST_ROUTES = [
     "/invocations",
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/tokenize",
     "/detokenize",
 ]
@@ -151,6 +152,23 @@ TOOL_MESSAGE = st.one_of(
         }
     ),
 )
+RESPONSE_ITEM = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.text(min_size=1, max_size=8),
+            "name": st.just("f"),
+            "arguments": st.just('{"a": 1}'),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call_output"),
+            "call_id": st.text(min_size=1, max_size=8),
+            "output": PROMPT_TEXT,
+        }
+    ),
+)
 FUZZ_TOOLS = [
     {
         "type": "function",
@@ -205,6 +223,29 @@ VALID = {
             ),
             "prompt_logprobs": st.just(0),
             **OPENAI_COMMON,
+        },
+    ),
+    "/v1/responses": st.fixed_dictionaries(
+        {
+            "input": st.one_of(
+                PROMPT_TEXT.filter(bool),
+                st.lists(st.one_of(MESSAGE, RESPONSE_ITEM), min_size=1, max_size=3),
+            )
+        },
+        optional={
+            "instructions": PROMPT_TEXT,
+            "max_output_tokens": SMALL_TOKENS,
+            "temperature": st.just(0.0),
+            "stream": st.booleans(),
+            "tools": st.just([{"type": "function", **FUZZ_TOOLS[0]["function"]}]),
+            "tool_choice": st.sampled_from(["none", "auto", {"type": "function", "name": "f"}]),
+            "text": st.sampled_from(
+                [
+                    {"format": {"type": "json_object"}},
+                    {"format": {"type": "json_schema", "name": "n", "schema": {"type": "integer"}}},
+                ]
+            ),
+            "model": st.just("tiny"),
         },
     ),
     "/tokenize": st.one_of(
@@ -266,6 +307,10 @@ MUTABLE = {
         ("response_format", "type"),
         ("response_format", "json_schema"),
         ("response_format", "json_schema", "schema"),
+        ("continue_final_message",),
+        ("add_generation_prompt",),
+        ("chat_template_kwargs",),
+        ("echo",),
         ("structured_outputs", "regex"),
         ("structured_outputs", "choice"),
         ("structured_outputs", "json"),
@@ -274,6 +319,23 @@ MUTABLE = {
         ("stream_options",),
         ("extra",),
         *[(key,) for key in OPENAI_COMMON],
+    ],
+    "/v1/responses": [
+        ("input",),
+        ("input", 0),
+        ("input", 0, "type"),
+        ("input", 0, "content"),
+        ("input", 0, "arguments"),
+        ("instructions",),
+        ("max_output_tokens",),
+        ("tools",),
+        ("tools", 0, "parameters"),
+        ("tool_choice",),
+        ("text",),
+        ("text", "format"),
+        ("text", "format", "schema"),
+        ("previous_response_id",),
+        ("extra",),
     ],
     "/tokenize": [
         ("prompt",),
@@ -366,10 +428,12 @@ def check_response(response: httpx.Response, path: str) -> None:
                 continue
             payload = json.loads(event)
             assert "error" not in payload, payload
-        if path.startswith("/v1"):
+        if path == "/v1/responses":  # Responses streams end with their last event, no [DONE]
+            assert json.loads(events[-1])["type"] in ("response.completed", "response.incomplete")
+        elif path.startswith("/v1"):
             assert events[-1] == "[DONE]"
     else:
-        assert "error" not in response.json()
+        assert response.json().get("error") is None  # a Responses object says "error": null
 
 
 def post(server, path: str, body) -> None:

@@ -196,7 +196,7 @@ def grammar_text(constraint: StructuredOutputsParams) -> str:
     try:
         if kind == "json":
             return llguidance.LLMatcher.grammar_from_json_schema(
-                constraint.json, defaults=JSON_OPTIONS
+                constraint.schema(), defaults=JSON_OPTIONS
             )
         if kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema(

@@ -29,6 +29,7 @@ from jaxgen.tool_calling.requests import (
     check_message_tool_fields,
     check_tool_choice,
     check_tools,
+    lenient_tools,
 )
 from jaxgen.tool_calling.stream import ToolCallStream, Update, parse_tool_calls
 
@@ -51,6 +52,7 @@ class ToolRequest:
     tools: list[dict] | None
     choice: ToolChoice
     parser: str
+    lenient: frozenset[str] = frozenset()  # tools whose ``function.strict`` is false
 
     @classmethod
     def build(
@@ -66,7 +68,10 @@ class ToolRequest:
         checked = check_tools(tools)
         choice = check_tool_choice(tool_choice, checked, parallel=parallel_tool_calls)
         return cls(
-            tools=checked, choice=choice, parser=resolve_parser(tool_call_parser, chat_template)
+            tools=checked,
+            choice=choice,
+            parser=resolve_parser(tool_call_parser, chat_template),
+            lenient=lenient_tools(tools),
         )
 
     @property
@@ -77,7 +82,7 @@ class ToolRequest:
     @property
     def constraint(self) -> StructuredOutputsParams | None:
         """The ``structured_outputs`` "required" or a named function needs, else None."""
-        return tool_choice_constraint(self.tools, self.choice)
+        return tool_choice_constraint(self.tools, self.choice, self.lenient)
 
     @property
     def needs_special_tokens(self) -> bool:

@@ -67,10 +67,15 @@ def render_chat(
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
+    options=None,
 ) -> str:
-    """The prompt text for ``messages`` (checked, see ``requests``) offering ``tools``."""
+    """The prompt text for ``messages`` (checked, see ``requests``) offering ``tools``.
+    ``options``: a ``ChatTemplateOptions`` (its controls replace ``add_generation_prompt``)."""
     template = chat_template_of(tokenizer, chat_template)
-    kwargs = dict(tokenize=False, add_generation_prompt=add_generation_prompt)
+    if options is not None:
+        kwargs = dict(tokenize=False, **options.template_arguments())
+    else:
+        kwargs = dict(tokenize=False, add_generation_prompt=add_generation_prompt)
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
     if not tools and not has_tool_parts(messages):

@@ -75,6 +75,18 @@ def check_tools(tools, param: str = "tools") -> list[dict] | None:
     return checked
 
 
+def lenient_tools(tools) -> frozenset[str]:
+    """The names of the (checked) ``tools`` whose ``function.strict`` is false: their arguments
+    get JSON Schema's lenient reading when constrained."""
+    return frozenset(
+        tool["function"]["name"]
+        for tool in tools or []
+        if isinstance(tool, dict)
+        and isinstance(tool.get("function"), dict)
+        and tool["function"].get("strict") is False
+    )
+
+
 def empty_parameters() -> dict:
     """The schema of a function whose ``parameters`` are omitted or ``{}``: no arguments (as
     OpenAI reads it), so a constrained call writes ``{}``."""
