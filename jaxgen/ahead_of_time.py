@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxgen.abstract_step import abstract_params, decode_step_inputs, per_chip_bytes, placed
 from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
 from jaxgen.config import ModelConfig
-from jaxgen.engine.runner import jitted_step
+from jaxgen.engine.step_function import jitted_step
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
 from jaxgen.quantization.quantize import validate_quantization
