@@ -13,6 +13,7 @@ from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.host_free_steps import decode_steps_for, may_step_ahead
+from jaxgen.engine.interface import Engine
 from jaxgen.engine.kv_pool_plan import plan_kv_pool
 from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.runner import ModelRunner
@@ -27,7 +28,7 @@ from jaxgen.sampling_params import SamplingParams
 MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
-class LLMEngine:
+class LLMEngine(Engine):
     """Continuous batching (or a simpler strategy) over a KV pool, driven one step at a time."""
 
     def __init__(self, loaded, config: EngineConfig, *, kv_sharding=None):
@@ -398,6 +399,17 @@ class LLMEngine:
                     self.seq_to_request.pop(seq.seq_id, None)
                     self.grammars.release(seq.seq_id)
         return outputs
+
+    @property
+    def params(self):
+        """The placed parameter pytree (an ``nnx.State``) as loaded."""
+        return self.runner.params
+
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.allocator.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Nothing to release: the engine holds no thread."""
 
     # -- introspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
