@@ -35,12 +35,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxgen.abstract_step import abstract_params, decode_step_inputs, per_chip_bytes, placed
 from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
 from jaxgen.config import ModelConfig
-from jaxgen.engine.runner import jitted_step
+from jaxgen.engine.step_function import jitted_step
+from jaxgen.hardware import GB
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
 from jaxgen.quantization.quantize import validate_quantization
 from jaxgen.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
-from jaxgen.tpu_targets import GB, resolve_target
+from jaxgen.tpu_targets import resolve_target
 from pallas_kernels.gpu.abstract_device import abstract_gpu, abstract_gpu_mesh
 
 
@@ -201,7 +202,7 @@ def compile_decode_step(
     step_params, head = backend.prepare_params(params, config)  # as the engine's runner does
     # Quantised weights: what the step reads (the prepared form holds float32 scales).
     weight_bytes = per_chip_bytes(params if quantization == "none" else (step_params, head))
-    hbm = tpu.chip.hbm_bytes
+    hbm = tpu.chip.memory_bytes
     if weight_bytes >= hbm:
         raise ValueError(
             f"the weights need {weight_bytes / GB:.1f} GB per chip at tensor_parallel_degree="

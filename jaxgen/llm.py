@@ -46,7 +46,7 @@ class LLM:
     @property
     def params(self):
         """The placed parameter pytree (an ``nnx.State``) — inspect shapes and shardings here."""
-        return self.engine.runner.params
+        return self.engine.params
 
     def get_tokenizer(self):
         return self.loaded.tokenizer

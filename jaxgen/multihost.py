@@ -22,6 +22,7 @@ from __future__ import annotations
 import pickle
 import time
 
+from jaxgen.engine.interface import Engine
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -63,13 +64,14 @@ class StepChannel:
         return pickle.loads(payload)
 
 
-class LeaderEngine:
+class LeaderEngine(Engine):
     """Process 0's engine: the usual engine interface, publishing every step's commands.
 
-    Everything but ``add_request``, ``abort``, ``step`` and ``shutdown`` is the wrapped engine's.
+    ``add_request``, ``abort``, ``step`` and ``shutdown`` publish; every other member is the
+    wrapped engine's.
     """
 
-    def __init__(self, engine, channel: StepChannel):
+    def __init__(self, engine: Engine, channel: StepChannel):
         if getattr(engine.config, "batching", None) == "dynamic":
             raise ValueError(
                 "batching='dynamic' waits on the clock, which differs between hosts; "
@@ -81,9 +83,56 @@ class LeaderEngine:
         self.steps_published = 0
         self.stopped = False
 
-    def __getattr__(self, name):  # the rest of the engine interface
-        return getattr(self.engine, name)
+    # -- the wrapped engine's members ------------------------------------------------------------
+    @property
+    def loaded(self):
+        return self.engine.loaded
 
+    @property
+    def config(self):
+        return self.engine.config
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def num_steps(self) -> int:
+        return self.engine.num_steps
+
+    @property
+    def last_batch_size(self) -> int:
+        return self.engine.last_batch_size
+
+    @property
+    def batching(self):
+        return self.engine.batching
+
+    @property
+    def requests(self):
+        return self.engine.requests
+
+    @property
+    def params(self):
+        return self.engine.params
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def precompile(self, sampling_params=None) -> int:
+        return self.engine.precompile(sampling_params)
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def reset_prefix_cache(self) -> None:
+        self.engine.reset_prefix_cache()
+
+    # -- published to the followers -------------------------------------------------------------
     def add_request(
         self,
         request_id: str,
@@ -91,9 +140,17 @@ class LeaderEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        compiled_grammar=None,
     ):
+        """Queues the request here and, once accepted, on every follower (each compiles its
+        constraint itself: a compiled grammar does not cross processes)."""
         request = self.engine.add_request(
-            request_id, prompt, prompt_token_ids, params, arrival_time=arrival_time
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            arrival_time=arrival_time,
+            compiled_grammar=compiled_grammar,
         )
         # Only accepted requests: a refused one raised above on every process alike.
         self.pending.append(("add", request_id, prompt, list(prompt_token_ids), params))
@@ -116,9 +173,7 @@ class LeaderEngine:
         if not self.stopped:
             self.stopped = True
             self.channel.publish(self.steps_published, [_STOP])
-        shutdown = getattr(self.engine, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        self.engine.shutdown()
 
 
 def follow_leader(engine, channel: StepChannel, *, poll_s: float = 60.0) -> int:

@@ -16,67 +16,10 @@ from jaxgen.ahead_of_time import (
     report_lines,
 )
 from jaxgen.config import ModelConfig
+from jaxgen.hardware import DEVICES, Chip
 from jaxgen.loaders import model_config_only
 from jaxgen.quantization import kv_cache
 from jaxgen.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DeviceSpec:
-    """Datasheet numbers of one accelerator (dense peak, no sparsity)."""
-
-    name: str
-    memory_bytes: int
-    bandwidth_bytes_per_s: float
-    peak_flops: dict  # dtype name -> FLOP/s
-
-
-GB = 10**9
-DEVICES = {
-    "h100": DeviceSpec(
-        name="NVIDIA H100 SXM 80GB",
-        memory_bytes=80 * GB,
-        bandwidth_bytes_per_s=3.35e12,
-        peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-    ),
-    "h200": DeviceSpec(
-        name="NVIDIA H200 141GB",
-        memory_bytes=141 * GB,
-        bandwidth_bytes_per_s=4.8e12,
-        peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-    ),
-    "a100": DeviceSpec(
-        name="NVIDIA A100 SXM 80GB",
-        memory_bytes=80 * GB,
-        bandwidth_bytes_per_s=2.04e12,
-        peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-    ),
-    "l4": DeviceSpec(
-        name="NVIDIA L4 24GB",
-        memory_bytes=24 * GB,
-        bandwidth_bytes_per_s=300e9,
-        peak_flops={"bfloat16": 121e12, "float16": 121e12, "float32": 30e12},
-    ),
-    "tpu-v5e": DeviceSpec(
-        name="TPU v5e",
-        memory_bytes=16 * GB,
-        bandwidth_bytes_per_s=819e9,
-        peak_flops={"bfloat16": 197e12, "float32": 197e12 / 4},
-    ),
-    "tpu-v5p": DeviceSpec(
-        name="TPU v5p",
-        memory_bytes=95 * GB,
-        bandwidth_bytes_per_s=2.76e12,
-        peak_flops={"bfloat16": 459e12, "float32": 459e12 / 4},
-    ),
-    # Measured on this project's 2-core CI machine (XLA fp32 matmul rate at decode shapes).
-    "cpu-2core": DeviceSpec(
-        name="2-core x86 CPU (CI machine)",
-        memory_bytes=24 * 2**30,
-        bandwidth_bytes_per_s=10e9,
-        peak_flops={"float32": 140e9},
-    ),
-}
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -124,7 +67,7 @@ class Plan:
 WEIGHT_BYTES_PER_PARAM = {"int8": 1 + 2 / 32, "int4": 0.5 + 4 / 32, "fp8": 1.0}
 
 
-def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: DeviceSpec) -> int:
+def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: Chip) -> int:
     """How many ways a token's KV splits over ``tensor_parallel_degree`` devices, as the engine
     lays the pool out: the paired pool (reference, cpu, pallas-gpu) over KV heads when the degree
     divides them, else whole on every device; the pallas-tpu pool gives each chip
@@ -138,7 +81,7 @@ def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: DeviceSp
 def make_plan(
     config: ModelConfig,
     *,
-    device: DeviceSpec,
+    device: Chip,
     dtype: str = "bfloat16",
     context: int = 4096,
     page_size: int = 16,

@@ -14,6 +14,7 @@ import jax
 
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import StepFailed
+from jaxgen.engine.interface import Engine
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.loaders import LoadedModel, load_model, load_sharded
 from jaxgen.outputs import RequestOutput
@@ -56,7 +57,7 @@ def create_engine(model, *, dtype, config: EngineConfig):
     return engines[0] if replicas == 1 else ReplicatedEngine(engines)
 
 
-class ReplicatedEngine:
+class ReplicatedEngine(Engine):
     """Several ``LLMEngine``s behind the engine interface ``LLM`` and ``AsyncLLM`` drive."""
 
     def __init__(self, engines: list[LLMEngine]):
@@ -80,9 +81,18 @@ class ReplicatedEngine:
         return self.engines[0].batching
 
     @property
+    def params(self):
+        """Replica 0's parameters (each replica holds its own copy)."""
+        return self.engines[0].params
+
+    @property
     def runner(self):
-        """Replica 0's runner (its ``params`` are what ``LLM.params`` shows)."""
+        """Replica 0's runner (``jaxgen bench`` times its device steps)."""
         return self.engines[0].runner
+
+    def reset_prefix_cache(self) -> None:
+        for engine in self.engines:
+            engine.reset_prefix_cache()
 
     @property
     def requests(self) -> dict:

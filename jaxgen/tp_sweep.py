@@ -26,7 +26,8 @@ import dataclasses
 import math
 
 from jaxgen.config import ModelConfig
-from jaxgen.tpu_targets import CHIPS, TARGETS, TpuChip
+from jaxgen.hardware import CHIPS, Chip
+from jaxgen.tpu_targets import TARGETS
 
 SLICE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Datasheet inter-chip interconnect bandwidth per chip (Cloud TPU's published Gbps / 8).
@@ -40,7 +41,7 @@ class SliceSpec:
     """A TPU slice: its chips' datasheet figures and how many there are."""
 
     target: str
-    chip: TpuChip
+    chip: Chip
     num_chips: int
     ici_bytes_per_s: float
 
@@ -190,7 +191,7 @@ def sweep_tp(
         # The pallas-tpu backend gives each chip the KV heads its query heads read: a 1/degree
         # share, or one head when there are fewer KV heads than chips (as compile_decode_step).
         kv_per_token = config.kv_bytes_per_token(itemsize) // min(degree, config.num_kv_heads)
-        free = chip.hbm_bytes * memory_utilization - weights
+        free = chip.memory_bytes * memory_utilization - weights
         pages = max(int(free // (kv_per_token * page_size)), 0)
         pages_per_sequence = -(-context // page_size)
         max_sequences = pages // pages_per_sequence
@@ -215,7 +216,7 @@ def sweep_tp(
             kv_per_token=kv_per_token,
             collective_latency_s=collective_latency_s,
         )
-        fits = weights < chip.hbm_bytes * memory_utilization and max_sequences >= 1
+        fits = weights < chip.memory_bytes * memory_utilization and max_sequences >= 1
         seconds, tokens = {}, {}
         if fits:
             for slice_batch in slice_batches:

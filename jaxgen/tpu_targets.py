@@ -1,6 +1,6 @@
-"""TPU slices the ahead-of-time compiler can target: each generation's datasheet figures, the
-product names (``v5e-4``) mapped to libtpu's topologies (``v5e:2x2``), and the devices of a
-named slice, which libtpu builds on a machine without a TPU."""
+"""TPU slices the ahead-of-time compiler can target: the product names (``v5e-4``) mapped to
+libtpu's topologies (``v5e:2x2``), and the devices of a named slice, which libtpu builds on a
+machine without a TPU. Each generation's datasheet figures are ``hardware.CHIPS``."""
 
 from __future__ import annotations
 
@@ -8,24 +8,7 @@ import dataclasses
 import math
 import os
 
-GB = 10**9
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TpuChip:
-    """Datasheet figures of one chip."""
-
-    name: str
-    hbm_bytes: int
-    bandwidth_bytes_per_s: float
-    peak_bf16_flops: float
-
-
-CHIPS = {
-    "v5e": TpuChip(name="TPU v5e", hbm_bytes=16 * GB, bandwidth_bytes_per_s=819e9, peak_bf16_flops=197e12),
-    "v6e": TpuChip(name="TPU v6e", hbm_bytes=32 * GB, bandwidth_bytes_per_s=1640e9, peak_bf16_flops=918e12),
-    "v5p": TpuChip(name="TPU v5p", hbm_bytes=95 * GB, bandwidth_bytes_per_s=2765e9, peak_bf16_flops=459e12),
-}  # fmt: skip
+from jaxgen.hardware import CHIPS, Chip
 
 # Product names (chips, as Cloud TPU counts them; v5p-8 is 4 chips of 2 cores) -> libtpu's names.
 TARGETS = {
@@ -43,7 +26,7 @@ TARGETS = {
 class TpuSlice:
     target: str
     topology: str
-    chip: TpuChip
+    chip: Chip
     devices: tuple
 
 

@@ -1,4 +1,5 @@
-"""Helpers both route families use: admission around a handler, prompts, token texts."""
+"""Helpers both route families use: admission around a handler, error responses, prompts,
+token texts."""
 
 from __future__ import annotations
 
@@ -7,12 +8,36 @@ import random
 import time
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
 
 from serving.state import ServerState
 from serving.streaming import ClientDisconnected, run_until_disconnect
 from serving.structured_output_requests import compile_constraint, look_up
 from serving.validation import RequestError, check_content_type, parse_json_object, read_body
 from serving.workers import LARGE_BODY_BYTES
+
+# A request error's HTTP status by its kind (OpenAI's; TGI answers "validation" with 422).
+ERROR_STATUS = {
+    "validation": 400,
+    "invalid_json": 400,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "timeout": 408,
+    "overloaded": 429,
+    "unavailable": 503,
+    "not_found": 404,
+    "model_not_found": 404,
+    "generation": 500,
+    "internal": 500,
+}
+
+
+def error_response(
+    error: RequestError, body: dict, statuses: dict[str, int] = ERROR_STATUS
+) -> JSONResponse:
+    """``body`` (the protocol's error shape) answering ``error``: the status its kind maps to in
+    ``statuses`` (400 if none) and its headers (``Retry-After``)."""
+    return JSONResponse(body, status_code=statuses.get(error.kind, 400), headers=error.headers)
 
 
 def server_state(request: Request) -> ServerState:

@@ -27,21 +27,12 @@ def build_engine(settings: ServerSettings):
     ``kv_cache_tokens`` (TGI's MAX_BATCH_TOTAL_TOKENS) becomes a KV budget in bytes once the
     model's bytes per token are known (single-device engines only).
     """
-    fields = set(EngineConfig.__dataclass_fields__)
-    knobs = engine_knobs(settings, fields)
-    if "precompile" in fields:  # a server compiles every step shape before it reports healthy
-        knobs.setdefault("precompile", True)
-    if settings.tensor_parallel_degree not in (None, 1) and "tensor_parallel_degree" not in fields:
-        logger.warning(
-            "tensor_parallel_degree=%s is not supported by this engine; ignored",
-            settings.tensor_parallel_degree,
-        )
+    knobs = engine_knobs(settings, set(EngineConfig.__dataclass_fields__))
+    knobs.setdefault("precompile", True)  # every step shape compiled before it reports healthy
     config = EngineConfig(**knobs)  # check the knobs before the slow load
     model = settings.model
     if settings.kv_cache_tokens is not None:
-        if getattr(config, "tensor_parallel_degree", 1) != 1 or (
-            getattr(config, "data_parallel_size", 1) != 1
-        ):
+        if config.tensor_parallel_degree != 1 or config.data_parallel_size != 1:
             raise SettingsError(
                 "MAX_BATCH_TOTAL_TOKENS / --max-batch-total-tokens needs a single-device engine; "
                 "give --kv-cache-memory instead"
@@ -49,7 +40,7 @@ def build_engine(settings: ServerSettings):
         model = load_model(
             settings.model,
             dtype=settings.dtype,
-            quantization=getattr(config, "quantization", "auto"),
+            quantization=config.quantization,
         )
         per_token = model.config.kv_bytes_per_token(jnp.dtype(model.dtype).itemsize)
         knobs["kv_cache_memory"] = settings.kv_cache_tokens * per_token

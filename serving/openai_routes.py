@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.common import accept, prepare
+from serving.common import ERROR_STATUS, accept, error_response, prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
 from serving.openai_format import ChatFormat, CompletionFormat, usage
 from serving.openai_requests import parse_chat, parse_completion
@@ -20,19 +20,6 @@ from serving.structured_output_requests import constraint_field
 from serving.tool_calls import constraint_param
 from serving.validation import RequestError
 
-STATUS = {
-    "validation": 400,
-    "invalid_json": 400,
-    "too_large": 413,
-    "unsupported_media_type": 415,
-    "timeout": 408,
-    "overloaded": 429,
-    "unavailable": 503,
-    "not_found": 404,
-    "model_not_found": 404,
-    "generation": 500,
-    "internal": 500,
-}
 ERROR_CODES = {"model_not_found": "model_not_found"}  # OpenAI's string codes; others: the status
 ERROR_TYPES = {
     "overloaded": "overloaded_error",
@@ -44,12 +31,11 @@ ERROR_TYPES = {
 
 def openai_error(error: RequestError) -> JSONResponse:
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = openai_error_body(error)
-    return JSONResponse(body, status_code=STATUS.get(error.kind, 400), headers=error.headers)
+    return error_response(error, openai_error_body(error))
 
 
 def openai_error_body(error: RequestError) -> dict:
-    status = STATUS.get(error.kind, 400)
+    status = ERROR_STATUS.get(error.kind, 400)
     return {
         "error": {
             "message": error.message,

@@ -11,7 +11,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import jaxgen
-from serving.common import accept, encode_text, prepare, random_seed, timing_headers
+from serving.common import (
+    ERROR_STATUS,
+    accept,
+    encode_text,
+    error_response,
+    prepare,
+    random_seed,
+    timing_headers,
+)
 from serving.generation import (
     Generation,
     GenerationAborted,
@@ -30,18 +38,7 @@ from serving.validation import (
     check_token_ids,
 )
 
-STATUS = {
-    "validation": 422,
-    "invalid_json": 400,
-    "too_large": 413,
-    "unsupported_media_type": 415,
-    "timeout": 408,
-    "overloaded": 429,
-    "unavailable": 503,
-    "not_found": 404,
-    "generation": 500,
-    "internal": 500,
-}
+STATUS = {**ERROR_STATUS, "validation": 422}  # TGI's statuses: a validation error is a 422
 ERROR_TYPE = {
     "invalid_json": "validation",
     "too_large": "validation",
@@ -59,7 +56,7 @@ DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 def tgi_error(error: RequestError) -> JSONResponse:
     """TGI's error body: ``{"error": message, "error_type": kind}``."""
     body = {"error": error.message, "error_type": ERROR_TYPE.get(error.kind, error.kind)}
-    return JSONResponse(body, status_code=STATUS.get(error.kind, 400), headers=error.headers)
+    return error_response(error, body, STATUS)
 
 
 @dataclasses.dataclass

@@ -146,8 +146,9 @@ class _Config:
 
 def test_planner_counts_quantised_bytes(tiny_model_dir):
     from jaxgen.config import ModelConfig
+    from jaxgen.hardware import DEVICES
     from jaxgen.loaders.hf_checkpoint import load_hf_config
-    from jaxgen.planner import DEVICES, make_plan
+    from jaxgen.planner import make_plan
 
     config: ModelConfig = load_hf_config(tiny_model_dir)
     base = make_plan(config, device=DEVICES["h100"], dtype="bfloat16")
@@ -164,8 +165,9 @@ def test_planner_counts_each_devices_share_of_an_8bit_pool(tiny_model_dir):
     """Under tensor parallelism the pages are bounded by one device's share of each page: half
     of the 2 KV heads' codes and scales at degree 2; at degree 4 the paired pool holds both
     heads on every device (the degree does not divide them), the TPU pool one head per chip."""
+    from jaxgen.hardware import DEVICES
     from jaxgen.loaders.hf_checkpoint import load_hf_config
-    from jaxgen.planner import DEVICES, make_plan
+    from jaxgen.planner import make_plan
 
     config = load_hf_config(tiny_model_dir)  # 2 KV heads
     int8 = kv_cache.bytes_per_token(config)

@@ -239,7 +239,8 @@ def test_every_backend_honours_soft_cap_and_sliding_window(backend, family_dirs)
 def test_parameter_counts_of_published_shapes():
     """Mixtral-8x7B: 46.7B parameters, 12.7B read per token (2 of 8 experts, the LM head but
     not the untied embedding table); the planner's batch-1 floor reads the active ones."""
-    from jaxgen.planner import DEVICES, make_plan
+    from jaxgen.hardware import DEVICES
+    from jaxgen.planner import make_plan
 
     mixtral = ModelConfig.from_hf_dict(
         dict(

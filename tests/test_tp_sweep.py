@@ -13,8 +13,8 @@ import json
 import pytest
 
 from jaxgen.config import ModelConfig
+from jaxgen.hardware import CHIPS
 from jaxgen.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
-from jaxgen.tpu_targets import CHIPS
 
 
 def llama3(**overrides) -> ModelConfig:
@@ -43,7 +43,7 @@ def test_slice_spec_and_degrees():
 
 def test_rows_hold_the_capacity_arithmetic():
     sweep = sweep_tp(LLAMA3_8B, "v6e-8", context=2048, page_size=16, memory_utilization=0.9)
-    hbm = CHIPS["v6e"].hbm_bytes
+    hbm = CHIPS["v6e"].memory_bytes
     assert [r.tensor_parallel_degree for r in sweep.rows] == [1, 2, 4, 8]
     for row in sweep.rows:
         degree = row.tensor_parallel_degree

@@ -145,7 +145,7 @@ def _arrivals_row(
             compiles = llm.stats()["compiles"]
             with timer:
                 _replay(llm, warm, offsets[: len(warm.requests)], progress, "warm-up")
-            llm.engine.scheduler.allocator.reset_prefix_cache()
+            llm.engine.reset_prefix_cache()
             if llm.stats()["compiles"] == compiles:
                 break
     before = llm.stats()

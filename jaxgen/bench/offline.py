@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import jax
@@ -150,9 +149,7 @@ def run_offline(
     cold = _pass(llm, first, "cold", use_tqdm, track_kv=True)
     warm = None
     if warmup:
-        allocator = llm.engine.scheduler.allocator
-        with contextlib.suppress(AttributeError):
-            allocator.reset_prefix_cache()
+        llm.engine.reset_prefix_cache()
         warm = _pass(llm, workload, "warm", use_tqdm)
     return {"cold": cold, "warm": warm}
 

@@ -5,22 +5,20 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import jax
-
 from jaxgen.backends import select_backend
-from jaxgen.engine import async_scheduling, compile_counter, multi_step
+from jaxgen.engine import compile_counter
 from jaxgen.engine.batching import batching_plan
-from jaxgen.engine.dispatched_step import DispatchedStep, live_items
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
+from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
+from jaxgen.engine.host_free_steps import decode_steps_for, may_step_ahead
+from jaxgen.engine.interface import Engine
 from jaxgen.engine.kv_pool_plan import plan_kv_pool
-from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
-from jaxgen.engine.request import Request
+from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.runner import ModelRunner
-from jaxgen.engine.sampling_tensors import SamplingRow
-from jaxgen.engine.scheduler import Scheduler, SchedulerOutput
-from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch, unpack
+from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
@@ -30,7 +28,7 @@ from jaxgen.sampling_params import SamplingParams
 MAX_CONSECUTIVE_FAILED_STEPS = 3
 
 
-class LLMEngine:
+class LLMEngine(Engine):
     """Continuous batching (or a simpler strategy) over a KV pool, driven one step at a time."""
 
     def __init__(self, loaded, config: EngineConfig, *, kv_sharding=None):
@@ -101,15 +99,13 @@ class LLMEngine:
         self.dead: BaseException | None = None  # why the engine cannot step any more
         self.precompile_compiles = 0
         self.precompile_seconds = 0.0
-        # Asynchronous scheduling: the step on the device whose tokens the host has not read,
-        # and the feed a step takes when nothing is in flight (every row's token from the host).
-        self.in_flight: DispatchedStep | None = None
+        # Launches steps and holds the one in flight (asynchronous scheduling).
+        self.executor = StepExecutor(
+            self.runner, async_feed=config.async_scheduling, feed_width=self.layout.seq_cap
+        )
         self.async_steps = 0  # steps dispatched before the previous one's tokens were read
         self.multi_step_calls = 0  # calls that ran num_scheduler_steps decode steps
-        self._last_resolved = 0.0
-        self._empty_feed = None
-        if config.async_scheduling:
-            self._empty_feed = jax.numpy.zeros(self.layout.seq_cap, jax.numpy.int32)
+        self._last_read = 0.0
         if config.precompile:
             self.precompile()
 
@@ -124,11 +120,12 @@ class LLMEngine:
         arrive. Returns the compiles it took."""
         start = time.perf_counter()
         before = compile_counter.compile_count()
+        multi_step = self.config.num_scheduler_steps
         for inputs in self.layout.precompile_shapes():
             batch = precompile_batch(inputs)
-            self._run_now(batch)  # as a step runs: with the previous step's feed when async
-            if multi_step.may_run_steps(self, inputs):
-                self._run_now(batch, self.config.num_scheduler_steps)
+            self.executor.run_now(batch)  # as a step runs: with a feed when async
+            if multi_step > 1 and len(inputs.token_ids) <= self.layout.seq_cap:  # decode-only
+                self.executor.run_now(batch, multi_step)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start
@@ -150,19 +147,12 @@ class LLMEngine:
         ``AsyncLLM`` compile off the engine's thread), else it is compiled here."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
-        if not prompt_token_ids:
-            raise ValueError("prompt must not be empty")
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[:5]}")
-        bad = [t for t in params.logit_bias or () if t >= vocab]
-        if bad:
-            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad[:5]}")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
-            )
+        check_new_request(
+            prompt_token_ids,
+            params,
+            vocab_size=self.loaded.config.vocab_size,
+            max_model_len=self.max_model_len,
+        )
         grammar = None
         if params.structured_outputs is not None:  # compiled before the request is queued
             grammar = compiled_grammar or self.grammars.compiler.compile(params.structured_outputs)
@@ -198,15 +188,17 @@ class LLMEngine:
             self.grammars.release(seq.seq_id)
         return request.output()
 
+    @property
+    def in_flight(self) -> DispatchedStep | None:
+        """The step on the device whose tokens the host has not read (asynchronous
+        scheduling), else None."""
+        return self.executor.in_flight
+
     def has_unfinished(self) -> bool:
         """Whether a request is queued or running, or a step is still to be read."""
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
     # -- the step ---------------------------------------------------------------------------------
-    def _run_now(self, batch: StepBatch, num_steps: int = 1):
-        """Runs ``batch`` and waits for it: the sampler's output and the prompt logprobs."""
-        return self.runner.fetch(self._dispatch(batch, None, num_steps=num_steps).step)
-
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved.
 
@@ -214,77 +206,86 @@ class LLMEngine:
         ``StepFailed`` naming the requests of that step, which it has failed; the others go on.
         ``EngineDeadError`` means it could not recover: every later step raises it too.
 
-        With ``async_scheduling`` a call dispatches the next step before it reads the tokens of
-        the one in flight, and returns the outputs of the one it read. With
+        With ``async_scheduling`` a call launches the next step before it reads the tokens of
+        the one in flight, and returns the outputs of the one it read (``_step_ahead``). With
         ``num_scheduler_steps`` > 1 a call may run that many decode steps
-        (``multi_step.decode_steps``).
+        (``host_free_steps.decode_steps_for``).
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
         if self.config.async_scheduling:
-            return async_scheduling.step_ahead(self)
+            return self._step_ahead()
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
-        num_steps = multi_step.decode_steps(self, scheduled)
-        return self._resolve(self._launch(scheduled, None, num_steps), None)
+        num_steps = decode_steps_for(
+            self.scheduler,
+            scheduled,
+            self.config.num_scheduler_steps,
+            grammars=self.grammars.matchers,
+            max_model_len=self.max_model_len,
+        )
+        current = self._launch(scheduled, num_steps)
+        return self._postprocess(self._read(current), current)
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """Asynchronous scheduling: launches the next step (if the one in flight allows it),
+        then reads the one in flight.
+
+        The step in flight has not told the host its tokens: each sequence it completes gets a
+        ``PENDING_TOKEN`` in their place, so the scheduler can plan the next step (pages,
+        positions) and the next step's rows take the real tokens on the device."""
+        if self.executor.in_flight is None:
+            scheduled = self.scheduler.schedule()
+            if scheduled.is_empty:
+                return []
+            self.executor.hold(self._launch(scheduled))
+        current = self.executor.take()
+        ahead = may_step_ahead(
+            self.scheduler,
+            current,
+            grammars=self.grammars.matchers,
+            max_model_len=self.max_model_len,
+        )
+        if not ahead:
+            return self._postprocess(self._read(current), current)
+        pending = {seq.seq_id: PENDING_TOKEN for seq in current.live_seqs()}
+        got_token = self.scheduler.postprocess(current.live_items(), pending)
+        scheduled = self.scheduler.schedule()
+        if not scheduled.is_empty:
+            self.executor.hold(self._launch(scheduled, after=current))
+            self.async_steps += 1
+        return self._postprocess(self._read(current), current, got_token)
 
     def _launch(
-        self, scheduled, previous: DispatchedStep | None, num_steps: int = 1
+        self, scheduled, num_steps: int = 1, *, after: DispatchedStep | None = None
     ) -> DispatchedStep:
-        """Builds and dispatches the step of ``scheduled`` (``num_steps`` decode steps); its
-        rows holding a pending token take it from ``previous``'s feed. A failure recovers and
-        raises as ``step`` does."""
+        """Builds and launches the step of ``scheduled`` (``num_steps`` decode steps); its rows
+        holding a pending token take it from ``after``'s feed. A failure recovers and raises as
+        ``step`` does."""
         start = time.perf_counter()
         try:
             batch = self._build_batch(scheduled, lookahead=num_steps - 1)
-            return self._dispatch(batch, previous, scheduled, start, num_steps)
+            return self.executor.launch(batch, scheduled, start, num_steps, after=after)
         except Exception as error:
-            raise self._recover(_merged(scheduled, previous), error) from error
+            raise self._recover(merged(scheduled, after), error) from error
 
-    def _dispatch(
-        self, batch: StepBatch, previous, scheduled=None, start=0.0, num_steps: int = 1
-    ) -> DispatchedStep:
-        """Dispatches ``batch`` (as the step of ``scheduled``); with asynchronous scheduling its
-        rows holding a pending token take it from ``previous``'s feed."""
-        pending = ()  # asynchronous scheduling: (from_previous, previous_tokens)
-        if self.config.async_scheduling:
-            pending = async_scheduling.pending_feed(batch, previous, self._empty_feed)
-        step = self.runner.dispatch(
-            batch.arrays, batch.prompt_targets, *pending, num_steps=num_steps
-        )
-        return DispatchedStep(scheduled, batch, step, start, num_steps)
-
-    def _resolve(self, current: DispatchedStep, got_token: list | None) -> list[RequestOutput]:
-        """Reads ``current``'s tokens and hands them on: in place of the pending tokens of the
-        sequences in ``got_token`` when the scheduler already advanced ``current`` (else None:
-        as a synchronous step does). Sequences that ended meanwhile are skipped."""
+    def _read(self, current: DispatchedStep) -> StepResult:
+        """Reads ``current``'s tokens; a failure recovers (the step still in flight, if any,
+        fails with it) and raises as ``step`` does."""
         try:
-            output, prompt_output = self.runner.fetch(current.step)
+            result = self.executor.read(current)
         except Exception as error:
-            scheduled, self.in_flight = _merged(current.scheduled, self.in_flight), None
-            raise self._recover(scheduled, error) from error
+            raise self._recover(merged(current.scheduled, self.executor.take()), error) from error
         self.consecutive_failed_steps = 0
         now = time.perf_counter()
-        self.step_time += now - max(current.start, self._last_resolved)
-        self._last_resolved = now
+        self.step_time += now - max(current.start, self._last_read)
+        self._last_read = now
         self.num_steps += current.num_steps
         self.last_batch_size = len(current.scheduled.scheduled)
         if current.num_steps > 1:
             self.multi_step_calls += 1
-            return multi_step.read_steps(self, current, output)
-        tokens, logprobs = unpack(current.batch, output)
-        if prompt_output is not None:
-            for seq_id, entries in unpack_prompt_logprobs(
-                current.batch.prompt, prompt_output
-            ).items():
-                if seq_id in self.seq_to_request:  # not aborted while its step was in flight
-                    self.seq_to_request[seq_id].on_prompt_logprobs(entries)
-        if got_token is None:
-            got_token = self.scheduler.postprocess(live_items(current.scheduled), tokens)
-        else:
-            got_token = async_scheduling.fill_pending(got_token, tokens)
-        return self._postprocess(got_token, logprobs)
+        return result
 
     def _build_batch(self, scheduled, lookahead: int = 0) -> StepBatch:
         """The step's host batch: a sampling row for each sequence the step completes (block
@@ -292,14 +293,7 @@ class LLMEngine:
         rows = {}
         for item in scheduled.scheduled:
             if item.completes:
-                seq = item.seq
-                request = self.seq_to_request[seq.seq_id]
-                rows[seq.seq_id] = SamplingRow(
-                    seq.params,
-                    seq.prompt_token_ids,
-                    seq.output_token_ids,
-                    request.banned_token_ids(seq),
-                )
+                rows[item.seq.seq_id] = self.seq_to_request[item.seq.seq_id].sampling_row(item.seq)
         self.step_counter += 1
         batch = build_step_batch(
             self.layout,
@@ -348,7 +342,36 @@ class LLMEngine:
             self.seq_to_request.pop(seq.seq_id, None)
             self.grammars.release(seq.seq_id)
 
-    def _postprocess(self, got_token, logprobs) -> list[RequestOutput]:
+    def _postprocess(
+        self, result: StepResult, current: DispatchedStep, got_token: list | None = None
+    ) -> list[RequestOutput]:
+        """Hands ``current``'s tokens on, step by step for a multi-step call, as that many
+        single steps would (stops, finishes; a sequence's tokens after its stop are dropped).
+        ``got_token``: the sequences the scheduler advanced with a pending token before the
+        step was read (asynchronous scheduling); their tokens are put in place. Sequences that
+        ended meanwhile are skipped."""
+        for seq_id, entries in result.prompt_logprobs.items():
+            if seq_id in self.seq_to_request:  # not aborted while its step was in flight
+                self.seq_to_request[seq_id].on_prompt_logprobs(entries)
+        if got_token is not None:
+            (sampled,) = result.steps
+            for seq in got_token:
+                seq.output_token_ids[-1] = sampled.tokens[seq.seq_id]
+            live = [seq for seq in got_token if not seq.is_finished]
+            return self._on_tokens(live, sampled.logprobs)
+        outputs = {}
+        for sampled in result.steps:
+            scheduled = current.live_items()
+            if scheduled.is_empty:
+                break
+            got_token = self.scheduler.postprocess(scheduled, sampled.tokens)
+            for out in self._on_tokens(got_token, sampled.logprobs):
+                outputs[out.request_id] = out
+        return list(outputs.values())
+
+    def _on_tokens(self, got_token, logprobs) -> list[RequestOutput]:
+        """Each sequence's new token to its request: stops, grammar, length; the outputs of
+        the requests that moved."""
         moved: dict[str, Request] = {}
         for seq in got_token:
             request = self.seq_to_request.get(seq.seq_id)
@@ -376,6 +399,17 @@ class LLMEngine:
                     self.seq_to_request.pop(seq.seq_id, None)
                     self.grammars.release(seq.seq_id)
         return outputs
+
+    @property
+    def params(self):
+        """The placed parameter pytree (an ``nnx.State``) as loaded."""
+        return self.runner.params
+
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.allocator.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Nothing to release: the engine holds no thread."""
 
     # -- introspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -412,10 +446,3 @@ class LLMEngine:
             "grammar_masked_rows": self.grammars.stats.masked_rows,
             "grammar_compile_s": self.grammars.compiler.compile_seconds,
         }
-
-
-def _merged(scheduled, other: DispatchedStep | None):
-    """``scheduled`` with the sequences of ``other`` (a step in flight) added, for recovery."""
-    if other is None or other.scheduled is None:
-        return scheduled
-    return SchedulerOutput(scheduled.scheduled + other.scheduled.scheduled, scheduled.preempted)

@@ -6,7 +6,7 @@ prompt token that follows it (``targets``, -1 for rows nobody asked about) and t
 Both have one shape: the step always reads the top ``PROMPT_TOP`` (20, the most a request may
 ask; ``top_k`` costs about the same for 1 or 20 next to the LM head on every row) and the row
 count is the step's token bucket. Every step's executable holds this work behind a
-``lax.cond`` on whether any row has a target (``runner.jitted_step``), so a prompt-logprobs step
+``lax.cond`` on whether any row has a target (``step_function.jitted_step``), so a prompt-logprobs step
 compiles nothing of its own and a step without one skips it. Chunked prefill needs nothing
 special: a chunk's last row targets the first token of the next chunk, which is known.
 """

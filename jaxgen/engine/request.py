@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from jaxgen.engine.sampling_tensors import min_tokens_banned_ids
+from jaxgen.engine.sampling_tensors import SamplingRow, min_tokens_banned_ids
 from jaxgen.engine.sequence import Sequence
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
@@ -92,6 +92,12 @@ class Request:
         """Tokens that may not end the sequence yet (``min_tokens``)."""
         return min_tokens_banned_ids(self.params, seq.num_generated, sorted(self.eos_token_ids))
 
+    def sampling_row(self, seq: Sequence) -> SamplingRow:
+        """What the sampler needs of ``seq`` for its next token."""
+        return SamplingRow(
+            seq.params, seq.prompt_token_ids, seq.output_token_ids, self.banned_token_ids(seq)
+        )
+
     def on_token(self, seq: Sequence, logprobs: dict[int, float] | None) -> str | None:
         """Processes the token just appended to ``seq``; returns a finish reason or None."""
         if self.first_token_time is None:
@@ -169,4 +175,23 @@ class Request:
             finished=self.finished,
             metrics=metrics,
             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+        )
+
+
+def check_new_request(
+    prompt_token_ids: list[int], params: SamplingParams, *, vocab_size: int, max_model_len: int
+) -> None:
+    """Raises ``ValueError`` for an empty or too long prompt, a token id outside the
+    vocabulary, or a ``logit_bias`` key that is no token id."""
+    if not prompt_token_ids:
+        raise ValueError("prompt must not be empty")
+    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt_token_ids must be integers in [0, {vocab_size}), got {bad[:5]}")
+    bad = [t for t in params.logit_bias or () if t >= vocab_size]
+    if bad:
+        raise ValueError(f"logit_bias keys must be token ids in [0, {vocab_size}), got {bad[:5]}")
+    if len(prompt_token_ids) >= max_model_len:
+        raise ValueError(
+            f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {max_model_len}"
         )
