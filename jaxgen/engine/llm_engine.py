@@ -150,19 +150,11 @@ class LLMEngine:
         ``AsyncLLM`` compile off the engine's thread), else it is compiled here."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
-        if not prompt_token_ids:
-            raise ValueError("prompt must not be empty")
+        self.check_prompt(prompt_token_ids)
         vocab = self.loaded.config.vocab_size
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[:5]}")
         bad = [t for t in params.logit_bias or () if t >= vocab]
         if bad:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}), got {bad[:5]}")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
-            )
         grammar = None
         if params.structured_outputs is not None:  # compiled before the request is queued
             grammar = compiled_grammar or self.grammars.compiler.compile(params.structured_outputs)
@@ -184,6 +176,20 @@ class LLMEngine:
         self.requests[request_id] = request
         self.prompt_tokens_total += len(prompt_token_ids)
         return request
+
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raises ``ValueError`` for an empty prompt, a token outside the vocabulary, or a
+        prompt that leaves no room to generate within ``max_model_len``."""
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[:5]}")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is {self.max_model_len}"
+            )
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stops a request and frees its pages; returns its final output (or None if unknown)."""
