@@ -20,6 +20,9 @@ from jaxgen.engine.request import Request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.sampling_tensors import SamplingRow
 from jaxgen.engine.scheduler import Scheduler, SchedulerOutput
+from jaxgen.engine.speculative.config import SpeculativeConfig
+from jaxgen.engine.speculative.speculator import Speculator
+from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch, unpack
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
@@ -88,6 +91,18 @@ class LLMEngine:
         self.grammars = GrammarMasks(
             grammar_compiler(self.tokenizer, model_config.vocab_size, model_config.eos_token_ids)
         )
+        # Speculative decoding (``speculative/``): synchronous steps only (EngineConfig checks).
+        self.speculator = None
+        if config.speculative_config is not None:
+            if (
+                self.batching.scheduler.sliding_window
+                or self.batching.scheduler.long_rope_threshold
+            ):
+                raise ValueError(
+                    "speculative_config is not supported for models whose every layer slides "
+                    "(pages are released behind the window) or with LongRoPE"
+                )
+            self.speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
         self.num_steps = 0  # steps that ran (a failed one does not count)
@@ -229,6 +244,8 @@ class LLMEngine:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
         if self.config.async_scheduling:
             return async_scheduling.step_ahead(self)
+        if self.speculator is not None:
+            return speculative_step(self)
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
@@ -417,6 +434,7 @@ class LLMEngine:
             "grammar_mask_s": self.grammars.stats.mask_seconds,
             "grammar_masked_rows": self.grammars.stats.masked_rows,
             "grammar_compile_s": self.grammars.compiler.compile_seconds,
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }
 
 
