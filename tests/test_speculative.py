@@ -136,3 +136,26 @@ def test_config_defaults():
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (5, 5)
     config = SpeculativeConfig.from_dict({"num_speculative_tokens": 3, "prompt_lookup_max": 4})
     assert (config.method, config.prompt_lookup_min, config.prompt_lookup_max) == ("ngram", 4, 4)
+
+
+def test_metrics_and_flags(speculating):
+    """``/metrics`` carries vLLM's spec-decode counters; ``--speculative-config`` takes JSON."""
+    import argparse
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from jaxgen.engine_knobs import add_engine_flags
+    from serving.metrics import EngineStatsCollector
+
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(speculating.stats))
+    text = generate_latest(registry).decode()
+    drafts = speculating.stats()["spec_decode_num_drafts"]
+    assert f"jaxgen_spec_decode_num_drafts_total {float(drafts)}" in text
+    assert 'jaxgen_spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    args = parser.parse_args(["--speculative-config", '{"num_speculative_tokens": 3}'])
+    assert args.speculative_config == {"num_speculative_tokens": 3}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-config", "[1]"])
