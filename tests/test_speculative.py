@@ -159,3 +159,31 @@ def test_metrics_and_flags(speculating):
     assert args.speculative_config == {"num_speculative_tokens": 3}
     with pytest.raises(SystemExit):
         parser.parse_args(["--speculative-config", "[1]"])
+
+
+@pytest.mark.slow
+def test_default_model_identical_on_both_backends(smollm2_loaded):
+    """The default model, input-grounded chat prompts (drafts get accepted), on the reference
+    and the native CPU backends: token for token the output without speculation."""
+    tokenizer = smollm2_loaded.tokenizer
+    code = "def area(width, height):\n    return width * height\n\nprint(area(3, 4))\n"
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{task}\n\n{code}"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for task in ("Repeat this code exactly:", "Rename `width` to `w` in this code:")
+    ]
+    token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    knobs = dict(max_model_len=256, max_rolling_batch_size=2, kv_cache_memory=16 << 20)
+    for backend in ("reference", "cpu"):
+        plain = LLM(smollm2_loaded, **knobs, attention_backend=backend)
+        expected = plain.generate(token_lists, params, use_tqdm=False)
+        llm = LLM(smollm2_loaded, **knobs, attention_backend=backend, speculative_config=NGRAM)
+        got = llm.generate(token_lists, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [
+            o.outputs[0].token_ids for o in expected
+        ], backend
+        assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
