@@ -8,6 +8,8 @@ import dataclasses
 # ``beam_width`` beams survive however many candidates end with EOS). The engine returns at most
 # 20 top logprobs per row, so the widest beam is 10.
 MAX_BEAM_WIDTH = 10
+# |length_penalty| bound: length ** penalty stays a finite float for any context length.
+MAX_LENGTH_PENALTY = 16.0
 
 
 @dataclasses.dataclass
@@ -49,7 +51,11 @@ class BeamSearchParams:
             "temperature",
             "must be 0 (beam search scores the model's raw log-probabilities)",
         )
-        check(_number(self.length_penalty), "length_penalty", "must be a number")
+        check(
+            _number(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY,
+            "length_penalty",
+            f"must be a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}]",
+        )
 
 
 @dataclasses.dataclass

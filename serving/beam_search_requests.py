@@ -4,7 +4,7 @@ the generation that runs one prompt's beam search (``jaxgen.async_beam_search``)
 from __future__ import annotations
 
 from jaxgen.async_beam_search import beam_search
-from jaxgen.beam_search_params import MAX_BEAM_WIDTH, BeamSearchParams
+from jaxgen.beam_search_params import MAX_BEAM_WIDTH, MAX_LENGTH_PENALTY, BeamSearchParams
 from serving.generation import Completion, GenerationAborted, GenerationFailed, GenerationResult
 from serving.validation import Fields, RequestError
 
@@ -49,7 +49,9 @@ def beam_search_params(fields: Fields, params: list, n: int) -> list[BeamSearchP
     if not uses_beam_search(fields):
         return None
     width = fields.integer("best_of", n, minimum=n, maximum=MAX_BEAM_WIDTH)
-    length_penalty = fields.number("length_penalty", 1.0)
+    length_penalty = fields.number(
+        "length_penalty", 1.0, minimum=-MAX_LENGTH_PENALTY, maximum=MAX_LENGTH_PENALTY
+    )
     temperature = fields.data.get("temperature")
     if temperature not in (None, 0, 0.0):
         raise RequestError(

@@ -128,6 +128,7 @@ def test_width_one_is_greedy(llm):
         (dict(beam_width=2, max_tokens=0), "max_tokens"),
         (dict(beam_width=2, max_tokens=4, temperature=0.7), "temperature"),
         (dict(beam_width=2, max_tokens=4, length_penalty="x"), "length_penalty"),
+        (dict(beam_width=2, max_tokens=4, length_penalty=1e308), "length_penalty"),
     ],
 )
 def test_bad_params(fields, name):

@@ -66,6 +66,8 @@ def test_chat_beams(http):
         ({"logprobs": 2}, "logprobs"),
         ({"stop": ["x"]}, "stop"),
         ({"top_p": 0.5}, "top_p"),
+        ({"length_penalty": 1e308}, "length_penalty"),
+        ({"use_beam_search": "yes"}, "use_beam_search"),
     ],
 )
 def test_beam_search_refuses_what_it_cannot_honour(http, server, extra, param):
