@@ -13,7 +13,7 @@ from jaxgen.engine.speculative.ngram import propose_ngram
 # After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
 # doubling with each such draft in a row (reset by an accepted token): proposals that keep
 # missing cost a verify row each, so speculation backs off where it does not pay.
-FIRST_BACKOFF, MAX_BACKOFF = 1, 16
+FIRST_BACKOFF, MAX_BACKOFF = 2, 64
 
 
 @dataclasses.dataclass
