@@ -187,3 +187,12 @@ def test_default_model_identical_on_both_backends(smollm2_loaded):
             o.outputs[0].token_ids for o in expected
         ], backend
         assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+
+
+def test_server_setting_is_json():
+    from serving.settings import SettingsError, resolve_settings
+
+    settings = resolve_settings({"speculative_config": '{"num_speculative_tokens": 2}'}, {})
+    assert settings.engine["speculative_config"] == {"num_speculative_tokens": 2}
+    with pytest.raises(SettingsError, match="speculative_config"):
+        resolve_settings({"speculative_config": "{not json"}, {})
