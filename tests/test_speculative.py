@@ -162,9 +162,10 @@ def test_metrics_and_flags(speculating):
 
 
 @pytest.mark.slow
-def test_default_model_identical_on_both_backends(smollm2_loaded):
-    """The default model, input-grounded chat prompts (drafts get accepted), on the reference
-    and the native CPU backends: token for token the output without speculation."""
+def test_default_model_identical_on_reference_backend(smollm2_loaded):
+    """The default model, input-grounded chat prompts (drafts get accepted), on the XLA
+    reference backend (the tiny model's tests run the native CPU one): token for token the
+    output without speculation."""
     tokenizer = smollm2_loaded.tokenizer
     code = "def area(width, height):\n    return width * height\n\nprint(area(3, 4))\n"
     prompts = [
@@ -176,9 +177,9 @@ def test_default_model_identical_on_both_backends(smollm2_loaded):
         for task in ("Repeat this code exactly:", "Rename `width` to `w` in this code:")
     ]
     token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    params = SamplingParams(temperature=0.0, max_tokens=48)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
     knobs = dict(max_model_len=256, max_rolling_batch_size=2, kv_cache_memory=16 << 20)
-    for backend in ("reference", "cpu"):
+    for backend in ("reference",):
         plain = LLM(smollm2_loaded, **knobs, attention_backend=backend)
         expected = plain.generate(token_lists, params, use_tqdm=False)
         llm = LLM(smollm2_loaded, **knobs, attention_backend=backend, speculative_config=NGRAM)
