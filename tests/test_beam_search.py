@@ -76,15 +76,16 @@ def test_matches_reference_beam_search(
             "Once upon a time, in a land far away, there", add_special_tokens=True
         ),
     ]
+    prompts = prompts[:1] if width == 8 else prompts  # 8 beams: one prompt is enough
     params = BeamSearchParams(
-        beam_width=width, max_tokens=6, length_penalty=length_penalty, ignore_eos=ignore_eos
+        beam_width=width, max_tokens=5, length_penalty=length_penalty, ignore_eos=ignore_eos
     )
     outputs = llm.beam_search(prompts, params)
     eos = set(llm.loaded.config.eos_token_ids)
     assert len(outputs) == len(prompts)
     for prompt, output in zip(prompts, outputs, strict=True):
         expected = reference_beam_search(
-            hf_model, prompt, width, 6, length_penalty, eos, ignore_eos
+            hf_model, prompt, width, 5, length_penalty, eos, ignore_eos
         )
         assert [s.tokens for s in output.sequences] == [tokens for tokens, _ in expected]
         for sequence, (_, cum) in zip(output.sequences, expected, strict=True):
