@@ -1,5 +1,6 @@
 """jaxgen: a JAX/XLA inference engine for LLMs (continuous batching over a paged KV pool)."""
 
+from jaxgen.beam_search_params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jaxgen.config import ModelConfig
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
@@ -24,6 +25,9 @@ __all__ = [
     "LLM",
     "AsyncLLM",
     "SamplingParams",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
     "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",

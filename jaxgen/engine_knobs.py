@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Mapping
 
@@ -22,6 +23,7 @@ KINDS = {
     "str": "str",
     "str | None": "str",
     "int | float | None": "memory",  # bytes (with units) or a fraction
+    "dict | None": "json",  # a JSON object
 }
 MODEL_HELP = "alias, HF directory, .gguf file or converted dir"
 DTYPE_HELP = "float32, bfloat16, float16 or auto (the server also takes fp32, bf16, fp16)"
@@ -134,7 +136,23 @@ def _memory_argument(text: str) -> int | float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-_ARGUMENT_TYPES = {"int": int, "float": float, "str": None, "memory": _memory_argument}
+def _json_argument(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+_ARGUMENT_TYPES = {
+    "int": int,
+    "float": float,
+    "str": None,
+    "memory": _memory_argument,
+    "json": _json_argument,
+}
 
 
 def add_engine_flags(

@@ -7,7 +7,9 @@ import itertools
 import time
 from collections.abc import Sequence as Seq
 
+from jaxgen.beam_search_params import BeamSearchOutput, BeamSearchParams
 from jaxgen.chat_template_options import ChatTemplateOptions
+from jaxgen.engine.beam_search import run_beam_search
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
@@ -91,6 +93,33 @@ class LLM:
             self.engine.add_request(request_id, text, token_ids, params)
             order.append(request_id)
         return self._run(order, use_tqdm)
+
+    def beam_search(
+        self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """Beam search (vLLM's ``LLM.beam_search``): for each prompt (a str, a token-id list,
+        or a dict with ``"prompt"`` or ``"prompt_token_ids"``) the best ``params.beam_width``
+        sequences, best first. Beams share the prompt's KV pages and every full page they
+        have in common (``jaxgen.engine.beam_search``). ``use_tqdm`` is accepted for
+        compatibility."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError("params must be a BeamSearchParams")
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        items = [
+            p.get("prompt_token_ids", p.get("prompt")) if isinstance(p, dict) else p
+            for p in (prompts if isinstance(prompts, Seq) else [])
+        ]
+        tokenizer = self.loaded.tokenizer
+        token_lists = [
+            tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else item
+            for item in _normalize_prompts(items)
+        ]
+        engine = getattr(self.engine, "engines", [self.engine])[0]  # data parallel: the first
+        for tokens in token_lists:
+            engine.check_prompt(tokens)
+        sequences = run_beam_search(engine, token_lists, params)
+        return [BeamSearchOutput(sequences=best) for best in sequences]
 
     def chat(
         self,

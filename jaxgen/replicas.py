@@ -194,6 +194,22 @@ class ReplicatedEngine(Engine):
             if key not in _SHARED_STATS and isinstance(value, (int, float)):
                 total[key] = sum(stats[key] for stats in per_replica)
         total["kv_cache_usage"] = total["kv_pages_used"] / max(total["kv_pages_total"], 1)
+        if "spec_decode_num_drafts" in total:  # rates from the summed counters
+            drafts, accepted = (
+                total["spec_decode_num_drafts"],
+                total["spec_decode_num_accepted_tokens"],
+            )
+            total["spec_decode_acceptance_rate"] = accepted / max(
+                total["spec_decode_num_draft_tokens"], 1
+            )
+            total["spec_decode_mean_acceptance_length"] = 1 + accepted / max(drafts, 1)
+            total["spec_decode_num_accepted_tokens_per_pos"] = [
+                sum(counts)
+                for counts in zip(
+                    *(s["spec_decode_num_accepted_tokens_per_pos"] for s in per_replica),
+                    strict=True,
+                )
+            ]
         total["steps"] = self.num_steps
         total["data_parallel_size"] = len(self.engines)
         total["outstanding_tokens"] = list(self.outstanding_tokens)

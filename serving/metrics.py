@@ -86,6 +86,34 @@ class EngineStatsCollector:
         )
         for name, documentation, key in counters:
             yield CounterMetricFamily(name, documentation, value=float(stats.get(key, 0)))
+        if "spec_decode_num_drafts" in stats:  # vLLM's spec-decode counters, jaxgen_-prefixed
+            yield from _spec_decode_metrics(stats)
+
+
+def _spec_decode_metrics(stats: dict):
+    counters = (
+        ("jaxgen_spec_decode_num_drafts", "Drafts verified.", "spec_decode_num_drafts"),
+        (
+            "jaxgen_spec_decode_num_draft_tokens",
+            "Draft tokens verified.",
+            "spec_decode_num_draft_tokens",
+        ),
+        (
+            "jaxgen_spec_decode_num_accepted_tokens",
+            "Draft tokens accepted.",
+            "spec_decode_num_accepted_tokens",
+        ),
+    )
+    for name, documentation, key in counters:
+        yield CounterMetricFamily(name, documentation, value=float(stats[key]))
+    per_position = CounterMetricFamily(
+        "jaxgen_spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted, by their position in the draft.",
+        labels=["position"],
+    )
+    for position, count in enumerate(stats["spec_decode_num_accepted_tokens_per_pos"]):
+        per_position.add_metric([str(position)], float(count))
+    yield per_position
 
 
 class ConstantLabels:

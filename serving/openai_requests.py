@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxgen.chat_template_options import ChatTemplateError, ChatTemplateOptions
+from serving.beam_search_requests import beam_search_params, uses_beam_search
 from serving.common import check_text_length, encode_text
 from serving.prompt_logprobs_format import logit_bias_field, prompt_logprobs_field
 from serving.structured_output_requests import openai_structured_outputs
@@ -47,6 +48,7 @@ class OpenAIRequest:
     tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
     prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
     echoed_content: str = ""  # chat ``echo``: the final assistant message, leading the answer
+    beams: list | None = None  # ``use_beam_search``: one ``BeamSearchParams`` per prompt
 
 
 def parse_common(
@@ -65,7 +67,8 @@ def parse_common(
     fields.string("user")
     fields.unsupported("suffix", allowed=lambda v: v == "")
     n = fields.integer("n", 1, minimum=1, maximum=MAX_CHOICES)
-    fields.unsupported("best_of", allowed=lambda v: v == n)
+    if not uses_beam_search(fields):  # with beam search: the beam width (beam_search_params)
+        fields.unsupported("best_of", allowed=lambda v: v == n)
     if n * len(prompts) > MAX_CHOICES:
         raise RequestError(f"prompts x n must be <= {MAX_CHOICES}", param="n")
     stream = fields.boolean("stream", False)
@@ -168,6 +171,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         logprobs,
         echo,
         prompt_logprobs=prompt_logprobs,
+        beams=beam_search_params(fields, params, n),
     )
 
 
@@ -216,6 +220,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         tools=tools if tools.parses_output else None,
         prompt_logprobs=prompt_logprobs,
         echoed_content=echoed_content(messages) if echo else "",
+        beams=beam_search_params(fields, params, n),
     )
 
 

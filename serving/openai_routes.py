@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from serving.beam_search_requests import BeamGeneration
 from serving.common import ERROR_STATUS, accept, error_response, prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
 from serving.openai_format import ChatFormat, CompletionFormat, usage
@@ -79,6 +80,11 @@ async def serve(request: Request, parse, format_class) -> Response:
             Generation(state, ticket, prompt, params, grammar)
             for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
         ]
+        if parsed.beams is not None:  # use_beam_search: n best beams per prompt, not streamed
+            generations = [
+                BeamGeneration(state, ticket, prompt, beam, parsed.n)
+                for prompt, beam in zip(parsed.prompts, parsed.beams, strict=True)
+            ]
         formatter = format_class(
             state,
             parsed,

@@ -8,6 +8,7 @@ with a message naming its source.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -323,7 +324,21 @@ def _parse_knob(field: KnobField, value: Any, source: str):
         return parse_bool(value, field.name, source)
     if field.kind == "memory":
         return parse_memory(value, source)
+    if field.kind == "json":  # speculative_config: a JSON object (the flag's parser read it)
+        return _parse_json_object(value, field.name, source)
     return str(value)
+
+
+def _parse_json_object(value: Any, name: str, source: str) -> dict:
+    if isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(str(value))
+    except json.JSONDecodeError as error:
+        raise SettingsError(f"{name} from {source} must be a JSON object: {error}") from None
+    if not isinstance(parsed, dict):
+        raise SettingsError(f"{name} from {source} must be a JSON object, got {value!r}")
+    return parsed
 
 
 def _batching_from_rolling(value: Any, source: str, engine: dict) -> str:

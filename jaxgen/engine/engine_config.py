@@ -185,6 +185,13 @@ class EngineConfig:
         "whose sequences need their tokens on the host (penalties, grammars, LongRoPE, "
         "min_tokens) or lack the room run one at a time",
     )
+    speculative_config: dict | None = knob(
+        None,
+        help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
+        "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy rows "
+        "without penalties, bias, logprobs or grammars speculate; synchronous steps only "
+        "(not with async_scheduling or num_scheduler_steps > 1)",
+    )
     precompile: bool = knob(
         False,
         help="compile the step for every batch shape when the engine starts, so no request waits "
@@ -277,6 +284,15 @@ class EngineConfig:
             "num_scheduler_steps",
             "must be 1 with async_scheduling (each hides the host's per-step work its own way)",
         )
+        if self.speculative_config is not None:
+            from jaxgen.engine.speculative.config import SpeculativeConfig
+
+            SpeculativeConfig.from_dict(self.speculative_config)  # ValueError naming the key
+            check(
+                not self.async_scheduling and self.num_scheduler_steps == 1,
+                "speculative_config",
+                "needs synchronous steps: async_scheduling off and num_scheduler_steps 1",
+            )
         check(
             self.quantization in QUANTIZATION_CHOICES,
             "quantization",

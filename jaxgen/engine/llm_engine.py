@@ -18,6 +18,9 @@ from jaxgen.engine.kv_pool_plan import plan_kv_pool
 from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.speculative.config import SpeculativeConfig
+from jaxgen.engine.speculative.speculator import Speculator
+from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
@@ -86,6 +89,18 @@ class LLMEngine(Engine):
         self.grammars = GrammarMasks(
             grammar_compiler(self.tokenizer, model_config.vocab_size, model_config.eos_token_ids)
         )
+        # Speculative decoding (``speculative/``): synchronous steps only (EngineConfig checks).
+        self.speculator = None
+        if config.speculative_config is not None:
+            if (
+                self.batching.scheduler.sliding_window
+                or self.batching.scheduler.long_rope_threshold
+            ):
+                raise ValueError(
+                    "speculative_config is not supported for models whose every layer slides "
+                    "(pages are released behind the window) or with LongRoPE"
+                )
+            self.speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
         self.num_steps = 0  # steps that ran (a failed one does not count)
@@ -175,6 +190,16 @@ class LLMEngine(Engine):
         self.prompt_tokens_total += len(prompt_token_ids)
         return request
 
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raises ``ValueError`` for an empty prompt, a token outside the vocabulary, or a
+        prompt that leaves no room to generate within ``max_model_len``."""
+        check_new_request(
+            prompt_token_ids,
+            SamplingParams(),
+            vocab_size=self.loaded.config.vocab_size,
+            max_model_len=self.max_model_len,
+        )
+
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stops a request and frees its pages; returns its final output (or None if unknown)."""
         request = self.requests.pop(request_id, None)
@@ -215,6 +240,8 @@ class LLMEngine(Engine):
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
         if self.config.async_scheduling:
             return self._step_ahead()
+        if self.speculator is not None:
+            return speculative_step(self)
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
@@ -445,4 +472,5 @@ class LLMEngine(Engine):
             "grammar_mask_s": self.grammars.stats.mask_seconds,
             "grammar_masked_rows": self.grammars.stats.masked_rows,
             "grammar_compile_s": self.grammars.compiler.compile_seconds,
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }

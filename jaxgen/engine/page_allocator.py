@@ -153,6 +153,40 @@ class PageAllocator(Allocator):
             parent = key
             prefix = (found, self.page_generation[found])
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Beam search: ``child`` (no pages yet) shares ``parent``'s full computed pages, one
+        more reference each; the tokens of ``parent``'s last partial page are left for
+        ``child`` to compute into a page of its own (copy-on-write of at most one page, by
+        recomputing it), so no page is ever written by two sequences."""
+        assert not child.block_table, "fork runs before the child owns pages"
+        full = min(parent.num_computed_tokens // self.page_size, len(parent.block_table))
+        child.block_table = list(parent.block_table[:full])
+        for page in child.block_table:
+            if page != SCRATCH_PAGE:
+                self.ref_counts[page] += 1
+        child.num_computed_tokens = full * self.page_size
+        child.long_rope = parent.long_rope
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative decoding: ``seq`` keeps K/V for its first ``num_tokens`` tokens only
+        (rejected draft tokens' slots are written again later). Pages past them are released;
+        a kept page that held rejected tokens forgets its prefix-cache entry, as its contents
+        are about to change."""
+        keep = self.pages_needed(num_tokens)
+        for page in seq.block_table[keep:]:
+            if page != SCRATCH_PAGE:
+                self._release(page)
+        del seq.block_table[keep:]
+        if num_tokens % self.page_size and seq.block_table:
+            self._forget(seq.block_table[-1])
+
+    def _forget(self, page: int) -> None:
+        key = self.page_hash.pop(page, None)
+        if key is not None and self.hash_to_page.get(key) == page:
+            del self.hash_to_page[key]
+            self.page_tokens.pop(page, None)
+            self.page_parent.pop(page, None)
+
     def _holds(
         self, page: int, prefix: tuple[int, int] | str | None, chunk: tuple[int, ...]
     ) -> bool:
@@ -246,6 +280,13 @@ class ContiguousAllocator(Allocator):
 
     def free_before(self, seq: Sequence, position: int) -> int:
         return 0  # a slot's pages are reserved whatever it holds
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.num_computed_tokens = 0  # a slot shares nothing: the child computes every token
+        child.long_rope = parent.long_rope
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        pass  # the slot keeps its pages; rejected slots are written again
 
     def free(self, seq: Sequence) -> None:
         slot = self.slot_of.pop(seq.seq_id, None)

@@ -1,0 +1,137 @@
+"""Which running sequences speculate this step, their drafts, back-off and acceptance counters.
+Plain Python: never imports jax."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxgen.engine.sampling_tensors import is_greedy
+from jaxgen.engine.sequence import Sequence, SequenceStatus
+from jaxgen.engine.speculative.config import SpeculativeConfig
+from jaxgen.engine.speculative.ngram import propose_ngram
+
+# After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
+# doubling with each such draft in a row (reset by an accepted token): proposals that keep
+# missing cost a verify row each, so speculation backs off where it does not pay.
+FIRST_BACKOFF, MAX_BACKOFF = 2, 64
+
+
+@dataclasses.dataclass
+class Draft:
+    """A sequence's draft tokens, appended to it for the verify step."""
+
+    seq: Sequence
+    tokens: list[int]
+    num_tokens: int  # the sequence's tokens before the draft
+
+
+@dataclasses.dataclass
+class _Backoff:
+    skip: int = 0  # steps left without drafting
+    misses: int = 0  # drafts in a row with nothing accepted
+
+
+class Speculator:
+    """Proposes drafts for the greedy decode rows that can be verified exactly, and counts."""
+
+    def __init__(self, config: SpeculativeConfig):
+        self.config = config
+        self.backoff: dict[int, _Backoff] = {}
+        self.num_drafts = 0  # drafts verified
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * config.num_speculative_tokens
+
+    def propose(
+        self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
+    ) -> list[Draft]:
+        """Drafts for ``running`` sequences, without appending them. A draft needs a greedy
+        sequence whose sampling the argmax of raw logits reproduces (no penalties, bias,
+        logprobs, grammar, pending ``min_tokens``), the room in ``max_tokens`` and
+        ``max_model_len``, its pages free now (speculation never preempts) and its tokens in
+        ``token_budget`` beside one token for every running sequence."""
+        live = {seq.seq_id for seq in running}
+        for seq_id in [s for s in self.backoff if s not in live]:
+            del self.backoff[seq_id]
+        spare_tokens = token_budget - len(running)
+        spare_pages = allocator.num_free_pages
+        drafts = []
+        for seq in running:
+            state = self.backoff.setdefault(seq.seq_id, _Backoff())
+            if state.skip > 0:
+                state.skip -= 1
+                continue
+            if not _verifiable(seq):
+                continue
+            k = min(
+                self.config.num_speculative_tokens,
+                seq.max_tokens - seq.num_generated - 1,
+                max_model_len - seq.num_tokens - 1,
+                spare_tokens,
+            )
+            if k < 1:
+                continue
+            tokens = propose_ngram(
+                seq.token_ids, k, self.config.prompt_lookup_min, self.config.prompt_lookup_max
+            )
+            if not tokens:
+                continue
+            pages = allocator.pages_needed(seq.num_tokens + len(tokens)) - len(seq.block_table)
+            if pages > spare_pages:
+                continue
+            spare_pages -= max(pages, 0)
+            spare_tokens -= len(tokens)
+            drafts.append(Draft(seq, tokens, seq.num_tokens))
+        return drafts
+
+    def record(self, draft: Draft, accepted: int) -> None:
+        """Counts a verified draft of which ``accepted`` tokens were kept; backs off on none."""
+        self.num_drafts += 1
+        self.num_draft_tokens += len(draft.tokens)
+        self.num_accepted_tokens += accepted
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
+        state = self.backoff.setdefault(draft.seq.seq_id, _Backoff())
+        if accepted:
+            state.misses = 0
+        else:
+            state.skip = min(FIRST_BACKOFF << state.misses, MAX_BACKOFF)
+            state.misses += 1
+
+    def pause(self, seq: Sequence) -> None:
+        """``seq`` drafts nothing next step (its verify row was cut short or preempted)."""
+        self.backoff.setdefault(seq.seq_id, _Backoff()).skip = max(self.backoff[seq.seq_id].skip, 1)
+
+    def stats(self) -> dict:
+        """vLLM's spec-decode counters, and the rates they give."""
+        return {
+            "spec_decode_method": self.config.method,
+            "spec_decode_num_drafts": self.num_drafts,
+            "spec_decode_num_draft_tokens": self.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_position),
+            "spec_decode_acceptance_rate": self.num_accepted_tokens / max(self.num_draft_tokens, 1),
+            # tokens a verified sequence gained per step: accepted drafts plus the target's own
+            "spec_decode_mean_acceptance_length": 1
+            + self.num_accepted_tokens / max(self.num_drafts, 1),
+        }
+
+
+def _verifiable(seq: Sequence) -> bool:
+    """Whether ``seq`` decodes next and its token is the argmax of the raw logits."""
+    params = seq.params
+    return (
+        seq.status == SequenceStatus.RUNNING
+        and seq.num_uncomputed_tokens == 1
+        and seq.num_computed_tokens >= seq.num_prompt_tokens
+        and not seq.wants_prompt_logprobs
+        and params is not None
+        and is_greedy(params)
+        and params.repetition_penalty == 1.0
+        and params.presence_penalty == 0.0
+        and params.frequency_penalty == 0.0
+        and not params.logit_bias
+        and params.logprobs is None
+        and params.structured_outputs is None
+        and seq.num_generated >= params.min_tokens
+    )
