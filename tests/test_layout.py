@@ -233,9 +233,14 @@ def test_command_lines_take_the_declared_knobs_with_their_defaults():
     fields = knob_fields()
     generate = build_parser().parse_args(["generate"])
     expected = {f.name: f.default for f in fields if f.flag and not f.knob.serve_only}
-    assert engine_kwargs(generate) == {"dtype": "float32", **expected}
+    # Unset, generate's most sequences at once is its number of prompts (cmd_generate).
+    assert engine_kwargs(generate) == {
+        "dtype": "float32",
+        **expected,
+        "max_rolling_batch_size": None,
+    }
     offline = build_parser().parse_args(["bench", "offline"])
-    assert engine_kwargs(offline) == engine_kwargs(generate)
+    assert engine_kwargs(offline) == {**engine_kwargs(generate), "max_rolling_batch_size": 64}
 
     serve = argparse.ArgumentParser()
     add_serve_arguments(serve)

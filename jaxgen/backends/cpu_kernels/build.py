@@ -21,6 +21,8 @@ from pathlib import Path
 
 import jax
 
+from jaxgen.compile_cache import cache_root
+
 SOURCE_DIR = Path(__file__).parent / "native"
 # Reassociation lets the compiler vectorise reductions; nothing else is relaxed.
 CXX_FLAGS = (
@@ -38,8 +40,7 @@ CXX_FLAGS = (
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("JAXGEN_CACHE_DIR") or os.path.join(Path.home(), ".cache", "jaxgen")
-    return Path(root) / "kernels"
+    return cache_root() / "kernels"
 
 
 def _build(compiler: str) -> Path:
