@@ -163,7 +163,8 @@ def test_no_imports_by_string():
 
 
 # Modules the core package must never import on its own: optional extras and the server.
-FORBIDDEN_AT_IMPORT = ("matplotlib", "torch", "llama_cpp", "serving")
+# transformers (a second to import) and llguidance load when a tokenizer or a grammar is built.
+FORBIDDEN_AT_IMPORT = ("matplotlib", "torch", "llama_cpp", "serving", "transformers", "llguidance")
 IMPORT_PROBE = """
 import sys
 import {module}
