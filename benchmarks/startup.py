@@ -35,7 +35,9 @@ def run_child(argv: list[str], env: dict) -> dict:
     start = time.perf_counter()
     env = {**env, "STARTUP_LAUNCH": repr(time.time())}
     with tempfile.TemporaryFile() as err_file:
-        process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err_file)
+        process = subprocess.Popen(  # cwd: not a checkout, so PYTHONPATH picks the code
+            argv, env=env, stdout=subprocess.PIPE, stderr=err_file, cwd=tempfile.gettempdir()
+        )
         out = process.stdout.read()
         _, status, usage = os.wait4(process.pid, 0)  # this child's own CPU time and peak RSS
         process.returncode = os.waitstatus_to_exitcode(status)
@@ -124,7 +126,21 @@ def main() -> None:
         env["PYTHONPATH"] = args.pythonpath
     cli = [args.python, "-c", "import sys; from jaxgen.cli import main; sys.exit(main())"]
     child = [args.python, os.path.abspath(__file__), "--child"]
-    results = {"label": args.label, "command": ["jaxgen", *COMMAND], "runs": [], "breakdown": []}
+    code = subprocess.run(
+        [args.python, "-c", "import jaxgen, os; print(os.path.dirname(jaxgen.__file__))"],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(f"{args.label or 'runs'}: jaxgen from {code}", flush=True)
+    results = {
+        "label": args.label,
+        "jaxgen": code,
+        "command": ["jaxgen", *COMMAND],
+        "runs": [],
+        "breakdown": [],
+    }
     for kind, count, argv in (
         ("runs", args.runs, cli + COMMAND),
         ("breakdown", args.breakdown_runs, child),
