@@ -15,11 +15,16 @@ from jaxgen.sampling_params import SamplingParams
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    llm = LLM(args.model, **engine_kwargs(args))
+    prompts = args.prompt or ["Write a haiku about the sea."]
+    knobs = engine_kwargs(args)
+    if (
+        knobs["max_rolling_batch_size"] is None
+    ):  # the run's own sequences: a pool and steps that size
+        knobs["max_rolling_batch_size"] = len(prompts)
+    llm = LLM(args.model, **knobs)
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
-    prompts = args.prompt or ["Write a haiku about the sea."]
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
     else:
@@ -62,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    add_engine_flags(gen)
+    # Unset, the most sequences at once is the number of prompts (the KV pool is sized to it).
+    add_engine_flags(gen, defaults={"max_rolling_batch_size": None})
     gen.set_defaults(func=cmd_generate)
 
     serve = sub.add_parser(

@@ -12,6 +12,8 @@ import concurrent.futures
 
 import jax
 
+from jaxgen.backends.cpu_kernels.build import build_in_background
+from jaxgen.compile_cache import enable_compile_cache
 from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import StepFailed
 from jaxgen.engine.interface import Engine
@@ -30,6 +32,7 @@ _SHARED_STATS = (
     "page_size",
     "max_model_len",
     "compiles",
+    "compile_cache_hits",
     "grammar_compile_s",
 )
 
@@ -40,6 +43,9 @@ def create_engine(model, *, dtype, config: EngineConfig):
     ``model`` is a name/path or a ``LoadedModel``. Degree 1 and one replica is the plain engine
     on the default device; otherwise parameters are placed on a mesh as they load.
     """
+    enable_compile_cache(config.compile_cache)  # before anything compiles
+    if config.attention_backend in ("auto", "cpu"):
+        build_in_background()  # an empty cache's kernel compile overlaps the load
     degree, replicas = config.tensor_parallel_degree, config.data_parallel_size
     if degree == 1 and replicas == 1:
         loaded = (

@@ -32,3 +32,5 @@ def test_generate_runs_without_torch():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Paris" in result.stdout, (result.stdout, result.stderr[-2000:])
+    # transformers' advice about its own model classes is no concern of a jaxgen user.
+    assert "PyTorch was not found" not in result.stderr, result.stderr[-2000:]

@@ -163,7 +163,8 @@ def test_no_imports_by_string():
 
 
 # Modules the core package must never import on its own: optional extras and the server.
-FORBIDDEN_AT_IMPORT = ("matplotlib", "torch", "llama_cpp", "serving")
+# transformers (a second to import) and llguidance load when a tokenizer or a grammar is built.
+FORBIDDEN_AT_IMPORT = ("matplotlib", "torch", "llama_cpp", "serving", "transformers", "llguidance")
 IMPORT_PROBE = """
 import sys
 import {module}
@@ -233,9 +234,14 @@ def test_command_lines_take_the_declared_knobs_with_their_defaults():
     fields = knob_fields()
     generate = build_parser().parse_args(["generate"])
     expected = {f.name: f.default for f in fields if f.flag and not f.knob.serve_only}
-    assert engine_kwargs(generate) == {"dtype": "float32", **expected}
+    # Unset, generate's most sequences at once is its number of prompts (cmd_generate).
+    assert engine_kwargs(generate) == {
+        "dtype": "float32",
+        **expected,
+        "max_rolling_batch_size": None,
+    }
     offline = build_parser().parse_args(["bench", "offline"])
-    assert engine_kwargs(offline) == engine_kwargs(generate)
+    assert engine_kwargs(offline) == {**engine_kwargs(generate), "max_rolling_batch_size": 64}
 
     serve = argparse.ArgumentParser()
     add_serve_arguments(serve)

@@ -12,6 +12,7 @@ imports a kernel.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import jax.numpy as jnp
 from flax import nnx
@@ -97,11 +98,28 @@ class CPUBackend(PairedPoolBackend):
         return pack_linear_weights(params, table if is_quantized(table) else table.T)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
-        seq, position, real = row_sequences(md, q.shape[0])
-        lengths = jnp.where(real, position + 1, 0).astype(jnp.int32)  # 0: a padding row
+        lengths, block_tables = _kernel_rows(md, q.shape[0])
         kernel = (
             paged_attention_cpu_quantized
             if isinstance(k_pages, QuantizedPages)
             else paged_attention_cpu
         )
-        return kernel(q, k_pages, v_pages, lengths, md.block_tables[seq], **opts)
+        return kernel(q, k_pages, v_pages, lengths, block_tables, **opts)
+
+
+# The last step's kernel rows, per tracing thread: every layer of a step attends with the same
+# metadata, so its rows are traced once per step rather than once per layer (each jnp op and
+# gather costs tracing time: a second and more of a 30-layer model's start-up).
+_last_rows = threading.local()
+
+
+def _kernel_rows(md, num_tokens: int):
+    """Per token row: its kernel length ``[T]`` (0 for a padding row) and its sequence's block
+    table ``[T, W]``, computed once per ``md`` object (one step's trace)."""
+    cached = getattr(_last_rows, "entry", None)
+    if cached is not None and cached[0] is md and cached[1] == num_tokens:
+        return cached[2]
+    seq, position, real = row_sequences(md, num_tokens)
+    rows = (jnp.where(real, position + 1, 0).astype(jnp.int32), md.block_tables[seq])
+    _last_rows.entry = (md, num_tokens, rows)  # holds md, so its identity is not reused
+    return rows

@@ -1,4 +1,7 @@
-"""Counts XLA compilations (exposed in ``stats()['compiles']``)."""
+"""Counts XLA compilations (exposed in ``stats()['compiles']``): executables compiled, or loaded
+from the persistent compilation cache (``jaxgen.compile_cache``) in place of a compile, so the
+count does not depend on what the cache holds; ``stats()['compile_cache_hits']`` counts the
+loaded ones."""
 
 from __future__ import annotations
 
@@ -8,15 +11,18 @@ import jax
 
 _lock = threading.Lock()
 _count = 0
+_cache_hits = 0
 _installed = False
-_EVENT = "/jax/core/compile/backend_compile_duration"
+_COMPILED = "/jax/core/compile/backend_compile_duration"
+_LOADED = "/jax/compilation_cache/cache_retrieval_time_sec"  # recorded on a cache hit only
 
 
 def _listener(event: str, duration: float, **kwargs) -> None:
-    global _count
-    if event == _EVENT:
+    global _count, _cache_hits
+    if event in (_COMPILED, _LOADED):
         with _lock:
             _count += 1
+            _cache_hits += event == _LOADED
 
 
 def install() -> None:
@@ -29,5 +35,10 @@ def install() -> None:
 
 
 def compile_count() -> int:
-    """XLA compilations in this process since ``install()``."""
+    """XLA compilations in this process since ``install()`` (cache hits included)."""
     return _count
+
+
+def cache_hit_count() -> int:
+    """Compilations since ``install()`` that the persistent cache answered."""
+    return _cache_hits

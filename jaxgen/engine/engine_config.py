@@ -132,7 +132,8 @@ class EngineConfig:
         None,
         help="KV pool size: bytes (an int; flags also take 64MiB, 2GiB) or a fraction in (0, 1] "
         "of the device memory free once the weights are loaded (on CPU: of the 2 GiB default)",
-        default_text="`None`: 0.9 of free accelerator memory; 2 GiB on CPU",
+        default_text="`None`: 0.9 of free accelerator memory; on CPU 2 GiB or, if less, every "
+        "sequence at `max_model_len`",
     )
     attention_backend: str = knob(
         "auto",
@@ -211,6 +212,12 @@ class EngineConfig:
         env=("QUANTIZE",),
         properties=("option.quantize",),
     )
+    compile_cache: bool = knob(
+        True,
+        help="keep compiled executables on disk, in $JAXGEN_CACHE_DIR/xla, so a second run "
+        "compiles nothing (jaxgen.compile_cache; JAXGEN_COMPILE_CACHE=0 turns it off too)",
+        flag="--no-compile-cache",
+    )
     kv_cache_dtype: str = knob(
         "auto",
         help="KV pool values: auto (the model dtype), int8 or fp8 (e4m3): 8-bit with bfloat16 "
@@ -273,6 +280,7 @@ class EngineConfig:
             "must be an integer >= 1",
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
+        check(isinstance(self.compile_cache, bool), "compile_cache", "must be True or False")
         check(isinstance(self.async_scheduling, bool), "async_scheduling", "must be True or False")
         check(
             _int(self.num_scheduler_steps) and self.num_scheduler_steps >= 1,

@@ -21,9 +21,8 @@ import functools
 import json
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import llguidance
-import llguidance.hf
 import numpy as np
 
 from jaxgen.engine.grammar_threads import GrammarThreads, default_grammar_threads
@@ -31,9 +30,10 @@ from jaxgen.engine.step_batch import StepBatch
 from jaxgen.structured_output_limits import StructuredOutputLimits, check_constraint
 from jaxgen.structured_outputs import StructuredOutputsParams
 
+if TYPE_CHECKING:  # imported on first use: ``import jaxgen`` and an unconstrained run skip it
+    import llguidance
+
 MAX_CACHED_GRAMMARS = 256
-# llguidance's own limits, with short errors (no parser state dump: they go to clients).
-PARSER_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 DRY_RUN_TOKENS = 32  # tokens ``GrammarCompiler.dry_run`` follows a new grammar for
 # Texts the dry run takes first when allowed (closers first): it leaves strings and values
 # early and reaches the grammar's later structure (a JSON object's next properties).
@@ -41,6 +41,22 @@ DRY_RUN_PREFERRED = ('"', "}", "]", ",", ":", "{", "[")
 # Compact JSON (no free whitespace between tokens): a sampled model cannot wander into
 # whitespace until max_tokens, and the output stays short.
 JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@functools.cache
+def _llguidance():
+    """The ``llguidance`` module, imported on first use (its import takes a fraction of a
+    second that a run without a grammar need not pay)."""
+    import llguidance
+    import llguidance.hf
+
+    return llguidance
+
+
+@functools.cache
+def parser_limits():
+    """llguidance's own limits, with short errors (no parser state dump: they go to clients)."""
+    return _llguidance().LLParserLimits(verbose_errors=False)
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -76,7 +92,7 @@ class GrammarCompiler:
             if self._llg_tokenizer is None:
                 # At least the model's logits width: ids without a token are never allowed.
                 n_vocab = max(self.vocab_size, len(self.tokenizer))
-                self._llg_tokenizer = llguidance.hf.from_tokenizer(
+                self._llg_tokenizer = _llguidance().hf.from_tokenizer(
                     self.tokenizer, n_vocab=n_vocab, eos_token=self.eos_token_ids or None
                 )
             return self._llg_tokenizer
@@ -130,7 +146,7 @@ class GrammarCompiler:
         tokenizer = self.llg_tokenizer
         start = time.perf_counter()
         grammar = grammar_text(constraint)
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=PARSER_LIMITS)
+        matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise ValueError(f"{constraint.kind}: {_short(matcher.get_error())}")
         self.dry_run(constraint, matcher)
@@ -195,21 +211,21 @@ def grammar_text(constraint: StructuredOutputsParams) -> str:
     kind = constraint.kind
     try:
         if kind == "json":
-            return llguidance.LLMatcher.grammar_from_json_schema(
+            return _llguidance().LLMatcher.grammar_from_json_schema(
                 constraint.schema(), defaults=JSON_OPTIONS
             )
         if kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema(
+            return _llguidance().LLMatcher.grammar_from_json_schema(
                 {"type": "object"}, defaults=JSON_OPTIONS
             )
         if kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(constraint.regex)
+            return _llguidance().LLMatcher.grammar_from_regex(constraint.regex)
         if kind == "choice":
             alternatives = " | ".join(
                 json.dumps(choice, ensure_ascii=False) for choice in constraint.choice
             )
-            return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
-        return llguidance.grammar_from("grammar", constraint.grammar)  # Lark, or GBNF converted
+            return _llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}")
+        return _llguidance().grammar_from("grammar", constraint.grammar)  # Lark, or GBNF converted
     except ValueError as error:
         raise ValueError(f"{kind}: {_short(str(error))}") from None
 

@@ -1,6 +1,7 @@
 """How many pages the engine's KV pool holds and which allocator hands them out: the byte budget
-(``kv_cache_memory``, or a fraction of an accelerator's free memory), the backend's bytes per
-page, and the batching plan's slots."""
+(``kv_cache_memory``, or a fraction of an accelerator's free memory; on CPU by default the
+smaller of 2 GiB and every slot at ``max_model_len``), the backend's bytes per page, and the
+batching plan's slots."""
 
 from __future__ import annotations
 
@@ -59,6 +60,11 @@ def plan_kv_pool(
     page_bytes = backend.kv_bytes_per_page(model_config, page_size, dtype)
     shares = backend.kv_pool_shares(model_config, page_size, dtype, kv_sharding)
     kv_bytes = kv_budget_bytes(config.kv_cache_memory, shares)
+    if config.kv_cache_memory is None and jax.devices()[0].platform == "cpu":
+        # Host memory is the machine's: take what the engine can use at once (every slot at
+        # max_model_len), not the whole default, so a small job starts small.
+        pages_per_sequence = -(-max_model_len // page_size)
+        kv_bytes = min(kv_bytes, batching.num_slots * pages_per_sequence * page_bytes)
     if batching.paged:
         num_pages = int(kv_bytes // page_bytes) + 1
         need = -(-max_model_len // page_size) + 1

@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp's format) through the ``gguf`` package: config, tensors, tokenizer.
+"""GGUF files (llama.cpp's format): config, tensors, tokenizer (read by ``gguf_reader``; the
+``gguf`` package dequantises).
 
 Tensors come out under Hugging Face names, with what llama.cpp's converter changes undone: for
 ``llama`` it permutes Q and K rows into an interleaved rotary layout (we restore rotate-half, for
@@ -29,6 +30,7 @@ from jaxgen.loaders.gguf_names import (
     expert_tensor_names,
     hf_tensor_name,
 )
+from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, pack_int4, quantize_kernel
 
 logger = logging.getLogger(__name__)
@@ -54,10 +56,8 @@ class GGUFFile:
     def __init__(self, path: str):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF file not found: {path!r}")
-        import gguf
-
         try:
-            self.reader = gguf.GGUFReader(path)
+            self.reader = GGUFReader(path)
         except Exception as e:
             raise ValueError(
                 f"cannot read GGUF file {path!r} (truncated or corrupt?): {e}"
@@ -83,8 +83,7 @@ class GGUFFile:
         self._stacked_cache: tuple[str, np.ndarray] | None = None
 
     def field(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.reader.fields.get(key, default)
 
     def hf_config(self) -> dict:
         """A HF ``config.json``-style dictionary from the GGUF metadata."""

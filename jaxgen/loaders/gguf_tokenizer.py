@@ -1,4 +1,4 @@
-"""A tokenizer built from a GGUF file's metadata with the ``gguf`` and ``tokenizers`` packages.
+"""A tokenizer built from a GGUF file's metadata with the ``tokenizers`` package.
 
 llama.cpp stores no ``tokenizer.json`` in a GGUF: the vocabulary, merges (or SentencePiece scores),
 token types, special token ids and chat template are metadata under ``tokenizer.*``. This module
@@ -14,9 +14,15 @@ and ``llama`` (SentencePiece BPE with byte fallback; merges recovered from the s
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+
+from jaxgen.loaders.transformers_import import transformers
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
 
@@ -95,16 +101,16 @@ def byte_alphabet() -> dict[int, str]:
     return mapping
 
 
-def gguf_tokenizer(reader) -> PreTrainedTokenizerFast:
+def gguf_tokenizer(metadata: Mapping[str, object]) -> PreTrainedTokenizerFast:
     """The tokenizer a GGUF file describes.
 
     Args:
-        reader: a ``gguf.GGUFReader`` over the file.
+        metadata: the file's metadata fields (``GGUFReader(path).fields``: key -> value).
 
     Raises:
         ValueError: the file has no vocabulary, or a tokenizer kind other than ``gpt2``/``llama``.
     """
-    fields = _TokenizerFields(reader)
+    fields = metadata
     kind = fields.get("tokenizer.ggml.model")
     tokens = fields.get("tokenizer.ggml.tokens")
     if not tokens:
@@ -136,18 +142,7 @@ def gguf_tokenizer(reader) -> PreTrainedTokenizerFast:
     ):
         if value is not None:
             options[name] = value
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **options)
-
-
-class _TokenizerFields:
-    """Reads ``tokenizer.*`` metadata fields (missing ones as ``None``)."""
-
-    def __init__(self, reader):
-        self.fields = reader.fields
-
-    def get(self, key: str):
-        field = self.fields.get(key)
-        return None if field is None else field.contents()
+    return transformers().PreTrainedTokenizerFast(tokenizer_object=backend, **options)
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str] | None, pre: str | None) -> Tokenizer:

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import os
 
+from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_tokenizer import gguf_tokenizer
+from jaxgen.loaders.transformers_import import transformers
 
 
-def load_tokenizer(path: str, *, reader=None):
+def load_tokenizer(path: str, *, reader: GGUFReader | None = None):
     """A ``transformers`` fast tokenizer for a checkpoint directory or a ``.gguf`` file.
 
     Args:
         path: a HF directory (``tokenizer.json`` and friends) or a ``.gguf`` file.
-        reader: the file's ``gguf.GGUFReader`` when the caller has one (parsing a GGUF takes
-            seconds; the tokenizer itself builds in well under one).
+        reader: the file's ``GGUFReader`` when the caller has one (so the file is read once).
     """
     if os.path.isfile(path) and path.endswith(".gguf"):
-        if reader is None:
-            import gguf  # the reader parses the whole file; only GGUF paths need it
-
-            reader = gguf.GGUFReader(path)
-        return gguf_tokenizer(reader)
-    from transformers import AutoTokenizer  # transformers' import takes a second; deferred
-
-    return AutoTokenizer.from_pretrained(path)
+        return gguf_tokenizer((reader or GGUFReader(path)).fields)
+    return transformers().AutoTokenizer.from_pretrained(path)

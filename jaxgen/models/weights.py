@@ -41,10 +41,31 @@ _FALCON_LAYER = {
 }
 
 
+class ShapeOnlyKeys:
+    """Stands in for ``nnx.Rngs`` when a model is built for its shapes alone: every draw is
+    the same key. ``nnx.Rngs`` counts its draws in a variable, traced under ``eval_shape``, and
+    each draw asks that tracer for a sharding, which JAX answers with an error message that
+    walks the trace so far: quadratic in the draws, seconds for a 30-layer model."""
+
+    def __init__(self):
+        self._key = jax.random.key(0)
+
+    def params(self) -> jax.Array:
+        return self._key
+
+    def __call__(self) -> jax.Array:
+        return self._key
+
+
+def abstract_causal_lm(config: ModelConfig, dtype) -> CausalLM:
+    """The model with abstract (``ShapeDtypeStruct``) parameters, built without allocating
+    weights."""
+    return nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, rngs=ShapeOnlyKeys()))
+
+
 def abstract_model(config: ModelConfig, dtype) -> tuple[nnx.GraphDef, nnx.State]:
     """The model's graph and an abstract state (shapes only), without allocating weights."""
-    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
-    return nnx.split(model)
+    return nnx.split(abstract_causal_lm(config, dtype))
 
 
 def hf_name(path: tuple) -> str | None:
@@ -166,10 +187,11 @@ def params_from_hf_tensors(
     ``quantization="auto"``), else quantised at load when ``quantization`` names a kind
     (``jaxgen.quantization.spec_for_path``).
     """
-    graphdef, abstract = abstract_model(config, dtype)
+    model = abstract_causal_lm(config, dtype)  # built once: graph, shapes, quantisable paths
+    graphdef, abstract = nnx.split(model)
     place = place or (lambda path, arr: jnp.asarray(arr))
     buffers = rope_buffers(config)
-    quantisable = quantisable_paths(config, dtype)
+    quantisable = _quantisable_paths_of(model)
     leaves = []
     for path, var in nnx.to_flat_state(abstract):
         if len(path) == 1 and path[0] in buffers:
@@ -201,7 +223,10 @@ def params_from_hf_tensors(
 def quantisable_paths(config: ModelConfig, dtype=jnp.float32) -> set[tuple]:
     """State paths of the parameters a quantised load may quantise: ``Linear`` kernels and
     ``Embedding`` tables (whose lookup takes a quantised table)."""
-    model = nnx.eval_shape(lambda: CausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    return _quantisable_paths_of(abstract_causal_lm(config, dtype))
+
+
+def _quantisable_paths_of(model: CausalLM) -> set[tuple]:
     paths = set()
     for path, module in nnx.iter_modules(model):
         if isinstance(module, Embedding):

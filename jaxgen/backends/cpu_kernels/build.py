@@ -1,4 +1,5 @@
-"""Builds the native XLA:CPU kernels under ``native/`` on first use and loads them.
+"""Builds the native XLA:CPU kernels under ``native/`` on first use and loads them (the engine
+factory starts it on a thread before the model loads: ``build_in_background``).
 
 Every ``native/*.cc`` is compiled with the machine's C++ compiler into one shared library (so the
 kernels share one worker pool, ``native/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR``
@@ -16,10 +17,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
 import jax
+
+from jaxgen.compile_cache import cache_root
 
 SOURCE_DIR = Path(__file__).parent / "native"
 # Reassociation lets the compiler vectorise reductions; nothing else is relaxed.
@@ -38,8 +42,7 @@ CXX_FLAGS = (
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("JAXGEN_CACHE_DIR") or os.path.join(Path.home(), ".cache", "jaxgen")
-    return Path(root) / "kernels"
+    return cache_root() / "kernels"
 
 
 def _build(compiler: str) -> Path:
@@ -64,9 +67,28 @@ def _build(compiler: str) -> Path:
     return library
 
 
-@functools.cache
+_build_lock = threading.Lock()
+
+
 def load_library() -> ctypes.CDLL | None:
-    """The built kernels library, or None (with a warning if a build failed)."""
+    """The built kernels library, or None (with a warning if a build failed). Thread-safe: a
+    caller waits for a build already under way (``build_in_background``)."""
+    with _build_lock:
+        return _load_library()
+
+
+def build_in_background() -> threading.Thread | None:
+    """Starts building (or loading) the library on a thread, so an empty cache's compile
+    overlaps the model's load; None when the kernels are off or the default device is no CPU."""
+    if os.environ.get("JAXGEN_DISABLE_CPU_KERNELS") or jax.default_backend() != "cpu":
+        return None
+    thread = threading.Thread(target=load_library, name="jaxgen-cpu-kernels", daemon=True)
+    thread.start()
+    return thread
+
+
+@functools.cache
+def _load_library() -> ctypes.CDLL | None:
     if os.environ.get("JAXGEN_DISABLE_CPU_KERNELS"):
         return None
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")

@@ -63,9 +63,10 @@ def can_pack_quantized(weight) -> bool:
     )
 
 
-def _panels(array: jax.Array, columns: int) -> jax.Array:  # [R, N] -> [ceil(N / 16), R, 16]
+def _panels(array, columns: int, xp=jnp):  # [R, N] -> [ceil(N / 16), R, 16]
+    """``array``'s columns in panels of 16 (``xp``: ``jnp``, or ``np`` to pack on the host)."""
     panels = -(-columns // QUANT_PANEL)
-    array = jnp.pad(jnp.asarray(array), ((0, 0), (0, panels * QUANT_PANEL - columns)))
+    array = xp.pad(xp.asarray(array), ((0, 0), (0, panels * QUANT_PANEL - columns)))
     return array.reshape(array.shape[0], panels, QUANT_PANEL).transpose(1, 0, 2)
 
 
@@ -105,7 +106,8 @@ class PackedQuantizedWeight:
     norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
 
     @classmethod
-    def pack(cls, weight: QuantizedWeight) -> PackedQuantizedWeight:
+    def pack(cls, weight: QuantizedWeight, xp=jnp) -> PackedQuantizedWeight:
+        """``weight`` in panels; ``xp=np`` packs on the host (numpy arrays in the fields)."""
         if not can_pack_quantized(weight):
             raise ValueError(
                 f"the native kernel takes int8 / int4 (groups a multiple of 8) weights with "
@@ -113,14 +115,15 @@ class PackedQuantizedWeight:
                 f"of {weight.group_size}"
             )
         columns = weight.shape[1]
-        mins, values = None, _panels(weight.values, columns)
+        scales = xp.asarray(weight.scales)
+        mins, values = None, _panels(weight.values, columns, xp)
         if weight.kind == "int4":
-            mins = weight.mins if weight.mins is not None else weight.scales * -8  # exact in f16
-            mins = _panels(mins, columns)
+            mins = xp.asarray(weight.mins) if weight.mins is not None else scales * -8  # exact
+            mins = _panels(mins, columns, xp)
             values = _int4_lanes(values)
         return cls(
             values,
-            _panels(weight.scales, columns),
+            _panels(scales, columns, xp),
             mins,
             bits=8 if weight.kind == "int8" else 4,
             columns=columns,
@@ -229,9 +232,27 @@ def matmul_quantized_cpu_group(
 SHARED_BUFFER_ELEMENTS = 1 << 30
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _write_into(buffer: jax.Array, part: jax.Array, offset: jax.Array) -> jax.Array:
-    return jax.lax.dynamic_update_slice(buffer, part, (offset,))
+def _packed_layout(weight: QuantizedWeight) -> PackedQuantizedWeight:
+    """``PackedQuantizedWeight.pack(weight)`` with ``jax.ShapeDtypeStruct`` fields, from the
+    shapes alone."""
+    panels = -(-weight.shape[1] // QUANT_PANEL)
+
+    def panelled(array):  # [R, N] -> [P, R, 16]
+        return jax.ShapeDtypeStruct((panels, array.shape[0], QUANT_PANEL), array.dtype)
+
+    mins = None
+    if weight.kind == "int4":
+        mins = panelled(weight.mins if weight.mins is not None else weight.scales)
+    return PackedQuantizedWeight(
+        panelled(weight.values),
+        panelled(weight.scales),
+        mins,
+        bits=8 if weight.kind == "int8" else 4,
+        columns=weight.shape[1],
+        depth=weight.shape[0],
+        groups=weight.shape[0] // weight.group_size,
+        activations=weight.activations,
+    )
 
 
 def pack_shared(weights: list[QuantizedWeight]) -> list[PackedQuantizedWeight]:
@@ -243,10 +264,11 @@ def pack_shared(weights: list[QuantizedWeight]) -> list[PackedQuantizedWeight]:
     Computes the same products. A step then passes a few arrays for a whole model's kernels
     instead of two or three per kernel: on CPU every argument of a jitted call costs dispatch
     time (``jaxgen.engine.flat_params.FlatParams`` passes a shared array once). The weights are
-    packed one at a time and written in place, so besides ``weights`` and the buffers only one
-    packed weight exists at a time."""
+    packed one at a time on the host (numpy: no per-weight dispatch or compile) into host
+    buffers, which then go to the device once each, so besides ``weights`` and the buffers only
+    one packed weight exists at a time."""
     fields = ("values", "scales", "mins")
-    layouts = [jax.eval_shape(PackedQuantizedWeight.pack, weight) for weight in weights]
+    layouts = [_packed_layout(weight) for weight in weights]
     sizes: dict[tuple, list[int]] = {}  # (field, dtype) -> elements in each of its buffers
     placed = []  # per weight and field: (key, buffer index, offset) or None
     for layout in layouts:
@@ -262,19 +284,22 @@ def pack_shared(weights: list[QuantizedWeight]) -> list[PackedQuantizedWeight]:
             places.append(((field, np.dtype(leaf.dtype)), len(chunks) - 1, chunks[-1]))
             chunks[-1] += leaf.size
         placed.append(places)
-    buffers = {
-        (key, index): jnp.zeros(size, key[1])
+    host = {
+        (key, index): np.empty(size, key[1])
         for key, chunks in sizes.items()
         for index, size in enumerate(chunks)
     }
     for weight, places in zip(weights, placed, strict=True):
-        packed = PackedQuantizedWeight.pack(weight)
+        packed = PackedQuantizedWeight.pack(weight, np)
         for field, place in zip(fields, places, strict=True):
             if place is not None:
                 key, index, offset = place
                 part = getattr(packed, field).reshape(-1)
-                buffers[key, index] = _write_into(buffers[key, index], part, np.int32(offset))
+                host[key, index][offset : offset + part.size] = part
         del packed
+    buffers = {}
+    for place in list(host):
+        buffers[place] = jnp.asarray(host.pop(place))  # one host buffer at a time
 
     def shared(place):
         return None if place is None else buffers[place[0], place[1]]

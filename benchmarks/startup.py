@@ -1,0 +1,170 @@
+"""Start-up: the README's first command, ``jaxgen generate --chat "What is the capital of
+France?"`` on the default model, in fresh processes.
+
+Usage (from the repository root; ~1 min per run on a busy 2-core CPU):
+  python benchmarks/startup.py [--runs 3] [--breakdown-runs 2] [--cache-dir DIR] [--json FILE]
+
+``--runs`` runs of the command itself (each a new process; the first with an empty
+``JAXGEN_CACHE_DIR``, so it builds the native CPU kernels and compiles every executable; the
+rest warm): wall seconds from launch to exit, user + system CPU seconds and peak RSS of the
+process (``os.wait4``), and the answer. ``--breakdown-runs`` runs of the same job in a child
+that times each phase from its launch (first again with an empty cache): ``import``
+(``jaxgen.cli``, jax and flax), ``load`` (config, weights, tokenizer), ``engine`` (KV pool,
+backend, parameter packing), ``first_token`` (the prefill step, its compiles included; its end
+is the time to first token) and ``generate`` (the decode steps). ``--python`` and
+``--pythonpath`` run another checkout's code with the same script (a before/after comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = "What is the capital of France?"
+COMMAND = ["generate", "--chat", PROMPT]
+
+
+def run_child(argv: list[str], env: dict) -> dict:
+    """Runs ``argv``; its wall seconds, CPU seconds, peak RSS (MB) and output."""
+    start = time.perf_counter()
+    env = {**env, "STARTUP_LAUNCH": repr(time.time())}
+    with tempfile.TemporaryFile() as err_file:
+        process = subprocess.Popen(  # cwd: not a checkout, so PYTHONPATH picks the code
+            argv, env=env, stdout=subprocess.PIPE, stderr=err_file, cwd=tempfile.gettempdir()
+        )
+        out = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own CPU time and peak RSS
+        process.returncode = os.waitstatus_to_exitcode(status)
+        err_file.seek(0)
+        err = err_file.read()
+    wall = time.perf_counter() - start
+    if process.returncode != 0:
+        raise RuntimeError(f"{argv} failed ({process.returncode}):\n{err.decode()[-3000:]}")
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "stdout": out.decode().strip(),
+    }
+
+
+def breakdown() -> None:
+    """The child of ``--breakdown-runs``: the CLI's job, phase by phase; prints one JSON line."""
+    launch = float(os.environ["STARTUP_LAUNCH"])
+    marks = {}
+    import jax  # noqa: F401  (the CLI imports it through jaxgen.cli)
+
+    import jaxgen.cli  # noqa: F401
+    from jaxgen import LLM, SamplingParams
+    from jaxgen.loaders import load_model
+
+    try:  # as the command line does before it loads (a checkout without the module has none)
+        from jaxgen.compile_cache import enable_compile_cache
+
+        enable_compile_cache()
+    except ImportError:
+        pass
+    marks["import"] = time.time()
+    loaded = load_model(None)
+    marks["load"] = time.time()
+    # As `jaxgen generate` with one prompt (before it sized the engine to it: 64).
+    llm = LLM(loaded, max_rolling_batch_size=int(os.environ.get("STARTUP_MAX_SEQS", "1")))
+    marks["engine"] = time.time()
+    tokenizer = llm.get_tokenizer()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True
+    )
+    token_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    llm.engine.add_request("0", prompt, token_ids, SamplingParams(max_tokens=64, temperature=0))
+    text = ""
+    while llm.engine.has_unfinished():
+        for out in llm.engine.step():
+            if "first_token" not in marks and out.outputs and out.outputs[0].token_ids:
+                marks["first_token"] = time.time()
+            text = out.outputs[0].text
+    marks["generate"] = time.time()
+    phases, previous = {}, launch
+    for name, stamp in marks.items():
+        phases[name] = round(stamp - previous, 2)
+        previous = stamp
+    stats = llm.stats()
+    print(
+        json.dumps(
+            {
+                "phases_s": phases,
+                "time_to_first_token_s": round(marks["first_token"] - launch, 2),
+                "total_s": round(marks["generate"] - launch, 2),
+                "load_seconds": round(loaded.load_seconds, 2)
+                if hasattr(loaded, "load_seconds")
+                else None,
+                "compiles": stats.get("compiles"),
+                "compile_cache_hits": stats.get("compile_cache_hits"),
+                "kv_pool_bytes": stats.get("kv_pool_bytes"),
+                "text": text,
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs of the command (first cold)")
+    parser.add_argument("--breakdown-runs", type=int, default=2, help="phase-timed runs")
+    parser.add_argument("--cache-dir", default=None, help="JAXGEN_CACHE_DIR (default: a temp dir)")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter to run")
+    parser.add_argument("--pythonpath", default=None, help="PYTHONPATH for the runs (a checkout)")
+    parser.add_argument("--label", default="", help="a name for these runs in the output")
+    parser.add_argument("--json", default=None, help="append the results as one JSON line here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        breakdown()
+        return
+    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jaxgen-startup-")
+    env = dict(os.environ, JAXGEN_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    if args.pythonpath:
+        env["PYTHONPATH"] = args.pythonpath
+    cli = [args.python, "-c", "import sys; from jaxgen.cli import main; sys.exit(main())"]
+    child = [args.python, os.path.abspath(__file__), "--child"]
+    code = subprocess.run(
+        [args.python, "-c", "import jaxgen, os; print(os.path.dirname(jaxgen.__file__))"],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(f"{args.label or 'runs'}: jaxgen from {code}", flush=True)
+    results = {
+        "label": args.label,
+        "jaxgen": code,
+        "command": ["jaxgen", *COMMAND],
+        "runs": [],
+        "breakdown": [],
+    }
+    for kind, count, argv in (
+        ("runs", args.runs, cli + COMMAND),
+        ("breakdown", args.breakdown_runs, child),
+    ):
+        shutil.rmtree(cache_dir, ignore_errors=True)  # each series starts with an empty cache
+        for index in range(count):
+            result = run_child(argv, env)
+            if kind == "breakdown":
+                result.update(json.loads(result.pop("stdout").splitlines()[-1]))
+            result["cache"] = "empty" if index == 0 else "warm"
+            results[kind].append(result)
+            print(json.dumps({"label": args.label, kind: result}), flush=True)
+    if args.cache_dir is None:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    if args.json:
+        with open(args.json, "a") as handle:
+            handle.write(json.dumps(results) + "\n")
+
+
+if __name__ == "__main__":
+    main()
