@@ -264,6 +264,7 @@ def test_server_reads_the_declared_environment_and_properties(tmp_path):
     from serving.settings import resolve_settings
 
     values = {"int": "3", "float": "0.5", "bool": "false", "str": "x", "memory": "64MiB"}
+    values["json"] = '{"method": "ngram", "num_speculative_tokens": 2}'
     for field in knob_fields():
         value = field.knob.choices[-1] if field.knob.choices else values[field.kind]
         expected = resolve_settings({field.name: value}, {})

@@ -152,8 +152,8 @@ def test_kv_heads_fewer_than_chips_compile_for_v6e_8():
 @pytest.mark.tpu_compile
 def test_multi_step_call_compiles_for_v5e_1():
     """The engine's multi-step call (4 decode steps in one scan) with int8 weights and an int8
-    pool: the kernels inside the loop, the pool updated in place (no copy), and one step's
-    counted bytes close to the one-step executable's (XLA counts a loop body once)."""
+    pool: the kernels inside the loop, the pool updated in place (no copy), and the call's
+    counted bytes those of one step and its sampler (XLA counts a loop body once)."""
     from jaxgen.ahead_of_time import compile_decode_step
 
     config = ModelConfig.from_hf_dict(SMOLLM2_SHAPE)
@@ -183,8 +183,11 @@ def test_multi_step_call_compiles_for_v5e_1():
     chip = four["per_chip_bytes"]
     assert chip["kv_pool"] == one["per_chip_bytes"]["kv_pool"]
     assert chip["temp"] < 0.02 * chip["hbm"]  # the pool (>= 85% of HBM) is not copied
+    # The scan's body also samples (every sampler stage, each behind a conditional the count
+    # includes), which the one-step executable leaves to the sampler's own program: more than
+    # one step's model bytes, but nowhere near four steps' (a copied pool or an unrolled loop).
     ratio = four["decode_step"]["bytes_accessed"] / one["decode_step"]["bytes_accessed"]
-    assert 0.8 < ratio < 1.1, ratio
+    assert 0.8 < ratio < 2.0, ratio
     with pytest.raises(ValueError, match="num_scheduler_steps must be an integer >= 1"):
         compile_decode_step(config, "v5e-1", num_scheduler_steps=0)
 

@@ -30,35 +30,35 @@ class DecodeCapture:
         self.runner = runner
         self.original = runner.dispatch
         self.arrays = None
-        self.flags = None
         self.decode_rows = 0
         runner.dispatch = self._dispatch
 
-    def _dispatch(self, arrays, flags, *args, **kwargs):
-        # args: prompt_targets, prompt_top and (asynchronous scheduling) the previous feed
+    def _dispatch(self, arrays, prompt_targets=None, *args, **kwargs):
+        # args: asynchronous scheduling's (from_previous, previous_tokens)
         live = arrays[2].live_rows  # [[0, decode rows], [decode rows, all rows]]
-        single = kwargs.get("num_steps", 1) == 1 and all(arg is None for arg in args)
+        single = kwargs.get("num_steps", 1) == 1 and prompt_targets is None
+        single = single and all(arg is None for arg in args)
         if single and live is not None and live[0][1] > 0 and live[1][0] == live[1][1]:
             if live[0][1] >= self.decode_rows:
-                self.arrays, self.flags, self.decode_rows = arrays, flags, int(live[0][1])
-        return self.original(arrays, flags, *args, **kwargs)
+                self.arrays, self.decode_rows = arrays, int(live[0][1])
+        return self.original(arrays, prompt_targets, *args, **kwargs)
 
     def release(self) -> None:
         """Puts the runner's own ``dispatch`` back and lets go of it (the wrapper and the
         runner refer to each other: without this the old KV pool outlives its engine)."""
         if self.runner is not None:
             del self.runner.dispatch
-        self.runner = self.arrays = self.flags = None
+        self.runner = self.arrays = None
 
     def replay_seconds(self, steps: int) -> float | None:
         """Seconds per step of ``steps`` dispatches of the kept step, back to back (the device
         time once the host runs ahead; the step rewrites the same pool slots each time)."""
         if self.arrays is None:
             return None
-        jax.block_until_ready(self.original(self.arrays, self.flags).result)
+        jax.block_until_ready(self.original(self.arrays).result)
         start = time.perf_counter()
         for _ in range(steps):
-            last = self.original(self.arrays, self.flags)
+            last = self.original(self.arrays)
         jax.block_until_ready(last.result)
         return (time.perf_counter() - start) / steps
 
@@ -68,12 +68,14 @@ class DecodeCapture:
         if self.arrays is None:
             return None
         runner = self.runner
+        *inputs, sampling = self.arrays
         lowered = runner._step.lower(
             runner._param_arrays,
             runner.kv_cache,
-            *self.arrays,
-            flags=self.flags,
+            *inputs,
+            runner._no_targets(inputs[0].shape[0]),
             head=None,
+            sample_rows=runner.sampling_shapes.fit(sampling).temperature.shape[0],
             flat_params=runner._flat_params,
         )
         analysis = lowered.compile().memory_analysis()
