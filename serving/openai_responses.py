@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.common import accept, prepare
+from serving.common import prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed
 from serving.openai_format import cached_tokens
-from serving.openai_routes import check_model, openai_error, openai_error_body, request_id_of
+from serving.openai_routes import admitted, openai_error, openai_error_body, request_id_of
 from serving.responses_requests import ResponsesRequest, parse_responses, renamed
 from serving.streaming import EventStreamResponse, run_until_disconnect
 from serving.tool_calls import constraint_param
@@ -46,12 +46,9 @@ def constraint_of(parsed: ResponsesRequest) -> tuple:
 async def responses(request: Request) -> Response:
     """``POST /v1/responses``."""
     try:
-        state, body = await accept(request)
-        check_model(state, body.get("model"))
-        ticket = state.admit()
+        state, body, ticket = await admitted(request)
     except RequestError as error:
         return openai_error(error)
-    ticket.label = request_id_of(request)
     streaming = False
     try:
         parsed, grammar = await prepare(request, state, body, parse_responses, constraint_of)

@@ -65,14 +65,21 @@ def check_model(state, model) -> None:
         )
 
 
+async def admitted(request: Request):
+    """Reads the body, checks its ``model`` and admits the request (429 past the limit):
+    ``(state, body, ticket)``. Raises ``RequestError``."""
+    state, body = await accept(request)
+    check_model(state, body.get("model"))
+    ticket = state.admit()
+    ticket.label = request_id_of(request)
+    return state, body, ticket
+
+
 async def serve(request: Request, parse, format_class) -> Response:
     try:
-        state, body = await accept(request)
-        check_model(state, body.get("model"))
-        ticket = state.admit()
+        state, body, ticket = await admitted(request)
     except RequestError as error:
         return openai_error(error)
-    ticket.label = request_id_of(request)
     streaming = False
     try:
         parsed, grammar = await prepare(request, state, body, parse, openai_constraint(body))
