@@ -141,8 +141,9 @@ def test_precompile_covers_every_shape(tiny_model_dir):
     llm = LLM(tiny_model_dir, precompile=True, **knobs)
     stats = llm.stats()
     buckets = llm.engine.layout.token_buckets
-    assert stats["precompile_compiles"] == len(buckets) == 6  # 2 .. 64
-    assert llm.precompile(sampled) == len(buckets)  # the sampling variant of each shape
+    # every step shape (2 .. 64), and the sampler's row buckets besides
+    assert stats["precompile_compiles"] > len(buckets) == 6
+    assert llm.precompile(sampled) == 0  # every sampling configuration shares those programs
     before = llm.stats()["compiles"]
     greedy_out = llm.generate(prompts, params, use_tqdm=False)
     sampled_out = llm.generate(prompts[:5], sampled, use_tqdm=False)
@@ -161,4 +162,5 @@ def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir):
     llm = LLM(tiny_model_dir, attention_backend="reference", max_model_len=64)
     layout = llm.engine.layout
     decode_buckets = [t for t in layout.token_buckets if t <= layout.seq_cap]
-    assert llm.precompile() == len(decode_buckets) * len(layout.width_buckets)
+    # each decode shape at every table width, and the sampler's row buckets besides
+    assert llm.precompile() > len(decode_buckets) * len(layout.width_buckets)
