@@ -18,9 +18,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxgen.attention import AttentionMetadata
 from jaxgen.backends import select_backend
 from jaxgen.backends.cpu_kernels import cpu_kernel_available, matmul_kernel_available
+from jaxgen.layers.attention import AttentionMetadata
 from jaxgen.loaders import load_model
 
 parser = argparse.ArgumentParser(description=__doc__)

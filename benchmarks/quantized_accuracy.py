@@ -36,9 +36,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from jaxgen import LLM
+    from jaxgen.evaluation.agreement import PROMPTS, greedy_sequences, teacher_forced_agreement
     from jaxgen.loaders import load_model
     from jaxgen.quantization import QuantizationSpec
-    from jaxgen.quantization.accuracy import PROMPTS, greedy_sequences, teacher_forced_agreement
 
     reference = load_model(None, quantization="none")
     llm = LLM(reference, max_model_len=256, kv_cache_memory=128 << 20)

@@ -55,12 +55,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     args = parser.parse_args()
 
-    from jaxgen.attention import AttentionMetadata
     from jaxgen.backends import select_backend
     from jaxgen.config import ModelConfig
-    from jaxgen.models.rope import inverse_frequencies
+    from jaxgen.evaluation.agreement import _forward
+    from jaxgen.layers.attention import AttentionMetadata
+    from jaxgen.layers.rope import inverse_frequencies
     from jaxgen.models.weights import abstract_model
-    from jaxgen.quantization.accuracy import _forward
 
     config = ModelConfig.from_hf_dict({**LLAMA3_8B, "num_hidden_layers": args.layers})
     graphdef, abstract = abstract_model(config, jnp.float32)

@@ -19,8 +19,8 @@ import time
 
 from jaxgen import LLM, AsyncLLM, SamplingParams
 from jaxgen.loaders import load_model
-from serving.run_batch import run_batch_async
-from serving.settings import ServerSettings
+from serving.launch.run_batch import run_batch_async
+from serving.settings.resolve import ServerSettings
 
 
 def requests(num: int, output_len: int) -> tuple[list, list[str]]:

@@ -65,7 +65,7 @@ def breakdown() -> None:
     from jaxgen.loaders import load_model
 
     try:  # as the command line does before it loads (a checkout without the module has none)
-        from jaxgen.compile_cache import enable_compile_cache
+        from jaxgen.config.compile_cache import enable_compile_cache
 
         enable_compile_cache()
     except ImportError:

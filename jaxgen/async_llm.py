@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.create_engine import create_engine
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.grammar_masks import grammar_compiler
 from jaxgen.engine.grammar_threads import default_grammar_threads
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.outputs import CompletionOutput, RequestOutput
-from jaxgen.replicas import create_engine
 from jaxgen.sampling_params import SamplingParams
 
 _FINISHED = object()

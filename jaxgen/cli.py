@@ -5,13 +5,47 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
-from jaxgen import convert, planner
 from jaxgen.bench import cli as bench_cli
 from jaxgen.bench.extra import MissingExtra
-from jaxgen.engine_knobs import add_engine_flags, engine_kwargs
+from jaxgen.config.knobs import add_engine_flags, engine_kwargs
 from jaxgen.llm import LLM
+from jaxgen.loaders.convert import convert
+from jaxgen.planning import cli as planning_cli
 from jaxgen.sampling_params import SamplingParams
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    out = convert(
+        args.model,
+        args.out,
+        dtype=args.dtype,
+        tensor_parallel_degree=args.tensor_parallel_degree,
+        force=args.force,
+    )
+    print(
+        f"converted {args.model or 'smollm2'} -> {out} ({args.dtype}) in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    return 0
+
+
+def add_convert_parser(sub) -> None:
+    """Registers the ``convert`` subcommand."""
+    parser = sub.add_parser("convert", help="save a model as an orbax checkpoint for fast start-up")
+    parser.add_argument("model", help="alias (smollm2), HF checkpoint directory or .gguf file")
+    parser.add_argument("out", help="output directory")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument(
+        "--tensor-parallel-degree",
+        type=int,
+        default=1,
+        help="validate for and save from this many devices' shards",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite a non-empty OUT")
+    parser.set_defaults(func=cmd_convert)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -47,9 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_run_batch(args: argparse.Namespace) -> int:
-    """Replaces this process with ``python -m serving.run_batch``: OpenAI batch files run
+    """Replaces this process with ``python -m serving.launch.run_batch``: OpenAI batch files run
     through the server's app in process (the server's layer, as ``serve``)."""
-    argv = [sys.executable, "-m", "serving.run_batch", *args.serve_arguments]
+    argv = [sys.executable, "-m", "serving.launch.run_batch", *args.serve_arguments]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)
@@ -86,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.set_defaults(func=cmd_run_batch)
 
-    planner.add_parser(sub)
-    convert.add_parser(sub)
+    planning_cli.add_parser(sub)
+    add_convert_parser(sub)
     bench_cli.add_parser(sub)
     return parser
 

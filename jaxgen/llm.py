@@ -9,11 +9,11 @@ from collections.abc import Sequence as Seq
 
 from jaxgen.beam_search_params import BeamSearchOutput, BeamSearchParams
 from jaxgen.chat_template_options import ChatTemplateOptions
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.create_engine import create_engine
 from jaxgen.engine.beam_search import run_beam_search
-from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
-from jaxgen.replicas import create_engine
 from jaxgen.sampling_params import SamplingParams
 from jaxgen.tool_calling import ToolRequest, chat_template_of, check_conversation, render_chat
 

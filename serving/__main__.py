@@ -2,6 +2,6 @@
 
 import sys
 
-from serving.cli import main
+from serving.launch.cli import main
 
 sys.exit(main())

@@ -16,12 +16,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving import openai_responses, openai_routes, tgi_routes, tokenize_routes
 from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
-from serving.settings import ServerSettings
+from serving.openai import responses_routes, tokenize_routes
+from serving.openai import routes as openai_routes
+from serving.settings.resolve import ServerSettings
 from serving.state import FAILED, LOADING, READY, ServerState
 from serving.streaming import ClientDisconnected
+from serving.tgi import format as tgi_format
+from serving.tgi import routes as tgi_routes
 from serving.validation import RequestError
 
 logger = logging.getLogger("serving")
@@ -99,7 +102,7 @@ def create_app(
         Route("/metrics", metrics_route, methods=["GET"]),
         *tgi_routes.ROUTES,
         *openai_routes.ROUTES,
-        *openai_responses.ROUTES,
+        *responses_routes.ROUTES,
         *tokenize_routes.ROUTES,
     ]
     handlers = {
@@ -171,7 +174,7 @@ async def metrics_route(request: Request) -> Response:
 def render_error(request: Request, error: RequestError) -> Response:
     if request.url.path.startswith("/v1"):
         return openai_routes.openai_error(error)
-    return tgi_routes.tgi_error(error)
+    return tgi_format.tgi_error(error)
 
 
 async def request_error(request: Request, error: RequestError) -> Response:

@@ -2,11 +2,11 @@
 
 Each pod of a group (a LeaderWorkerSet replica, the hosts of a TPU slice) runs this with the
 same flags. It reads which cluster it belongs to from the environment
-(``jaxgen.distributed_env``: LeaderWorkerSet, TPU VM or explicit ``JAX_*`` variables) and joins
+(``jaxgen.parallel.distributed_env``: LeaderWorkerSet, TPU VM or explicit ``JAX_*`` variables) and joins
 it with ``jax.distributed.initialize``; every process then builds the same engine over all the
 group's chips (``--tensor-parallel-degree`` = the group's chips). Process 0 serves HTTP as
 ``jaxgen serve`` does, its engine wrapped in a ``LeaderEngine``; the others follow its steps
-(``jaxgen.multihost``) and exit when it stops. Without such variables it is ``jaxgen serve``.
+(``jaxgen.parallel.multihost``) and exit when it stops. Without such variables it is ``jaxgen serve``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import os
 import sys
 
 from jaxgen.async_llm import AsyncLLM
-from jaxgen.distributed_env import distributed_setup
-from jaxgen.multihost import LeaderEngine, StepChannel, follow_leader
-from serving.cli import run_serve
-from serving.flags import add_serve_arguments, check_engine_knobs, settings_from_args
-from serving.loader import build_engine
+from jaxgen.parallel.distributed_env import distributed_setup
+from jaxgen.parallel.multihost import LeaderEngine, StepChannel, follow_leader
+from serving.launch.cli import run_serve
+from serving.launch.loader import build_engine
+from serving.settings.flags import add_serve_arguments, check_engine_knobs, settings_from_args
 
 logger = logging.getLogger("serving")
 

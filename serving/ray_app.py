@@ -26,9 +26,9 @@ from typing import Any
 from ray import serve
 
 from serving.app import create_app
-from serving.flags import FLAG_SETTINGS, check_engine_knobs
-from serving.loader import build_llm
-from serving.settings import resolve_settings
+from serving.launch.loader import build_llm
+from serving.settings.flags import FLAG_SETTINGS, check_engine_knobs
+from serving.settings.resolve import resolve_settings
 
 logger = logging.getLogger("serving")
 

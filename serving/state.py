@@ -11,8 +11,8 @@ import time
 from jaxgen.quantization.stats import weight_stats
 from serving.generation import TokenTexts
 from serving.metrics import ServerMetrics
-from serving.setting_parsers import SettingsError
-from serving.settings import ServerSettings
+from serving.settings.parsers import SettingsError
+from serving.settings.resolve import ServerSettings
 from serving.structured_output_requests import compiler_of
 from serving.validation import RequestError
 from serving.workers import Workers

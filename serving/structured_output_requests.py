@@ -11,8 +11,8 @@ import asyncio
 
 from jaxgen.engine.grammar_masks import grammar_compiler
 from jaxgen.engine.grammar_threads import QueueFull
-from jaxgen.structured_output_limits import ConstraintTooLarge
 from jaxgen.structured_outputs import StructuredOutputsParams
+from jaxgen.structured_outputs.limits import ConstraintTooLarge
 from serving.validation import Fields, RequestError
 
 GUIDED_FIELDS = {  # vLLM's older request fields

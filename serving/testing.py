@@ -6,7 +6,7 @@ import atexit
 import threading
 
 from jaxgen.async_llm import AsyncLLM
-from serving.server import ServerThread, free_port
+from serving.launch.server import ServerThread, free_port
 
 _LLMS: dict[tuple, object] = {}
 _LOCK = threading.Lock()

@@ -63,7 +63,7 @@ def mode_tp(args: dict) -> dict:
     import numpy as np
 
     from jaxgen import LLM
-    from jaxgen.models.full_forward import full_sequence_logits
+    from jaxgen.evaluation.full_forward import full_sequence_logits
 
     result = {"tokens": {}, "logits_max_diff": {}, "params": {}, "gqa": {}}
     reference_logits = None
@@ -89,7 +89,7 @@ def mode_quantized_tp(args: dict) -> dict:
     import numpy as np
 
     from jaxgen import LLM
-    from jaxgen.models.full_forward import full_sequence_logits
+    from jaxgen.evaluation.full_forward import full_sequence_logits
 
     result = {}
     for kind in args["kinds"]:
@@ -162,8 +162,8 @@ def mode_kv_pool_tp(args: dict) -> dict:
 
 def mode_cuda_lowering_tp(args: dict) -> dict:
     """The pallas-gpu decode step lowered for CUDA at degree 2 with an 8-bit pool."""
-    from jaxgen.ahead_of_time import lower_decode_step_for_cuda
     from jaxgen.config import ModelConfig
+    from jaxgen.planning.ahead_of_time import lower_decode_step_for_cuda
 
     config = ModelConfig(**args["config"])
     return lower_decode_step_for_cuda(
@@ -327,8 +327,8 @@ def mode_orbax(args: dict) -> dict:
     from flax import nnx
 
     from jaxgen import LLM
-    from jaxgen.convert import convert
     from jaxgen.loaders import load_model
+    from jaxgen.loaders.convert import convert
 
     convert(args["original"], args["convert_to"], tensor_parallel_degree=2)
     llm = LLM(args["convert_to"], tensor_parallel_degree=4, **ENGINE)
@@ -352,9 +352,9 @@ def mode_families_tp(args: dict) -> dict:
     import numpy as np
 
     from jaxgen import LLM
+    from jaxgen.evaluation.full_forward import full_sequence_logits
     from jaxgen.loaders import load_model
-    from jaxgen.models.full_forward import full_sequence_logits
-    from jaxgen.sharding import ShardingPlan, make_mesh, shard_loaded
+    from jaxgen.parallel.sharding import ShardingPlan, make_mesh, shard_loaded
 
     result = {}
     for name, path in args["models"].items():
@@ -427,7 +427,7 @@ def serve_from_process_0(engine) -> dict:
     import jax
 
     from jaxgen import AsyncLLM, SamplingParams
-    from jaxgen.multihost import LeaderEngine, StepChannel, follow_leader
+    from jaxgen.parallel.multihost import LeaderEngine, StepChannel, follow_leader
 
     channel = StepChannel()
     if jax.process_index() != 0:

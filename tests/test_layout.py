@@ -213,14 +213,15 @@ def test_jaxgen_serve_runs_the_server_command_line():
 
 # -- engine knobs: declared once on EngineConfig, everything else derived --------------------------
 def test_knob_table_in_the_docs_is_the_declared_one():
-    from jaxgen.engine_knobs import knob_table, table_in, undeclared_fields
+    from jaxgen.config.knob_table import knob_table, table_in
+    from jaxgen.config.knobs import undeclared_fields
 
     assert undeclared_fields() == [], "declare these EngineConfig fields with knob(...)"
 
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert table_in(text) == knob_table(), (
         "docs/configuration.md's knob table differs from EngineConfig's declarations: "
-        "python -m jaxgen.engine_knobs --write docs/configuration.md"
+        "python -m jaxgen.config.knob_table --write docs/configuration.md"
     )
 
 
@@ -228,8 +229,8 @@ def test_command_lines_take_the_declared_knobs_with_their_defaults():
     import argparse
 
     from jaxgen.cli import build_parser
-    from jaxgen.engine_knobs import engine_kwargs, knob_fields
-    from serving.cli import add_serve_arguments
+    from jaxgen.config.knobs import engine_kwargs, knob_fields
+    from serving.launch.cli import add_serve_arguments
 
     fields = knob_fields()
     generate = build_parser().parse_args(["generate"])
@@ -260,8 +261,8 @@ def as_read_from(settings, source: str):
 
 
 def test_server_reads_the_declared_environment_and_properties(tmp_path):
-    from jaxgen.engine_knobs import knob_fields
-    from serving.settings import resolve_settings
+    from jaxgen.config.knobs import knob_fields
+    from serving.settings.resolve import resolve_settings
 
     values = {"int": "3", "float": "0.5", "bool": "false", "str": "x", "memory": "64MiB"}
     values["json"] = '{"method": "ngram", "num_speculative_tokens": 2}'
@@ -291,7 +292,7 @@ def test_ray_is_imported_only_by_the_ray_app():
     assert importers == ["serving/ray_app.py"]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     code = (
-        "import sys, serving.cli, serving.app, serving.pod\n"
+        "import sys, serving.launch.cli, serving.app, serving.pod\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray'}))"
     )
     result = subprocess.run(

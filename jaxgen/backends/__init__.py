@@ -14,15 +14,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgen.backends.base import AttentionBackend
+from jaxgen.backends.base import KernelBackend
 from jaxgen.backends.cpu import CPUBackend
 from jaxgen.backends.cpu_kernels import cpu_kernel_available
 from jaxgen.backends.pallas_gpu import PallasGPUBackend
 from jaxgen.backends.pallas_tpu import PallasTPUBackend
 from jaxgen.backends.reference import ReferenceBackend
+from jaxgen.config.engine_config import BACKENDS
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
 
-BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
 _PLATFORM_PALLAS = {"tpu": "pallas-tpu", "gpu": "pallas-gpu", "cuda": "pallas-gpu"}
 
 
@@ -62,7 +62,7 @@ def select_backend(
     kv_sharding=None,
     platform: str | None = None,
     kv_cache_dtype: str = "auto",
-) -> AttentionBackend:
+) -> KernelBackend:
     """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
     paired-layout pool sharding of a tensor-parallel engine, whose mesh and head axis every
     backend takes (the TPU backend for its own layout). ``kv_cache_dtype`` "int8" / "fp8" (an
@@ -98,7 +98,7 @@ def select_backend(
 
 __all__ = [
     "BACKENDS",
-    "AttentionBackend",
+    "KernelBackend",
     "CPUBackend",
     "PallasGPUBackend",
     "PallasTPUBackend",

@@ -11,11 +11,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxgen.models.rope import apply_rope
+from jaxgen.layers.rope import apply_rope
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionBackend:
+class KernelBackend:
     """One backend, chosen once per engine; hashable, so it is a static argument of the jitted
     step. Subclasses set ``name`` and implement the pool and :meth:`attention`."""
 

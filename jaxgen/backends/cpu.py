@@ -17,7 +17,6 @@ import threading
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.attention import row_sequences
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
     PackedWeight,
@@ -30,6 +29,7 @@ from jaxgen.backends.cpu_kernels import (
     quantized_matmul_available,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
+from jaxgen.layers.attention import row_sequences
 from jaxgen.quantization import is_quantized
 from jaxgen.quantization.kv_cache import QuantizedPages
 

@@ -11,8 +11,8 @@ from typing import ClassVar
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgen.attention import AttentionMetadata
-from jaxgen.backends.base import AttentionBackend
+from jaxgen.backends.base import KernelBackend
+from jaxgen.layers.attention import AttentionMetadata
 from jaxgen.quantization import kv_cache
 
 
@@ -29,7 +29,7 @@ def write_kv(
 
 
 @dataclasses.dataclass(frozen=True)
-class PairedPoolBackend(AttentionBackend):
+class PairedPoolBackend(KernelBackend):
     """A backend over (k_pages, v_pages) per layer; subclasses provide :meth:`paged_attention`
     over the step's ragged metadata. ``kv_cache_dtype`` "int8" / "fp8": each pool is a
     ``QuantizedPages`` (8-bit values, a scale per token, head and 32 head_dim elements).

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgen.backends.base import AttentionBackend, replace_linear_kernels
+from jaxgen.backends.base import KernelBackend, replace_linear_kernels
 from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
 from jaxgen.backends.streamed_weight import StreamedWeight
 from jaxgen.quantization import is_quantized
@@ -33,7 +33,7 @@ from pallas_kernels.tpu.rotary_embedding import rotary_embedding_supported, rota
 
 
 @dataclasses.dataclass(frozen=True)
-class PallasTPUBackend(AttentionBackend):
+class PallasTPUBackend(KernelBackend):
     """``mesh``/``model_axis``: where the pool is split over KV heads (None: one device);
     ``interpret``: run the kernels in Pallas's TPU interpreter (on CPU, for tests);
     ``kv_cache_dtype`` "int8" / "fp8": each layer's pool is a ``QuantizedKVPool`` (8-bit codes

@@ -61,7 +61,7 @@ class StreamedQuantizedWeight:
     model_axis: str | None = None
     interpret: bool = False
     packed_pieces: int = 0
-    norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
+    norms_input = True  # takes a NormedInput as x (jaxgen.layers.linear)
 
     @classmethod
     def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):

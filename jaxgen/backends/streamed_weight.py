@@ -1,7 +1,7 @@
 """The pallas-tpu backend's ``Linear`` kernels: weights streamed from HBM by a Pallas matmul.
 
 ``StreamedWeight`` wraps a ``Linear`` kernel (or the embedding used as the LM head) and
-provides the kernel protocol of ``jaxgen.models.linear``. Its :meth:`~StreamedWeight.matmul`
+provides the kernel protocol of ``jaxgen.layers.linear``. Its :meth:`~StreamedWeight.matmul`
 runs ``pallas_kernels.tpu.streamed_matmul`` for decode-sized inputs and XLA's dot for larger
 ones (compute-bound prefill) or shapes the kernel cannot tile. Pallas calls are not partitioned
 by XLA, so under tensor parallelism the call runs inside ``jax.shard_map`` with the weight's own
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgen.models.linear import NormedInput
+from jaxgen.layers.linear import NormedInput
 from pallas_kernels.tpu.streamed_matmul import (
     GATED_ACTIVATIONS,
     streamed_gated_matmul_tpu,
@@ -55,7 +55,7 @@ class StreamedWeight:
     mesh: Mesh | None = None
     model_axis: str | None = None
     interpret: bool = False
-    norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
+    norms_input = True  # takes a NormedInput as x (jaxgen.layers.linear)
 
     @classmethod
     def wrap(cls, value, *, transposed=False, mesh=None, model_axis=None, interpret=False):

@@ -17,7 +17,7 @@ from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
 from jaxgen.bench.peers_run import run_peers
 from jaxgen.bench.sweep import parse_levels, run_sweep, write_sweep
 from jaxgen.bench.workloads import add_workload_args, tokenizer_for, workload_from_args
-from jaxgen.engine_knobs import add_engine_flags, engine_kwargs
+from jaxgen.config.knobs import add_engine_flags, engine_kwargs
 from jaxgen.llm import LLM
 from jaxgen.loaders import load_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxgen.engine.engine_config import EngineConfig
+from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine.scheduler import SchedulerConfig
 
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from jaxgen.engine.grammar_threads import GrammarThreads, default_grammar_threads
 from jaxgen.engine.step_batch import StepBatch
-from jaxgen.structured_output_limits import StructuredOutputLimits, check_constraint
 from jaxgen.structured_outputs import StructuredOutputsParams
+from jaxgen.structured_outputs.limits import StructuredOutputLimits, check_constraint
 
 if TYPE_CHECKING:  # imported on first use: ``import jaxgen`` and an unconstrained run skip it
     import llguidance

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from jaxgen.config.engine_config import EngineConfig
     from jaxgen.engine.batching import BatchingPlan
-    from jaxgen.engine.engine_config import EngineConfig
     from jaxgen.engine.request import Request
     from jaxgen.outputs import RequestOutput
     from jaxgen.sampling_params import SamplingParams

@@ -9,8 +9,8 @@ import dataclasses
 
 import jax
 
+from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine.batching import BatchingPlan
-from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.page_allocator import ContiguousAllocator, PageAllocator
 
 CPU_DEFAULT_KV_BYTES = 2 << 30

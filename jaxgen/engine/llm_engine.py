@@ -6,9 +6,10 @@ import dataclasses
 import time
 
 from jaxgen.backends import select_backend
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine import compile_counter
 from jaxgen.engine.batching import batching_plan
-from jaxgen.engine.engine_config import EngineConfig
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
@@ -18,7 +19,6 @@ from jaxgen.engine.kv_pool_plan import plan_kv_pool
 from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.scheduler import Scheduler
-from jaxgen.engine.speculative.config import SpeculativeConfig
 from jaxgen.engine.speculative.speculator import Speculator
 from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch

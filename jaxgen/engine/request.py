@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from jaxgen.engine.detokenizer import IncrementalDetokenizer
 from jaxgen.engine.sampling_tensors import SamplingRow, min_tokens_banned_ids
 from jaxgen.engine.sequence import Sequence
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
-from jaxgen.tokenizer import IncrementalDetokenizer
 
 
 class Request:

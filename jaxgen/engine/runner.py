@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgen.backends import AttentionBackend, select_backend
+from jaxgen.backends import KernelBackend, select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.flat_params import FlatParams
 from jaxgen.engine.prompt_logprobs import PromptLogprobsOutput
@@ -34,7 +34,7 @@ class ModelRunner:
         page_size: int,
         max_model_len: int,
         seq_cap: int,
-        attention_backend: str | AttentionBackend = "auto",
+        attention_backend: str | KernelBackend = "auto",
         kv_sharding=None,
     ):
         compile_counter.install()
@@ -46,7 +46,7 @@ class ModelRunner:
         self.num_pages = num_pages
         self.backend = (
             attention_backend
-            if isinstance(attention_backend, AttentionBackend)
+            if isinstance(attention_backend, KernelBackend)
             else select_backend(attention_backend, dtype=self.dtype, kv_sharding=kv_sharding)
         )
         # The parameters the step runs on (``params`` stays as loaded) and the LM head kernel

@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.backends import AttentionBackend
+from jaxgen.backends import KernelBackend
 from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsOutput, prompt_logprobs
 from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_shapes import GENERAL_FLAGS
 
 
 @functools.lru_cache(maxsize=16)
-def jitted_step(graphdef, backend: AttentionBackend):
+def jitted_step(graphdef, backend: KernelBackend):
     """The engine step, jitted once per model graph and backend: engines over the same model
     share compiled executables. The KV pool (argument 1) is donated so its updates are in place.
 

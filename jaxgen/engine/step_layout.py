@@ -19,10 +19,10 @@ import dataclasses
 
 import numpy as np
 
-from jaxgen.attention import AttentionMetadata
 from jaxgen.engine.buckets import bucket_for, next_power_of_two, power_of_two_buckets
 from jaxgen.engine.page_allocator import SCRATCH_PAGE
 from jaxgen.engine.scheduler import ScheduledSequence, SchedulerOutput
+from jaxgen.layers.attention import AttentionMetadata
 
 
 @dataclasses.dataclass

@@ -22,8 +22,7 @@ from flax import nnx
 from jaxgen.config import ModelConfig
 from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.tokenizer import load_tokenizer
-from jaxgen.models.weights import abstract_model
-from jaxgen.sharding import path_name
+from jaxgen.models.weights import abstract_model, path_name
 
 METADATA_FILE = "jaxgen_orbax.json"
 PARAMS_DIR = "params"
@@ -80,7 +79,7 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
     """Restores a converted directory as a ``LoadedModel`` in ``dtype``.
 
     ``place`` is the loaders' hook: None keeps every array on the default device; a hook with a
-    ``sharding_for(path)`` method (``jaxgen.sharding.ShardingPlan``) has each array restored
+    ``sharding_for(path)`` method (``jaxgen.parallel.sharding.ShardingPlan``) has each array restored
     directly into that sharding; any other ``place(path, array)`` gets host arrays.
     """
     start = time.perf_counter() if start is None else start

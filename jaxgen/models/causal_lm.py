@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.attention import AttentionMetadata, row_sequences
 from jaxgen.config import ModelConfig
+from jaxgen.layers.attention import AttentionMetadata, row_sequences
+from jaxgen.layers.linear import Embedding, Linear, matmul
+from jaxgen.layers.rope import rope_angles, rope_buffers
 from jaxgen.models.falcon import FalconDecoderLayer, LayerNorm
 from jaxgen.models.gemma import GemmaDecoderLayer, GemmaRMSNorm
-from jaxgen.models.linear import Embedding, Linear, matmul
 from jaxgen.models.llama import DecoderLayer, RMSNorm
-from jaxgen.models.rope import rope_angles, rope_buffers
 
 KVCache = list  # per layer: that layer's pool in the backend's layout
 
@@ -99,7 +99,7 @@ class CausalLM(nnx.Module):
         kv_cache: KVCache,
         md: AttentionMetadata,
         *,
-        backend,  # a jaxgen.backends.AttentionBackend
+        backend,  # a jaxgen.backends.KernelBackend
     ) -> tuple[jax.Array, KVCache]:  # hidden [T, D], updated pages
         """Runs the decoder stack (layers unrolled: faster than a scan on XLA CPU)."""
         x = self.embed_tokens(token_ids)
@@ -123,7 +123,7 @@ class CausalLM(nnx.Module):
         live_rows: jax.Array | None = None,
     ) -> jax.Array:  # [N, D] -> [N, V] float32
         """LM head; ``head_kernel``: a [D, V] kernel to use instead, in any form ``Linear`` takes
-        (the backend's prepared tied embedding, see ``AttentionBackend.prepare_params``);
+        (the backend's prepared tied embedding, see ``KernelBackend.prepare_params``);
         ``live_rows``: the rows that are not padding (see ``Linear``)."""
         if head_kernel is not None:
             logits = matmul(hidden, head_kernel, live_rows)

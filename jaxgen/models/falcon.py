@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear
+from jaxgen.layers.linear import Linear
 from jaxgen.models.llama import Attention
 
 

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgen.attention import attention
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear, NormedInput, apply_linears, rms_norm
+from jaxgen.layers.attention import attention
+from jaxgen.layers.linear import Linear, NormedInput, apply_linears, rms_norm
 from jaxgen.models.mlp import MLP
 from jaxgen.models.moe import SparseMoE
 

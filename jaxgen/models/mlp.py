@@ -7,7 +7,7 @@ import jax
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.models.linear import Linear, apply_linears, gated_matmul
+from jaxgen.layers.linear import Linear, apply_linears, gated_matmul
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,

@@ -9,7 +9,7 @@ and per-expert tensors stacked (Mixtral, Qwen3-MoE).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +17,9 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.layers.linear import Embedding
+from jaxgen.layers.rope import rope_buffers
 from jaxgen.models.causal_lm import CausalLM
-from jaxgen.models.linear import Embedding
-from jaxgen.models.rope import rope_buffers
 from jaxgen.quantization import QuantizedWeight, quantize_kernel, spec_for_path
 
 ArrayPlacer = Callable[[tuple, np.ndarray], jax.Array]
@@ -39,6 +39,11 @@ _FALCON_LAYER = {
     "mlp.up_proj": "mlp.dense_h_to_4h",
     "mlp.down_proj": "mlp.dense_4h_to_h",
 }
+
+
+def path_name(path: Sequence) -> str:
+    """``('layers', 0, 'mlp', 'up_proj', 'kernel')`` -> ``"layers.0.mlp.up_proj.kernel"``."""
+    return ".".join(str(p) for p in path)
 
 
 class ShapeOnlyKeys:

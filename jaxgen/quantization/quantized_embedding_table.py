@@ -56,7 +56,7 @@ class QuantizedEmbeddingTable:
 
     def take_columns(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:  # [T] -> [T, D]
         """The embedding lookup (the name is the kernel protocol's, see
-        ``jaxgen.models.linear.Embedding``): rows ``ids`` dequantised, i.e. columns ``ids`` of
+        ``jaxgen.layers.linear.Embedding``): rows ``ids`` dequantised, i.e. columns ``ids`` of
         the ``[hidden, vocab]`` kernel this table was transposed from."""
         hidden = self.shape[1]
         groups = hidden // self.group_size

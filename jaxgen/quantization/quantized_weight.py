@@ -25,7 +25,7 @@ onto int8 / int4 / int4-with-mins with group 32 value for value (``jaxgen.loader
 
 It is a pytree (``values``, ``scales``, ``mins`` are leaves; ``kind``, ``group_size`` and
 ``shape`` static), so the jitted step takes it as an argument like any parameter, and it has
-the kernel protocol of ``jaxgen.models.linear``: :meth:`matmul` computes ``x @ dequantize()``
+the kernel protocol of ``jaxgen.layers.linear``: :meth:`matmul` computes ``x @ dequantize()``
 in XLA (the reference path; XLA fuses the dequantisation into the dot's operand on TPU/GPU).
 Backends with native kernels replace it in ``prepare_params`` (the "cpu" backend's
 ``PackedQuantizedWeight``).

@@ -3,8 +3,8 @@ schema, enforced by the engine's constrained decoding (``SamplingParams.structur
 
 from __future__ import annotations
 
-from jaxgen.strict_schemas import strict_schema
 from jaxgen.structured_outputs import StructuredOutputsParams
+from jaxgen.structured_outputs.strict_schemas import strict_schema
 from jaxgen.tool_calling.requests import ToolChoice
 
 
@@ -13,7 +13,7 @@ def tool_choice_schema(
 ) -> dict | None:
     """The JSON schema of the output ``choice`` forces, or None ("auto", "none"). Each tool's
     arguments are read strictly (no property the schema does not declare, unless it allows
-    them: ``jaxgen.strict_schemas``) except for the tools named in ``lenient`` (their
+    them: ``jaxgen.structured_outputs.strict_schemas``) except for the tools named in ``lenient`` (their
     ``function.strict`` is false).
 
     - named function: the output is that function's arguments (its ``parameters`` schema);

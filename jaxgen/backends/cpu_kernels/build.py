@@ -23,7 +23,7 @@ from pathlib import Path
 
 import jax
 
-from jaxgen.compile_cache import cache_root
+from jaxgen.config.compile_cache import cache_root
 
 SOURCE_DIR = Path(__file__).parent / "native"
 # Reassociation lets the compiler vectorise reductions; nothing else is relaxed.

@@ -123,7 +123,7 @@ class PackedWeight:
     """A float32 [K, N] weight packed for the native matmul, as a ``Linear`` kernel takes it.
 
     A pytree: ``panels`` ([ceil(N / 24), K, 24]) is its leaf, ``columns`` (N) static. It
-    provides the kernel protocol of ``jaxgen.models.linear``: :meth:`matmul` and
+    provides the kernel protocol of ``jaxgen.layers.linear``: :meth:`matmul` and
     :meth:`matmul_group`."""
 
     panels: jax.Array  # [ceil(N / 24), K, 24] float32

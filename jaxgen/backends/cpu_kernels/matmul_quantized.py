@@ -5,7 +5,7 @@ float16 scales) repacked into 16-column panels (``native/matmul_quantized.h``) t
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
 weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
-through ``jaxgen.models.linear`` without importing this module. It takes a ``NormedInput``
+through ``jaxgen.layers.linear`` without importing this module. It takes a ``NormedInput``
 (``norms_input``): the kernel norms the rows before the products, saving XLA's four small norm
 thunks per call. An int8 weight with int8 activations (``quantization="w8a8"``) quantises x's
 live rows in the kernel and sums the products in integers (``native/matmul_w8a8.h``, AVX-512
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import load_library, register_simd_kernel
-from jaxgen.models.linear import NormedInput
+from jaxgen.layers.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import fake_quantize_activations
 
@@ -103,7 +103,7 @@ class PackedQuantizedWeight:
     offsets: tuple[int, int, int] = (0, 0, 0)  # of the values, scales and mins
     activations: str = "float"  # "int8" / "int16": x's codes (QuantizedWeight.activations)
 
-    norms_input = True  # takes a NormedInput as x (jaxgen.models.linear)
+    norms_input = True  # takes a NormedInput as x (jaxgen.layers.linear)
 
     @classmethod
     def pack(cls, weight: QuantizedWeight, xp=jnp) -> PackedQuantizedWeight:

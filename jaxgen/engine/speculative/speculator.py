@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sampling_tensors import is_greedy
 from jaxgen.engine.sequence import Sequence, SequenceStatus
-from jaxgen.engine.speculative.config import SpeculativeConfig
 from jaxgen.engine.speculative.ngram import propose_ngram
 
 # After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,

@@ -32,7 +32,7 @@ def gated(gate, up, activation: str, dtype):
 
 def rms_normed(parts: list, weights: list, eps: float, depth: int) -> list:
     """RMSNorm of rows held in ``parts`` ([M, K_i] each, together the ``depth`` elements of a
-    row; ``weights``: the norm's [1, K_i] pieces), as ``jaxgen.models.linear.rms_norm`` rounds it:
+    row; ``weights``: the norm's [1, K_i] pieces), as ``jaxgen.layers.linear.rms_norm`` rounds it:
     ``x / rms(x)`` in float32 rounded to x's dtype, times the weight, rounded again."""
     dtype = parts[0].dtype
     floats = [part.astype(jnp.float32) for part in parts]

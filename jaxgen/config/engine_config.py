@@ -1,0 +1,324 @@
+"""Engine knobs, named as users of TGI, DJL/SageMaker LMI and vLLM know them; validated here.
+
+Each field is declared once, with a ``Knob``: its flag, help text and the names ``jaxgen serve``
+reads it under. The ``generate``/``bench``/``serve`` command lines, the server's environment
+variables and ``serving.properties`` keys, and the table in docs/configuration.md are derived
+from these declarations (``jaxgen/config/knobs.py``). Adding a knob is adding one field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from jaxgen.quantization import QUANTIZATION_CHOICES
+from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
+
+BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
+BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
+
+
+BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Knob:
+    """How one ``EngineConfig`` field meets its users.
+
+    Args:
+        help: what it means: the flag's ``--help`` and the docs' meaning column.
+        flag: the command-line flag; None: ``--`` and the name with dashes; "": no flag. A
+            boolean knob's flag turns it off if it starts with ``--no-``, else on.
+        serve_only: only ``jaxgen serve`` takes the flag (``generate`` and ``bench`` use the
+            same flag for something else, or have no use for it).
+        choices: the values it accepts.
+        minimum: the smallest integer the server's settings accept (EngineConfig checks more).
+        default_text: the docs' default column, where the value alone says too little.
+        env: environment variables ``jaxgen serve`` reads it from (first listed wins).
+        properties: ``serving.properties`` keys ``jaxgen serve`` reads it from (also as LMI's
+            ``OPTION_<KEY>`` environment variables).
+    """
+
+    help: str
+    flag: str | None = None
+    serve_only: bool = False
+    choices: tuple[str, ...] | None = None
+    minimum: int = 1
+    default_text: str | None = None
+    env: tuple[str, ...] = ()
+    properties: tuple[str, ...] = ()
+
+
+def knob(default, **declaration) -> dataclasses.Field:
+    """An ``EngineConfig`` field with its ``Knob`` declaration as metadata."""
+    return dataclasses.field(default=default, metadata={"knob": Knob(**declaration)})
+
+
+def parse_kv_cache_memory(value, source: str = "the command line") -> int | float:
+    """``kv_cache_memory`` from text: bytes (``"64MiB"``, ``"2GiB"``, ``67108864``) or a
+    fraction of free memory (``"0.9"``). Raises ``ValueError`` naming ``source``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = repr(value)
+    else:
+        text = str(value).strip().lower()
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]?i?b?)", text)
+    if match is None:
+        raise ValueError(
+            f"kv_cache_memory from {source} must be bytes (e.g. 64MiB) or a fraction in (0, 1], "
+            f"got {value!r}"
+        )
+    number, unit = float(match.group(1)), match.group(2)
+    if unit == "" and 0 < number <= 1:
+        return number
+    size = int(number * BYTE_UNITS[unit])
+    if size < 1 << 10:
+        raise ValueError(f"kv_cache_memory from {source} must be at least 1KiB, got {value!r}")
+    return size
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine batches and how much KV memory it may take (see each field's ``Knob``)."""
+
+    batching: str = knob(
+        "paged",
+        help="none, static, dynamic, continuous (contiguous KV per slot) or paged",
+        choices=BATCHING_MODES,
+    )
+    max_rolling_batch_size: int = knob(
+        64,
+        help="most sequences running at once (continuous, paged)",
+        env=("MAX_BATCH_SIZE",),
+        properties=("option.max_rolling_batch_size",),
+    )
+    max_rolling_batch_prefill_tokens: int = knob(
+        512,
+        help="token budget of one step: prefill chunks and decodes; longer prompts are "
+        "prefilled in chunks",
+        env=("MAX_BATCH_PREFILL_TOKENS",),
+        properties=("option.max_rolling_batch_prefill_tokens",),
+    )
+    batch_size: int = knob(
+        4,
+        help="batch size of static and dynamic batching",
+        properties=("batch_size", "option.batch_size"),
+    )
+    max_batch_delay: float = knob(
+        0.1,
+        help="seconds dynamic batching waits to fill a batch",
+        default_text="0.1 (s)",
+    )
+    page_size: int = knob(
+        16,
+        help="tokens per KV page (a power of two)",
+    )
+    max_model_len: int | None = knob(
+        None,
+        help="longest sequence, prompt + output",
+        default_text="`None`: min(model's `max_position_embeddings`, 2048)",
+        properties=("option.max_model_len",),
+    )
+    kv_cache_memory: int | float | None = knob(
+        None,
+        help="KV pool size: bytes (an int; flags also take 64MiB, 2GiB) or a fraction in (0, 1] "
+        "of the device memory free once the weights are loaded (on CPU: of the 2 GiB default)",
+        default_text="`None`: 0.9 of free accelerator memory; on CPU 2 GiB or, if less, every "
+        "sequence at `max_model_len`",
+    )
+    attention_backend: str = knob(
+        "auto",
+        help="reference (pure JAX), pallas-tpu (Mosaic ragged kernel, docs/tpu.md), pallas-gpu "
+        "(Triton split-KV decode + ragged prefill kernels, docs/gpu.md; a CUDA GPU, or "
+        "interpreted on CPU), pallas (the platform's Pallas kernels; interpret mode "
+        "on CPU), cpu (native C++ kernels through the XLA FFI: paged decode attention and the "
+        "projections' matmuls over panel-packed weights; CPU, float32; under tensor parallelism "
+        "the attention per device, XLA's matmuls) or "
+        "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
+        choices=BACKENDS,
+    )
+    enable_prefix_caching: bool = knob(
+        True,
+        help="reuse full prompt pages across requests (paged only)",
+        flag="--no-prefix-caching",
+        properties=("option.enable_prefix_caching",),
+    )
+    seed: int = knob(
+        0,
+        help="base seed for requests that set none (each unseeded row gets a fresh seed per step)",
+        serve_only=True,
+        minimum=0,
+    )
+    tensor_parallel_degree: int = knob(
+        1,
+        help="devices one model copy is sharded over; must divide the query heads",
+        serve_only=True,
+        env=("NUM_SHARD", "SM_NUM_GPUS"),
+        properties=("option.tensor_parallel_degree",),
+    )
+    data_parallel_size: int = knob(
+        1,
+        help="engine replicas on disjoint device groups of one host, behind one front door",
+        flag="",
+    )
+    async_scheduling: bool = knob(
+        False,
+        help="schedule and start each step before the previous one's tokens reach the host (its "
+        "decode rows take them on the device), so the host's work overlaps the device's; steps "
+        "whose sequences need their tokens on the host (penalties, grammars, LongRoPE) run one "
+        "at a time",
+    )
+    num_scheduler_steps: int = knob(
+        1,
+        help="decode steps per call when every running sequence decodes (multi-step decoding): "
+        "the device feeds each step's tokens to the next and the host reads them all at once, "
+        "so the host's per-step work is paid once per call; stops are checked afterwards (the "
+        "tokens after a stop are dropped); new requests are admitted between calls; steps "
+        "whose sequences need their tokens on the host (penalties, grammars, LongRoPE, "
+        "min_tokens) or lack the room run one at a time",
+    )
+    speculative_config: dict | None = knob(
+        None,
+        help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
+        "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy rows "
+        "without penalties, bias, logprobs or grammars speculate; synchronous steps only "
+        "(not with async_scheduling or num_scheduler_steps > 1)",
+    )
+    precompile: bool = knob(
+        False,
+        help="compile the step for every batch shape when the engine starts, so no request waits "
+        "on a compile later (jaxgen serve and jaxgen bench: on unless turned off)",
+        flag="--no-precompile",
+        serve_only=True,
+        properties=("option.precompile",),
+    )
+    quantization: str = knob(
+        "auto",
+        help="weights as loaded: auto (a GGUF keeps its Q8_0/Q4_0/Q4_1 types, a float checkpoint "
+        "stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load "
+        "(int8: integer CPU kernels may take x as 16-bit codes); w8a8: int8 weights whose "
+        "matmuls quantise their input to int8 too, per row and 32 columns "
+        "(jaxgen.quantization); TGI's eetq and bitsandbytes mean int8",
+        choices=QUANTIZATION_CHOICES,
+        env=("QUANTIZE",),
+        properties=("option.quantize",),
+    )
+    compile_cache: bool = knob(
+        True,
+        help="keep compiled executables on disk, in $JAXGEN_CACHE_DIR/xla, so a second run "
+        "compiles nothing (jaxgen.config.compile_cache; JAXGEN_COMPILE_CACHE=0 turns it off too)",
+        flag="--no-compile-cache",
+    )
+    kv_cache_dtype: str = knob(
+        "auto",
+        help="KV pool values: auto (the model dtype), int8 or fp8 (e4m3): 8-bit with bfloat16 "
+        "scales per token, KV head and 32 head_dim elements (every backend; pallas-tpu: page_size a multiple of 128)",
+        choices=KV_CACHE_DTYPES,
+        properties=("option.kv_cache_dtype",),
+    )
+
+    def __post_init__(self):
+        def check(ok, name, what):
+            if not ok:
+                raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
+
+        check(self.batching in BATCHING_MODES, "batching", f"must be one of {BATCHING_MODES}")
+        check(
+            _int(self.max_rolling_batch_size) and self.max_rolling_batch_size >= 1,
+            "max_rolling_batch_size",
+            "must be an integer >= 1",
+        )
+        check(
+            _int(self.max_rolling_batch_prefill_tokens)
+            and self.max_rolling_batch_prefill_tokens >= 16,
+            "max_rolling_batch_prefill_tokens",
+            "must be an integer >= 16",
+        )
+        check(
+            _int(self.batch_size) and self.batch_size >= 1, "batch_size", "must be an integer >= 1"
+        )
+        check(
+            isinstance(self.max_batch_delay, (int, float)) and self.max_batch_delay >= 0,
+            "max_batch_delay",
+            "must be a number of seconds >= 0",
+        )
+        check(
+            _int(self.page_size)
+            and self.page_size >= 1
+            and self.page_size & (self.page_size - 1) == 0,
+            "page_size",
+            "must be a power of two",
+        )
+        check(
+            self.max_model_len is None or (_int(self.max_model_len) and self.max_model_len >= 2),
+            "max_model_len",
+            "must be an integer >= 2",
+        )
+        kv = self.kv_cache_memory
+        check(
+            kv is None or (_int(kv) and kv > 0) or (isinstance(kv, float) and 0 < kv <= 1),
+            "kv_cache_memory",
+            "must be bytes (int > 0) or a fraction of free memory in (0, 1]",
+        )
+        check(
+            _int(self.tensor_parallel_degree) and self.tensor_parallel_degree >= 1,
+            "tensor_parallel_degree",
+            "must be an integer >= 1",
+        )
+        check(
+            _int(self.data_parallel_size) and self.data_parallel_size >= 1,
+            "data_parallel_size",
+            "must be an integer >= 1",
+        )
+        check(isinstance(self.precompile, bool), "precompile", "must be True or False")
+        check(isinstance(self.compile_cache, bool), "compile_cache", "must be True or False")
+        check(isinstance(self.async_scheduling, bool), "async_scheduling", "must be True or False")
+        check(
+            _int(self.num_scheduler_steps) and self.num_scheduler_steps >= 1,
+            "num_scheduler_steps",
+            "must be an integer >= 1",
+        )
+        check(
+            self.num_scheduler_steps == 1 or not self.async_scheduling,
+            "num_scheduler_steps",
+            "must be 1 with async_scheduling (each hides the host's per-step work its own way)",
+        )
+        if self.speculative_config is not None:
+            from jaxgen.config.speculative_config import SpeculativeConfig
+
+            SpeculativeConfig.from_dict(self.speculative_config)  # ValueError naming the key
+            check(
+                not self.async_scheduling and self.num_scheduler_steps == 1,
+                "speculative_config",
+                "needs synchronous steps: async_scheduling off and num_scheduler_steps 1",
+            )
+        check(
+            self.quantization in QUANTIZATION_CHOICES,
+            "quantization",
+            f"must be one of {', '.join(repr(name) for name in QUANTIZATION_CHOICES)}",
+        )
+        check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {', '.join(repr(name) for name in KV_CACHE_DTYPES)}",
+        )
+        check(
+            self.attention_backend in BACKENDS,
+            "attention_backend",
+            f"must be one of {', '.join(repr(name) for name in BACKENDS)}",
+        )
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

@@ -1,0 +1,40 @@
+"""The engine factory ``LLM``, ``AsyncLLM`` and the server call: a plain engine, a sharded
+one, or replicas, as the configuration parallelises the model."""
+
+from __future__ import annotations
+
+import jax
+
+from jaxgen.backends.cpu_kernels.build import build_in_background
+from jaxgen.config.compile_cache import enable_compile_cache
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.loaders import LoadedModel, load_model, load_sharded
+from jaxgen.parallel.replicas import ReplicatedEngine
+from jaxgen.parallel.sharding import DeferredPlacement, shard_loaded
+
+
+def create_engine(model, *, dtype, config: EngineConfig):
+    """An ``LLMEngine`` (or a ``ReplicatedEngine``) for ``model`` as ``config`` parallelises it.
+
+    ``model`` is a name/path or a ``LoadedModel``. Degree 1 and one replica is the plain engine
+    on the default device; otherwise parameters are placed on a mesh as they load.
+    """
+    enable_compile_cache(config.compile_cache)  # before anything compiles
+    if config.attention_backend in ("auto", "cpu"):
+        build_in_background()  # an empty cache's kernel compile overlaps the load
+    degree, replicas = config.tensor_parallel_degree, config.data_parallel_size
+    if degree == 1 and replicas == 1:
+        loaded = (
+            model
+            if isinstance(model, LoadedModel)
+            else load_model(model, dtype=dtype, quantization=config.quantization)
+        )
+        return LLMEngine(loaded, config)
+    devices = jax.devices() if replicas == 1 else jax.local_devices()  # replicas: one host
+    placement = DeferredPlacement(degree, replicas, devices)
+    loaded = load_sharded(model, dtype=dtype, placement=placement, quantization=config.quantization)
+    engines = [LLMEngine(loaded, config, kv_sharding=placement.plans[0].kv_sharding)]
+    for plan in placement.plans[1:]:
+        engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))
+    return engines[0] if replicas == 1 else ReplicatedEngine(engines)

@@ -1,0 +1,1 @@
+"""Scoring a model against another: whole-sequence logits and teacher-forced agreement."""

@@ -1,0 +1,104 @@
+"""The decode step's arguments as ``jax.ShapeDtypeStruct``s placed by their shardings: the
+model's parameters (quantised ones as a quantised load holds them) and the step's inputs. No
+weights exist; the ahead-of-time compiler traces the step with these."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxgen.config import ModelConfig
+from jaxgen.engine.sampling_tensors import build_sampling_tensors
+from jaxgen.engine.step_layout import StepLayout
+from jaxgen.models import LlamaForCausalLM
+from jaxgen.models.weights import quantisable_paths
+from jaxgen.parallel.sharding import ShardingPlan
+from jaxgen.quantization.quantize import spec_for_path
+from jaxgen.quantization.quantized_weight import VALUE_DTYPES, QuantizedWeight
+
+
+def placed(tree, shardings):
+    """``tree``'s leaves as ``ShapeDtypeStruct``s with ``shardings``' leaves (same structure)."""
+    return jax.tree_util.tree_map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        tree,
+        shardings,
+    )
+
+
+def abstract_params(config: ModelConfig, dtype, plan: ShardingPlan, quantization: str = "none"):
+    """Graph and parameter ``ShapeDtypeStruct``s (with their shardings): no weights exist.
+    ``quantization`` "int8" / "int4" / "fp8": the parameters a load would quantise
+    (``spec_for_path``) are ``QuantizedWeight``s of ``ShapeDtypeStruct``s, as loaded."""
+    abstract = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    quantisable = quantisable_paths(config, dtype) if quantization != "none" else set()
+    leaves = []
+    for path, var in nnx.to_flat_state(state):
+        value = var.get_value()
+        spec = spec_for_path(quantization, path) if path in quantisable else None
+        if spec is not None:
+            kernel_shape = value.shape if path[-1] == "kernel" else value.shape[::-1]  # [in, out]
+            weight = abstract_quantized_weight(kernel_shape, spec)
+            weight = placed(weight, plan.quantized_shardings(path, weight))
+            leaves.append((path, var.replace(weight)))
+            continue
+        sharding = plan.sharding_for(path)
+        leaves.append(
+            (path, var.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)))
+        )
+    return graphdef, nnx.from_flat_state(leaves)
+
+
+def abstract_quantized_weight(shape: tuple[int, int], spec) -> QuantizedWeight:
+    """The ``QuantizedWeight`` of ``ShapeDtypeStruct``s a ``[K, N]`` kernel quantised per
+    ``spec`` loads as (``jaxgen.quantization.quantize_kernel``: float16 scales for int8 and
+    int4, float32 per channel for fp8)."""
+    depth, columns = shape
+    group = spec.group_size or depth
+    scales = jax.ShapeDtypeStruct(
+        (depth // group, columns), jnp.float32 if spec.kind == "fp8" else jnp.float16
+    )
+    rows = depth // 2 if spec.kind == "int4" else depth
+    values = jax.ShapeDtypeStruct((rows, columns), VALUE_DTYPES[spec.kind])
+    mins = scales if spec.asymmetric else None
+    return QuantizedWeight(
+        values, scales, mins, kind=spec.kind, group_size=group, shape=shape,
+        activations=spec.activations,
+    )  # fmt: skip
+
+
+def decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
+    """``ShapeDtypeStruct``s of a full-width decode step's array arguments after params and pool
+    (the step's inputs, then its prompt-logprob targets: none), of its rows' sampling tensors
+    (a multi-step decode samples inside the step), and its ``sample_rows``."""
+    layout = StepLayout(
+        page_size=page_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(max_num_seqs, 16),
+        max_model_len=max_model_len,
+    )
+    inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
+    targets = np.full(np.shape(inputs.token_ids)[0], -1, np.int32)  # no prompt logprobs
+    tensors, _ = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+
+    def abstract(tree):
+        return jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding),
+            tree,
+        )
+
+    return abstract((*inputs.arrays, targets)), abstract(tensors), tensors.temperature.shape[0]
+
+
+def per_chip_bytes(tree) -> int:
+    """Bytes each chip holds of a tree of sharded ``ShapeDtypeStruct``s."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
+    return total

@@ -1,0 +1,122 @@
+"""Capacity planning: KV bytes per token, how many pages and sequences fit, and the critical batch
+size where decode turns compute-bound. ``jaxgen plan`` prints it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxgen.config import ModelConfig
+from jaxgen.planning.hardware import Chip
+from jaxgen.quantization import kv_cache
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    num_params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    # Each device's share under tensor parallelism (what bounds the pages): see kv_shares.
+    kv_bytes_per_token_per_device: int
+    # Per token of a sequence of `context` tokens when sliding-window layers hold at most their
+    # window (equal to kv_bytes_per_token without sliding layers). The page pool allocates
+    # kv_bytes_per_token: it keeps every layer's pages for the sequence's whole length.
+    kv_bytes_per_token_windowed: float
+    kv_budget_bytes: int
+    num_pages: int
+    tokens_that_fit: int
+    sequences_at_context: int
+    critical_batch_size: float
+    decode_floor_ms_batch1: float
+
+    def lines(self, context: int, page_size: int) -> list[str]:
+        gib = 2**30
+        return [
+            f"parameters                  {self.num_params / 1e6:,.1f} M",
+            f"weight bytes                {self.weight_bytes / gib:,.3f} GiB",
+            f"KV bytes per token          {self.kv_bytes_per_token:,} B"
+            f" ({self.kv_bytes_per_token_per_device:,} B per device)",
+            f"  at {context} tokens, windowed {self.kv_bytes_per_token_windowed:,.0f} B"
+            " (sliding-window layers hold at most their window)",
+            f"KV budget                   {self.kv_budget_bytes / gib:,.2f} GiB",
+            f"pages of {page_size} tokens          {self.num_pages:,}",
+            f"tokens that fit             {self.tokens_that_fit:,}",
+            f"sequences of {context} tokens     {self.sequences_at_context:,}",
+            f"critical batch size         {self.critical_batch_size:,.0f}"
+            "  (decode turns compute-bound above this)",
+            f"batch-1 decode floor        {self.decode_floor_ms_batch1:.3f} ms/token"
+            " (weight bytes / bandwidth)",
+        ]
+
+
+# Bytes per parameter of each weight quantisation: codes plus float16 scales (and int4's minimums)
+# per group of 32 inputs; fp8 has one scale per output channel.
+WEIGHT_BYTES_PER_PARAM = {"int8": 1 + 2 / 32, "int4": 0.5 + 4 / 32, "fp8": 1.0}
+
+
+def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: Chip) -> int:
+    """How many ways a token's KV splits over ``tensor_parallel_degree`` devices, as the engine
+    lays the pool out: the paired pool (reference, cpu, pallas-gpu) over KV heads when the degree
+    divides them, else whole on every device; the pallas-tpu pool gives each chip
+    ``1 / min(degree, KV heads)``."""
+    degree, heads = tensor_parallel_degree, config.num_kv_heads
+    if device.name.startswith("TPU"):
+        return min(degree, heads)
+    return degree if heads % degree == 0 else 1
+
+
+def make_plan(
+    config: ModelConfig,
+    *,
+    device: Chip,
+    dtype: str = "bfloat16",
+    context: int = 4096,
+    page_size: int = 16,
+    memory_utilization: float = 0.9,
+    tensor_parallel_degree: int = 1,
+    quantization: str = "none",
+    kv_cache_dtype: str = "auto",
+) -> Plan:
+    """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``; ``quantization``
+    ("int8" / "int4" / "fp8") and ``kv_cache_dtype`` ("int8" / "fp8") count the quantised
+    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``). Pages
+    are counted per device: each holds its share of every page (:func:`kv_shares`). The
+    batch-1 decode floor reads the active parameters only (``ModelConfig.num_active_params``:
+    the routed experts, and no untied embedding table)."""
+    itemsize = DTYPE_BYTES[dtype]
+    weight_bytes = int(config.num_params * WEIGHT_BYTES_PER_PARAM.get(quantization, itemsize))
+    kv_per_token = config.kv_bytes_per_token(itemsize)
+    if kv_cache_dtype != "auto":
+        kv_per_token = kv_cache.bytes_per_token(config)
+    kv_per_device = -(-kv_per_token // kv_shares(config, tensor_parallel_degree, device))
+    total_memory = device.memory_bytes * tensor_parallel_degree
+    budget = max(int(total_memory * memory_utilization) - weight_bytes, 0)
+    num_pages = budget // tensor_parallel_degree // (kv_per_device * page_size)
+    tokens = num_pages * page_size
+    pages_per_seq = -(-context // page_size)
+    flops = device.peak_flops.get(dtype) or max(device.peak_flops.values())
+    flops *= tensor_parallel_degree
+    bandwidth = device.bandwidth_bytes_per_s * tensor_parallel_degree
+    # Decode at batch B: 2*P*B FLOPs against P*itemsize weight bytes read once per step.
+    critical = flops * itemsize / (2 * bandwidth)
+    # An 8-bit pool holds the same share of the float pool's windowed bytes as of its full ones.
+    float_windowed = config.kv_bytes_per_sequence(context, itemsize) / context
+    windowed = float_windowed * kv_per_token / config.kv_bytes_per_token(itemsize)
+    return Plan(
+        num_params=config.num_params,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=kv_per_token,
+        kv_bytes_per_token_per_device=kv_per_device,
+        kv_bytes_per_token_windowed=windowed,
+        kv_budget_bytes=budget,
+        num_pages=num_pages,
+        tokens_that_fit=tokens,
+        sequences_at_context=num_pages // pages_per_seq,
+        critical_batch_size=critical,
+        decode_floor_ms_batch1=weight_bytes
+        * config.num_active_params
+        / config.num_params
+        / bandwidth
+        * 1e3,
+    )

@@ -1,0 +1,206 @@
+"""``jaxgen plan``: its flags and what each form prints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import jax.numpy as jnp
+
+from jaxgen.loaders import model_config_only
+from jaxgen.planning.ahead_of_time import (
+    compile_decode_step,
+    config_from_path,
+    lower_decode_step_for_cuda,
+    report_lines,
+)
+from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
+from jaxgen.planning.hardware import DEVICES
+from jaxgen.planning.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
+from jaxgen.quantization import kv_cache
+
+
+def cmd_plan(args) -> int:
+    if args.sweep_tp:
+        if args.target is None or args.target == "cuda":
+            raise ValueError("--sweep-tp needs --target (a TPU slice such as v5e-8)")
+        return cmd_sweep_tp(args)
+    if args.target is not None:
+        return cmd_plan_target(args)
+    if args.compile:
+        raise ValueError("--compile needs --target (a TPU slice such as v5e-4)")
+    config = model_config_only(args.model)
+    base = DEVICES[args.device]
+    device = base
+    if args.device_memory or args.bandwidth or args.peak_flops:
+        device = dataclasses.replace(
+            base,
+            name=f"{base.name} (overridden)",
+            memory_bytes=int(args.device_memory or base.memory_bytes),
+            bandwidth_bytes_per_s=float(args.bandwidth or base.bandwidth_bytes_per_s),
+            peak_flops={args.dtype: float(args.peak_flops)} if args.peak_flops else base.peak_flops,
+        )
+    plan = make_plan(
+        config,
+        device=device,
+        dtype=args.dtype,
+        context=args.context,
+        page_size=args.page_size,
+        memory_utilization=args.memory_utilization,
+        tensor_parallel_degree=args.tensor_parallel_degree or 1,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
+    print(
+        f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
+        f"{args.tensor_parallel_degree or 1}  dtype: {args.dtype}"
+    )
+    print("\n".join(plan.lines(args.context, args.page_size)))
+    return 0
+
+
+def cmd_plan_target(args) -> int:
+    """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
+    if args.target == "cuda":
+        if args.num_scheduler_steps != 1:
+            raise ValueError("--num-scheduler-steps is for a TPU --target's compile, not cuda")
+        result = lower_decode_step_for_cuda(
+            config_from_path(args.model),
+            dtype=jnp.dtype(args.dtype),
+            max_model_len=args.max_model_len or args.context,
+            max_num_seqs=args.max_num_seqs,
+            page_size=args.page_size,
+            tensor_parallel_degree=args.tensor_parallel_degree or 1,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+        if args.json:
+            print(json.dumps(result))
+            return 0
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print(f"lowered for CUDA in {result['lower_seconds']:.1f} s (lowered only: not compiled)")
+        print(f"attention backend   {result['attention_backend']}")
+        print(f"KV cache dtype      {result['kv_cache_dtype']}")
+        if result["tensor_parallel_degree"] > 1:
+            print(
+                f"tensor parallel     {result['tensor_parallel_degree']} devices, "
+                f"{result['shard_map_regions']} shard_map regions (one per layer)"
+            )
+        for name, count in sorted(result["kernel_calls"].items()):
+            print(f"  Pallas kernel     {name} x {count} (one call per layer)")
+        for name in result["triton_kernels"]:
+            print(f"    Triton kernel   {name}")
+        for name, count in sorted(result["custom_calls"].items()):
+            print(f"  custom call       {name} ({count} kernel bodies)")
+        return 0
+    result = compile_decode_step(
+        config_from_path(args.model),
+        args.target,
+        dtype=jnp.dtype(args.dtype),
+        max_model_len=args.max_model_len or args.context,
+        max_num_seqs=args.max_num_seqs,
+        page_size=args.page_size,
+        kv_cache_memory=args.kv_cache_memory,
+        tensor_parallel_degree=args.tensor_parallel_degree,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        num_scheduler_steps=args.num_scheduler_steps,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print("\n".join(report_lines(result)))
+    return 0
+
+
+def cmd_sweep_tp(args) -> int:
+    """``jaxgen plan --target SLICE --sweep-tp [--compile]``: replicas against tensor
+    parallelism on the slice (see ``jaxgen.planning.tp_sweep``)."""
+    config = config_from_path(args.model)
+    compiled = {}
+    if args.compile:
+        for degree in divisor_degrees(slice_spec(args.target).num_chips, config):
+            try:
+                compiled[degree] = compile_decode_step(
+                    config,
+                    args.target,
+                    dtype=jnp.dtype(args.dtype),
+                    max_model_len=args.context,
+                    max_num_seqs=args.max_num_seqs,
+                    page_size=args.page_size,
+                    kv_cache_memory=args.kv_cache_memory,
+                    tensor_parallel_degree=degree,
+                )
+            except ValueError as error:  # the weights (or one sequence) do not fit a chip
+                print(f"TP {degree}: not compiled: {error}", file=sys.stderr)
+    sweep = sweep_tp(
+        config,
+        args.target,
+        dtype=args.dtype,
+        weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM.get(args.quantization),
+        weights_label=None if args.quantization == "none" else args.quantization,
+        context=args.context,
+        page_size=args.page_size,
+        memory_utilization=args.memory_utilization,
+        latency_target_s=args.latency_target_ms / 1e3,
+        collective_latency_s=args.collective_latency_us / 1e6,
+        compiled=compiled,
+    )
+    if args.json:
+        print(json.dumps(sweep.to_dict()))
+    else:
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print("\n".join(sweep_lines(sweep)))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="KV capacity and critical batch size")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
+    parser.add_argument("--device-memory", type=float, default=None, help="bytes per device")
+    parser.add_argument("--bandwidth", type=float, default=None, help="bytes/s per device")
+    parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s per device")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--quantization", default="none", choices=["none", *WEIGHT_BYTES_PER_PARAM])
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=kv_cache.KV_CACHE_DTYPES)
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--memory-utilization", type=float, default=0.9)
+    parser.add_argument("--tensor-parallel-degree", type=int, default=None)
+    target = parser.add_argument_group("compiled for a TPU slice (needs the tpu extra, no TPU)")
+    target.add_argument(
+        "--target",
+        default=None,
+        help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8, v5e:2x2, or cuda (lowered only)",
+    )
+    target.add_argument("--compile", action="store_true", help="AOT-compile the decode step")
+    target.add_argument("--max-model-len", type=int, default=None, help="default: --context")
+    target.add_argument("--max-num-seqs", type=int, default=64)
+    target.add_argument(
+        "--kv-cache-memory", type=float, default=0.9, help="fraction of HBM left after weights"
+    )
+    target.add_argument(
+        "--num-scheduler-steps",
+        type=int,
+        default=1,
+        help="--compile: the multi-step call of that many decode steps (counts: one step)",
+    )
+    target.add_argument("--json", action="store_true", help="one JSON object")
+    target.add_argument(
+        "--sweep-tp",
+        action="store_true",
+        help="every tensor-parallel degree dividing the slice: copies, capacity, predicted "
+        "tokens/s (datasheet roofline; --compile calibrates it with compiler byte counts)",
+    )
+    target.add_argument(
+        "--latency-target-ms", type=float, default=50.0, help="--sweep-tp: ms per output token"
+    )
+    target.add_argument(
+        "--collective-latency-us",
+        type=float,
+        default=10.0,
+        help="--sweep-tp: assumed fixed cost of one all-reduce",
+    )
+    parser.set_defaults(func=cmd_plan)

@@ -1,0 +1,50 @@
+"""Building the ``AsyncLLM`` a server runs from its settings."""
+
+from __future__ import annotations
+
+import logging
+
+import jax.numpy as jnp
+
+from jaxgen.async_llm import AsyncLLM
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.create_engine import create_engine
+from jaxgen.loaders import load_model
+from serving.settings.parsers import SettingsError
+from serving.settings.resolve import ServerSettings, engine_knobs
+
+logger = logging.getLogger("serving")
+
+
+def build_llm(settings: ServerSettings):
+    """Loads the model and starts an ``AsyncLLM`` with the settings' engine knobs."""
+    return AsyncLLM(engine=build_engine(settings))
+
+
+def build_engine(settings: ServerSettings):
+    """Loads the model into an engine with the settings' engine knobs.
+
+    ``kv_cache_tokens`` (TGI's MAX_BATCH_TOTAL_TOKENS) becomes a KV budget in bytes once the
+    model's bytes per token are known (single-device engines only).
+    """
+    knobs = engine_knobs(settings, set(EngineConfig.__dataclass_fields__))
+    knobs.setdefault("precompile", True)  # every step shape compiled before it reports healthy
+    config = EngineConfig(**knobs)  # check the knobs before the slow load
+    model = settings.model
+    if settings.kv_cache_tokens is not None:
+        if config.tensor_parallel_degree != 1 or config.data_parallel_size != 1:
+            raise SettingsError(
+                "MAX_BATCH_TOTAL_TOKENS / --max-batch-total-tokens needs a single-device engine; "
+                "give --kv-cache-memory instead"
+            )
+        model = load_model(
+            settings.model,
+            dtype=settings.dtype,
+            quantization=config.quantization,
+        )
+        per_token = model.config.kv_bytes_per_token(jnp.dtype(model.dtype).itemsize)
+        knobs["kv_cache_memory"] = settings.kv_cache_tokens * per_token
+        config = EngineConfig(**knobs)
+    engine = create_engine(model, dtype=settings.dtype, config=config)
+    logger.info("loaded %s (%s)", engine.loaded.source, config)
+    return engine

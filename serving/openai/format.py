@@ -1,0 +1,295 @@
+"""OpenAI response and stream-chunk shapes for completions and chat completions."""
+
+from __future__ import annotations
+
+from serving.generation import GenerationResult, token_logprob, top_logprobs
+from serving.openai.prompt_logprobs import echo_logprobs, join_logprobs, vllm_prompt_logprobs
+from serving.openai.tool_calls import ToolDeltas, tool_message
+
+
+def usage(results: list[GenerationResult]) -> dict:
+    """OpenAI's ``usage``, with ``prompt_tokens_details.cached_tokens`` always present: the
+    prompt tokens read from the prefix cache rather than computed."""
+    prompt = sum(len(r.prompt_token_ids) for r in results)
+    completion = sum(len(c.token_ids) for r in results for c in r.completions)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(cached_tokens(r) for r in results)},
+    }
+
+
+def cached_tokens(result: GenerationResult) -> int:
+    """Prompt tokens of ``result`` whose K/V came from the prefix cache."""
+    return int((result.metrics or {}).get("num_cached_tokens") or 0)
+
+
+class _Format:
+    """Shared bookkeeping: ids, choice indices, usage chunks."""
+
+    prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(self, state, parsed, *, request_id: str, created: int):
+        self.state = state
+        self.texts = state.token_texts
+        self.parsed = parsed
+        self.request_id = request_id
+        self.created = created
+        self.results: list[GenerationResult] = []  # set by ``response``
+        self.generations: list = []  # the running ``Generation``s (streamed echo reads them)
+        self.echoed: set[int] = set()  # prompts whose streamed echo chunk went out
+
+    def prompt_logprobs_json(self, prompt_index: int, entries) -> list | None:
+        """vLLM's ``prompt_logprobs`` of one prompt, when the request asked for them."""
+        if self.parsed.prompt_logprobs is None:
+            return None
+        ids = self.parsed.prompts[prompt_index]
+        return vllm_prompt_logprobs(self.texts, ids, entries, self.parsed.prompt_logprobs)
+
+    def choice_index(self, prompt_index: int, completion_index: int) -> int:
+        return prompt_index * self.parsed.n + completion_index
+
+    def envelope(self, object_name: str, choices: list) -> dict:
+        return {
+            "id": self.request_id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.parsed.model,
+            "choices": choices,
+        }
+
+    def chunk(self, choices: list) -> dict:
+        body = self.envelope(self.chunk_object_name, choices)
+        if self.parsed.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, results: list[GenerationResult]) -> dict:
+        body = self.envelope(self.chunk_object_name, [])
+        body["usage"] = usage(results)
+        return body
+
+    def response(self, results: list[GenerationResult]) -> dict:
+        self.results = results
+        choices = []
+        for p, result in enumerate(results):
+            for completion in result.completions:
+                choices.append(self.choice(p, completion))
+        body = self.envelope(self.object_name, choices)
+        body["usage"] = usage(results)
+        body["system_fingerprint"] = None
+        return body
+
+    def first_chunks(self) -> list[dict]:
+        return []
+
+
+class CompletionFormat(_Format):
+    """``/v1/completions``: ``text`` choices; logprobs as tokens/token_logprobs/top_logprobs."""
+
+    def logprobs(self, token_ids, entries, offset: int) -> dict | None:
+        if self.parsed.logprobs is None:
+            return None
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
+            text = self.texts.text(token_id)
+            tokens.append(text)
+            token_logprobs.append(token_logprob(entry, token_id))
+            tops.append(
+                {self.texts.text(t): lp for t, lp in top_logprobs(entry, self.parsed.logprobs)}
+                or None
+            )
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def prompt_text(self, prompt_index: int) -> str:
+        text = self.parsed.prompt_texts[prompt_index]
+        if text is None:
+            ids = self.parsed.prompts[prompt_index]
+            text = self.state.llm.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
+
+    @property
+    def echo_logprobs(self) -> bool:
+        return self.parsed.echo and self.parsed.logprobs is not None
+
+    @property
+    def streams_prompt_logprobs(self) -> bool:
+        """Whether a stream's first chunk of a prompt waits for its prompt logprobs."""
+        return self.echo_logprobs or self.parsed.prompt_logprobs is not None
+
+    def prompt_logprobs_object(self, prompt_index: int, entries) -> dict:
+        ids = self.parsed.prompts[prompt_index]
+        return echo_logprobs(self.texts, ids, entries, self.parsed.logprobs)
+
+    def choice(self, prompt_index: int, completion) -> dict:
+        prefix = self.prompt_text(prompt_index) if self.parsed.echo else ""
+        logprobs = self.logprobs(completion.token_ids, completion.logprobs, len(prefix))
+        entries = self.results[prompt_index].prompt_logprobs if self.results else None
+        if self.echo_logprobs:
+            logprobs = join_logprobs(self.prompt_logprobs_object(prompt_index, entries), logprobs)
+        choice = {
+            "index": self.choice_index(prompt_index, completion.index),
+            "text": prefix + completion.text,
+            "logprobs": logprobs,
+            "finish_reason": completion.finish_reason,
+            "stop_reason": completion.stop_reason,
+        }
+        if self.parsed.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self.prompt_logprobs_json(prompt_index, entries)
+        return choice
+
+    def echo_chunk(self, prompt_index: int) -> dict:
+        """The streamed echo of a prompt, with its logprobs once they are known."""
+        entries = None
+        if prompt_index < len(self.generations):
+            entries = self.generations[prompt_index].prompt_logprobs
+        choices = []
+        for i in range(self.parsed.n):
+            choice = {
+                "index": self.choice_index(prompt_index, i),
+                "text": self.prompt_text(prompt_index) if self.parsed.echo else "",
+                "logprobs": self.prompt_logprobs_object(prompt_index, entries)
+                if self.echo_logprobs
+                else None,
+                "finish_reason": None,
+            }
+            if self.parsed.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self.prompt_logprobs_json(prompt_index, entries)
+            choices.append(choice)
+        return self.chunk(choices)
+
+    def first_chunks(self) -> list[dict]:
+        if self.streams_prompt_logprobs:  # ``chunks`` sends it with the prompt logprobs
+            return []
+        if not self.parsed.echo:
+            return []
+        return [
+            self.chunk(
+                [
+                    {
+                        "index": self.choice_index(p, i),
+                        "text": self.prompt_text(p),
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for p in range(len(self.parsed.prompts))
+            for i in range(self.parsed.n)
+        ]
+
+    def chunks(self, prompt_index: int, deltas) -> list[dict]:
+        lead = []
+        if self.streams_prompt_logprobs and prompt_index not in self.echoed:
+            self.echoed.add(prompt_index)
+            lead.append(self.echo_chunk(prompt_index))
+        choices = []
+        for delta in deltas:
+            if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
+                continue
+            choices.append(
+                {
+                    "index": self.choice_index(prompt_index, delta.index),
+                    "text": delta.text,
+                    "logprobs": self.logprobs(delta.token_ids, delta.logprobs, 0),
+                    "finish_reason": delta.finish_reason,
+                    "stop_reason": delta.stop_reason if delta.finish_reason else None,
+                }
+            )
+        return lead + ([self.chunk(choices)] if choices else [])
+
+
+class ChatFormat(_Format):
+    """``/v1/chat/completions``: assistant messages; logprobs as ``content`` entries."""
+
+    prefix = "chatcmpl"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    tool_deltas: ToolDeltas | None = None
+
+    def response(self, results: list[GenerationResult]) -> dict:
+        body = super().response(results)
+        if self.parsed.prompt_logprobs is not None:  # vLLM: beside the choices
+            body["prompt_logprobs"] = self.prompt_logprobs_json(0, results[0].prompt_logprobs)
+        return body
+
+    def entry(self, token_id: int, logprob: float | None) -> dict:
+        text = self.texts.text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def logprobs(self, token_ids, entries) -> dict | None:
+        if self.parsed.logprobs is None:
+            return None
+        content = []
+        for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
+            item = self.entry(token_id, token_logprob(entry, token_id))
+            item["top_logprobs"] = [
+                self.entry(t, lp) for t, lp in top_logprobs(entry, self.parsed.logprobs)
+            ]
+            content.append(item)
+        return {"content": content}
+
+    def choice(self, prompt_index: int, completion) -> dict:
+        message = {"role": "assistant", "content": completion.text}
+        finish_reason = completion.finish_reason
+        if self.parsed.tools is not None:  # content and tool_calls read from the text
+            message, finish_reason = tool_message(self.parsed.tools, completion.text, finish_reason)
+        if self.parsed.echoed_content:  # ``echo``: the continued message leads the answer
+            message["content"] = self.parsed.echoed_content + (message["content"] or "")
+        return {
+            "index": self.choice_index(prompt_index, completion.index),
+            "message": message,
+            "logprobs": self.logprobs(completion.token_ids, completion.logprobs),
+            "finish_reason": finish_reason,
+            "stop_reason": completion.stop_reason,
+        }
+
+    def first_chunks(self) -> list[dict]:
+        return [
+            self.chunk(
+                [
+                    {
+                        "index": self.choice_index(0, i),
+                        "delta": {"role": "assistant", "content": self.parsed.echoed_content},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for i in range(self.parsed.n)
+        ]
+
+    def chunks(self, prompt_index: int, deltas) -> list[dict]:
+        choices = []
+        for delta in deltas:
+            index = self.choice_index(prompt_index, delta.index)
+            body = {"content": delta.text} if delta.text or not delta.finish_reason else {}
+            finish_reason = delta.finish_reason
+            if self.parsed.tools is not None:  # content and tool_calls split as they come
+                if self.tool_deltas is None:
+                    self.tool_deltas = ToolDeltas(self.parsed.tools)
+                body, finish_reason = self.tool_deltas.delta(index, delta.text, finish_reason)
+                if not body and not finish_reason and self.parsed.logprobs is None:
+                    continue
+            if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
+                continue
+            choices.append(
+                {
+                    "index": index,
+                    "delta": body,
+                    "logprobs": self.logprobs(delta.token_ids, delta.logprobs),
+                    "finish_reason": finish_reason,
+                    "stop_reason": delta.stop_reason if delta.finish_reason else None,
+                }
+            )
+        return [self.chunk(choices)] if choices else []

@@ -1,0 +1,282 @@
+"""OpenAI completion and chat request bodies, parsed and checked into an ``OpenAIRequest``:
+the prompts tokenized (chat messages through the model's template, with tools), one
+``SamplingParams`` per prompt."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxgen.chat_template_options import ChatTemplateError, ChatTemplateOptions
+from serving.common import check_text_length, encode_text
+from serving.openai.beam_search_requests import beam_search_params, uses_beam_search
+from serving.openai.prompt_logprobs import logit_bias_field, prompt_logprobs_field
+from serving.openai.tool_calls import constrain, message_tool_fields, render_prompt, tool_request
+from serving.structured_output_requests import openai_structured_outputs
+from serving.validation import (
+    Fields,
+    RequestError,
+    build_sampling_params,
+    check_lengths,
+    check_token_ids,
+)
+
+PARAM_NAMES = {
+    "n": "n",
+    "max_tokens": "max_tokens",
+    "logprobs": "logprobs",
+    "prompt_logprobs": "prompt_logprobs",
+    "logit_bias": "logit_bias",
+}
+MAX_CHOICES = 64
+MAX_LOGPROBS = 20
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@dataclasses.dataclass
+class OpenAIRequest:
+    """A checked completion or chat request: one engine request per prompt."""
+
+    model: str
+    prompts: list[list[int]]
+    prompt_texts: list[str | None]
+    params: list[object]
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None
+    echo: bool = False
+    tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
+    prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
+    echoed_content: str = ""  # chat ``echo``: the final assistant message, leading the answer
+    beams: list | None = None  # ``use_beam_search``: one ``BeamSearchParams`` per prompt
+
+
+def parse_common(
+    state,
+    fields: Fields,
+    prompts: list[list[int]],
+    *,
+    default_max_tokens,
+    logprobs: int | None,
+    max_tokens_key: str,
+    prompt_logprobs: int | None = None,
+) -> tuple[list, int, bool, bool]:
+    """Sampling parameters (one per prompt), ``n``, ``stream`` and ``include_usage``."""
+    limits = state.limits
+    fields.string("model")
+    fields.string("user")
+    fields.unsupported("suffix", allowed=lambda v: v == "")
+    n = fields.integer("n", 1, minimum=1, maximum=MAX_CHOICES)
+    if not uses_beam_search(fields):  # with beam search: the beam width (beam_search_params)
+        fields.unsupported("best_of", allowed=lambda v: v == n)
+    if n * len(prompts) > MAX_CHOICES:
+        raise RequestError(f"prompts x n must be <= {MAX_CHOICES}", param="n")
+    stream = fields.boolean("stream", False)
+    options = Fields(fields.data.get("stream_options"), "stream_options")
+    include_usage = options.boolean("include_usage", False)
+    if fields.data.get("stream_options") is not None and not stream:
+        raise RequestError("`stream_options` is only allowed with `stream`", param="stream_options")
+    max_tokens = fields.integer(max_tokens_key, minimum=1)
+    if max_tokens_key == "max_completion_tokens" and max_tokens is None:
+        max_tokens = fields.integer("max_tokens", minimum=1)
+    sampling = dict(
+        n=n,
+        temperature=fields.number("temperature", 1.0, minimum=0.0, maximum=2.0),
+        top_p=fields.number("top_p", 1.0, minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        top_k=fields.integer("top_k", 0, minimum=-1),
+        min_p=fields.number("min_p", 0.0, minimum=0.0, maximum=1.0),
+        presence_penalty=fields.number("presence_penalty", 0.0, minimum=-2.0, maximum=2.0),
+        frequency_penalty=fields.number("frequency_penalty", 0.0, minimum=-2.0, maximum=2.0),
+        repetition_penalty=fields.number(
+            "repetition_penalty", 1.0, minimum=0.0, exclusive_minimum=True
+        ),
+        min_tokens=fields.integer("min_tokens", 0, minimum=0),
+        ignore_eos=fields.boolean("ignore_eos", False),
+        skip_special_tokens=fields.boolean("skip_special_tokens", True),
+        seed=fields.seed(),
+        stop=fields.string_list("stop", max_items=limits.max_stop_sequences),
+        stop_token_ids=stop_token_ids(fields, limits.vocab_size),
+        logprobs=logprobs,
+        structured_outputs=openai_structured_outputs(fields),
+        prompt_logprobs=prompt_logprobs,
+        logit_bias=logit_bias_field(fields, limits.vocab_size, limits.max_logit_bias),
+    )
+    params = []
+    for prompt in prompts:
+        budget = check_lengths(
+            len(prompt), max_tokens, limits, input_name="prompt", output_name=max_tokens_key
+        )
+        if max_tokens is None and default_max_tokens is not None:
+            budget = min(default_max_tokens, budget)
+        params.append(
+            build_sampling_params(
+                {"max_tokens": max_tokens_key, **PARAM_NAMES}, max_tokens=budget, **sampling
+            )
+        )
+    return params, n, stream, include_usage
+
+
+def stop_token_ids(fields: Fields, vocab_size: int) -> list[int]:
+    value = fields.data.get("stop_token_ids")
+    if value is None or value == []:
+        return []
+    return check_token_ids(value, vocab_size, "stop_token_ids")
+
+
+def parse_completion(state, body: dict) -> OpenAIRequest:
+    fields = Fields(body)
+    prompt = fields.data.get("prompt")
+    vocab = state.limits.vocab_size
+    if isinstance(prompt, str):
+        texts: list = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        texts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        texts = [check_token_ids(prompt, vocab, "prompt")]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        texts = [check_token_ids(p, vocab, "prompt") for p in prompt]
+    else:
+        raise fields.error(
+            "prompt",
+            "must be a string, a list of strings, a list of token ids or a list of token-id lists",
+        )
+    if len(texts) > MAX_CHOICES:
+        raise RequestError(f"`prompt` may hold at most {MAX_CHOICES} prompts", param="prompt")
+    prompts = [encode_text(state, t) if isinstance(t, str) else t for t in texts]
+    logprobs = fields.integer("logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    echo = fields.boolean("echo", False)
+    prompt_logprobs = prompt_logprobs_field(fields)
+    # ``echo`` with ``logprobs``: the prompt tokens' logprobs lead the choice's ``logprobs``.
+    engine_prompt_logprobs = prompt_logprobs
+    if echo and logprobs is not None:
+        engine_prompt_logprobs = max(logprobs, prompt_logprobs or 0)
+    params, n, stream, include_usage = parse_common(
+        state,
+        fields,
+        prompts,
+        default_max_tokens=16,
+        logprobs=logprobs,
+        max_tokens_key="max_tokens",
+        prompt_logprobs=engine_prompt_logprobs,
+    )
+    prompt_texts = [t if isinstance(t, str) else None for t in texts]
+    return OpenAIRequest(
+        state.settings.model_name,
+        prompts,
+        prompt_texts,
+        params,
+        n,
+        stream,
+        include_usage,
+        logprobs,
+        echo,
+        prompt_logprobs=prompt_logprobs,
+        beams=beam_search_params(fields, params, n),
+    )
+
+
+def parse_chat(state, body: dict) -> OpenAIRequest:
+    fields = Fields(body)
+    messages = chat_messages(fields)
+    tools = tool_request(state, fields)
+    fields.unsupported("functions", allowed=lambda v: v == [])
+    options = template_options(fields, messages)
+    echo = fields.boolean("echo", False)
+    want_logprobs = fields.boolean("logprobs", False)
+    top = fields.integer("top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    if top is not None and not want_logprobs:
+        raise RequestError("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+    tokenizer = state.llm.tokenizer
+    # The messages' text alone may be too long for any tokenization: refused before the
+    # template renders it (and the rendered prompt before it is tokenized).
+    check_text_length(state, sum(len(message["content"]) for message in messages), "messages")
+    text = render_prompt(state, messages, tools, options)
+    check_text_length(state, len(text), "messages")
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    prompt_logprobs = prompt_logprobs_field(fields)
+    if prompt_logprobs is not None and fields.data.get("stream") is True:  # as vLLM
+        raise RequestError(
+            "`prompt_logprobs` are not available when `stream=True`", param="prompt_logprobs"
+        )
+    params, n, stream, include_usage = parse_common(
+        state,
+        fields,
+        [prompt],
+        default_max_tokens=None,
+        logprobs=(top or 0) if want_logprobs else None,
+        max_tokens_key="max_completion_tokens",
+        prompt_logprobs=prompt_logprobs,
+    )
+    params = constrain(params, tools, body)
+    return OpenAIRequest(
+        state.settings.model_name,
+        [prompt],
+        [text],
+        params,
+        n,
+        stream,
+        include_usage,
+        (top or 0) if want_logprobs else None,
+        tools=tools if tools.parses_output else None,
+        prompt_logprobs=prompt_logprobs,
+        echoed_content=echoed_content(messages) if echo else "",
+        beams=beam_search_params(fields, params, n),
+    )
+
+
+def template_options(fields: Fields, messages: list[dict]) -> ChatTemplateOptions:
+    """vLLM's ``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``
+    (400 naming the field: both flags true, nothing to continue, bad kwargs)."""
+    try:
+        return ChatTemplateOptions.build(
+            messages,
+            add_generation_prompt=fields.data.get("add_generation_prompt"),
+            continue_final_message=fields.data.get("continue_final_message"),
+            chat_template_kwargs=fields.data.get("chat_template_kwargs"),
+        )
+    except ChatTemplateError as error:
+        raise RequestError(str(error), param=error.param) from None
+
+
+def echoed_content(messages: list[dict]) -> str:
+    """What chat ``echo`` puts before the answer: the final message's text when it is the
+    assistant's (the message continued), as vLLM."""
+    last = messages[-1]
+    return last["content"] if last["role"] == "assistant" else ""
+
+
+def chat_messages(fields: Fields) -> list[dict]:
+    """``messages`` as ``[{"role", "content": str}]`` (text content parts are joined), with
+    assistant ``tool_calls`` and tool ``tool_call_id``/``name`` when given."""
+    messages = fields.data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise fields.error("messages", "must be a non-empty list of messages")
+    checked = []
+    for i, message in enumerate(messages):
+        item = Fields(message, f"messages[{i}]")
+        role = item.string("role")
+        if role not in ROLES:
+            raise item.error("role", f"must be one of {', '.join(ROLES)}")
+        content = item.data.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                part_fields = Fields(part, f"messages[{i}].content[{j}]")
+                if part_fields.data.get("type") != "text":
+                    raise part_fields.error(
+                        "type", "must be 'text' (other content is not supported)"
+                    )
+                parts.append(part_fields.string("text", ""))
+            content = "".join(parts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise item.error("content", "must be a string or a list of text parts")
+        checked.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": content,
+                **message_tool_fields(item.data, role, f"messages[{i}]"),
+            }
+        )
+    return checked

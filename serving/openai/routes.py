@@ -1,0 +1,189 @@
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``
+(bodies parsed in ``serving.openai.requests``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serving.common import ERROR_STATUS, accept, error_response, prepare
+from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
+from serving.openai.beam_search_requests import BeamGeneration
+from serving.openai.format import ChatFormat, CompletionFormat, usage
+from serving.openai.requests import parse_chat, parse_completion
+from serving.openai.tool_calls import constraint_param
+from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
+from serving.structured_output_requests import constraint_field
+from serving.validation import RequestError
+
+ERROR_CODES = {"model_not_found": "model_not_found"}  # OpenAI's string codes; others: the status
+ERROR_TYPES = {
+    "overloaded": "overloaded_error",
+    "unavailable": "service_unavailable",
+    "generation": "server_error",
+    "internal": "server_error",
+}
+
+
+def openai_error(error: RequestError) -> JSONResponse:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return error_response(error, openai_error_body(error))
+
+
+def openai_error_body(error: RequestError) -> dict:
+    status = ERROR_STATUS.get(error.kind, 400)
+    return {
+        "error": {
+            "message": error.message,
+            "type": ERROR_TYPES.get(error.kind, "invalid_request_error"),
+            "param": error.param,
+            "code": ERROR_CODES.get(error.kind, status),
+        }
+    }
+
+
+async def completions(request: Request) -> Response:
+    """``POST /v1/completions``."""
+    return await serve(request, parse_completion, CompletionFormat)
+
+
+async def chat_completions(request: Request) -> Response:
+    """``POST /v1/chat/completions``."""
+    return await serve(request, parse_chat, ChatFormat)
+
+
+def check_model(state, model) -> None:
+    """A ``model`` the server does not serve is a 404 (``model_not_found``), as OpenAI's API."""
+    if isinstance(model, str) and not state.settings.serves_model(model):
+        raise RequestError(
+            f"The model `{model}` does not exist.", param="model", kind="model_not_found"
+        )
+
+
+async def admitted(request: Request):
+    """Reads the body, checks its ``model`` and admits the request (429 past the limit):
+    ``(state, body, ticket)``. Raises ``RequestError``."""
+    state, body = await accept(request)
+    check_model(state, body.get("model"))
+    ticket = state.admit()
+    ticket.label = request_id_of(request)
+    return state, body, ticket
+
+
+async def serve(request: Request, parse, format_class) -> Response:
+    try:
+        state, body, ticket = await admitted(request)
+    except RequestError as error:
+        return openai_error(error)
+    streaming = False
+    try:
+        parsed, grammar = await prepare(request, state, body, parse, openai_constraint(body))
+        generations = [
+            Generation(state, ticket, prompt, params, grammar)
+            for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
+        ]
+        if parsed.beams is not None:  # use_beam_search: n best beams per prompt, not streamed
+            generations = [
+                BeamGeneration(state, ticket, prompt, beam, parsed.n)
+                for prompt, beam in zip(parsed.prompts, parsed.beams, strict=True)
+            ]
+        formatter = format_class(
+            state,
+            parsed,
+            request_id=f"{format_class.prefix}-{request_id_of(request)}",
+            created=int(time.time()),
+        )
+        formatter.generations = generations  # streamed echo reads the prompt logprobs
+        if parsed.stream:
+            streaming = True  # the response releases the ticket when it ends
+            return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
+        results = await run_until_disconnect(request.receive, run_all(generations))
+    except RequestError as error:
+        return openai_error(error)
+    except GenerationAborted as error:
+        return openai_error(RequestError(f"request aborted: {error}", kind="unavailable"))
+    except GenerationFailed as error:
+        return openai_error(RequestError(f"generation failed: {error}", kind="generation"))
+    finally:
+        if not streaming:
+            ticket.release()
+    return JSONResponse(formatter.response(results))
+
+
+def openai_constraint(body: dict):
+    """``constraint_of`` for ``prepare``: a parsed request's constraint and its field."""
+
+    def constraint_of(parsed) -> tuple:
+        param = constraint_param(parsed.tools) or constraint_field(body)
+        return parsed.params[0].structured_outputs, param
+
+    return constraint_of
+
+
+def request_id_of(request: Request) -> str:
+    """The client's ``X-Request-Id`` (``RequestIdMiddleware``) or a new id."""
+    return getattr(request.state, "request_id", None) or uuid.uuid4().hex
+
+
+async def run_all(generations: list[Generation]) -> list:
+    """Runs the generations together; if one fails, the others are cancelled (and aborted)."""
+    tasks = [asyncio.ensure_future(generation.run()) for generation in generations]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def stream_chunks(formatter, generations: list[Generation]):
+    """The chunks of a streamed response. A stream the server cuts short (drain, engine
+    failure) ends with a chunk giving each unfinished choice ``finish_reason`` "abort" or
+    "error", then an error event with the status a non-streaming request would get, and no
+    ``[DONE]``: a client that waits for ``[DONE]`` must not take the cut text as whole."""
+    try:
+        for chunk in formatter.first_chunks():
+            yield sse_event(chunk)
+        async for index, deltas in merge([g.stream() for g in generations]):
+            for chunk in formatter.chunks(index, deltas):
+                yield sse_event(chunk)
+        if formatter.parsed.include_usage:
+            yield sse_event(formatter.usage_chunk([g.result for g in generations]))
+    except RequestError as error:
+        yield sse_event(openai_error_body(error))
+    except (GenerationAborted, GenerationFailed) as error:
+        for index, generation in enumerate(generations):
+            for chunk in formatter.chunks(index, generation.cut_deltas()):
+                yield sse_event(chunk)
+        kind = "unavailable" if isinstance(error, GenerationAborted) else "generation"
+        yield sse_event(openai_error_body(RequestError(f"generation stopped: {error}", kind=kind)))
+        return
+    yield sse_event("[DONE]")
+
+
+async def list_models(request: Request) -> Response:
+    """``GET /v1/models``: the one served model."""
+    state = request.app.state.server
+    model = {
+        "id": state.settings.model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "jaxgen",
+        "root": state.settings.model,
+        "max_model_len": state.limits.max_total_tokens if state.limits else None,
+    }
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+ROUTES = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+]
+
+__all__ = ["ROUTES", "openai_error", "usage"]

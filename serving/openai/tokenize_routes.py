@@ -1,0 +1,84 @@
+"""vLLM's ``/tokenize`` and ``/detokenize`` (errors in OpenAI's shape)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from serving.common import accept
+from serving.openai.requests import chat_messages
+from serving.openai.routes import check_model, openai_error
+from serving.streaming import run_until_disconnect
+from serving.validation import Fields, RequestError, check_token_ids
+
+
+async def tokenize(request: Request) -> Response:
+    """``POST /tokenize``: ``{"prompt"}`` or ``{"messages", "add_generation_prompt"}`` (both with
+    ``add_special_tokens``) -> ``{"count", "max_model_len", "tokens", "token_strs"}``. The
+    template and the tokenizer run on a parse lane, off the event loop."""
+    try:
+        state, body = await accept(request)
+        size = getattr(request.state, "body_bytes", 0)
+        tokens, strings = await run_until_disconnect(
+            request.receive, state.workers.parse(size, tokenize_body, state, body)
+        )
+    except RequestError as error:
+        return openai_error(error)
+    return JSONResponse(
+        {
+            "count": len(tokens),
+            "max_model_len": state.limits.max_total_tokens,
+            "tokens": tokens,
+            "token_strs": strings,
+        }
+    )
+
+
+def tokenize_body(state, body: dict) -> tuple[list[int], list[str] | None]:
+    """A ``/tokenize`` body's tokens (and their strings with ``return_token_strs``)."""
+    fields = Fields(body)
+    check_model(state, fields.string("model"))
+    tokenizer = state.llm.tokenizer
+    if "messages" in body:
+        messages = chat_messages(fields)
+        add_generation_prompt = fields.boolean("add_generation_prompt", True)
+        add_special = fields.boolean("add_special_tokens", False)
+        try:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as error:
+            raise RequestError(
+                f"`messages` do not fit the chat template: {error}"[:500], param="messages"
+            ) from None
+    else:
+        text = fields.data.get("prompt")
+        if not isinstance(text, str):
+            raise fields.error("prompt", "must be a string (or send `messages`)")
+        add_special = fields.boolean("add_special_tokens", True)
+    return_strs = fields.boolean("return_token_strs", False)
+    tokens = tokenizer.encode(text, add_special_tokens=add_special)
+    strings = [state.token_texts.text(t) for t in tokens] if return_strs else None
+    return tokens, strings
+
+
+async def detokenize(request: Request) -> Response:
+    """``POST /detokenize``: ``{"tokens"}`` -> ``{"prompt"}``."""
+    try:
+        state, body = await accept(request)
+        fields = Fields(body)
+        check_model(state, fields.string("model"))
+        tokens = body.get("tokens")
+        if tokens != []:
+            tokens = check_token_ids(tokens, state.limits.vocab_size, "tokens")
+        text = state.llm.tokenizer.decode(tokens) if tokens else ""
+    except RequestError as error:
+        return openai_error(error)
+    return JSONResponse({"prompt": text})
+
+
+ROUTES = [
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+]

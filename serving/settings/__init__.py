@@ -1,0 +1,1 @@
+"""Server settings: flags, TGI/LMI environment variables and ``serving.properties``."""

@@ -1,0 +1,1 @@
+"""Text Generation Inference's routes."""

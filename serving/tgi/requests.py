@@ -1,0 +1,112 @@
+"""TGI request bodies (``/generate``, ``/generate_stream``), parsed and checked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from serving.common import encode_text, random_seed
+from serving.structured_output_requests import tgi_grammar
+from serving.validation import Fields, build_sampling_params, check_lengths, check_token_ids
+
+PARAM_NAMES = {
+    "max_tokens": "max_new_tokens",
+    "logprobs": "top_n_tokens",
+    "presence_penalty": "presence_penalty",
+}
+
+
+MAX_TOP_N_TOKENS = 20
+
+
+DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
+
+
+@dataclasses.dataclass
+class TgiRequest:
+    """A checked TGI request."""
+
+    inputs: str
+    prompt_token_ids: list[int]
+    params: object
+    details: bool
+    decoder_input_details: bool
+    return_full_text: bool
+    top_n_tokens: int
+    seed: int | None
+
+
+def parse_request(state, body: dict) -> TgiRequest:
+    """Checks a TGI body ``{"inputs", "parameters": {...}}`` against the server's limits."""
+    limits = state.limits
+    fields = Fields(body)
+    inputs = fields.data.get("inputs")
+    if not isinstance(inputs, str):
+        raise fields.error("inputs", "must be a string")
+    p = Fields(fields.data.get("parameters"), "parameters")
+    p.unsupported("adapter_id")
+    p.unsupported("watermark", allowed=lambda v: v is False)
+    p.unsupported("typical_p", allowed=lambda v: isinstance(v, (int, float)) and v >= 1.0)
+    p.unsupported("best_of", allowed=lambda v: v == 1)
+    max_new_tokens = p.integer("max_new_tokens", minimum=1)
+    temperature = p.number("temperature", minimum=0.0)
+    top_k = p.integer("top_k", minimum=0)
+    top_p = p.number("top_p", minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    do_sample = p.boolean("do_sample", False)
+    repetition_penalty = p.number("repetition_penalty", minimum=0.0, exclusive_minimum=True)
+    frequency_penalty = p.number("frequency_penalty", minimum=-2.0, maximum=2.0)
+    stop = p.string_list("stop", max_items=limits.max_stop_sequences)
+    seed = p.seed()
+    details = p.boolean("details", False)
+    decoder_input_details = p.boolean("decoder_input_details", False)
+    return_full_text = p.boolean("return_full_text", False)
+    truncate = p.integer("truncate", minimum=1)
+    top_n_tokens = p.integer("top_n_tokens", 0, minimum=0, maximum=MAX_TOP_N_TOKENS)
+
+    # With ``truncate`` a long input is cut after tokenizing: no length check before.
+    prompt_token_ids = encode_text(state, inputs, "inputs", check=truncate is None)
+    if truncate is not None:
+        prompt_token_ids = prompt_token_ids[-truncate:]
+    check_token_ids(prompt_token_ids or [0], limits.vocab_size, "inputs")
+    budget = check_lengths(
+        len(prompt_token_ids),
+        max_new_tokens,
+        limits,
+        input_name="inputs",
+        output_name="max_new_tokens",
+    )
+    max_new_tokens = min(budget, DEFAULT_MAX_NEW_TOKENS) if max_new_tokens is None else budget
+    # TGI samples when asked to or when any sampling knob is set.
+    sampling = (
+        do_sample
+        or (temperature is not None and temperature != 1.0)
+        or bool(top_k)
+        or (top_p is not None and top_p < 1.0)
+    )
+    if temperature == 0.0:
+        sampling = False
+    if sampling and seed is None:
+        seed = random_seed()
+    params = build_sampling_params(
+        PARAM_NAMES,
+        max_tokens=max_new_tokens,
+        temperature=(temperature if temperature is not None else 1.0) if sampling else 0.0,
+        top_k=top_k or 0,
+        top_p=top_p if top_p is not None else 1.0,
+        repetition_penalty=repetition_penalty or 1.0,
+        frequency_penalty=frequency_penalty or 0.0,
+        stop=stop,
+        seed=seed if sampling else None,
+        logprobs=top_n_tokens,
+        structured_outputs=tgi_grammar(p),
+        prompt_logprobs=0 if decoder_input_details and details else None,
+    )
+    return TgiRequest(
+        inputs,
+        prompt_token_ids,
+        params,
+        details,
+        decoder_input_details,
+        return_full_text,
+        top_n_tokens,
+        seed if sampling else None,
+    )

@@ -1,0 +1,199 @@
+"""Speculative decoding with n-gram prompt lookup on a tiny random Llama (fp32): token for token
+the output of decoding without speculation, with sampled and penalised rows in the same steps,
+through chunked prefill, preemption and the prefix cache; rejected tokens' pages returned."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxgen import LLM, SamplingParams
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.speculative.ngram import propose_ngram
+from jaxgen.loaders import load_model
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def knobs(loaded):
+    """A 16-token budget (prompts are prefilled in chunks, verify rows get cut) and a pool of
+    12 pages of 16 tokens for up to four sequences of ~90 tokens (preemptions happen). Few
+    shapes: the plain and the speculating engine share their compiled steps."""
+    config = loaded.config
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+    return dict(
+        max_model_len=128,
+        max_rolling_batch_prefill_tokens=16,
+        max_rolling_batch_size=4,
+        page_size=PAGE,
+        kv_cache_memory=13 * PAGE * per_token,
+    )
+
+
+@pytest.fixture(scope="module")
+def plain(loaded, knobs):
+    return LLM(loaded, **knobs)
+
+
+@pytest.fixture(scope="module")
+def speculating(loaded, knobs):
+    return LLM(loaded, **knobs, speculative_config=NGRAM)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Prompts that repeat spans (what prompt lookup drafts from), and one that does not."""
+    return [
+        [7, 8, 9, 10, 11, 12] * 3 + [300, 301],
+        list(range(400, 420)) + list(range(400, 408)),
+        [50, 60, 70, 80] * 6,
+        list(range(900, 925)),
+    ]
+
+
+def greedy(max_tokens=64, **fields):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **fields)
+
+
+def test_propose_ngram():
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3]
+    assert propose_ngram(tokens, 2, 1, 3) == [4, 5]  # the 3-gram [1, 2, 3] recurs
+    assert propose_ngram(tokens, 10, 1, 3) == [4, 5, 1, 2, 3]
+    assert propose_ngram([1, 2, 3], 2, 1, 3) == []  # nothing recurs
+    assert propose_ngram([5, 9, 5, 7, 5], 1, 1, 2) == [9]  # the earliest occurrence
+
+
+def test_greedy_output_identical(plain, speculating, prompts):
+    """Greedy rows (one with a stop string, one with a shorter max_tokens) speculate; a sampled
+    row shares their steps; preemption, chunked prefill and the prefix cache all happen."""
+    params = [
+        greedy(),
+        greedy(stop=["zz"]),
+        greedy(max_tokens=45),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=50, ignore_eos=True),
+    ]
+    expected = plain.generate(prompts, params)
+    got = speculating.generate(prompts, params)
+    for want, have in zip(expected, got, strict=True):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+        assert have.outputs[0].text == want.outputs[0].text
+        assert have.outputs[0].finish_reason == want.outputs[0].finish_reason
+    stats = speculating.stats()
+    assert stats["spec_decode_num_drafts"] > 0
+    assert 0 < stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"]
+    assert stats["preemptions"] > 0
+    assert stats["steps"] < plain.stats()["steps"]  # accepted tokens saved steps
+    assert speculating.engine.scheduler.allocator.num_used_pages == 0  # rolled back, freed
+    # The prefix cache holds only pages whose K/V match the tokens they are named by: a second
+    # run, reusing cached pages, gives the same tokens.
+    hits = stats["prefix_cache_hit_pages"]
+    again = speculating.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in got]
+    assert speculating.stats()["prefix_cache_hit_pages"] > hits
+
+
+@pytest.mark.parametrize(
+    "config,name",
+    [
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}, "lookup_min"),
+        (
+            {
+                "method": "ngram",
+                "num_speculative_tokens": 2,
+                "prompt_lookup_min": 4,
+                "prompt_lookup_max": 2,
+            },
+            "prompt_lookup_min",
+        ),
+        ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "bogus"),
+        ("ngram", "speculative_config"),
+    ],
+)
+def test_bad_config(config, name):
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(speculative_config=config)
+
+
+def test_needs_synchronous_steps():
+    with pytest.raises(ValueError, match="speculative_config"):
+        EngineConfig(speculative_config=NGRAM, async_scheduling=True)
+    with pytest.raises(ValueError, match="speculative_config"):
+        EngineConfig(speculative_config=NGRAM, num_scheduler_steps=4)
+
+
+def test_config_defaults():
+    config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
+    assert (config.prompt_lookup_min, config.prompt_lookup_max) == (5, 5)
+    config = SpeculativeConfig.from_dict({"num_speculative_tokens": 3, "prompt_lookup_max": 4})
+    assert (config.method, config.prompt_lookup_min, config.prompt_lookup_max) == ("ngram", 4, 4)
+
+
+def test_metrics_and_flags(speculating):
+    """``/metrics`` carries vLLM's spec-decode counters; ``--speculative-config`` takes JSON."""
+    import argparse
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from jaxgen.config.knobs import add_engine_flags
+    from serving.metrics import EngineStatsCollector
+
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(speculating.stats))
+    text = generate_latest(registry).decode()
+    drafts = speculating.stats()["spec_decode_num_drafts"]
+    assert f"jaxgen_spec_decode_num_drafts_total {float(drafts)}" in text
+    assert 'jaxgen_spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    args = parser.parse_args(["--speculative-config", '{"num_speculative_tokens": 3}'])
+    assert args.speculative_config == {"num_speculative_tokens": 3}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-config", "[1]"])
+
+
+@pytest.mark.slow
+def test_default_model_identical_on_reference_backend(smollm2_loaded):
+    """The default model, input-grounded chat prompts (drafts get accepted), on the XLA
+    reference backend (the tiny model's tests run the native CPU one): token for token the
+    output without speculation."""
+    tokenizer = smollm2_loaded.tokenizer
+    code = "def area(width, height):\n    return width * height\n\nprint(area(3, 4))\n"
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{task}\n\n{code}"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for task in ("Repeat this code exactly:", "Rename `width` to `w` in this code:")
+    ]
+    token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    knobs = dict(max_model_len=256, max_rolling_batch_size=2, kv_cache_memory=16 << 20)
+    for backend in ("reference",):
+        plain = LLM(smollm2_loaded, **knobs, attention_backend=backend)
+        expected = plain.generate(token_lists, params, use_tqdm=False)
+        llm = LLM(smollm2_loaded, **knobs, attention_backend=backend, speculative_config=NGRAM)
+        got = llm.generate(token_lists, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [
+            o.outputs[0].token_ids for o in expected
+        ], backend
+        assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+
+
+def test_server_setting_is_json():
+    from serving.settings.resolve import SettingsError, resolve_settings
+
+    settings = resolve_settings({"speculative_config": '{"num_speculative_tokens": 2}'}, {})
+    assert settings.engine["speculative_config"] == {"num_speculative_tokens": 2}
+    with pytest.raises(SettingsError, match="speculative_config"):
+        resolve_settings({"speculative_config": "{not json"}, {})

@@ -1,0 +1,441 @@
+"""The GPU ragged paged-attention kernels (``pallas_kernels/gpu/ragged_paged_attention``) against
+the float32 reference: compiled Triton kernels on a GPU, Pallas's interpreter elsewhere. Mixed
+decode and prefill rows in one call, shuffled page tables, lengths straddling pages, padding rows
+and sequence slots, split-KV, both decode paths, float and 8-bit pools; their lowering for CUDA
+(an abstract H100) for every head_dim; the wrapper's ValueErrors; the engine's greedy tokens."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
+from pallas_kernels.gpu.abstract_device import abstract_gpu
+from pallas_kernels.gpu.ragged_paged_attention import decode_sizes, prefill_sizes
+from tests.kernels.test_paged_attention_cpu import quantized_pool
+from tests.kernels.test_ragged_paged_attention import make_batch
+
+INTERPRET = jax.default_backend() != "gpu"
+TOLERANCE = {
+    jnp.float32: dict(rtol=1e-5, atol=2e-5),
+    jnp.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    jnp.float16: dict(rtol=5e-3, atol=5e-3),
+}
+# The interpreter's XLA:CPU programs are large; built at optimisation level 0 they compile in
+# about half the time, and their speed is not what these tests check.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+PAGE = 8
+# Decode rows of 1, page - 1, page, page + 1 and 43 keys between prefill chunks: one after a
+# 3-token context, a 17-token prompt, and 9 tokens after page - 1 cached ones.
+Q_LENS = [1, 5, 1, 1, 17, 1, 9, 1]
+CONTEXTS = [0, 3, PAGE - 2, PAGE - 1, 0, PAGE, PAGE - 1, 5 * PAGE + 2]
+
+
+def attend(*args, **options):
+    """The kernels on ``args``: compiled on a GPU, interpreted (see ``FAST_COMPILE``) elsewhere."""
+    if not INTERPRET:
+        return ragged_paged_attention(*args, **options)
+    lowered = ragged_paged_attention.trace(*args, interpret=True, **options).lower()
+    return lowered.compile(FAST_COMPILE)(*args)
+
+
+def reference(*args, **options):
+    """The float32 reference on ``args``, jitted (on CPU as ``FAST_COMPILE`` says)."""
+    call = jax.jit(functools.partial(ragged_paged_attention_reference, **options))
+    return call.trace(*args).lower().compile(FAST_COMPILE if INTERPRET else None)(*args)
+
+
+def kernel_grids(args, **options) -> dict[str, tuple]:
+    """The grid of each ``pallas_call`` the wrapper makes, by kernel name."""
+    jaxpr = jax.make_jaxpr(functools.partial(ragged_paged_attention, interpret=True, **options))(
+        *args
+    )
+    grids = {}
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                grids[eqn.params["name"]] = eqn.params["grid_mapping"].grid
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    visit(inner)
+
+    visit(jaxpr.jaxpr)
+    return grids
+
+
+def mixed_batch(seed, *, group, num_kv_heads=2, head_dim, dtype, pool="float"):
+    """The mixed step of ``Q_LENS`` / ``CONTEXTS`` (two unused sequence slots with garbage
+    ``cu_q_lens`` entries, three padding rows), its pool float or 8-bit (then the reference
+    gets the pool dequantised)."""
+    args = make_batch(
+        np.random.default_rng(seed),
+        Q_LENS,
+        CONTEXTS,
+        num_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=PAGE,
+        dtype=jnp.float32 if pool in ("int8", "fp8") else dtype,
+        padding_seqs=2,
+    )
+    if pool == "float":
+        return args, args
+    q, k_pages, v_pages, *metadata = args
+    k_pool, v_pool, k_dequantised, v_dequantised = _quantized(k_pages, v_pages, pool)
+    q = q.astype(dtype)
+    return (q, k_pool, v_pool, *metadata), (q, k_dequantised, v_dequantised, *metadata)
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _quantized(k_pages, v_pages, kind):
+    """The float pools written into 8-bit ones, and those read back as float32 (one compile:
+    op by op, these cost seconds)."""
+    k_pool, v_pool = quantized_pool(k_pages, kind), quantized_pool(v_pages, kind)
+    every_page = jnp.arange(k_pages.shape[1], dtype=jnp.int32)
+    return k_pool, v_pool, k_pool.gather(every_page), v_pool.gather(every_page)
+
+
+def check(args, reference_args, *, dtype, options, tuning=None):
+    actual = attend(*args, **options, **(tuning or {}))
+    expected = reference(*reference_args, **options)
+    assert actual.dtype == dtype and actual.shape == args[0].shape
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]
+    )
+    assert not np.any(np.asarray(actual[sum(Q_LENS) :], np.float32)), "padding rows: zeros"
+
+
+MIXED_CASES = {
+    # head_dim 96 on 128 lanes; a window and a soft cap; three decode splits over 8-key blocks
+    # (the 43-key row has 6); the group of 4 scored without the MMA units (the lane-sum path).
+    "hd96-window-softcap-3-splits": dict(
+        group=4,
+        head_dim=96,
+        dtype=jnp.float32,
+        options=dict(soft_cap=3.0, sliding_window=11, scale=0.2),
+        tuning=dict(decode_dot=False, num_splits=3, decode_block_k=8),
+    ),
+    # GQA 8: the MMA decode path, the default (16 rows); the default split count.
+    "gqa8-bf16-defaults": dict(group=8, head_dim=128, dtype=jnp.bfloat16),
+    # An int8 pool (one scale per head), the MMA path forced on a group of 4, one split (decode
+    # rows written straight into the output).
+    "int8-dot-1-split": dict(
+        group=4,
+        head_dim=64,
+        dtype=jnp.float32,
+        pool="int8",
+        options=dict(soft_cap=5.0, sliding_window=5),
+        tuning=dict(decode_dot=True, num_splits=1),
+    ),
+    # An fp8 pool at head_dim 256 (two scale groups per head), MHA (one row per program).
+    "fp8-hd256-mha": dict(
+        group=1, head_dim=256, dtype=jnp.bfloat16, pool="fp8", tuning=dict(prefill_block_q=16)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MIXED_CASES)
+def test_mixed_step_matches_reference(case):
+    case = dict(MIXED_CASES[case])
+    options, tuning = case.pop("options", {}), case.pop("tuning", {})
+    args, reference_args = mixed_batch(case["group"] * 1000 + case["head_dim"], **case)
+    check(args, reference_args, dtype=case["dtype"], options=options, tuning=tuning)
+
+
+def test_split_kv_is_exercised():
+    """The decode grid has the requested splits (the step's long row spans all of them), and
+    the default gives a batch-1 step's 2 sequence slots x 8 KV heads about 4 programs per SM."""
+    args, _ = mixed_batch(0, group=4, head_dim=96, dtype=jnp.float32)
+    grids = kernel_grids(args, decode_dot=False, num_splits=3, decode_block_k=8)
+    assert grids["ragged_paged_attention_decode"] == (10, 2, 3)  # (slots, KV heads, splits)
+    assert grids["ragged_paged_attention_prefill"][1] == 2
+    batch1 = decode_sizes(group=4, head_dim=128, max_seqs=2, num_kv_heads=8, max_keys=32768)
+    # The default is the MMA path: a group of 4 padded to tl.dot's 16 rows, 32-key blocks.
+    assert batch1.use_dot and batch1.rows == 16 and batch1.block_k == 32
+    assert batch1.num_splits == 33 and 2 * 8 * batch1.num_splits >= 4 * 132
+    lane_sum = decode_sizes(
+        group=4, head_dim=128, max_seqs=2, num_kv_heads=8, max_keys=32768, use_dot=False
+    )
+    assert not lane_sum.use_dot and lane_sum.rows == 4 and lane_sum.block_k == 16
+    assert lane_sum.num_splits == 33
+    batch64 = decode_sizes(group=4, head_dim=128, max_seqs=64, num_kv_heads=8, max_keys=4096)
+    assert batch64.num_splits == 1
+    gqa8 = decode_sizes(group=8, head_dim=128, max_seqs=8, num_kv_heads=8, max_keys=4096)
+    assert gqa8.use_dot and gqa8.rows == 16
+    # Short tables cap the splits at their key blocks (batch 1 x 1k keys: 32 blocks of 32).
+    short = decode_sizes(group=4, head_dim=128, max_seqs=1, num_kv_heads=8, max_keys=1024)
+    assert short.num_splits == 32
+    assert prefill_sizes(group=4, head_dim=128).rows == 128
+    assert prefill_sizes(group=4, head_dim=256).rows == 64
+
+
+SWEEP_POOLS = [
+    ("float", jnp.float32),
+    ("float", jnp.bfloat16),
+    ("int8", jnp.bfloat16),
+    ("fp8", jnp.float32),
+    ("float", jnp.float16),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_sweep_matches_reference(head_dim, group):
+    """Every head_dim x GQA group, each with another pool dtype, decode path and option."""
+    index = 3 * [64, 96, 128, 256].index(head_dim) + [1, 4, 8].index(group)
+    pool, dtype = SWEEP_POOLS[index % len(SWEEP_POOLS)]
+    options = [{}, dict(soft_cap=4.0), dict(sliding_window=9), dict(scale=0.3)][index % 4]
+    tuning = dict(decode_dot=bool(index % 2), num_splits=1 + index % 3)
+    args, reference_args = mixed_batch(
+        index, group=group, head_dim=head_dim, dtype=dtype, pool=pool
+    )
+    check(args, reference_args, dtype=dtype, options=options, tuning=tuning)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_long_rows_llama_shapes(dtype):
+    """Llama-3-8B heads (32 / 8, head_dim 128, pages of 16): prompts of hundreds of tokens and
+    long decode rows, default sizes, with and without a window."""
+    rng = np.random.default_rng(13)
+    args = make_batch(
+        rng,
+        [130, 1, 64, 1, 37, 1],
+        [0, 700, 129, 255, 17, 1],
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        page_size=16,
+        dtype=dtype,
+    )
+    for sliding_window in (None, 100):
+        actual = attend(*args, sliding_window=sliding_window)
+        expected = reference(*args, sliding_window=sliding_window)
+        np.testing.assert_allclose(
+            np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]
+        )
+
+
+def _lowered_for_cuda(head_dim, pool, *, num_tokens, max_seqs, width, group=4, **tuning):
+    from jaxgen.quantization import kv_cache
+
+    dtype = jnp.float32 if pool == "f32" else jnp.bfloat16
+    kind = pool if pool in ("int8", "fp8") else "auto"
+    pages = kv_cache.pool_shapes(kind, (8, 4096, 16, head_dim), dtype)
+    i32 = jnp.int32
+    shapes = (
+        jax.ShapeDtypeStruct((num_tokens, 8 * group, head_dim), dtype),
+        pages,
+        pages,
+        jax.ShapeDtypeStruct((max_seqs,), i32),
+        jax.ShapeDtypeStruct((max_seqs, width), i32),
+        jax.ShapeDtypeStruct((max_seqs + 1,), i32),
+        jax.ShapeDtypeStruct((1,), i32),
+    )
+    call = functools.partial(ragged_paged_attention, soft_cap=30.0, sliding_window=512, **tuning)
+    with abstract_gpu():
+        return jax.jit(call).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize(
+    "head_dim, pool",
+    [
+        (64, "bf16"),
+        (96, "int8"),
+        (128, "fp8"),
+        (256, "f32"),
+        *[
+            pytest.param(d, p, marks=pytest.mark.slow)
+            for d in (64, 96, 128, 256)
+            for p in ("bf16", "f32", "int8", "fp8")
+            if (d, p) not in {(64, "bf16"), (96, "int8"), (128, "fp8"), (256, "f32")}
+        ],
+    ],
+)
+def test_lowers_for_cuda(head_dim, pool):
+    """Lowered only (no GPU here): both Triton kernels for a mixed step, on both decode paths;
+    an 8-bit pool reaches them as codes and scales (no dequantised pool in the module)."""
+    for decode_dot in (False, True):
+        text = _lowered_for_cuda(
+            head_dim, pool, num_tokens=256, max_seqs=16, width=64, decode_dot=decode_dot
+        )
+        assert text.count("__gpu$xla.gpu.triton") == 2
+        assert "tensor<8x4096x16x" + str(head_dim) + "xf32>" not in text or pool == "f32"
+
+
+def test_batch1_decode_fills_the_gpu():
+    """Lowered for CUDA: a batch-1 step over 32k keys (2 sequence slots, 8 KV heads, GQA 4)
+    launches 2 x 8 x 33 decode programs. The default (the MMA path) holds the group's 4 query
+    rows padded to tl.dot's 16 (partial accumulators [33, 2, 8, 16, 128]), not the earlier
+    kernel's 64; ``decode_dot=False`` holds just the 4 ([33, 2, 8, 4, 128])."""
+    grid = "grid_x = 2 : i32, grid_y = 8 : i32, grid_z = 33 : i32"
+    text = _lowered_for_cuda(128, "bf16", num_tokens=2, max_seqs=2, width=2048)
+    assert grid in text
+    assert "tensor<33x2x8x16x128xf32>" in text
+    lane_sum = _lowered_for_cuda(
+        128, "bf16", num_tokens=2, max_seqs=2, width=2048, decode_dot=False
+    )
+    assert grid in lane_sum
+    assert "tensor<33x2x8x4x128xf32>" in lane_sum
+
+
+def _triton_modules(text: str) -> dict[str, str]:
+    """The Triton modules ``pallas_call(debug=True)`` printed, by kernel name."""
+    modules = {}
+    for match in re.finditer(r"^module @(\w+) \{$", text, flags=re.MULTILINE):
+        end = re.compile(r"^\}", flags=re.MULTILINE).search(text, match.end())
+        modules[match.group(1)] = text[match.end() : end.start() if end else len(text)]
+    return modules
+
+
+def _clamped_lane_ranges(module: str, lanes: int) -> list[str]:
+    """The ``tt.make_range`` values of ``lanes`` elements that an ``arith.minsi`` clamps."""
+    ranges = re.findall(
+        rf"(%[\w#]+) = tt\.make_range \{{end = {lanes} : i32, start = 0 : i32\}}", module
+    )
+    clamped = []
+    for name in ranges:
+        operand = re.escape(name) + r"(?![\w#])"
+        if re.search(rf"arith\.minsi ({operand}|%[\w#]+, {operand})", module):
+            clamped.append(name)
+    return clamped
+
+
+@pytest.mark.parametrize("head_dim, clamped", [(128, False), (96, True)])
+def test_power_of_two_lanes_are_a_plain_iota(head_dim, clamped, monkeypatch, capsys):
+    """Where head_dim is a power of two the kernels index lanes with the plain iota: no
+    ``arith.minsi`` on the 128-lane ``tt.make_range`` in the Triton IR of either kernel. A
+    clamped lane index made Triton load every K/V element on its own (2-byte loads); the plain
+    iota gives 16-byte, pipelined copies (on an H200 the MMA decode path went from 775 to 335 us
+    a call at batch 64 x 4k). head_dim 96 keeps the clamped, masked lanes: it shows the check
+    sees a clamp where there is one."""
+    from jax.experimental import pallas as pl
+
+    from pallas_kernels.gpu.ragged_paged_attention import kernel
+
+    pallas_call = pl.pallas_call
+    monkeypatch.setattr(
+        kernel.pl, "pallas_call", functools.partial(pallas_call, debug=True), raising=True
+    )
+    # Shapes no other test lowers, so no cached trace skips the patched pallas_call.
+    _lowered_for_cuda(head_dim, "bf16", num_tokens=24, max_seqs=3, width=24)
+    modules = _triton_modules(capsys.readouterr().out)
+    assert set(modules) == {"ragged_paged_attention_decode", "ragged_paged_attention_prefill"}
+    for name, module in modules.items():
+        assert "tt.make_range {end = 128 : i32, start = 0 : i32}" in module, name
+        assert bool(_clamped_lane_ranges(module, 128)) == clamped, name
+
+
+def _bad_inputs():
+    from jaxgen.quantization.kv_cache import QuantizedPages
+
+    q = jnp.zeros((6, 4, 64), jnp.float32)
+    pages = jnp.zeros((2, 5, 8, 64), jnp.float32)
+    codes = jnp.zeros((2, 5, 8, 64), jnp.int8)
+    scales = jnp.zeros((2, 5, 8, 1), jnp.uint16)
+    tables = jnp.zeros((2, 3), jnp.int32)
+    good = dict(
+        q=q,
+        k_pages=pages,
+        v_pages=pages,
+        kv_lens=jnp.zeros((2,), jnp.int32),
+        block_tables=tables,
+        cu_q_lens=jnp.asarray([0, 3, 6], jnp.int32),
+        num_seqs=jnp.asarray([2], jnp.int32),
+    )
+    wide = jnp.zeros((2, 5, 8, 512), jnp.float32)
+
+    def pool(values, group_scales):
+        pages = QuantizedPages(values, group_scales)
+        return dict(good, k_pages=pages, v_pages=pages)
+
+    return [
+        ("q", dict(good, q=q[0])),
+        ("q heads", dict(good, q=jnp.zeros((6, 3, 64)))),
+        ("head_dim", dict(good, q=jnp.zeros((6, 4, 512)), k_pages=wide, v_pages=wide)),
+        ("head_dim", dict(good, q=jnp.zeros((6, 4, 128)))),
+        ("k_pages", dict(good, k_pages=pages[0])),
+        ("v_pages", dict(good, v_pages=pages[:1])),
+        ("k_pages", pool(codes.astype(jnp.int16), scales)),  # no 8-bit pool
+        ("k_pages", pool(codes.astype(jnp.float8_e4m3fn), scales)),  # fp8 must be uint8 bits
+        ("k_pages.scales", pool(codes, scales.astype(jnp.float32))),
+        ("k_pages.scales", pool(codes, jnp.zeros((2, 5, 8, 3), jnp.uint16))),  # 3 groups of 64
+        ("kv_lens", dict(good, kv_lens=jnp.zeros((3,), jnp.int32))),
+        ("kv_lens", dict(good, kv_lens=jnp.zeros((2,), jnp.float32))),
+        ("block_tables", dict(good, block_tables=tables[0])),
+        ("block_tables", dict(good, block_tables=tables.astype(jnp.uint32))),
+        ("cu_q_lens", dict(good, cu_q_lens=good["cu_q_lens"][:2])),
+        ("num_seqs", dict(good, num_seqs=jnp.asarray(2, jnp.int32))),
+        ("sliding_window", dict(good, sliding_window=0)),
+        ("soft_cap", dict(good, soft_cap=-1.0)),
+        ("num_splits", dict(good, num_splits=0)),
+        ("decode_block_k", dict(good, decode_block_k=12)),
+        ("decode_block_k", dict(good, decode_block_k=8, decode_dot=True)),
+        ("prefill_block_q", dict(good, prefill_block_q=3)),
+        ("prefill_block_q", dict(good, prefill_block_q=2)),  # 2 tokens x 2 heads < 16 rows
+        ("prefill_block_k", dict(good, prefill_block_k=8)),
+    ]
+
+
+@pytest.mark.parametrize("name, inputs", _bad_inputs())
+def test_wrapper_rejects_bad_inputs_before_lowering(name, inputs):
+    with pytest.raises(ValueError, match=name):
+        ragged_paged_attention.trace(**inputs, interpret=INTERPRET)
+
+
+def test_backend_refuses_a_platform_it_cannot_run_on():
+    from jaxgen.backends import PallasGPUBackend, select_backend
+
+    with pytest.raises(ValueError, match="attention_backend='pallas-gpu'"):
+        select_backend("pallas-gpu", platform="tpu")
+    assert select_backend("pallas-gpu", platform="cpu").interpret
+    assert not select_backend("pallas-gpu", platform="gpu").interpret
+    with pytest.raises(ValueError, match="tuning"):
+        PallasGPUBackend(tuning=(("block_q", 8),))
+
+
+@pytest.mark.slow
+def test_engine_greedy_tokens_same_as_reference_backend(tiny_model_dir):
+    """The tiny Llama (GQA 4/2) through the engine, prompts chunked 16 tokens a step beside the
+    decode rows (mixed steps): the pallas-gpu backend's greedy tokens are the reference
+    backend's, with a float pool (one step a call, and 4 decode steps in one multi-step call)
+    and with an int8 pool."""
+    from jaxgen import LLM, SamplingParams
+    from jaxgen.loaders import load_model
+
+    loaded = load_model(tiny_model_dir)
+    prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for backend, kv_cache_dtype, steps in (
+        ("reference", "auto", 1),
+        ("pallas-gpu", "auto", 1),
+        ("pallas-gpu", "auto", 4),
+        ("reference", "int8", 1),
+        ("pallas-gpu", "int8", 1),
+    ):
+        llm = LLM(
+            loaded,
+            max_model_len=128,
+            kv_cache_memory=4 << 20,
+            page_size=8,
+            max_rolling_batch_prefill_tokens=16,
+            max_rolling_batch_size=4,
+            attention_backend=backend,
+            kv_cache_dtype=kv_cache_dtype,
+            num_scheduler_steps=steps,
+        )
+        assert llm.engine.runner.backend.name == backend
+        result = llm.generate(prompts, params, use_tqdm=False)
+        outputs[backend, kv_cache_dtype, steps] = [o.token_ids for o in result]
+    assert outputs["pallas-gpu", "auto", 1] == outputs["reference", "auto", 1]
+    assert outputs["pallas-gpu", "auto", 4] == outputs["reference", "auto", 1]
+    assert outputs["pallas-gpu", "int8", 1] == outputs["reference", "int8", 1]
