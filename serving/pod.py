@@ -2,11 +2,12 @@
 
 Each pod of a group (a LeaderWorkerSet replica, the hosts of a TPU slice) runs this with the
 same flags. It reads which cluster it belongs to from the environment
-(``jaxgen.parallel.distributed_env``: LeaderWorkerSet, TPU VM or explicit ``JAX_*`` variables) and joins
-it with ``jax.distributed.initialize``; every process then builds the same engine over all the
-group's chips (``--tensor-parallel-degree`` = the group's chips). Process 0 serves HTTP as
+(``jaxgen.parallel.distributed_env``: LeaderWorkerSet, TPU VM or explicit ``JAX_*`` variables)
+and joins it with ``jax.distributed.initialize``; every process then builds the same engine over
+all the group's chips (``--tensor-parallel-degree`` = the group's chips). Process 0 serves HTTP as
 ``jaxgen serve`` does, its engine wrapped in a ``LeaderEngine``; the others follow its steps
-(``jaxgen.parallel.multihost``) and exit when it stops. Without such variables it is ``jaxgen serve``.
+(``jaxgen.parallel.multihost``) and exit when it stops. Without such variables it is
+``jaxgen serve``.
 """
 
 from __future__ import annotations

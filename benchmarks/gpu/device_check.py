@@ -13,8 +13,8 @@ the device image lacks in ``.whl/`` (3.3 MB): llguidance 1.9.1 (every engine imp
 0.19.0, starlette 1.10.0 and uvicorn 0.54.0 (GGUF loading and the server; their own dependencies
 are in the image).
 
-On CPU, the same code at toy sizes (kernels in Pallas's interpreter); tests/benchmarks/test_gpu_device_check.py
-runs it:
+On CPU, the same code at toy sizes (kernels in Pallas's interpreter);
+tests/benchmarks/test_gpu_device_check.py runs it:
 
     python benchmarks/gpu/device_check.py --dry-run --out /tmp/device_check
 

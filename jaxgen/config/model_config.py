@@ -1,5 +1,5 @@
-"""Model configuration: a frozen, keyword-only dataclass (``jaxgen.config.hf_config`` reads one from a
-Hugging Face ``config.json``).
+"""Model configuration: a frozen, keyword-only dataclass (``jaxgen.config.hf_config`` reads one
+from a Hugging Face ``config.json``).
 
 One ``ModelConfig`` describes every supported family. The fields every decoder has come first;
 then a few typed fields that only some families set (each says which), and two nested configs
@@ -188,7 +188,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Builds a config from a Hugging Face ``config.json`` dictionary (``jaxgen.config.hf_config``)."""
+        """Builds a config from a Hugging Face ``config.json`` dictionary
+        (``jaxgen.config.hf_config``)."""
         return cls.from_dict(model_config_fields(hf))
 
     @classmethod

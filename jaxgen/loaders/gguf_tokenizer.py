@@ -3,8 +3,9 @@
 llama.cpp stores no ``tokenizer.json`` in a GGUF: the vocabulary, merges (or SentencePiece scores),
 token types, special token ids and chat template are metadata under ``tokenizer.*``. This module
 rebuilds the same ``tokenizers`` pipeline transformers builds for such a file (so it tokenizes
-exactly as ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``; tests/loaders/test_gguf_tokenizer.py
-checks it), without transformers' GGUF reader, which imports torch.
+exactly as ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``;
+tests/loaders/test_gguf_tokenizer.py checks it), without transformers' GGUF reader, which imports
+torch.
 
 Two tokenizer kinds are supported, the ones llama.cpp writes for the architectures jaxgen loads:
 ``gpt2`` (byte-level BPE with merges; the pre-tokenizer split chosen by ``tokenizer.ggml.pre``)

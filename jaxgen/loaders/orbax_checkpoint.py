@@ -79,8 +79,8 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
     """Restores a converted directory as a ``LoadedModel`` in ``dtype``.
 
     ``place`` is the loaders' hook: None keeps every array on the default device; a hook with a
-    ``sharding_for(path)`` method (``jaxgen.parallel.sharding.ShardingPlan``) has each array restored
-    directly into that sharding; any other ``place(path, array)`` gets host arrays.
+    ``sharding_for(path)`` method (``jaxgen.parallel.sharding.ShardingPlan``) has each array
+    restored directly into that sharding; any other ``place(path, array)`` gets host arrays.
     """
     start = time.perf_counter() if start is None else start
     metadata = read_metadata(path)

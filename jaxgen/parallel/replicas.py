@@ -1,4 +1,5 @@
-"""Engine replicas (data parallelism) behind one front door, and the engine factory.
+"""Engine replicas (data parallelism) behind one front door (the factory that picks them is
+``jaxgen.create_engine``).
 
 ``data_parallel_size`` copies of the model run on disjoint device groups of one host, each its own
 ``LLMEngine`` on a ("data"=1, "model"=tp) sub-mesh. A new request goes to the replica with the

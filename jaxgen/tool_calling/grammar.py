@@ -13,8 +13,8 @@ def tool_choice_schema(
 ) -> dict | None:
     """The JSON schema of the output ``choice`` forces, or None ("auto", "none"). Each tool's
     arguments are read strictly (no property the schema does not declare, unless it allows
-    them: ``jaxgen.structured_outputs.strict_schemas``) except for the tools named in ``lenient`` (their
-    ``function.strict`` is false).
+    them: ``jaxgen.structured_outputs.strict_schemas``) except for the tools named in
+    ``lenient`` (their ``function.strict`` is false).
 
     - named function: the output is that function's arguments (its ``parameters`` schema);
     - "required": a JSON list (at least one entry; exactly one without parallel calls) of

@@ -1,5 +1,5 @@
-"""The persistent compilation cache (jaxgen.config.compile_cache): on by default, off on request, and a
-bad cache directory never fails a run."""
+"""The persistent compilation cache (jaxgen.config.compile_cache): on by default, off on request,
+and a bad cache directory never fails a run."""
 
 from __future__ import annotations
 

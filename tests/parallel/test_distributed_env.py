@@ -1,4 +1,5 @@
-"""``jaxgen.parallel.distributed_env``: which ``jax.distributed`` cluster a pod joins, from its environment."""
+"""``jaxgen.parallel.distributed_env``: which ``jax.distributed`` cluster a pod joins, from its
+environment."""
 
 from __future__ import annotations
 

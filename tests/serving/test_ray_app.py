@@ -1,5 +1,6 @@
 """``serving/ray_app.py`` without a Ray cluster: replica options, the Serve config's ``args``, and
-``jaxgen serve --ray``'s flags (the end-to-end runs are in ``tests/serving/test_ray_serve.py``, slow)."""
+``jaxgen serve --ray``'s flags (the end-to-end runs are in ``tests/serving/test_ray_serve.py``,
+slow)."""
 
 from __future__ import annotations
 
