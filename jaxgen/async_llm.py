@@ -72,6 +72,14 @@ class AsyncLLM:
             return None, list(prompt)
         raise ValueError("prompt must be a str or a list of token ids")
 
+    def grammar_compiler(self):
+        """The compiler of structured-output constraints for this model's tokenizer (one per
+        tokenizer, with its cache of compiled matchers): ``build(constraint, limits)`` raises
+        ``ValueError`` for a constraint that cannot run. The server compiles on its own threads
+        with it."""
+        config = self.model_config
+        return grammar_compiler(self.tokenizer, config.vocab_size, config.eos_token_ids)
+
     async def generate(
         self,
         prompt: str | list[int],
@@ -101,9 +109,7 @@ class AsyncLLM:
         else:
             text = prompt if isinstance(prompt, str) else None
         if params.structured_outputs is not None and compiled_grammar is None:
-            compiler = grammar_compiler(  # compiled here, never on the engine thread
-                self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
-            )
+            compiler = self.grammar_compiler()  # compiled here, never on the engine thread
             compiled_grammar = compiler.cached(params.structured_outputs)
             if compiled_grammar is None:
                 compiled_grammar = await asyncio.wrap_future(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-from jaxgen.engine.grammar_masks import grammar_compiler
 from jaxgen.engine.grammar_threads import QueueFull
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.limits import ConstraintTooLarge
@@ -141,6 +140,5 @@ async def compile_constraint(state, constraint: StructuredOutputsParams, param: 
 
 
 def compiler_of(state):
-    llm = state.llm
-    config = llm.model_config
-    return grammar_compiler(llm.tokenizer, config.vocab_size, config.eos_token_ids)
+    """The server's model's constraint compiler (``AsyncLLM.grammar_compiler``)."""
+    return state.llm.grammar_compiler()
