@@ -76,6 +76,7 @@ class LLMEngine(Engine):
             max_model_len=self.max_model_len,
             min_decode_batch=self.batching.min_decode_batch,
             full_width_tables=backend.full_width_tables,
+            mark_decode_only=backend.marks_decode_only_steps,
         )
         self.runner = ModelRunner(
             loaded,

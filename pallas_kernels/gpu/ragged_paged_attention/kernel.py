@@ -18,6 +18,7 @@ step is written once: decode rows, prefill rows, and zeros for padding rows from
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ from pallas_kernels.gpu.ragged_paged_attention.sizes import (
     PrefillSizes,
     padded_head_dim,
 )
+from pallas_kernels.ragged_layout import MASK_VALUE
 
 
 def _split_scale_refs(refs, quantized: bool):
@@ -54,6 +56,7 @@ def _decode_kernel(
     soft_cap: float | None,
     sliding_window: int | None,
     quantized: bool,
+    decode_only: bool,
 ):
     (k_scales_ref, v_scales_ref), refs = _split_scale_refs(refs, quantized)
     num_tokens, _, head_dim = q_ref.shape
@@ -62,13 +65,10 @@ def _decode_kernel(
     rows, block_k, use_dot = sizes.rows, sizes.block_k, sizes.use_dot
     seq, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-    first_row = cu_q_lens_ref[seq]
-    is_decode = cu_q_lens_ref[seq + 1] - first_row == 1
-    kv_len = jnp.where(is_decode, kv_lens_ref[seq], 0)  # other sequences: no keys, no work
-    first_key = 0 if sliding_window is None else jnp.maximum(kv_len - sliding_window, 0)
-    first_block = first_key // block_k
-    end_block = (kv_len + block_k - 1) // block_k
-    per_split = (end_block - first_block + sizes.num_splits - 1) // sizes.num_splits
+    first_row, is_decode, kv_len = decode_row(cu_q_lens_ref, kv_lens_ref, seq)
+    first_key, first_block, end_block, per_split, used = split_ranges(
+        kv_len, block_k=block_k, num_splits=sizes.num_splits, sliding_window=sliding_window
+    )
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, end_block)
 
@@ -94,12 +94,48 @@ def _decode_kernel(
     state = tiles.initial_state(rows, lanes)
     acc, row_max, row_sum = lax.fori_loop(0, jnp.maximum(stop - start, 0), body, state)
     if sizes.num_splits > 1:
-        for ref, value in zip(refs, (acc, row_max, row_sum), strict=True):
-            plgpu.store(ref, value)
+        # Only the group's real rows of the splits that saw keys: the merge reads no others.
+        stored = row_ok & (split < used)
+        acc_ref, max_ref, sum_ref = refs
+        plgpu.store(acc_ref, acc, mask=jnp.broadcast_to(stored[:, None], acc.shape))
+        plgpu.store(max_ref, row_max, mask=stored)
+        plgpu.store(sum_ref, row_sum, mask=stored)
     else:
-        _, out_ref = refs
-        out = tiles.normalize(acc, row_sum)
-        tiles.store_rows(out_ref, out, tokens, heads, row_ok & is_decode, head_dim=head_dim)
+        out_ref = refs[-1]
+        out = tiles.normalize(acc, row_sum)  # zeros where no key was seen
+        _store_decode_rows(out_ref, out, seq, tokens, heads, row_ok, is_decode, decode_only)
+
+
+def decode_row(cu_q_lens_ref, kv_lens_ref, seq):
+    """``(first row, is a decode sequence, keys to attend)`` of sequence slot ``seq``; keys 0
+    for a sequence that is not the decode kernel's (no work)."""
+    first_row = cu_q_lens_ref[seq]
+    is_decode = cu_q_lens_ref[seq + 1] - first_row == 1
+    return first_row, is_decode, jnp.where(is_decode, kv_lens_ref[seq], 0)
+
+
+def split_ranges(kv_len, *, block_k: int, num_splits: int, sliding_window: int | None):
+    """How a decode row's keys are cut into splits: ``(first key, first block, end block,
+    blocks per split, splits that hold keys)``; split j holds blocks from
+    ``first_block + j * per_split``, at most ``per_split`` of them, up to ``end_block``."""
+    first_key = 0 if sliding_window is None else jnp.maximum(kv_len - sliding_window, 0)
+    first_block = first_key // block_k
+    end_block = (kv_len + block_k - 1) // block_k
+    blocks = end_block - first_block
+    per_split = jnp.maximum((blocks + num_splits - 1) // num_splits, 1)
+    used = (blocks + per_split - 1) // per_split
+    return first_key, first_block, end_block, per_split, used
+
+
+def _store_decode_rows(out_ref, out, seq, tokens, heads, row_ok, is_decode, decode_only: bool):
+    """A decode program's rows into the step's output: at the sequence's row (a mixed step), or
+    (a decode-only step, one row per sequence slot) at row ``seq`` whatever the slot holds, so
+    the kernel writes every row of the output (zeros for empty slots)."""
+    if decode_only:
+        tokens = jnp.full_like(tokens, seq)
+        tiles.store_rows(out_ref, out, tokens, heads, row_ok, head_dim=out_ref.shape[2])
+    else:
+        tiles.store_rows(out_ref, out, tokens, heads, row_ok & is_decode, head_dim=out_ref.shape[2])
 
 
 def _prefill_kernel(
@@ -164,6 +200,58 @@ def _prefill_kernel(
     tiles.store_rows(out_ref, out, first_row + token, heads, row_ok, head_dim=head_dim)
 
 
+def _merge_kernel(
+    cu_q_lens_ref,  # [S + 1] sanitised
+    kv_lens_ref,  # [S]
+    acc_ref,  # [N, S, Hkv, R, lanes] each split's unnormalised rows
+    max_ref,  # [N, S, Hkv, R] each split's running max
+    sum_ref,  # [N, S, Hkv, R] each split's running sum
+    *refs,  # a mixed step: the output passed in (unused); out_ref [T, Hq, D]
+    group: int,
+    sizes: DecodeSizes,
+    sliding_window: int | None,
+    decode_only: bool,
+):
+    out_ref = refs[-1]
+    num_tokens = out_ref.shape[0]
+    rows, lanes = acc_ref.shape[-2:]
+    seq, kv_head = pl.program_id(0), pl.program_id(1)
+    first_row, is_decode, kv_len = decode_row(cu_q_lens_ref, kv_lens_ref, seq)
+    *_, used = split_ranges(
+        kv_len, block_k=sizes.block_k, num_splits=sizes.num_splits, sliding_window=sliding_window
+    )
+    member = jnp.arange(rows, dtype=jnp.int32)
+    row_ok = member < group
+    heads = kv_head * group + jnp.minimum(member, group - 1)
+    lane = jnp.arange(lanes, dtype=jnp.int32)
+    tile = (rows, lanes)
+
+    def body(split, state):
+        acc, row_max, row_sum = state
+        at = (jnp.full((rows,), split), jnp.full((rows,), seq), jnp.full((rows,), kv_head))
+        split_max = plgpu.load(max_ref.at[(*at, member)], mask=row_ok, other=MASK_VALUE)
+        split_sum = plgpu.load(sum_ref.at[(*at, member)], mask=row_ok, other=0.0)
+        split_acc = plgpu.load(
+            acc_ref.at[
+                tuple(jnp.broadcast_to(index[:, None], tile) for index in (*at, member))
+                + (jnp.broadcast_to(lane[None, :], tile),)
+            ],
+            mask=jnp.broadcast_to(row_ok[:, None], tile),
+            other=0.0,
+        )
+        row_max_next = jnp.maximum(row_max, split_max)
+        old = jnp.exp(row_max - row_max_next)
+        new = jnp.exp(split_max - row_max_next)
+        acc = acc * old[:, None] + split_acc * new[:, None]
+        return acc, row_max_next, row_sum * old + split_sum * new
+
+    state = tiles.initial_state(rows, lanes)
+    acc, _, row_sum = lax.fori_loop(0, used, body, state)
+    out = tiles.normalize(acc, row_sum)
+    tokens = jnp.full((rows,), jnp.minimum(first_row, num_tokens - 1), jnp.int32)
+    _store_decode_rows(out_ref, out, seq, tokens, heads, row_ok, is_decode, decode_only)
+
+
 def _whole(array) -> pl.BlockSpec:
     """Every program sees the whole array (a pointer on the GPU)."""
     return pl.BlockSpec(array.shape, lambda *_: (0,) * array.ndim)
@@ -215,9 +303,12 @@ def decode_call(
     soft_cap: float | None,
     sliding_window: int | None,
     interpret: bool,
+    decode_only: bool = False,
 ):
     """The decode kernel: ``out`` with the decode rows written (one split), or the splits'
-    ``(acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum)`` (several)."""
+    ``(acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum)`` (several). A decode-only
+    step (``decode_only``: one row per sequence slot, T == S) with one split writes every row
+    of a new output (``out`` unused)."""
     num_kv_heads, _, page_size, head_dim = k_pages.shape
     max_seqs, width = block_tables.shape
     rows, lanes, splits = sizes.rows, padded_head_dim(head_dim), sizes.num_splits
@@ -229,11 +320,15 @@ def decode_call(
         soft_cap=soft_cap,
         sliding_window=sliding_window,
         quantized=bool(scales),
+        decode_only=decode_only,
     )
     inputs = [cu_q_lens, kv_lens, block_tables, q, k_pages, v_pages, *scales]
     in_specs = [_whole(x) for x in inputs[:4]] + [_per_kv_head(x) for x in inputs[4:]]
     aliases = {}
-    if splits == 1:
+    if splits == 1 and decode_only:
+        out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+        out_specs = _whole(q)
+    elif splits == 1:
         inputs.append(out)
         in_specs.append(_whole(out))
         aliases = {len(inputs) - 1: 0}
@@ -271,6 +366,57 @@ def decode_call(
             key_reads=max_seqs * max_keys,
         ),
         name="ragged_paged_attention_decode",
+    )(*inputs)
+
+
+def merge_call(
+    parts,  # (acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum [N, S, Hkv, R])
+    kv_lens,  # [S]
+    cu_q_lens,  # [S + 1] sanitised
+    out,  # [T, Hq, D] the step's output so far (None: a decode-only step, T == S)
+    *,
+    q_shape: tuple[int, int, int],
+    dtype,
+    sizes: DecodeSizes,
+    sliding_window: int | None,
+    interpret: bool,
+):
+    """The split merge: per (sequence slot, KV head), the log-sum-exp of the splits that saw
+    keys, normalised and written into the step's output at the sequence's row. A decode-only
+    step writes every row of a new output (zeros for empty slots); a mixed one writes its decode
+    rows into ``out``."""
+    acc, row_max, row_sum = parts
+    splits, max_seqs, num_kv_heads, rows, lanes = acc.shape
+    decode_only = out is None
+    kernel = functools.partial(
+        _merge_kernel,
+        group=q_shape[1] // num_kv_heads,
+        sizes=sizes,
+        sliding_window=sliding_window,
+        decode_only=decode_only,
+    )
+    inputs = [cu_q_lens, kv_lens, acc, row_max, row_sum]
+    out_shape = jax.ShapeDtypeStruct(q_shape, dtype)
+    aliases = {}
+    if not decode_only:
+        inputs.append(out)
+        aliases = {len(inputs) - 1: 0}
+    row_bytes = math.prod(q_shape) * jnp.dtype(dtype).itemsize
+    return pl.pallas_call(
+        kernel,
+        grid=(max_seqs, num_kv_heads),
+        in_specs=[_whole(x) for x in inputs],
+        out_specs=pl.BlockSpec(q_shape, lambda *_: (0, 0, 0)),
+        out_shape=out_shape,
+        input_output_aliases=aliases,
+        interpret=interpret,
+        compiler_params=_compiler_params(interpret, 4, 1),
+        cost_estimate=pl.CostEstimate(
+            flops=4 * acc.size,
+            transcendentals=2 * row_max.size,
+            bytes_accessed=4 * (acc.size + 2 * row_max.size) + row_bytes,
+        ),
+        name="ragged_paged_attention_merge",
     )(*inputs)
 
 

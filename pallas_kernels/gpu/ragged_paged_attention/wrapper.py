@@ -1,6 +1,6 @@
 """The public entry point of GPU ragged paged attention: validates the arguments, picks the sizes
 (``sizes.py``), runs the decode kernel and the prefill kernel over the step and merges the decode
-splits."""
+splits (a third kernel); a decode-only step runs the decode kernel (and the merge) alone."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.gpu.ragged_paged_attention.kernel import decode_call, prefill_call
+from pallas_kernels.gpu.ragged_paged_attention.kernel import decode_call, merge_call, prefill_call
 from pallas_kernels.gpu.ragged_paged_attention.sizes import (
     MAX_HEAD_DIM,
     decode_sizes,
     prefill_sizes,
 )
 from pallas_kernels.kv_codes import EIGHT_BIT_DTYPES
-from pallas_kernels.ragged_layout import MASK_VALUE, sanitize_cu_q_lens
+from pallas_kernels.ragged_layout import sanitize_cu_q_lens
 from pallas_kernels.validation import (
     FLOAT_DTYPES,
     validate_common,
@@ -57,17 +57,6 @@ def prefill_blocks(cu_q_lens, kv_lens, *, block_q: int, num_blocks: int) -> jax.
     return jnp.stack([seq, first_row, count, first_pos]).astype(jnp.int32)
 
 
-def merge_splits(acc, row_max, row_sum) -> jax.Array:
-    """Log-sum-exp merge of the decode splits: ``acc [N, ..., R, lanes]``, ``row_max`` and
-    ``row_sum [N, ..., R]`` -> ``[..., R, lanes]`` float32 (rows that saw no key: zeros)."""
-    overall = jnp.max(row_max, axis=0)
-    weight = jnp.where(row_max > MASK_VALUE, jnp.exp(row_max - overall[None]), 0.0)
-    total = jnp.sum(row_sum * weight, axis=0)
-    out = jnp.sum(acc * weight[..., None], axis=0)
-    safe = jnp.where(total > 0, total, 1.0)
-    return jnp.where((total > 0)[..., None], out / safe[..., None], 0.0)
-
-
 def _validate(q, k_pages, v_pages, scales, kv_lens, block_tables, cu_q_lens, num_seqs, **options):
     if scales:
         validate_scales(k_pages, *scales)
@@ -93,7 +82,8 @@ def _validate(q, k_pages, v_pages, scales, kv_lens, block_tables, cu_q_lens, num
 
 
 @functools.partial(
-    jax.jit, static_argnames=("scale", "soft_cap", "sliding_window", "interpret", *TUNING)
+    jax.jit,
+    static_argnames=("scale", "soft_cap", "sliding_window", "decode_only", "interpret", *TUNING),
 )
 def ragged_paged_attention(
     q: jax.Array,  # [T, Hq, D]
@@ -107,6 +97,7 @@ def ragged_paged_attention(
     scale: float | None = None,
     soft_cap: float | None = None,
     sliding_window: int | None = None,
+    decode_only: bool = False,
     interpret: bool = False,
     decode_dot: bool | None = None,
     num_splits: int | None = None,
@@ -138,6 +129,10 @@ def ragged_paged_attention(
       scale: logit scale, ``head_dim ** -0.5`` when None.
       soft_cap: if set, logits become ``soft_cap * tanh(logits / soft_cap)`` after scaling.
       sliding_window: if set, a query at position p sees keys in ``(p - sliding_window, p]``.
+      decode_only: the step holds one row per sequence slot (``num_tokens == max_seqs``) and
+        no sequence has more than one query: the prefill kernel is left out and the decode
+        kernel (or the split merge) writes every row of the output (the engine's decode steps,
+        see ``jaxgen/engine/step_layout.py``). A sequence with more queries gets zeros.
       interpret: run the kernels in Pallas's interpreter (on CPU).
       decode_dot: score decode rows with ``tl.dot`` (group padded to 16 rows) or without the MMA
         units (a float32 multiply and sum); None: the dot (measured faster on an H200, see
@@ -162,6 +157,11 @@ def ragged_paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, _, page_size, _ = k_pages.shape
     max_seqs, width = block_tables.shape
+    if decode_only and num_tokens != max_seqs:
+        raise ValueError(
+            f"decode_only needs one row per sequence slot: q has {num_tokens} rows for "
+            f"{max_seqs} block_tables rows"
+        )
     group = num_heads // num_kv_heads
     decode = decode_sizes(
         group=group,
@@ -189,16 +189,25 @@ def ragged_paged_attention(
     cu_q_lens = sanitize_cu_q_lens(cu_q_lens, num_seqs, num_tokens)
     pool = (q, k_pages, v_pages, scales, kv_lens, block_tables)
 
-    out = jnp.zeros_like(q)  # padding rows stay zero; every other row is written once
+    # A mixed step: padding rows stay zero, every other row is written once, by one kernel.
+    out = None if decode_only else jnp.zeros_like(q)
     if decode.num_splits == 1:
-        out = decode_call(*pool, cu_q_lens, out, sizes=decode, **options)
+        out = decode_call(*pool, cu_q_lens, out, sizes=decode, decode_only=decode_only, **options)
     else:
         parts = decode_call(*pool, cu_q_lens, None, sizes=decode, **options)
-        merged = merge_splits(*parts)[:, :, :group, :head_dim]  # [S, Hkv, G, D]
-        merged = merged.reshape(max_seqs, num_heads, head_dim).astype(q.dtype)
-        is_decode = cu_q_lens[1:] - cu_q_lens[:-1] == 1
-        rows = jnp.where(is_decode, cu_q_lens[:-1], num_tokens)
-        out = out.at[rows].set(merged, mode="drop")
+        out = merge_call(
+            parts,
+            kv_lens,
+            cu_q_lens,
+            out,
+            q_shape=q.shape,
+            dtype=q.dtype,
+            sizes=decode,
+            sliding_window=sliding_window,
+            interpret=interpret,
+        )
+    if decode_only:
+        return out
 
     # A sequence with two or more queries adds at most one partly filled block, and there are at
     # most T // 2 of them.
@@ -210,4 +219,4 @@ def ragged_paged_attention(
     return out
 
 
-__all__ = ["TUNING", "merge_splits", "prefill_blocks", "ragged_paged_attention"]
+__all__ = ["TUNING", "prefill_blocks", "ragged_paged_attention"]
