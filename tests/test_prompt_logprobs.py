@@ -145,3 +145,16 @@ def test_prompt_logprobs_survive_preemption(loaded):
         for got, want in zip(out.prompt_logprobs[1:], reference.prompt_logprobs[1:], strict=True):
             assert got.keys() == want.keys()
             assert all(abs(got[t] - want[t]) < 1e-5 for t in got)
+
+
+def test_steps_without_prompt_logprobs_leave_the_branch_out(loaded, prompt, reference):
+    """As on a GPU (where XLA would run the prompt-logprobs conditional on the host, waiting
+    for the device): a step no row of which wants prompt logprobs is traced without the branch,
+    one that does gets it; the answers are the same as with the one shared executable."""
+    llm = LLM(loaded, **SMALL)
+    llm.engine.runner._host_synchronous_conditionals = True
+    params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    check_against_reference(out.prompt_logprobs, prompt, reference, 2)
+    plain = llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0), use_tqdm=False)
+    assert out.token_ids == plain[0].token_ids and plain[0].prompt_logprobs is None

@@ -169,8 +169,8 @@ DECODE_ONLY_CASES = {
 @pytest.mark.parametrize("case", DECODE_ONLY_CASES)
 def test_decode_only_step_matches_reference(case):
     """A decode-only step (one row per sequence slot: keys 1, page - 1, page, page + 1, 43, 100;
-    two empty slots): the decode kernel and the merge alone write every row, the empty slots'
-    as zeros."""
+    two empty slots): the decode kernel (and the split merge) alone give every row, the empty
+    slots' as zeros."""
     case = dict(DECODE_ONLY_CASES[case])
     dtype, pool = case["dtype"], case.get("pool", "float")
     args = make_batch(
@@ -314,17 +314,16 @@ def _lowered_for_cuda(head_dim, pool, *, num_tokens, max_seqs, width, group=4, *
     ],
 )
 def test_lowers_for_cuda(head_dim, pool):
-    """Lowered only (no GPU here): the three Triton kernels of a mixed step with decode splits
-    (decode, merge, prefill), on both decode paths; a decode-only step's decode kernel and
-    merge alone, or its decode kernel alone with one split; an 8-bit pool reaches them as codes
-    and scales (no dequantised pool in the module)."""
+    """Lowered only (no GPU here): both Triton kernels for a mixed step, on both decode paths;
+    the decode kernel alone for a decode-only step, with or without splits; an 8-bit pool
+    reaches them as codes and scales (no dequantised pool in the module)."""
     for decode_dot in (False, True):
         text = _lowered_for_cuda(
             head_dim, pool, num_tokens=256, max_seqs=16, width=64, decode_dot=decode_dot
         )
-        assert text.count("__gpu$xla.gpu.triton") == 3
+        assert text.count("__gpu$xla.gpu.triton") == 2
         assert "tensor<8x4096x16x" + str(head_dim) + "xf32>" not in text or pool == "f32"
-    for num_splits, kernels in ((None, 2), (1, 1)):
+    for num_splits, kernels in ((None, 1), (1, 1)):
         text = _lowered_for_cuda(
             head_dim,
             pool,
@@ -382,7 +381,7 @@ def test_power_of_two_lanes_are_a_plain_iota(head_dim, clamped, monkeypatch, cap
     clamped lane index made Triton load every K/V element on its own (2-byte loads); the plain
     iota gives 16-byte, pipelined copies (on an H200 the MMA decode path went from 775 to 335 us
     a call at batch 64 x 4k). head_dim 96 keeps the clamped, masked lanes: it shows the check
-    sees a clamp where there is one (in the kernels that read the pool and q)."""
+    sees a clamp where there is one."""
     from jax.experimental import pallas as pl
 
     from pallas_kernels.gpu.ragged_paged_attention import kernel
@@ -394,13 +393,10 @@ def test_power_of_two_lanes_are_a_plain_iota(head_dim, clamped, monkeypatch, cap
     # Shapes no other test lowers, so no cached trace skips the patched pallas_call.
     _lowered_for_cuda(head_dim, "bf16", num_tokens=24, max_seqs=3, width=24)
     modules = _triton_modules(capsys.readouterr().out)
-    names = {"decode", "merge", "prefill"}
-    assert set(modules) == {f"ragged_paged_attention_{name}" for name in names}
+    assert set(modules) == {"ragged_paged_attention_decode", "ragged_paged_attention_prefill"}
     for name, module in modules.items():
         assert "tt.make_range {end = 128 : i32, start = 0 : i32}" in module, name
-        # The merge reads the splits' partials, which always have the padded lanes.
-        expected = clamped and not name.endswith("merge")
-        assert bool(_clamped_lane_ranges(module, 128)) == expected, name
+        assert bool(_clamped_lane_ranges(module, 128)) == clamped, name
 
 
 def _bad_inputs():

@@ -30,7 +30,8 @@ def jitted_step(graphdef, backend: AttentionBackend):
 
     A step runs the model and returns its logits rows (padded to ``sample_rows``, the sampler's
     row bucket) and every token row's prompt logprobs, computed only when a row has a target
-    (``prompt_targets`` >= 0): its executable depends on the step's shape alone, and the
+    (``prompt_targets`` >= 0; None: none has, known on the host, and the step has no
+    prompt-logprobs branch): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
     configuration. A multi-step call (``num_steps``) samples inside its decode loop."""
 
@@ -72,6 +73,8 @@ def jitted_step(graphdef, backend: AttentionBackend):
         if from_previous is not None:
             token_ids = take_fed_tokens(token_ids, from_previous, previous_tokens)
         model, hidden, kv_cache, logits = run(kv_cache, token_ids, positions, md)
+        if prompt_targets is None:  # known on the host: no row wants prompt logprobs
+            return kv_cache, (logits, None)
         prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
         return kv_cache, (logits, prompt)
 

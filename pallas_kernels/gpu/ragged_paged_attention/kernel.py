@@ -18,7 +18,6 @@ step is written once: decode rows, prefill rows, and zeros for padding rows from
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,6 @@ from pallas_kernels.gpu.ragged_paged_attention.sizes import (
     PrefillSizes,
     padded_head_dim,
 )
-from pallas_kernels.ragged_layout import MASK_VALUE
 
 
 def _split_scale_refs(refs, quantized: bool):
@@ -66,7 +64,7 @@ def _decode_kernel(
     seq, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
     first_row, is_decode, kv_len = decode_row(cu_q_lens_ref, kv_lens_ref, seq)
-    first_key, first_block, end_block, per_split, used = split_ranges(
+    first_key, first_block, end_block, per_split, _ = split_ranges(
         kv_len, block_k=block_k, num_splits=sizes.num_splits, sliding_window=sliding_window
     )
     start = first_block + split * per_split
@@ -94,12 +92,10 @@ def _decode_kernel(
     state = tiles.initial_state(rows, lanes)
     acc, row_max, row_sum = lax.fori_loop(0, jnp.maximum(stop - start, 0), body, state)
     if sizes.num_splits > 1:
-        # Only the group's real rows of the splits that saw keys: the merge reads no others.
-        stored = row_ok & (split < used)
-        acc_ref, max_ref, sum_ref = refs
-        plgpu.store(acc_ref, acc, mask=jnp.broadcast_to(stored[:, None], acc.shape))
-        plgpu.store(max_ref, row_max, mask=stored)
-        plgpu.store(sum_ref, row_sum, mask=stored)
+        # Every split stores its state (an empty one: max MASK_VALUE, sum 0, which the merge
+        # weighs 0).
+        for ref, value in zip(refs, (acc, row_max, row_sum), strict=True):
+            plgpu.store(ref, value)
     else:
         out_ref = refs[-1]
         out = tiles.normalize(acc, row_sum)  # zeros where no key was seen
@@ -198,58 +194,6 @@ def _prefill_kernel(
     acc, _, row_sum = lax.fori_loop(0, jnp.maximum(stop - start, 0), body, state)
     out = tiles.normalize(acc, row_sum)
     tiles.store_rows(out_ref, out, first_row + token, heads, row_ok, head_dim=head_dim)
-
-
-def _merge_kernel(
-    cu_q_lens_ref,  # [S + 1] sanitised
-    kv_lens_ref,  # [S]
-    acc_ref,  # [N, S, Hkv, R, lanes] each split's unnormalised rows
-    max_ref,  # [N, S, Hkv, R] each split's running max
-    sum_ref,  # [N, S, Hkv, R] each split's running sum
-    *refs,  # a mixed step: the output passed in (unused); out_ref [T, Hq, D]
-    group: int,
-    sizes: DecodeSizes,
-    sliding_window: int | None,
-    decode_only: bool,
-):
-    out_ref = refs[-1]
-    num_tokens = out_ref.shape[0]
-    rows, lanes = acc_ref.shape[-2:]
-    seq, kv_head = pl.program_id(0), pl.program_id(1)
-    first_row, is_decode, kv_len = decode_row(cu_q_lens_ref, kv_lens_ref, seq)
-    *_, used = split_ranges(
-        kv_len, block_k=sizes.block_k, num_splits=sizes.num_splits, sliding_window=sliding_window
-    )
-    member = jnp.arange(rows, dtype=jnp.int32)
-    row_ok = member < group
-    heads = kv_head * group + jnp.minimum(member, group - 1)
-    lane = jnp.arange(lanes, dtype=jnp.int32)
-    tile = (rows, lanes)
-
-    def body(split, state):
-        acc, row_max, row_sum = state
-        at = (jnp.full((rows,), split), jnp.full((rows,), seq), jnp.full((rows,), kv_head))
-        split_max = plgpu.load(max_ref.at[(*at, member)], mask=row_ok, other=MASK_VALUE)
-        split_sum = plgpu.load(sum_ref.at[(*at, member)], mask=row_ok, other=0.0)
-        split_acc = plgpu.load(
-            acc_ref.at[
-                tuple(jnp.broadcast_to(index[:, None], tile) for index in (*at, member))
-                + (jnp.broadcast_to(lane[None, :], tile),)
-            ],
-            mask=jnp.broadcast_to(row_ok[:, None], tile),
-            other=0.0,
-        )
-        row_max_next = jnp.maximum(row_max, split_max)
-        old = jnp.exp(row_max - row_max_next)
-        new = jnp.exp(split_max - row_max_next)
-        acc = acc * old[:, None] + split_acc * new[:, None]
-        return acc, row_max_next, row_sum * old + split_sum * new
-
-    state = tiles.initial_state(rows, lanes)
-    acc, _, row_sum = lax.fori_loop(0, used, body, state)
-    out = tiles.normalize(acc, row_sum)
-    tokens = jnp.full((rows,), jnp.minimum(first_row, num_tokens - 1), jnp.int32)
-    _store_decode_rows(out_ref, out, seq, tokens, heads, row_ok, is_decode, decode_only)
 
 
 def _whole(array) -> pl.BlockSpec:
@@ -366,57 +310,6 @@ def decode_call(
             key_reads=max_seqs * max_keys,
         ),
         name="ragged_paged_attention_decode",
-    )(*inputs)
-
-
-def merge_call(
-    parts,  # (acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum [N, S, Hkv, R])
-    kv_lens,  # [S]
-    cu_q_lens,  # [S + 1] sanitised
-    out,  # [T, Hq, D] the step's output so far (None: a decode-only step, T == S)
-    *,
-    q_shape: tuple[int, int, int],
-    dtype,
-    sizes: DecodeSizes,
-    sliding_window: int | None,
-    interpret: bool,
-):
-    """The split merge: per (sequence slot, KV head), the log-sum-exp of the splits that saw
-    keys, normalised and written into the step's output at the sequence's row. A decode-only
-    step writes every row of a new output (zeros for empty slots); a mixed one writes its decode
-    rows into ``out``."""
-    acc, row_max, row_sum = parts
-    splits, max_seqs, num_kv_heads, rows, lanes = acc.shape
-    decode_only = out is None
-    kernel = functools.partial(
-        _merge_kernel,
-        group=q_shape[1] // num_kv_heads,
-        sizes=sizes,
-        sliding_window=sliding_window,
-        decode_only=decode_only,
-    )
-    inputs = [cu_q_lens, kv_lens, acc, row_max, row_sum]
-    out_shape = jax.ShapeDtypeStruct(q_shape, dtype)
-    aliases = {}
-    if not decode_only:
-        inputs.append(out)
-        aliases = {len(inputs) - 1: 0}
-    row_bytes = math.prod(q_shape) * jnp.dtype(dtype).itemsize
-    return pl.pallas_call(
-        kernel,
-        grid=(max_seqs, num_kv_heads),
-        in_specs=[_whole(x) for x in inputs],
-        out_specs=pl.BlockSpec(q_shape, lambda *_: (0, 0, 0)),
-        out_shape=out_shape,
-        input_output_aliases=aliases,
-        interpret=interpret,
-        compiler_params=_compiler_params(interpret, 4, 1),
-        cost_estimate=pl.CostEstimate(
-            flops=4 * acc.size,
-            transcendentals=2 * row_max.size,
-            bytes_accessed=4 * (acc.size + 2 * row_max.size) + row_bytes,
-        ),
-        name="ragged_paged_attention_merge",
     )(*inputs)
 
 

@@ -24,12 +24,12 @@ Why these numbers:
   4k (77% of copy against 75%) and 4% faster at batch 1 x 32k (60% against 58%) in the d2b7523
   run; small margins, but the same way at both shapes, so 64 is the default and 32 is among the
   variants the device check times beside it. 3 stages instead of 2 came within 1.5% either way.
-- Split merge: a decode row's splits are cut from its own length at run time, so a short row
-  uses only the splits its key blocks fill (the others exit at once), and the merge (a third
-  kernel, one program per sequence slot and KV head) reads only those, only the group's real
-  rows. On a decode-only step it writes every row of the output itself, and the prefill kernel
-  is left out: the engine's batch-1 decode step spent 0.21 ms in the merge (two XLA reductions
-  and a scatter a layer) and 0.085 ms in the prefill kernel's empty grid (d2b7523 trace).
+- Decode-only steps (the engine marks them: one row per sequence slot, no prefill rows) run the
+  decode kernel and the split merge alone: no prefill kernel (its empty grid took 0.085 ms of
+  the batch-1 step, 32 layers), no zeroed output and no scatter of the merged rows (the merge,
+  two XLA reductions and a scatter a layer, took 0.21 ms; without the scatter the merged rows
+  are the output). A merge written as a Pallas kernel, one program per (slot, KV head) walking
+  its splits, was slower than XLA's reductions (batch 1 x 32k keys: 75 us a call, 075a864).
 - Split-KV for decode: one program per (sequence slot, KV head) leaves most of the GPU idle when
   there are few sequences (batch 1 at 8 KV heads: 8 programs on 132 SMs, each walking its whole
   context). Each (sequence, KV head) is cut into ``num_splits`` contiguous key ranges, one per
