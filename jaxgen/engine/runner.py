@@ -18,7 +18,12 @@ from jaxgen.backends import AttentionBackend, select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.flat_params import FlatParams
 from jaxgen.engine.prompt_logprobs import PromptLogprobsOutput
-from jaxgen.engine.sampling_shapes import SamplingShapes
+from jaxgen.engine.sampling_shapes import (
+    GENERAL_FLAGS,
+    GREEDY_FLAGS,
+    SamplingShapes,
+    all_greedy,
+)
 from jaxgen.engine.sampling_tensors import SamplerOutput
 from jaxgen.engine.step_function import jitted_sampler, jitted_step
 
@@ -61,12 +66,15 @@ class ModelRunner:
         self.kv_sharding = kv_sharding
         self.kv_cache = self._allocate_pool()
         self._step = jitted_step(self.graphdef, self.backend)
-        # On a GPU, XLA runs a conditional it cannot capture in a command buffer (the prompt
-        # logprobs' branch, an LM head over every row and a top-k) on the host after copying
-        # its predicate back: a wait for the device in every step, which undid asynchronous
-        # scheduling (batch 1: 9.1 ms a step for 4.6 ms of device time, H200, 075a864). There a
-        # step without prompt-logprobs rows leaves the branch out (its own executable, compiled
-        # when a prompt-logprobs step first comes); elsewhere one executable serves both.
+        # On a GPU, XLA runs a conditional it cannot capture in a command buffer on the host,
+        # after copying its predicate back: a wait for the device in every step, which undid
+        # asynchronous scheduling (batch 1: 9.1 ms a step for 4.6 ms of device time, H200,
+        # 075a864; the trace shows the sampler's greedy-or-sample conditional, whose sampling
+        # branch holds the exact top-k / top-p bisection, run that way). There the host decides
+        # what it knows: an all-greedy batch samples with GREEDY_FLAGS (no such conditional;
+        # a second sampler executable per row bucket) and a step without prompt-logprobs rows
+        # leaves that branch out (its own executable, compiled when a prompt-logprobs step
+        # first comes). Elsewhere one executable of each serves every batch.
         self._host_synchronous_conditionals = jax.default_backend() == "gpu"
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
@@ -145,7 +153,10 @@ class ModelRunner:
         if num_steps > 1:
             return InFlight(result, None, None)
         logits, prompt = result
-        sampled, feed = self._sample(logits, sampling)
+        flags = GENERAL_FLAGS
+        if self._host_synchronous_conditionals and all_greedy(sampling):
+            flags = GREEDY_FLAGS
+        sampled, feed = self._sample(logits, sampling, flags)
         return InFlight(sampled, prompt if wants_prompt else None, feed)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:

@@ -171,11 +171,12 @@ def jitted_sampler(feed_width: int):
     with every stage on (``GENERAL_FLAGS``; a stage no row needs is skipped at run time), so
     one executable per row bucket serves every sampling configuration. ``feed``
     [feed_width] holds the sampled tokens by row, for the next step (asynchronous
-    scheduling)."""
+    scheduling). ``flags`` (static) may name fewer stages: ``GREEDY_FLAGS`` for a batch the
+    host knows is all greedy (on a GPU, see ``ModelRunner.dispatch``)."""
 
-    def run(logits, sampling):
-        sampled = sample(logits, sampling, GENERAL_FLAGS)
+    def run(logits, sampling, flags=GENERAL_FLAGS):
+        sampled = sample(logits, sampling, flags)
         feed = jnp.zeros(feed_width, jnp.int32).at[: sampled.token_ids.shape[0]]
         return sampled, feed.set(sampled.token_ids)
 
-    return jax.jit(run)
+    return jax.jit(run, static_argnames="flags")
