@@ -107,13 +107,15 @@ class ModelRunner:
         from_previous=None,
         previous_tokens=None,
         num_steps: int = 1,
+        verify=None,
     ) -> InFlight:
         """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
         ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it.
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
         more): that many decode steps, each fed the last one's tokens; the sampler's output
-        is stacked ``[num_steps, R, ...]``."""
+        is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's ``(step_rows
+        [D], sampling [D])`` (fitted): those rows' logits are sampled too (``InFlight.verify``)."""
         *inputs, sampling = arrays
         sampling = self.sampling_shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
@@ -125,6 +127,8 @@ class ModelRunner:
             extra = {"num_steps": num_steps, "page_size": self.page_size, "sampling": sampling}
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
+        if verify is not None:
+            extra["verify_rows"] = verify[0]
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -137,9 +141,12 @@ class ModelRunner:
         )
         if num_steps > 1:
             return InFlight(result, None, None)
-        logits, prompt = result
+        logits, prompt, *verify_logits = result
         sampled, feed = self._sample(logits, sampling)
-        return InFlight(sampled, prompt if wants_prompt else None, feed)
+        verified = None
+        if verify is not None:
+            verified, _ = jitted_sampler(verify[0].shape[0])(verify_logits[0], verify[1])
+        return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
@@ -171,6 +178,7 @@ class InFlight:
     result: object  # SamplerOutput ([num_steps, R, ...] for a multi-step call)
     prompt: PromptLogprobsOutput | None  # when the step computed prompt logprobs
     feed: jax.Array | None  # [seq_cap] int32: the tokens it sampled (async scheduling)
+    verify: SamplerOutput | None = None  # [D]: the draft positions' tokens (speculative)
 
 
 def _deleted(leaf) -> bool:

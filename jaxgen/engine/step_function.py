@@ -32,7 +32,9 @@ def jitted_step(graphdef, backend: AttentionBackend):
     row bucket) and every token row's prompt logprobs, computed only when a row has a target
     (``prompt_targets`` >= 0): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
-    configuration. A multi-step call (``num_steps``) samples inside its decode loop."""
+    configuration. A multi-step call (``num_steps``) samples inside its decode loop. With
+    ``verify_rows`` [D] (speculative decoding's draft positions) it also returns those step
+    rows' logits [D, V], for the verify sampler."""
 
     def step(
         params,
@@ -51,6 +53,7 @@ def jitted_step(graphdef, backend: AttentionBackend):
         num_steps=None,
         page_size=None,
         sampling=None,
+        verify_rows=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
@@ -73,6 +76,9 @@ def jitted_step(graphdef, backend: AttentionBackend):
             token_ids = take_fed_tokens(token_ids, from_previous, previous_tokens)
         model, hidden, kv_cache, logits = run(kv_cache, token_ids, positions, md)
         prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
+        if verify_rows is not None:  # speculative decoding: the draft positions' logits too
+            verify_logits = model.compute_logits(hidden[verify_rows], head_kernel=head)
+            return kv_cache, (logits, prompt, verify_logits)
         return kv_cache, (logits, prompt)
 
     return jax.jit(
