@@ -1,6 +1,7 @@
 """Speculative decoding with n-gram prompt lookup on a tiny random Llama (fp32): token for token
 the output of decoding without speculation, with sampled and penalised rows in the same steps,
-through chunked prefill, preemption and the prefix cache; rejected tokens' pages returned."""
+through chunked prefill, preemption and the prefix cache; rejected tokens' pages returned. Sampled
+rows' distribution: ``test_speculative_sampling.py``."""
 
 from __future__ import annotations
 

@@ -103,10 +103,7 @@ class LLMEngine(Engine):
                 )
             self.speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
             self.verify_shapes = VerifyShapes(
-                vocab_size=model_config.vocab_size,
-                max_model_len=self.max_model_len,
-                max_rows=self.layout.token_buckets[-1],
-                place=self.runner.sampling_shapes.place,
+                self.runner.sampling_shapes, self.layout.token_buckets[-1]
             )
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}

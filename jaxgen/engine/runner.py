@@ -144,8 +144,10 @@ class ModelRunner:
         logits, prompt, *verify_logits = result
         sampled, feed = self._sample(logits, sampling)
         verified = None
-        if verify is not None:
-            verified, _ = jitted_sampler(verify[0].shape[0])(verify_logits[0], verify[1])
+        if verify is not None:  # up to the sequence cap, the step sampler's executables
+            rows = verify[0].shape[0]
+            sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
+            verified, _ = sampler(verify_logits[0], verify[1])
         return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:

@@ -121,21 +121,22 @@ def position_logprobs(output: SamplerOutput, row: int, num_top: int | None) -> d
 
 
 class VerifyShapes:
-    """Fits verify rows to fixed sampler shapes (rows: powers of 4 up to the token budget's
-    bucket), which the step's sampler runs with every stage on (``runner.dispatch``)."""
+    """Fits verify rows to the sampler's fixed shapes: the step sampler's own row buckets
+    (its executables serve both) up to the sequence cap, powers of 4 beyond it up to the
+    token budget's bucket; ``runner.dispatch`` samples them with every stage on."""
 
-    def __init__(self, *, vocab_size: int, max_model_len: int, max_rows: int, place):
-        self.shapes = SamplingShapes(
-            vocab_size=vocab_size,
-            max_model_len=max_model_len,
-            seq_cap=next_power_of_two(max_rows, 4),
-            place=place,
+    def __init__(self, step_shapes: SamplingShapes, max_rows: int):
+        self.step_shapes = step_shapes
+        self.wide_shapes = dataclasses.replace(
+            step_shapes, seq_cap=max(next_power_of_two(max_rows, 4), step_shapes.seq_cap)
         )
 
     def fit(self, rows: VerifyRows) -> tuple[np.ndarray, SamplingTensors]:
         """``rows``' step rows [D] and sampling tensors [D] padded to the row bucket D
         (padding rows read step row 0 and sample greedily; nothing reads them back)."""
-        sampling = self.shapes.fit(rows.sampling)
+        num_rows = rows.step_rows.shape[0]
+        narrow = num_rows <= self.step_shapes.seq_cap
+        sampling = (self.step_shapes if narrow else self.wide_shapes).fit(rows.sampling)
         step_rows = np.zeros(sampling.temperature.shape[0], np.int32)
-        step_rows[: rows.step_rows.shape[0]] = rows.step_rows
+        step_rows[:num_rows] = rows.step_rows
         return step_rows, sampling

@@ -141,9 +141,9 @@ def _accept(engine, draft: Draft, verify, verified, tokens, logprobs) -> list[tu
     accepted = len(new) - 1
     engine.speculator.record(draft, accepted)
     num_top = seq.params.logprobs
-    entries = [position_logprobs(verified, first + i, num_top) for i in range(accepted + 1)]
+    entries = [position_logprobs(verified, first + i, num_top) for i in range(min(len(new), k))]
     if accepted == k:
-        entries[k] = logprobs.get(seq_id)  # the bonus: the sequence's own sampling row
+        entries.append(logprobs.get(seq_id))  # the bonus: the sequence's own sampling row
     # Computed: the tokens before the draft and the accepted ones; the last token decodes next.
     seq.num_computed_tokens = draft.num_tokens + accepted
     engine.scheduler.allocator.truncate(seq, seq.num_computed_tokens)
