@@ -122,13 +122,15 @@ class ModelRunner:
         from_previous=None,
         previous_tokens=None,
         num_steps: int = 1,
+        verify=None,
     ) -> InFlight:
         """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
         ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it.
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
         more): that many decode steps, each fed the last one's tokens; the sampler's output
-        is stacked ``[num_steps, R, ...]``."""
+        is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's ``(step_rows
+        [D], sampling [D])`` (fitted): those rows' logits are sampled too (``InFlight.verify``)."""
         *inputs, sampling = arrays
         sampling = self.sampling_shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
@@ -140,6 +142,8 @@ class ModelRunner:
             extra = {"num_steps": num_steps, "page_size": self.page_size, "sampling": sampling}
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
+        if verify is not None:
+            extra["verify_rows"] = verify[0]
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -152,12 +156,17 @@ class ModelRunner:
         )
         if num_steps > 1:
             return InFlight(result, None, None)
-        logits, prompt = result
+        logits, prompt, *verify_logits = result
         flags = GENERAL_FLAGS
         if self._host_synchronous_conditionals and all_greedy(sampling):
             flags = GREEDY_FLAGS
         sampled, feed = self._sample(logits, sampling, flags)
-        return InFlight(sampled, prompt if wants_prompt else None, feed)
+        verified = None
+        if verify is not None:  # up to the sequence cap, the step sampler's executables
+            rows = verify[0].shape[0]
+            sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
+            verified, _ = sampler(verify_logits[0], verify[1])
+        return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
@@ -189,6 +198,7 @@ class InFlight:
     result: object  # SamplerOutput ([num_steps, R, ...] for a multi-step call)
     prompt: PromptLogprobsOutput | None  # when the step computed prompt logprobs
     feed: jax.Array | None  # [seq_cap] int32: the tokens it sampled (async scheduling)
+    verify: SamplerOutput | None = None  # [D]: the draft positions' tokens (speculative)
 
 
 def _deleted(leaf) -> bool:

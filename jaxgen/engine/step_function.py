@@ -33,7 +33,9 @@ def jitted_step(graphdef, backend: AttentionBackend):
     (``prompt_targets`` >= 0; None: none has, known on the host, and the step has no
     prompt-logprobs branch): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
-    configuration. A multi-step call (``num_steps``) samples inside its decode loop."""
+    configuration. A multi-step call (``num_steps``) samples inside its decode loop. With
+    ``verify_rows`` [D] (speculative decoding's draft positions) it also returns those step
+    rows' logits [D, V], for the verify sampler."""
 
     def step(
         params,
@@ -52,6 +54,7 @@ def jitted_step(graphdef, backend: AttentionBackend):
         num_steps=None,
         page_size=None,
         sampling=None,
+        verify_rows=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
@@ -73,9 +76,12 @@ def jitted_step(graphdef, backend: AttentionBackend):
         if from_previous is not None:
             token_ids = take_fed_tokens(token_ids, from_previous, previous_tokens)
         model, hidden, kv_cache, logits = run(kv_cache, token_ids, positions, md)
-        if prompt_targets is None:  # known on the host: no row wants prompt logprobs
-            return kv_cache, (logits, None)
-        prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
+        prompt = None  # None: known on the host that no row wants prompt logprobs
+        if prompt_targets is not None:
+            prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
+        if verify_rows is not None:  # speculative decoding: the draft positions' logits too
+            verify_logits = model.compute_logits(hidden[verify_rows], head_kernel=head)
+            return kv_cache, (logits, prompt, verify_logits)
         return kv_cache, (logits, prompt)
 
     return jax.jit(
