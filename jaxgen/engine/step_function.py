@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.backends import AttentionBackend
+from jaxgen.engine.executable_store import StoredJit
 from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsOutput, prompt_logprobs
 from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_shapes import GENERAL_FLAGS
@@ -75,8 +76,10 @@ def jitted_step(graphdef, backend: AttentionBackend):
         prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
         return kv_cache, (logits, prompt)
 
-    return jax.jit(
+    return StoredJit(
         step,
+        "step",
+        lambda: f"{graphdef!r}\n{backend!r}",
         static_argnames=("sample_rows", "flat_params", "num_steps", "page_size"),
         donate_argnums=(1,),
         compiler_options=backend.compiler_options,
@@ -175,4 +178,4 @@ def jitted_sampler(feed_width: int):
         feed = jnp.zeros(feed_width, jnp.int32).at[: sampled.token_ids.shape[0]]
         return sampled, feed.set(sampled.token_ids)
 
-    return jax.jit(run)
+    return StoredJit(run, "sampler", lambda: str(feed_width))
