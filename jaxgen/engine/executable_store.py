@@ -263,10 +263,24 @@ def _process_context() -> str:
                 jax.process_count(),
                 settings,
                 environment,
+                _cpu_features() if device.platform == "cpu" else "",
                 source_hash(),
             ),
         )
     )
+
+
+def _cpu_features() -> str:
+    """The host CPU's model and instruction-set flags (an XLA:CPU executable is compiled for
+    them: a cache directory shared with another machine must not hand it over)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.startswith(wanted)}))
 
 
 @functools.lru_cache(maxsize=1)

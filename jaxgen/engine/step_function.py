@@ -79,10 +79,30 @@ def jitted_step(graphdef, backend: AttentionBackend):
     return StoredJit(
         step,
         "step",
-        lambda: f"{graphdef!r}\n{backend!r}",
+        lambda: f"{graphdef!r}\n{backend!r}\n{native_kernels(backend)}",
         static_argnames=("sample_rows", "flat_params", "num_steps", "page_size"),
         donate_argnums=(1,),
         compiler_options=backend.compiler_options,
+    )
+
+
+def native_kernels(backend: AttentionBackend) -> tuple[bool, ...]:
+    """Which native CPU kernels the CPU backend's step calls (each falls back to JAX when its
+    build or the CPU's instructions are missing); empty for other backends."""
+    if backend.name != "cpu":
+        return ()
+    from jaxgen.backends.cpu_kernels.matmul import matmul_kernel_available
+    from jaxgen.backends.cpu_kernels.matmul_quantized import (
+        quantized_matmul_available,
+        w8a8_kernel_available,
+    )
+    from jaxgen.backends.cpu_kernels.paged_attention import cpu_kernel_available
+
+    return (
+        cpu_kernel_available(),
+        matmul_kernel_available(),
+        quantized_matmul_available(),
+        w8a8_kernel_available(),
     )
 
 
