@@ -10,8 +10,9 @@ the program: the function's own context (the model graph, the backend), the jaxg
 the jax and jaxlib versions, the devices, jax's numeric settings and the ``JAX*`` / ``XLA*`` /
 ``JAXGEN*`` environment; a change in any of them is a new file, never a stale one.
 
-On only where the compilation cache is (``enable_compile_cache``) and on one device; an entry
-that cannot be read is compiled again, a directory that cannot be written runs without it.
+On only where the compilation cache is (``enable_compile_cache``), on one CPU device (the
+start-up this exists for; XLA:CPU's serialization is the one checked here, accelerators keep
+the compilation cache alone); an entry that cannot be read is compiled again, a directory that cannot be written runs without it.
 A loaded executable counts as a compilation answered by the cache (``compile_counter``).
 """
 
@@ -92,7 +93,8 @@ class StoredJit:
         """The signature's executable: read from the store, else compiled and written there;
         None when the store is off (then the jit runs as usual)."""
         directory = store_directory()
-        if directory is None or jax.device_count() != 1 or not self._stable_context():
+        single_cpu = jax.device_count() == 1 and jax.default_backend() == "cpu"
+        if directory is None or not single_cpu or not self._stable_context():
             return None
         text = "\n".join((_process_context(), self._name, self._context, _stable(signature)))
         if "<lambda>" in text or "<locals>" in text:
@@ -103,11 +105,11 @@ class StoredJit:
         if compiled is not None:
             compile_counter.record_loaded()
             return compiled
-        # Compiled here, not answered by the persistent cache, and on CPU with kernel names
+        # Compiled here, not answered by the persistent cache, and with kernel names
         # unique to the executable (its module is named by its key): XLA's CPU executables
         # loaded into one process otherwise resolve each other's same-named kernels
         # ("Function wrapped_iota not found").
-        options = _UNIQUE_KERNEL_NAMES if jax.default_backend() == "cpu" else None
+        options = _UNIQUE_KERNEL_NAMES
         jitted = jax.jit(_renamed(self._fun, f"{self._name}_{key[:16]}"), **self._jit_options)
         with _persistent_cache_off():
             compiled = jitted.lower(*args, **kwargs).compile(compiler_options=options)
