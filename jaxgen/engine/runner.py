@@ -160,7 +160,7 @@ class ModelRunner:
         flags = GENERAL_FLAGS
         if self._host_synchronous_conditionals and all_greedy(sampling):
             flags = GREEDY_FLAGS
-        sampled, feed = self._sample(logits, sampling, flags)
+        sampled, feed = self._sample(logits, sampling, flags=flags)
         verified = None
         if verify is not None:  # up to the sequence cap, the step sampler's executables
             rows = verify[0].shape[0]

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.backends import AttentionBackend
+from jaxgen.engine.executable_store import StoredJit
 from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsOutput, prompt_logprobs
 from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_shapes import GENERAL_FLAGS
@@ -84,11 +85,33 @@ def jitted_step(graphdef, backend: AttentionBackend):
             return kv_cache, (logits, prompt, verify_logits)
         return kv_cache, (logits, prompt)
 
-    return jax.jit(
+    return StoredJit(
         step,
+        "step",
+        lambda: f"{graphdef!r}\n{backend!r}\n{native_kernels(backend)}",
         static_argnames=("sample_rows", "flat_params", "num_steps", "page_size"),
         donate_argnums=(1,),
         compiler_options=backend.compiler_options,
+    )
+
+
+def native_kernels(backend: AttentionBackend) -> tuple[bool, ...]:
+    """Which native CPU kernels the CPU backend's step calls (each falls back to JAX when its
+    build or the CPU's instructions are missing); empty for other backends."""
+    if backend.name != "cpu":
+        return ()
+    from jaxgen.backends.cpu_kernels.matmul import matmul_kernel_available
+    from jaxgen.backends.cpu_kernels.matmul_quantized import (
+        quantized_matmul_available,
+        w8a8_kernel_available,
+    )
+    from jaxgen.backends.cpu_kernels.paged_attention import cpu_kernel_available
+
+    return (
+        cpu_kernel_available(),
+        matmul_kernel_available(),
+        quantized_matmul_available(),
+        w8a8_kernel_available(),
     )
 
 
@@ -185,4 +208,4 @@ def jitted_sampler(feed_width: int):
         feed = jnp.zeros(feed_width, jnp.int32).at[: sampled.token_ids.shape[0]]
         return sampled, feed.set(sampled.token_ids)
 
-    return jax.jit(run, static_argnames="flags")
+    return StoredJit(run, "sampler", lambda: str(feed_width), static_argnames=("flags",))
