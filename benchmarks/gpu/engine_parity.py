@@ -51,14 +51,17 @@ def jaxgen_tokens(path: str, backend: str, prompts, max_tokens: int, page_size: 
 
 
 def wait_for(path: str, child: Child, deadline: float) -> dict | None:
+    """``path``'s JSON once the child wrote it, waiting until ``deadline``; a file written
+    before the deadline is read even when the stage's own work ran past it (on an H200 the
+    tokens had been waiting 20 s when the stage, out of budget, gave up on them: ea5bc0b)."""
     while time.time() < deadline:
         data = read_json(path)
         if data is not None:
             return data
         if child.process.poll() is not None:
-            return read_json(path)
+            break
         time.sleep(0.2)
-    return None
+    return read_json(path)
 
 
 def start_transformers(profile) -> tuple[Child, str]:

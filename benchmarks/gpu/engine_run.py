@@ -73,7 +73,7 @@ class DecodeCapture:
             runner._param_arrays,
             runner.kv_cache,
             *inputs,
-            runner._no_targets(inputs[0].shape[0]),
+            None if runner._host_synchronous_conditionals else runner._no_targets(len(inputs[0])),
             head=None,
             sample_rows=runner.sampling_shapes.fit(sampling).temperature.shape[0],
             flat_params=runner._flat_params,

@@ -2,7 +2,9 @@
 query heads, 8 KV heads, head_dim 128, bf16, the engine's page size): batch x context as the
 profile lists, against the copy bandwidth stage 1 measured. Each timed call runs the kernel
 many times back to back inside one jitted loop (no host dispatch between them), each time over
-a different set of pages, so neither launch overhead nor the L2 cache flatters it. The kernel's
+a different set of pages, so neither launch overhead nor the L2 cache flatters it. The calls
+are the engine's decode steps (``decode_only``: the decode kernel and its split merge, no
+prefill kernel). The kernel's
 decode variants and split counts (``tuning_variants``) are timed at a few pairs."""
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.gpu.floors import median, paged_attention_bytes
-from benchmarks.gpu.kernel_batches import attention_kernels, decode_batch, tuning_variants
+from benchmarks.gpu.kernel_batches import (
+    attention_kernels,
+    decode_batch,
+    decode_only_option,
+    tuning_variants,
+)
 from benchmarks.gpu.report import log
 
 # Bandwidth assumed before the first timing, to size the loop of kernel calls per timed call.
@@ -35,7 +42,9 @@ def time_config(kernels, batch_args, *, loops: int, repeats: int, interpret: boo
     """Median seconds of one kernel call: ``loops`` calls per jitted call, block tables
     rotating, the outputs summed so none is dropped."""
     q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs = batch_args
-    call = functools.partial(kernels.kernel, interpret=interpret, **tuning)
+    # A decode step of the engine: one row per sequence slot, every row a decode row.
+    options = decode_only_option(kernels.kernel)
+    call = functools.partial(kernels.kernel, interpret=interpret, **options, **tuning)
 
     @jax.jit
     def many(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs):

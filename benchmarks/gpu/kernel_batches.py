@@ -22,7 +22,7 @@ KERNEL_MODULES = (
     "pallas_kernels.gpu",
     "pallas_kernels",
 )
-STANDARD_OPTIONS = {"scale", "soft_cap", "sliding_window", "interpret"}
+STANDARD_OPTIONS = {"scale", "soft_cap", "sliding_window", "decode_only", "interpret"}
 POOL_KINDS = ("bfloat16", "float32", "int8", "fp8")
 
 
@@ -84,10 +84,23 @@ class CaseSpec:
     context_lens: tuple[int, ...]
     soft_cap: float | None = None
     sliding_window: int | None = None
+    # Every row a decode row and one row per sequence slot: the kernel's decode-only path (the
+    # engine's decode steps), where a kernel has one.
+    decode_only: bool = False
 
     @property
     def options(self) -> dict:
         return {"soft_cap": self.soft_cap, "sliding_window": self.sliding_window}
+
+
+def decode_only_option(kernel) -> dict:
+    """``{"decode_only": True}`` for a kernel that takes it, else nothing."""
+    try:
+        return (
+            {"decode_only": True} if "decode_only" in inspect.signature(kernel).parameters else {}
+        )
+    except (TypeError, ValueError):
+        return {}
 
 
 @dataclasses.dataclass
@@ -129,6 +142,8 @@ def make_batch(
     """Random q and pools, distinct shuffled pages (page 0 never used), ``padding_seqs`` unused
     slots with garbage lengths after the used ones, and ``padding_rows`` rows after the tokens."""
     rng = np.random.default_rng(seed)
+    if spec.decode_only:
+        padding_rows = padding_seqs  # one row per sequence slot
     q_lens = np.asarray(spec.q_lens, np.int64)
     kv_lens = q_lens + np.asarray(spec.context_lens, np.int64)
     num_seqs, max_seqs = len(q_lens), len(q_lens) + padding_seqs

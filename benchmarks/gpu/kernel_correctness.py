@@ -15,6 +15,7 @@ import numpy as np
 from benchmarks.gpu.kernel_batches import (
     CaseSpec,
     attention_kernels,
+    decode_only_option,
     make_batch,
     poison_free_memory,
 )
@@ -44,6 +45,7 @@ def cases(page_size: int, long: int, very_long: int, decode_batch: int, seed: in
             "bfloat16",
             (1,) * decode_batch,
             decode_contexts,
+            decode_only=True,
         ),
         CaseSpec(
             "gemma gqa8 d256 bf16 softcap window",
@@ -79,6 +81,7 @@ def cases(page_size: int, long: int, very_long: int, decode_batch: int, seed: in
             (1,) * decode_batch,
             decode_contexts,
             sliding_window=4 * p,
+            decode_only=True,
         ),
     ]
 
@@ -88,7 +91,8 @@ def check(kernels, spec: CaseSpec, *, page_size: int, seed: int, interpret: bool
     q = batch.args[0]
     start = time.perf_counter()
     poison_free_memory(q.shape, q.dtype)
-    out = jax.block_until_ready(kernels.kernel(*batch.args, interpret=interpret, **spec.options))
+    options = spec.options | (decode_only_option(kernels.kernel) if spec.decode_only else {})
+    out = jax.block_until_ready(kernels.kernel(*batch.args, interpret=interpret, **options))
     kernel_s = time.perf_counter() - start
     reference = jax.jit(kernels.reference, static_argnames=("soft_cap", "sliding_window"))
     ref = reference(*batch.reference_args, **spec.options)
@@ -105,6 +109,7 @@ def check(kernels, spec: CaseSpec, *, page_size: int, seed: int, interpret: bool
         "pool": spec.pool,
         "heads": f"{spec.num_heads}/{spec.num_kv_heads}",
         "head_dim": spec.head_dim,
+        "decode_only": "decode_only" in options,
         "q_lens": list(spec.q_lens),
         "kv_lens": [q + c for q, c in zip(spec.q_lens, spec.context_lens, strict=True)],
         "relative_error": error,

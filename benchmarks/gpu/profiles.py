@@ -114,7 +114,7 @@ GPU = Profile(
     total_budget_s=375.0,
     budgets={
         "machine": StageBudget(20, 5),
-        "kernel_correctness": StageBudget(35, 15),
+        "kernel_correctness": StageBudget(45, 15),  # 7-8 of 10 cases fitted 35 s (ea5bc0b)
         "kernel_bandwidth": StageBudget(60, 15),
         "engine_parity": StageBudget(35, 25),
         "end_to_end": StageBudget(145, 60),

@@ -24,6 +24,10 @@ class KernelBackend:
     # own pages), or as wide as the step's longest sequence (they gather the whole width); see
     # jaxgen/engine/step_layout.py.
     full_width_tables: ClassVar[bool] = False
+    # Whether the engine marks decode-only steps (``AttentionMetadata.decode_only``): a static
+    # flag, so decode-only and mixed steps of one shape compile apart; for backends with a
+    # cheaper decode-only attention (Pallas GPU: no prefill kernel).
+    marks_decode_only_steps: ClassVar[bool] = False
 
     @property
     def compiler_options(self) -> dict | None:

@@ -27,6 +27,7 @@ class PallasGPUBackend(PairedPoolBackend):
     interpret: bool = False
     tuning: tuple[tuple[str, object], ...] = ()
     shard_kernels = True  # a Triton call is opaque to XLA's partitioner: one per device
+    marks_decode_only_steps = True  # decode-only steps run without the prefill kernel
 
     def __post_init__(self):
         unknown = sorted({name for name, _ in self.tuning} - set(TUNING))
@@ -42,6 +43,7 @@ class PallasGPUBackend(PairedPoolBackend):
             md.block_tables,
             md.cu_q_lens,
             md.num_seqs,
+            decode_only=md.decode_only,
             interpret=self.interpret,
             **dict(self.tuning),
             **opts,

@@ -191,9 +191,9 @@ class EngineConfig:
     speculative_config: dict | None = knob(
         None,
         help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
-        "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy rows "
-        "without penalties, bias, logprobs or grammars speculate; synchronous steps only "
-        "(not with async_scheduling or num_scheduler_steps > 1)",
+        "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy and "
+        "sampled rows speculate (rejection sampling), rows with structured output do not; "
+        "synchronous steps only (not with async_scheduling or num_scheduler_steps > 1)",
     )
     precompile: bool = knob(
         False,

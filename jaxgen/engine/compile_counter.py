@@ -42,3 +42,12 @@ def compile_count() -> int:
 def cache_hit_count() -> int:
     """Compilations since ``install()`` that the persistent cache answered."""
     return _cache_hits
+
+
+def record_loaded() -> None:
+    """Counts an executable loaded from jaxgen's executable store (``executable_store``): a
+    compilation answered by a cache, as the persistent cache's hits are."""
+    global _count, _cache_hits
+    with _lock:
+        _count += 1
+        _cache_hits += 1

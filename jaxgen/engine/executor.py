@@ -90,15 +90,16 @@ class StepExecutor:
         num_steps: int = 1,
         *,
         after: DispatchedStep | None = None,
+        verify=None,
     ) -> DispatchedStep:
         """Dispatches ``batch`` (the step of ``scheduled``, ``num_steps`` decode steps) without
         waiting; with asynchronous scheduling its rows holding a pending token take it from
-        ``after``'s feed."""
+        ``after``'s feed. ``verify``: speculative decoding's draft positions (``runner.dispatch``)."""
         pending = ()  # asynchronous scheduling: (from_previous, previous_tokens)
         if self._empty_feed is not None:
             pending = self._pending_feed(batch, after)
         step = self.runner.dispatch(
-            batch.arrays, batch.prompt_targets, *pending, num_steps=num_steps
+            batch.arrays, batch.prompt_targets, *pending, num_steps=num_steps, verify=verify
         )
         return DispatchedStep(scheduled, batch, step, start, num_steps)
 

@@ -20,6 +20,7 @@ from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.scheduler import Scheduler
 from jaxgen.engine.speculative.speculator import Speculator
+from jaxgen.engine.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
 from jaxgen.engine.step_layout import StepLayout
@@ -76,6 +77,7 @@ class LLMEngine(Engine):
             max_model_len=self.max_model_len,
             min_decode_batch=self.batching.min_decode_batch,
             full_width_tables=backend.full_width_tables,
+            mark_decode_only=backend.marks_decode_only_steps,
         )
         self.runner = ModelRunner(
             loaded,
@@ -101,6 +103,9 @@ class LLMEngine(Engine):
                     "(pages are released behind the window) or with LongRoPE"
                 )
             self.speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
+            self.verify_shapes = VerifyShapes(
+                self.runner.sampling_shapes, self.layout.token_buckets[-1]
+            )
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
         self.num_steps = 0  # steps that ran (a failed one does not count)

@@ -18,7 +18,12 @@ from jaxgen.backends import KernelBackend, select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.flat_params import FlatParams
 from jaxgen.engine.prompt_logprobs import PromptLogprobsOutput
-from jaxgen.engine.sampling_shapes import SamplingShapes
+from jaxgen.engine.sampling_shapes import (
+    GENERAL_FLAGS,
+    GREEDY_FLAGS,
+    SamplingShapes,
+    all_greedy,
+)
 from jaxgen.engine.sampling_tensors import SamplerOutput
 from jaxgen.engine.step_function import jitted_sampler, jitted_step
 
@@ -61,6 +66,16 @@ class ModelRunner:
         self.kv_sharding = kv_sharding
         self.kv_cache = self._allocate_pool()
         self._step = jitted_step(self.graphdef, self.backend)
+        # On a GPU, XLA runs a conditional it cannot capture in a command buffer on the host,
+        # after copying its predicate back: a wait for the device in every step, which undid
+        # asynchronous scheduling (batch 1: 9.1 ms a step for 4.6 ms of device time, H200,
+        # 075a864; the trace shows the sampler's greedy-or-sample conditional, whose sampling
+        # branch holds the exact top-k / top-p bisection, run that way). There the host decides
+        # what it knows: an all-greedy batch samples with GREEDY_FLAGS (no such conditional;
+        # a second sampler executable per row bucket) and a step without prompt-logprobs rows
+        # leaves that branch out (its own executable, compiled when a prompt-logprobs step
+        # first comes). Elsewhere one executable of each serves every batch.
+        self._host_synchronous_conditionals = jax.default_backend() == "gpu"
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
             max_model_len=max_model_len,
@@ -107,24 +122,28 @@ class ModelRunner:
         from_previous=None,
         previous_tokens=None,
         num_steps: int = 1,
+        verify=None,
     ) -> InFlight:
         """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
         ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it.
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
         more): that many decode steps, each fed the last one's tokens; the sampler's output
-        is stacked ``[num_steps, R, ...]``."""
+        is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's ``(step_rows
+        [D], sampling [D])`` (fitted): those rows' logits are sampled too (``InFlight.verify``)."""
         *inputs, sampling = arrays
         sampling = self.sampling_shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
         wants_prompt = prompt_targets is not None
-        if not wants_prompt:
+        if not wants_prompt and not self._host_synchronous_conditionals:
             prompt_targets = self._no_targets(inputs[0].shape[0])
         extra = {}
         if num_steps > 1:
             extra = {"num_steps": num_steps, "page_size": self.page_size, "sampling": sampling}
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
+        if verify is not None:
+            extra["verify_rows"] = verify[0]
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -137,9 +156,17 @@ class ModelRunner:
         )
         if num_steps > 1:
             return InFlight(result, None, None)
-        logits, prompt = result
-        sampled, feed = self._sample(logits, sampling)
-        return InFlight(sampled, prompt if wants_prompt else None, feed)
+        logits, prompt, *verify_logits = result
+        flags = GENERAL_FLAGS
+        if self._host_synchronous_conditionals and all_greedy(sampling):
+            flags = GREEDY_FLAGS
+        sampled, feed = self._sample(logits, sampling, flags=flags)
+        verified = None
+        if verify is not None:  # up to the sequence cap, the step sampler's executables
+            rows = verify[0].shape[0]
+            sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
+            verified, _ = sampler(verify_logits[0], verify[1])
+        return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
@@ -171,6 +198,7 @@ class InFlight:
     result: object  # SamplerOutput ([num_steps, R, ...] for a multi-step call)
     prompt: PromptLogprobsOutput | None  # when the step computed prompt logprobs
     feed: jax.Array | None  # [seq_cap] int32: the tokens it sampled (async scheduling)
+    verify: SamplerOutput | None = None  # [D]: the draft positions' tokens (speculative)
 
 
 def _deleted(leaf) -> bool:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxgen.engine.buckets import next_power_of_two
-from jaxgen.engine.sampling_tensors import SamplingFlags, SamplingTensors
+from jaxgen.engine.sampling_tensors import GREEDY_TEMPERATURE, SamplingFlags, SamplingTensors
 
 MAX_LOGPROBS = 20  # the most top logprobs a request may ask for (``SamplingParams.logprobs``)
 LOGIT_BIAS_WIDTH = 1024  # logit_bias entries per row every step's table holds
@@ -39,6 +39,16 @@ GENERAL_FLAGS = SamplingFlags(
     any_penalties=True,
     num_logprobs=MAX_LOGPROBS,
 )
+# Every stage but sampling: the greedy rows' argmax with no run-time check of the rows (a
+# batch the host knows is all greedy; on a GPU, where XLA runs that check on the host).
+GREEDY_FLAGS = dataclasses.replace(GENERAL_FLAGS, all_greedy=True)
+
+
+def all_greedy(tensors: SamplingTensors) -> bool:
+    """Whether every row of a batch's (numpy) tensors takes the argmax (padding rows do)."""
+    return bool(np.all((tensors.temperature < GREEDY_TEMPERATURE) | (tensors.top_k == 1)))
+
+
 # Each per-row field: a padding row's value (greedy, nothing to apply) and its dtype.
 _ROW_FIELDS = {
     "temperature": (0.0, np.float32),

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.backends import KernelBackend
+from jaxgen.engine.executable_store import StoredJit
 from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsOutput, prompt_logprobs
 from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_shapes import GENERAL_FLAGS
@@ -30,9 +31,12 @@ def jitted_step(graphdef, backend: KernelBackend):
 
     A step runs the model and returns its logits rows (padded to ``sample_rows``, the sampler's
     row bucket) and every token row's prompt logprobs, computed only when a row has a target
-    (``prompt_targets`` >= 0): its executable depends on the step's shape alone, and the
+    (``prompt_targets`` >= 0; None: none has, known on the host, and the step has no
+    prompt-logprobs branch): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
-    configuration. A multi-step call (``num_steps``) samples inside its decode loop."""
+    configuration. A multi-step call (``num_steps``) samples inside its decode loop. With
+    ``verify_rows`` [D] (speculative decoding's draft positions) it also returns those step
+    rows' logits [D, V], for the verify sampler."""
 
     def step(
         params,
@@ -51,6 +55,7 @@ def jitted_step(graphdef, backend: KernelBackend):
         num_steps=None,
         page_size=None,
         sampling=None,
+        verify_rows=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
@@ -72,14 +77,41 @@ def jitted_step(graphdef, backend: KernelBackend):
         if from_previous is not None:
             token_ids = take_fed_tokens(token_ids, from_previous, previous_tokens)
         model, hidden, kv_cache, logits = run(kv_cache, token_ids, positions, md)
-        prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
+        prompt = None  # None: known on the host that no row wants prompt logprobs
+        if prompt_targets is not None:
+            prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
+        if verify_rows is not None:  # speculative decoding: the draft positions' logits too
+            verify_logits = model.compute_logits(hidden[verify_rows], head_kernel=head)
+            return kv_cache, (logits, prompt, verify_logits)
         return kv_cache, (logits, prompt)
 
-    return jax.jit(
+    return StoredJit(
         step,
+        "step",
+        lambda: f"{graphdef!r}\n{backend!r}\n{native_kernels(backend)}",
         static_argnames=("sample_rows", "flat_params", "num_steps", "page_size"),
         donate_argnums=(1,),
         compiler_options=backend.compiler_options,
+    )
+
+
+def native_kernels(backend: KernelBackend) -> tuple[bool, ...]:
+    """Which native CPU kernels the CPU backend's step calls (each falls back to JAX when its
+    build or the CPU's instructions are missing); empty for other backends."""
+    if backend.name != "cpu":
+        return ()
+    from jaxgen.backends.cpu_kernels.matmul import matmul_kernel_available
+    from jaxgen.backends.cpu_kernels.matmul_quantized import (
+        quantized_matmul_available,
+        w8a8_kernel_available,
+    )
+    from jaxgen.backends.cpu_kernels.paged_attention import cpu_kernel_available
+
+    return (
+        cpu_kernel_available(),
+        matmul_kernel_available(),
+        quantized_matmul_available(),
+        w8a8_kernel_available(),
     )
 
 
@@ -168,11 +200,12 @@ def jitted_sampler(feed_width: int):
     with every stage on (``GENERAL_FLAGS``; a stage no row needs is skipped at run time), so
     one executable per row bucket serves every sampling configuration. ``feed``
     [feed_width] holds the sampled tokens by row, for the next step (asynchronous
-    scheduling)."""
+    scheduling). ``flags`` (static) may name fewer stages: ``GREEDY_FLAGS`` for a batch the
+    host knows is all greedy (on a GPU, see ``ModelRunner.dispatch``)."""
 
-    def run(logits, sampling):
-        sampled = sample(logits, sampling, GENERAL_FLAGS)
+    def run(logits, sampling, flags=GENERAL_FLAGS):
+        sampled = sample(logits, sampling, flags)
         feed = jnp.zeros(feed_width, jnp.int32).at[: sampled.token_ids.shape[0]]
         return sampled, feed.set(sampled.token_ids)
 
-    return jax.jit(run)
+    return StoredJit(run, "sampler", lambda: str(feed_width), static_argnames=("flags",))

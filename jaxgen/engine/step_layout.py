@@ -63,6 +63,9 @@ class StepLayout:
     max_model_len: int
     min_decode_batch: int = 1  # static batching pads decode batches to its batch size
     full_width_tables: bool = True  # see the module docstring
+    # Mark decode-only steps (``AttentionMetadata.decode_only``, static): for backends whose
+    # decode-only attention is cheaper; such steps then compile apart from mixed ones.
+    mark_decode_only: bool = False
 
     @property
     def token_buckets(self) -> list[int]:
@@ -143,6 +146,7 @@ class StepLayout:
             num_seqs=np.array([len(items)], np.int32),
             live_rows=spans((0, num_decode), (num_decode, total)),
             long_rope=long_rope,
+            decode_only=self.mark_decode_only and num_decode == total and num_tokens == num_seqs,
         )
         rows: list = items + [None] * (num_seqs - len(items))
         live = spans((0, num_decode), (num_decode, len(items)))
@@ -160,6 +164,7 @@ class StepLayout:
             num_seqs=np.zeros(1, np.int32),
             live_rows=spans((0, 0), (num_tokens, num_tokens)),
             long_rope=np.zeros(num_seqs, bool),
+            decode_only=self.mark_decode_only and num_tokens == num_seqs,
         )
         zeros = np.zeros(num_tokens, np.int32)
         live = spans((0, 0), (num_seqs, num_seqs))
@@ -170,7 +175,9 @@ class StepLayout:
     def precompile_shapes(self) -> list[StepInputs]:
         """One padding step per shape a batch can take: with full-width tables every token
         bucket (that is every shape); otherwise decode-only steps (token buckets up to the
-        sequence cap) at every width bucket, and steps holding prefill rows compile when met."""
+        sequence cap) at every width bucket, and steps holding prefill rows compile when met.
+        Where decode-only steps are marked, a padding step up to the cap is one (a mixed step
+        of that shape compiles when met)."""
         if self.full_width_tables:
             return [self.padding_step(t) for t in self.token_buckets]
         return [

@@ -35,6 +35,11 @@ class AttentionMetadata:
     # decides per sequence, see the scheduler). None: those holding more than the original
     # context after this step, right for a whole-sequence forward.
     long_rope: jax.Array | None = None
+    # Static (part of the jitted step's signature): every sequence slot holds at most one row
+    # and the step has one row per slot (T == S), as the engine's decode steps do when its
+    # backend asks for them marked (``KernelBackend.marks_decode_only_steps``); a backend may
+    # then leave its prefill path out of the step.
+    decode_only: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def row_sequences(md: AttentionMetadata, num_tokens: int):

@@ -8,6 +8,7 @@ import sys
 
 import jax.numpy as jnp
 
+from jaxgen.engine.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
 from jaxgen.planning.ahead_of_time import (
     compile_decode_step,
@@ -57,6 +58,17 @@ def cmd_plan(args) -> int:
         f"{args.tensor_parallel_degree or 1}  dtype: {args.dtype}"
     )
     print("\n".join(plan.lines(args.context, args.page_size)))
+    if args.num_speculative_tokens is not None:
+        verify = plan_verify(
+            num_speculative_tokens=args.num_speculative_tokens,
+            max_num_seqs=args.max_num_seqs,
+            vocab_size=config.vocab_size,
+            page_size=args.page_size,
+            context=args.context,
+            num_pages=plan.num_pages,
+            critical_batch_size=plan.critical_batch_size,
+        )
+        print("\n".join(verify.lines(args.context, args.max_num_seqs)))
     return 0
 
 
@@ -169,6 +181,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--memory-utilization", type=float, default=0.9)
     parser.add_argument("--tensor-parallel-degree", type=int, default=None)
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="speculative decoding's draft tokens per sequence: the verify step's rows, logits, "
+        "pages and compute bound for --max-num-seqs sequences",
+    )
     target = parser.add_argument_group("compiled for a TPU slice (needs the tpu extra, no TPU)")
     target.add_argument(
         "--target",

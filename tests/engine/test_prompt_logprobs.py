@@ -145,3 +145,25 @@ def test_prompt_logprobs_survive_preemption(loaded):
         for got, want in zip(out.prompt_logprobs[1:], reference.prompt_logprobs[1:], strict=True):
             assert got.keys() == want.keys()
             assert all(abs(got[t] - want[t]) < 1e-5 for t in got)
+
+
+def test_gpu_host_decisions_give_the_same_tokens(loaded, llm, prompt, reference):
+    """As on a GPU (where XLA would run some conditionals on the host, waiting for the device):
+    a step no row of which wants prompt logprobs is traced without that branch, and an
+    all-greedy batch samples with ``GREEDY_FLAGS``; prompt logprobs, greedy and seeded sampled
+    tokens are the same as with the one shared executable of each."""
+    gpu_like = LLM(loaded, **SMALL)
+    gpu_like.engine.runner._host_synchronous_conditionals = True
+    params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2)
+    out = gpu_like.generate([prompt], params, use_tqdm=False)[0]
+    check_against_reference(out.prompt_logprobs, prompt, reference, 2)
+    batches = [
+        [SamplingParams(max_tokens=5, temperature=0.0)] * 2,
+        [SamplingParams(max_tokens=5, temperature=0.0), SamplingParams(max_tokens=5, seed=3)],
+    ]
+    for params in batches:
+        prompts = [prompt, prompt[:11]]
+        expected = llm.generate(prompts, params, use_tqdm=False)
+        actual = gpu_like.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in actual] == [o.token_ids for o in expected]
+    assert out.token_ids == expected[0].token_ids[:3]

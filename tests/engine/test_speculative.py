@@ -1,6 +1,7 @@
 """Speculative decoding with n-gram prompt lookup on a tiny random Llama (fp32): token for token
 the output of decoding without speculation, with sampled and penalised rows in the same steps,
-through chunked prefill, preemption and the prefix cache; rejected tokens' pages returned."""
+through chunked prefill, preemption and the prefix cache; rejected tokens' pages returned. Sampled
+rows' distribution: ``test_speculative_sampling.py``."""
 
 from __future__ import annotations
 
@@ -197,3 +198,37 @@ def test_server_setting_is_json():
     assert settings.engine["speculative_config"] == {"num_speculative_tokens": 2}
     with pytest.raises(SettingsError, match="speculative_config"):
         resolve_settings({"speculative_config": "{not json"}, {})
+
+
+def test_plan_verify():
+    """``jaxgen plan --num-speculative-tokens``: the verify step's rows, logits, pages and
+    compute bound; bad k is a ValueError naming the flag's field."""
+    from jaxgen.engine.speculative.plan import expected_tokens, plan_verify
+
+    plan = plan_verify(
+        num_speculative_tokens=4,
+        max_num_seqs=8,
+        vocab_size=1000,
+        page_size=16,
+        context=64,
+        num_pages=100,
+        critical_batch_size=300.0,
+    )
+    assert plan.step_tokens == 40 and plan.extra_logits_rows == 32
+    assert plan.extra_logits_bytes == 32 * 1000 * 4
+    assert plan.extra_pages_per_sequence == 1
+    assert plan.sequences_at_context == 100 // 5  # 4 pages of context + 1 for the draft
+    assert plan.critical_sequences == 60.0
+    assert expected_tokens(0.5, 4) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
+    assert expected_tokens(1.0, 4) == 5.0
+    for bad in (0, 17, 2.5, True):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            plan_verify(
+                num_speculative_tokens=bad,
+                max_num_seqs=8,
+                vocab_size=1000,
+                page_size=16,
+                context=64,
+                num_pages=100,
+                critical_batch_size=300.0,
+            )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -72,7 +74,7 @@ def test_full_width_shape_depends_only_on_the_token_bucket():
             [ScheduledSequence(s, n) for s, n in zip(seqs, lengths, strict=True)], []
         )
         inputs = layout.ragged(out)
-        arrays = [inputs.token_ids, inputs.logits_indices, *vars(inputs.metadata).values()]
+        arrays = [inputs.token_ids, inputs.logits_indices, *jax.tree.leaves(inputs.metadata)]
         shapes.add(tuple(a.shape for a in arrays))
         buckets.add(len(inputs.token_ids))
     assert buckets == {4, 8, 16} and len(shapes) == 3  # nothing but the token bucket varies
@@ -164,3 +166,30 @@ def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir):
     decode_buckets = [t for t in layout.token_buckets if t <= layout.seq_cap]
     # each decode shape at every table width, and the sampler's row buckets besides
     assert llm.precompile() > len(decode_buckets) * len(layout.width_buckets)
+
+
+def test_decode_only_steps_are_marked_where_the_backend_asks():
+    """With ``mark_decode_only`` (Pallas GPU), a step whose every row is a decode row, one per
+    sequence slot, is marked (a static flag: it compiles apart from a mixed step of its shape),
+    and so are the precompiled padding steps up to the sequence cap; a step with a prefill chunk
+    is not. Without it nothing is marked."""
+    marked = StepLayout(
+        page_size=4,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        max_model_len=64,
+        full_width_tables=False,
+        mark_decode_only=True,
+    )
+    plain = dataclasses.replace(marked, mark_decode_only=False)
+    decode = [_sequence(9, 8, [1, 2, 3]), _sequence(5, 4, [4, 5])]
+    mixed = [_sequence(9, 8, [1, 2, 3]), _sequence(12, 4, [6, 7, 8])]
+    decode_out = SchedulerOutput([ScheduledSequence(s, 1) for s in decode], [])
+    mixed_out = SchedulerOutput(
+        [ScheduledSequence(mixed[0], 1), ScheduledSequence(mixed[1], 3)], []
+    )
+    assert marked.ragged(decode_out).metadata.decode_only
+    assert not marked.ragged(mixed_out).metadata.decode_only
+    assert not plain.ragged(decode_out).metadata.decode_only
+    assert all(step.metadata.decode_only for step in marked.precompile_shapes())
+    assert not any(step.metadata.decode_only for step in plain.precompile_shapes())

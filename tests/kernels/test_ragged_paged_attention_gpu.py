@@ -149,6 +149,59 @@ def test_mixed_step_matches_reference(case):
     check(args, reference_args, dtype=case["dtype"], options=options, tuning=tuning)
 
 
+DECODE_ONLY_CASES = {
+    # The default splits (more than the short rows' key blocks: most splits see no key), GQA 4.
+    "bf16-default-splits": dict(dtype=jnp.bfloat16, tuning={}),
+    # One split: the decode kernel writes every row itself; a window.
+    "f32-1-split-window": dict(
+        dtype=jnp.float32, options=dict(sliding_window=9), tuning=dict(num_splits=1)
+    ),
+    # Three splits of 8-key blocks on the lane-sum path, an int8 pool and a soft cap.
+    "int8-3-splits-softcap": dict(
+        dtype=jnp.float32,
+        pool="int8",
+        options=dict(soft_cap=4.0),
+        tuning=dict(decode_dot=False, num_splits=3, decode_block_k=8),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DECODE_ONLY_CASES)
+def test_decode_only_step_matches_reference(case):
+    """A decode-only step (one row per sequence slot: keys 1, page - 1, page, page + 1, 43, 100;
+    two empty slots): the decode kernel (and the split merge) alone give every row, the empty
+    slots' as zeros."""
+    case = dict(DECODE_ONLY_CASES[case])
+    dtype, pool = case["dtype"], case.get("pool", "float")
+    args = make_batch(
+        np.random.default_rng(7),
+        [1] * 6,
+        [0, PAGE - 2, PAGE - 1, PAGE, 42, 99],
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        page_size=PAGE,
+        dtype=jnp.float32 if pool != "float" else dtype,
+        padding_rows=2,
+        padding_seqs=2,
+    )
+    reference_args = args
+    if pool != "float":
+        q, k_pages, v_pages, *metadata = args
+        k_pool, v_pool, k_dequantised, v_dequantised = _quantized(k_pages, v_pages, pool)
+        args = (q, k_pool, v_pool, *metadata)
+        reference_args = (q, k_dequantised, v_dequantised, *metadata)
+    options = case.get("options", {})
+    actual = attend(*args, decode_only=True, **options, **case["tuning"])
+    expected = reference(*reference_args, **options)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float32), np.asarray(expected, np.float32), **TOLERANCE[dtype]
+    )
+    assert not np.any(np.asarray(actual[6:], np.float32)), "empty slots: zeros"
+    with pytest.raises(ValueError, match="decode_only needs one row per sequence slot"):
+        ragged_paged_attention(args[0][:7], *args[1:], decode_only=True, interpret=True)
+
+
 def test_split_kv_is_exercised():
     """The decode grid has the requested splits (the step's long row spans all of them), and
     the default gives a batch-1 step's 2 sequence slots x 8 KV heads about 4 programs per SM."""
@@ -157,8 +210,8 @@ def test_split_kv_is_exercised():
     assert grids["ragged_paged_attention_decode"] == (10, 2, 3)  # (slots, KV heads, splits)
     assert grids["ragged_paged_attention_prefill"][1] == 2
     batch1 = decode_sizes(group=4, head_dim=128, max_seqs=2, num_kv_heads=8, max_keys=32768)
-    # The default is the MMA path: a group of 4 padded to tl.dot's 16 rows, 32-key blocks.
-    assert batch1.use_dot and batch1.rows == 16 and batch1.block_k == 32
+    # The default is the MMA path: a group of 4 padded to tl.dot's 16 rows, 64-key blocks.
+    assert batch1.use_dot and batch1.rows == 16 and batch1.block_k == 64
     assert batch1.num_splits == 33 and 2 * 8 * batch1.num_splits >= 4 * 132
     lane_sum = decode_sizes(
         group=4, head_dim=128, max_seqs=2, num_kv_heads=8, max_keys=32768, use_dot=False
@@ -169,9 +222,9 @@ def test_split_kv_is_exercised():
     assert batch64.num_splits == 1
     gqa8 = decode_sizes(group=8, head_dim=128, max_seqs=8, num_kv_heads=8, max_keys=4096)
     assert gqa8.use_dot and gqa8.rows == 16
-    # Short tables cap the splits at their key blocks (batch 1 x 1k keys: 32 blocks of 32).
+    # Short tables cap the splits at their key blocks (batch 1 x 1k keys: 16 blocks of 64).
     short = decode_sizes(group=4, head_dim=128, max_seqs=1, num_kv_heads=8, max_keys=1024)
-    assert short.num_splits == 32
+    assert short.num_splits == 16
     assert prefill_sizes(group=4, head_dim=128).rows == 128
     assert prefill_sizes(group=4, head_dim=256).rows == 64
 
@@ -262,13 +315,25 @@ def _lowered_for_cuda(head_dim, pool, *, num_tokens, max_seqs, width, group=4, *
 )
 def test_lowers_for_cuda(head_dim, pool):
     """Lowered only (no GPU here): both Triton kernels for a mixed step, on both decode paths;
-    an 8-bit pool reaches them as codes and scales (no dequantised pool in the module)."""
+    the decode kernel alone for a decode-only step, with or without splits; an 8-bit pool
+    reaches them as codes and scales (no dequantised pool in the module)."""
     for decode_dot in (False, True):
         text = _lowered_for_cuda(
             head_dim, pool, num_tokens=256, max_seqs=16, width=64, decode_dot=decode_dot
         )
         assert text.count("__gpu$xla.gpu.triton") == 2
         assert "tensor<8x4096x16x" + str(head_dim) + "xf32>" not in text or pool == "f32"
+    for num_splits, kernels in ((None, 1), (1, 1)):
+        text = _lowered_for_cuda(
+            head_dim,
+            pool,
+            num_tokens=16,
+            max_seqs=16,
+            width=64,
+            decode_only=True,
+            num_splits=num_splits,
+        )
+        assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
 def test_batch1_decode_fills_the_gpu():

@@ -1,9 +1,10 @@
 """Builds the native XLA:CPU kernels under ``native/`` on first use and loads them (the engine
 factory starts it on a thread before the model loads: ``build_in_background``).
 
-Every ``native/*.cc`` is compiled with the machine's C++ compiler into one shared library (so the
-kernels share one worker pool, ``native/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR``
-(default ``~/.cache/jaxgen``) and keyed by the sources, the flags and jaxlib.
+Every ``native/*.cc`` is compiled with the machine's C++ compiler (one process per file, at
+once) and linked into one shared library (so the kernels share one worker pool,
+``native/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR`` (default ``~/.cache/jaxgen``) and
+keyed by the sources, the flags and jaxlib.
 ``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make ``load_library``
 return None, and callers keep their pure-JAX path.
 """
@@ -61,10 +62,36 @@ def _build(compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
         include = [f"-I{jax.ffi.include_dir()}", f"-I{SOURCE_DIR}"]
-        command = [compiler, *CXX_FLAGS, *include, *map(str, sources), "-o", partial]
+        objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
+        _compile_at_once(
+            [
+                [compiler, *CXX_FLAGS, *include, "-c", str(source), "-o", str(obj)]
+                for source, obj in zip(sources, objects, strict=True)
+            ]
+        )
+        command = [compiler, *CXX_FLAGS, *map(str, objects), "-o", str(partial)]
         subprocess.run(command, check=True, capture_output=True, text=True)
         os.replace(partial, library)  # atomic: concurrent builders never see half a file
     return library
+
+
+def _compile_at_once(commands: list[list[str]]) -> None:
+    """Runs the compiler commands (one per translation unit) concurrently: on an empty cache
+    the build is most of a first run's wall time, and one process per unit uses every core.
+    Raises ``CalledProcessError`` for the first that fails (after all have finished)."""
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for command in commands
+    ]
+    failures = []
+    for process in processes:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            failures.append(
+                subprocess.CalledProcessError(process.returncode, process.args, out, err)
+            )
+    if failures:
+        raise failures[0]
 
 
 _build_lock = threading.Lock()

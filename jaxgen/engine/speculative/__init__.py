@@ -1,2 +1,3 @@
 """Speculative decoding: proposers guess a sequence's next tokens, one engine step verifies
-them (``verify.py``), and the tokens the target model agrees with are kept."""
+them (``verify_step.py``; draft positions sampled by ``verify_sampling.py``), and the tokens
+the target model's sampling agrees with are kept."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 from jaxgen.config.speculative_config import SpeculativeConfig
-from jaxgen.engine.sampling_tensors import is_greedy
 from jaxgen.engine.sequence import Sequence, SequenceStatus
 from jaxgen.engine.speculative.ngram import propose_ngram
 
@@ -32,7 +31,7 @@ class _Backoff:
 
 
 class Speculator:
-    """Proposes drafts for the greedy decode rows that can be verified exactly, and counts."""
+    """Proposes drafts for the decode rows that can be verified exactly, and counts."""
 
     def __init__(self, config: SpeculativeConfig):
         self.config = config
@@ -45,11 +44,10 @@ class Speculator:
     def propose(
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
     ) -> list[Draft]:
-        """Drafts for ``running`` sequences, without appending them. A draft needs a greedy
-        sequence whose sampling the argmax of raw logits reproduces (no penalties, bias,
-        logprobs, grammar, pending ``min_tokens``), the room in ``max_tokens`` and
-        ``max_model_len``, its pages free now (speculation never preempts) and its tokens in
-        ``token_budget`` beside one token for every running sequence."""
+        """Drafts for ``running`` sequences, without appending them. A draft needs a decoding
+        sequence without a grammar (its masks would have to follow the draft), the room in
+        ``max_tokens`` and ``max_model_len``, its pages free now (speculation never preempts)
+        and its tokens in ``token_budget`` beside one token for every running sequence."""
         live = {seq.seq_id for seq in running}
         for seq_id in [s for s in self.backoff if s not in live]:
             del self.backoff[seq_id]
@@ -118,7 +116,10 @@ class Speculator:
 
 
 def _verifiable(seq: Sequence) -> bool:
-    """Whether ``seq`` decodes next and its token is the argmax of the raw logits."""
+    """Whether ``seq`` decodes next and its draft positions can be sampled exactly: greedy or
+    sampled, with penalties, logit bias, ``min_tokens`` and logprobs (``verify_sampling``), but
+    no structured output (a grammar's mask at a draft position needs the matcher advanced
+    through the draft) and no prompt logprobs still to compute."""
     params = seq.params
     return (
         seq.status == SequenceStatus.RUNNING
@@ -126,12 +127,5 @@ def _verifiable(seq: Sequence) -> bool:
         and seq.num_computed_tokens >= seq.num_prompt_tokens
         and not seq.wants_prompt_logprobs
         and params is not None
-        and is_greedy(params)
-        and params.repetition_penalty == 1.0
-        and params.presence_penalty == 0.0
-        and params.frequency_penalty == 0.0
-        and not params.logit_bias
-        and params.logprobs is None
         and params.structured_outputs is None
-        and seq.num_generated >= params.min_tokens
     )

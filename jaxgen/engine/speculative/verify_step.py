@@ -3,23 +3,31 @@ tokens are kept and the rejected ones' KV slots rolled back.
 
 A draft of k tokens turns its sequence's decode row into a prefill-like row of k + 1 tokens (the
 last accepted token, then the draft), scheduled, paged and bucketed like any chunk, so
-speculating and other rows share the step and its executable. The step's LM head runs on every
-token row through the prompt-logprobs path (``runner.jitted_step``: targets on the draft rows),
-whose top-1 is each row's argmax; the sampling row at the draft's end samples the token after a
-fully accepted draft. Greedy acceptance keeps the longest draft prefix equal to the argmax, then
-the target's own token, so the output is the one decoding without speculation gives. The rows'
-tokens then go through the engine's postprocessing one at a time (stop strings, stop tokens,
-``max_tokens``), so nothing past a stop is kept.
+speculating and other rows share the step. The step also returns the logits of every draft
+position, which the request's own sampling parameters sample on the device
+(``verify_sampling``); the sampling row at the draft's end samples the token after a wholly
+accepted draft. Acceptance keeps the longest draft prefix equal to the sampled tokens, then the
+sampled token at the first mismatch: for greedy rows the longest prefix equal to the argmax
+(the output decoding without speculation gives), for sampled rows exact rejection sampling of
+a point-mass draft (the target's distribution). The rows' tokens then go through the engine's
+postprocessing one at a time (stop strings, stop tokens, ``max_tokens``, logprobs), so nothing
+past a stop is kept. Everything comes back in one device-to-host transfer.
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
+import jax
 
-from jaxgen.engine.prompt_logprobs import PROMPT_TOP, PromptLogprobsBatch, unpack_prompt_logprobs
+from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.speculative.speculator import Draft
+from jaxgen.engine.speculative.verify_sampling import (
+    VerifyRows,
+    accept,
+    draft_rows,
+    position_logprobs,
+)
 from jaxgen.engine.step_batch import StepBatch, unpack
 from jaxgen.outputs import RequestOutput
 
@@ -45,9 +53,11 @@ def speculative_step(engine) -> list[RequestOutput]:
         return []
     start = time.perf_counter()
     try:
-        batch = _with_verify_targets(engine._build_batch(scheduled), drafts)
-        step = engine.executor.launch(batch, scheduled, start)
-        output, prompt_output = engine.runner.fetch(step.step)
+        batch = engine._build_batch(scheduled)
+        verify = _verify_rows(engine, batch, drafts)
+        fitted = None if verify is None else engine.verify_shapes.fit(verify)
+        step = engine.executor.launch(batch, scheduled, start, verify=fitted).step
+        output, prompt_output, verified = jax.device_get((step.result, step.prompt, step.verify))
     except Exception as error:
         _strip(drafts)
         raise engine._recover(scheduled, error) from error
@@ -63,16 +73,11 @@ def speculative_step(engine) -> list[RequestOutput]:
             engine.seq_to_request[seq_id].on_prompt_logprobs(entries)
     drafted = {draft.seq.seq_id: draft for draft in drafts}
     plain = {seq_id: token for seq_id, token in tokens.items() if seq_id not in drafted}
-    rows = _draft_rows(batch, drafted)  # before postprocess advances the computed counts
     got_token = scheduler.postprocess(scheduled, plain)
-    top_ids = np.asarray(prompt_output.top_token_ids)[:, 0] if drafts else None  # [T]: argmax
-    accepted_tokens = {}
+    kept = {}
     for draft in drafts:
-        row = rows.get(draft.seq.seq_id)
-        accepted_tokens[draft.seq.seq_id] = _accept(
-            engine, draft, row, top_ids, tokens.get(draft.seq.seq_id)
-        )
-    return _deliver(engine, got_token, logprobs, drafts, accepted_tokens)
+        kept[draft.seq.seq_id] = _accept(engine, draft, verify, verified, tokens, logprobs)
+    return _deliver(engine, got_token, logprobs, drafts, kept)
 
 
 def _strip(drafts: list[Draft]) -> None:
@@ -81,24 +86,26 @@ def _strip(drafts: list[Draft]) -> None:
         del draft.seq.output_token_ids[draft.num_tokens - draft.seq.num_prompt_tokens :]
 
 
-def _with_verify_targets(batch: StepBatch, drafts: list[Draft]) -> StepBatch:
-    """``batch`` computing every token row's top logprobs: each draft row targets its draft
-    token (any target >= 0 turns the LM head on for every row); prompt logprobs asked for by
-    other sequences keep their targets and spans."""
+def _verify_rows(engine, batch: StepBatch, drafts: list[Draft]) -> VerifyRows | None:
+    """The sampler rows of the draft positions of every verify row the step runs whole."""
     if not drafts:
-        return batch
-    num_rows = len(batch.inputs.token_ids)
-    if batch.prompt is None:
-        prompt = PromptLogprobsBatch(np.full(num_rows, -1, np.int32), PROMPT_TOP, [])
-    else:
-        prompt = PromptLogprobsBatch(batch.prompt.targets.copy(), PROMPT_TOP, batch.prompt.spans)
-    rows = _draft_rows(batch, {d.seq.seq_id: d for d in drafts})
-    for draft in drafts:
-        row = rows.get(draft.seq.seq_id)
-        if row is not None:
-            prompt.targets[row : row + len(draft.tokens)] = draft.tokens
-    batch.prompt = prompt
-    return batch
+        return None
+    main_rows = {seq.seq_id: row for row, seq in enumerate(batch.seqs) if seq is not None}
+    starts = {
+        seq_id: row
+        for seq_id, row in _draft_rows(batch, {d.seq.seq_id: d for d in drafts}).items()
+        if seq_id in main_rows
+    }
+    eos = {d.seq.seq_id: sorted(engine.seq_to_request[d.seq.seq_id].eos_token_ids) for d in drafts}
+    return draft_rows(
+        drafts,
+        starts,
+        batch.sampling,
+        main_rows,
+        eos,
+        base_seed=engine.config.seed,
+        step=engine.step_counter - 1,
+    )
 
 
 def _draft_rows(batch: StepBatch, drafted: dict[int, Draft]) -> dict[int, int]:
@@ -115,52 +122,54 @@ def _draft_rows(batch: StepBatch, drafted: dict[int, Draft]) -> dict[int, int]:
     return rows
 
 
-def _accept(engine, draft: Draft, row: int | None, top_ids, last_token) -> list[int]:
-    """The tokens ``draft.seq`` keeps (the accepted draft prefix, then the target's token);
-    rolls its computed count and pages back to them. [] when its verify row was not run whole
+def _accept(engine, draft: Draft, verify, verified, tokens, logprobs) -> list[tuple[int, dict]]:
+    """The tokens ``draft.seq`` keeps, with their logprobs entries (None when not asked): the
+    accepted draft prefix, then the sampled token at the first mismatch or after the draft.
+    Rolls its computed count and pages back to them. [] when its verify row was not run whole
     (preempted, or cut by the token budget): it decodes again next step."""
     seq = draft.seq
     _strip([draft])
-    if row is None or seq.is_finished or last_token is None:
+    seq_id = seq.seq_id
+    if verify is None or seq_id not in verify.first or seq.is_finished or seq_id not in tokens:
         seq.num_computed_tokens = min(seq.num_computed_tokens, draft.num_tokens - 1)
         engine.scheduler.allocator.truncate(seq, seq.num_computed_tokens)
         engine.speculator.pause(seq)  # it decodes plainly next step: no row is cut twice
         return []
-    accepted = 0
-    for i, token in enumerate(draft.tokens):
-        if int(top_ids[row + i]) != token:
-            break
-        accepted += 1
+    first, k = verify.first[seq_id], len(draft.tokens)
+    sampled = [int(token) for token in verified.token_ids[first : first + k]] + [tokens[seq_id]]
+    new = accept(draft.tokens, sampled)
+    accepted = len(new) - 1
     engine.speculator.record(draft, accepted)
-    if accepted == len(draft.tokens):
-        bonus = last_token
-    else:
-        bonus = int(top_ids[row + accepted])
-    # Computed: the tokens before the draft and the accepted ones; ``bonus`` decodes next.
+    num_top = seq.params.logprobs
+    entries = [position_logprobs(verified, first + i, num_top) for i in range(min(len(new), k))]
+    if accepted == k:
+        entries.append(logprobs.get(seq_id))  # the bonus: the sequence's own sampling row
+    # Computed: the tokens before the draft and the accepted ones; the last token decodes next.
     seq.num_computed_tokens = draft.num_tokens + accepted
     engine.scheduler.allocator.truncate(seq, seq.num_computed_tokens)
-    return draft.tokens[:accepted] + [bonus]
+    return list(zip(new, entries, strict=True))
 
 
-def _deliver(engine, got_token, logprobs, drafts, accepted_tokens) -> list[RequestOutput]:
+def _deliver(engine, got_token, logprobs, drafts, kept) -> list[RequestOutput]:
     """Hands each sequence's new tokens to the engine's postprocessing one token at a time (a
     stop ends the sequence; its later tokens are dropped); the latest output per request."""
     outputs: dict[str, RequestOutput] = {}
     round_seqs = list(got_token)
-    for draft in drafts:
-        new = accepted_tokens[draft.seq.seq_id]
-        if new:
-            draft.seq.output_token_ids.append(new[0])
-            round_seqs.append(draft.seq)
-    position = 1
-    while round_seqs:
-        for out in engine._on_tokens(round_seqs, logprobs):
+    position = 0
+    while True:
+        entries = {seq.seq_id: logprobs.get(seq.seq_id) for seq in round_seqs}
+        for draft in drafts:
+            new = kept[draft.seq.seq_id]
+            if position < len(new) and not draft.seq.is_finished:
+                token, entry = new[position]
+                draft.seq.output_token_ids.append(token)
+                round_seqs.append(draft.seq)
+                entries[draft.seq.seq_id] = entry
+        if not round_seqs:
+            break
+        live = {seq_id: entry for seq_id, entry in entries.items() if entry is not None}
+        for out in engine._on_tokens(round_seqs, live):
             outputs[out.request_id] = out
         round_seqs = []
-        for draft in drafts:
-            new = accepted_tokens[draft.seq.seq_id]
-            if position < len(new) and not draft.seq.is_finished:
-                draft.seq.output_token_ids.append(new[position])
-                round_seqs.append(draft.seq)
         position += 1
     return list(outputs.values())

@@ -54,6 +54,7 @@ def _decode_kernel(
     soft_cap: float | None,
     sliding_window: int | None,
     quantized: bool,
+    decode_only: bool,
 ):
     (k_scales_ref, v_scales_ref), refs = _split_scale_refs(refs, quantized)
     num_tokens, _, head_dim = q_ref.shape
@@ -62,13 +63,10 @@ def _decode_kernel(
     rows, block_k, use_dot = sizes.rows, sizes.block_k, sizes.use_dot
     seq, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-    first_row = cu_q_lens_ref[seq]
-    is_decode = cu_q_lens_ref[seq + 1] - first_row == 1
-    kv_len = jnp.where(is_decode, kv_lens_ref[seq], 0)  # other sequences: no keys, no work
-    first_key = 0 if sliding_window is None else jnp.maximum(kv_len - sliding_window, 0)
-    first_block = first_key // block_k
-    end_block = (kv_len + block_k - 1) // block_k
-    per_split = (end_block - first_block + sizes.num_splits - 1) // sizes.num_splits
+    first_row, is_decode, kv_len = decode_row(cu_q_lens_ref, kv_lens_ref, seq)
+    first_key, first_block, end_block, per_split, _ = split_ranges(
+        kv_len, block_k=block_k, num_splits=sizes.num_splits, sliding_window=sliding_window
+    )
     start = first_block + split * per_split
     stop = jnp.minimum(start + per_split, end_block)
 
@@ -94,12 +92,46 @@ def _decode_kernel(
     state = tiles.initial_state(rows, lanes)
     acc, row_max, row_sum = lax.fori_loop(0, jnp.maximum(stop - start, 0), body, state)
     if sizes.num_splits > 1:
+        # Every split stores its state (an empty one: max MASK_VALUE, sum 0, which the merge
+        # weighs 0).
         for ref, value in zip(refs, (acc, row_max, row_sum), strict=True):
             plgpu.store(ref, value)
     else:
-        _, out_ref = refs
-        out = tiles.normalize(acc, row_sum)
-        tiles.store_rows(out_ref, out, tokens, heads, row_ok & is_decode, head_dim=head_dim)
+        out_ref = refs[-1]
+        out = tiles.normalize(acc, row_sum)  # zeros where no key was seen
+        _store_decode_rows(out_ref, out, seq, tokens, heads, row_ok, is_decode, decode_only)
+
+
+def decode_row(cu_q_lens_ref, kv_lens_ref, seq):
+    """``(first row, is a decode sequence, keys to attend)`` of sequence slot ``seq``; keys 0
+    for a sequence that is not the decode kernel's (no work)."""
+    first_row = cu_q_lens_ref[seq]
+    is_decode = cu_q_lens_ref[seq + 1] - first_row == 1
+    return first_row, is_decode, jnp.where(is_decode, kv_lens_ref[seq], 0)
+
+
+def split_ranges(kv_len, *, block_k: int, num_splits: int, sliding_window: int | None):
+    """How a decode row's keys are cut into splits: ``(first key, first block, end block,
+    blocks per split, splits that hold keys)``; split j holds blocks from
+    ``first_block + j * per_split``, at most ``per_split`` of them, up to ``end_block``."""
+    first_key = 0 if sliding_window is None else jnp.maximum(kv_len - sliding_window, 0)
+    first_block = first_key // block_k
+    end_block = (kv_len + block_k - 1) // block_k
+    blocks = end_block - first_block
+    per_split = jnp.maximum((blocks + num_splits - 1) // num_splits, 1)
+    used = (blocks + per_split - 1) // per_split
+    return first_key, first_block, end_block, per_split, used
+
+
+def _store_decode_rows(out_ref, out, seq, tokens, heads, row_ok, is_decode, decode_only: bool):
+    """A decode program's rows into the step's output: at the sequence's row (a mixed step), or
+    (a decode-only step, one row per sequence slot) at row ``seq`` whatever the slot holds, so
+    the kernel writes every row of the output (zeros for empty slots)."""
+    if decode_only:
+        tokens = jnp.full_like(tokens, seq)
+        tiles.store_rows(out_ref, out, tokens, heads, row_ok, head_dim=out_ref.shape[2])
+    else:
+        tiles.store_rows(out_ref, out, tokens, heads, row_ok & is_decode, head_dim=out_ref.shape[2])
 
 
 def _prefill_kernel(
@@ -215,9 +247,12 @@ def decode_call(
     soft_cap: float | None,
     sliding_window: int | None,
     interpret: bool,
+    decode_only: bool = False,
 ):
     """The decode kernel: ``out`` with the decode rows written (one split), or the splits'
-    ``(acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum)`` (several)."""
+    ``(acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum)`` (several). A decode-only
+    step (``decode_only``: one row per sequence slot, T == S) with one split writes every row
+    of a new output (``out`` unused)."""
     num_kv_heads, _, page_size, head_dim = k_pages.shape
     max_seqs, width = block_tables.shape
     rows, lanes, splits = sizes.rows, padded_head_dim(head_dim), sizes.num_splits
@@ -229,11 +264,15 @@ def decode_call(
         soft_cap=soft_cap,
         sliding_window=sliding_window,
         quantized=bool(scales),
+        decode_only=decode_only,
     )
     inputs = [cu_q_lens, kv_lens, block_tables, q, k_pages, v_pages, *scales]
     in_specs = [_whole(x) for x in inputs[:4]] + [_per_kv_head(x) for x in inputs[4:]]
     aliases = {}
-    if splits == 1:
+    if splits == 1 and decode_only:
+        out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+        out_specs = _whole(q)
+    elif splits == 1:
         inputs.append(out)
         in_specs.append(_whole(out))
         aliases = {len(inputs) - 1: 0}

@@ -20,9 +20,16 @@ Why these numbers:
   On the H200, batch 64 x 4k keys: the dot path 335 us a call (just under 75% of the copy bandwidth), the
   lane-sum path 2,829 us (9%); batch 1 x 32k keys: 54 us (58%) against 360 us (9%). The lane-sum
   path stays as ``decode_dot=False``.
-- Decode key blocks of 32 keys (the dot path): 64 measured 2% faster at batch 64 x 4k (77% of
-  copy against 75%) and 4% faster at batch 1 x 32k (60% against 58%), within what one run
-  separates; 3 stages instead of 2 came within 1.5% either way.
+- Decode key blocks of 64 keys (the dot path): against 32, 64 measured 2% faster at batch 64 x
+  4k (77% of copy against 75%) and 4% faster at batch 1 x 32k (60% against 58%) in the d2b7523
+  run; small margins, but the same way at both shapes, so 64 is the default and 32 is among the
+  variants the device check times beside it. 3 stages instead of 2 came within 1.5% either way.
+- Decode-only steps (the engine marks them: one row per sequence slot, no prefill rows) run the
+  decode kernel and the split merge alone: no prefill kernel (its empty grid took 0.085 ms of
+  the batch-1 step, 32 layers), no zeroed output and no scatter of the merged rows (the merge,
+  two XLA reductions and a scatter a layer, took 0.21 ms; without the scatter the merged rows
+  are the output). A merge written as a Pallas kernel, one program per (slot, KV head) walking
+  its splits, was slower than XLA's reductions (batch 1 x 32k keys: 75 us a call, 075a864).
 - Split-KV for decode: one program per (sequence slot, KV head) leaves most of the GPU idle when
   there are few sequences (batch 1 at 8 KV heads: 8 programs on 132 SMs, each walking its whole
   context). Each (sequence, KV head) is cut into ``num_splits`` contiguous key ranges, one per
@@ -50,6 +57,7 @@ MIN_DOT_SIZE = 16  # tl.dot: every dimension at least 16
 # Decode on the MMA path unless decode_dot=False: on an H200 it ran 8.4x faster than the
 # lane-sum path at batch 64 x 4k keys (d2b7523; 3.7x before the lane fix, f075695).
 DECODE_DOT_DEFAULT = True
+DECODE_BLOCK_K = 64  # keys per decode block on the dot path
 DECODE_PRODUCTS = 8192  # [rows, block_k, lanes] float32 products of one non-MMA score block
 MAX_HEAD_DIM = 256  # the largest head_dim whose accumulator and tiles fit a program
 
@@ -122,7 +130,7 @@ def decode_sizes(
         use_dot = DECODE_DOT_DEFAULT
     rows = max(MIN_DOT_SIZE, padded_group) if use_dot else padded_group
     if block_k is None:
-        block_k = 32 if use_dot else max(8, min(64, DECODE_PRODUCTS // (rows * lanes)))
+        block_k = DECODE_BLOCK_K if use_dot else max(8, min(64, DECODE_PRODUCTS // (rows * lanes)))
     if use_dot and block_k < MIN_DOT_SIZE:
         raise ValueError(f"decode_block_k must be >= 16 on the dot path, got {block_k}")
     key_blocks = max(1, -(-max_keys // block_k))

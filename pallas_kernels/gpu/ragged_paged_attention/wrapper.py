@@ -1,6 +1,6 @@
 """The public entry point of GPU ragged paged attention: validates the arguments, picks the sizes
 (``sizes.py``), runs the decode kernel and the prefill kernel over the step and merges the decode
-splits."""
+splits; a decode-only step runs the decode kernel (and the merge) alone."""
 
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def _validate(q, k_pages, v_pages, scales, kv_lens, block_tables, cu_q_lens, num
 
 
 @functools.partial(
-    jax.jit, static_argnames=("scale", "soft_cap", "sliding_window", "interpret", *TUNING)
+    jax.jit,
+    static_argnames=("scale", "soft_cap", "sliding_window", "decode_only", "interpret", *TUNING),
 )
 def ragged_paged_attention(
     q: jax.Array,  # [T, Hq, D]
@@ -107,6 +108,7 @@ def ragged_paged_attention(
     scale: float | None = None,
     soft_cap: float | None = None,
     sliding_window: int | None = None,
+    decode_only: bool = False,
     interpret: bool = False,
     decode_dot: bool | None = None,
     num_splits: int | None = None,
@@ -138,6 +140,10 @@ def ragged_paged_attention(
       scale: logit scale, ``head_dim ** -0.5`` when None.
       soft_cap: if set, logits become ``soft_cap * tanh(logits / soft_cap)`` after scaling.
       sliding_window: if set, a query at position p sees keys in ``(p - sliding_window, p]``.
+      decode_only: the step holds one row per sequence slot (``num_tokens == max_seqs``) and
+        no sequence has more than one query: the prefill kernel is left out and the decode
+        kernel (or the split merge) writes every row of the output (the engine's decode steps,
+        see ``jaxgen/engine/step_layout.py``). A sequence with more queries gets zeros.
       interpret: run the kernels in Pallas's interpreter (on CPU).
       decode_dot: score decode rows with ``tl.dot`` (group padded to 16 rows) or without the MMA
         units (a float32 multiply and sum); None: the dot (measured faster on an H200, see
@@ -162,6 +168,11 @@ def ragged_paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, _, page_size, _ = k_pages.shape
     max_seqs, width = block_tables.shape
+    if decode_only and num_tokens != max_seqs:
+        raise ValueError(
+            f"decode_only needs one row per sequence slot: q has {num_tokens} rows for "
+            f"{max_seqs} block_tables rows"
+        )
     group = num_heads // num_kv_heads
     decode = decode_sizes(
         group=group,
@@ -189,16 +200,24 @@ def ragged_paged_attention(
     cu_q_lens = sanitize_cu_q_lens(cu_q_lens, num_seqs, num_tokens)
     pool = (q, k_pages, v_pages, scales, kv_lens, block_tables)
 
-    out = jnp.zeros_like(q)  # padding rows stay zero; every other row is written once
+    # A mixed step: padding rows stay zero, every other row is written once, by one kernel.
+    out = None if decode_only else jnp.zeros_like(q)
     if decode.num_splits == 1:
-        out = decode_call(*pool, cu_q_lens, out, sizes=decode, **options)
+        out = decode_call(*pool, cu_q_lens, out, sizes=decode, decode_only=decode_only, **options)
     else:
         parts = decode_call(*pool, cu_q_lens, None, sizes=decode, **options)
         merged = merge_splits(*parts)[:, :, :group, :head_dim]  # [S, Hkv, G, D]
         merged = merged.reshape(max_seqs, num_heads, head_dim).astype(q.dtype)
+        if decode_only:  # one row per sequence slot: the merged rows are the output
+            return merged
+        # XLA's reductions spread the splits over the whole GPU: a Pallas merge with one
+        # program per (slot, KV head) walking its splits in turn made a batch-1 call over 32k
+        # keys 75 us (H200, 075a864), where the whole wrapper had taken 54 (d2b7523).
         is_decode = cu_q_lens[1:] - cu_q_lens[:-1] == 1
         rows = jnp.where(is_decode, cu_q_lens[:-1], num_tokens)
         out = out.at[rows].set(merged, mode="drop")
+    if decode_only:
+        return out
 
     # A sequence with two or more queries adds at most one partly filled block, and there are at
     # most T // 2 of them.

@@ -1,0 +1,298 @@
+"""Compiled executables kept on disk, so a second run neither traces, lowers nor compiles.
+
+JAX's persistent compilation cache (``jaxgen.config.compile_cache``) saves XLA's compile only: every
+run still traces and lowers the engine's step to look its executable up, which costs seconds
+for a model's step on a CPU. ``StoredJit`` wraps a jitted function: the first call of a
+signature (static arguments, argument structure, shapes and dtypes) looks for its serialized
+executable in ``$JAXGEN_CACHE_DIR/executables``; if absent it compiles (``lower().compile()``)
+and writes it there. A file's name hashes the signature with everything else that determines
+the program: the function's own context (the model graph, the backend), the jaxgen sources,
+the jax and jaxlib versions, the devices, jax's numeric settings and the ``JAX*`` / ``XLA*`` /
+``JAXGEN*`` environment; a change in any of them is a new file, never a stale one.
+
+On only where the compilation cache is (``enable_compile_cache``), on one CPU device (the
+start-up this exists for; XLA:CPU's serialization is the one checked here, accelerators keep
+the compilation cache alone); an entry that cannot be read is compiled again, a directory that cannot be written runs without it.
+A loaded executable counts as a compilation answered by the cache (``compile_counter``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import re
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxgen.engine import compile_counter
+
+_FORMAT = 1  # bump when what a file holds changes
+_ENV_PREFIXES = ("JAX", "XLA", "JAXGEN")
+_UNIQUE_KERNEL_NAMES = {"xla_cpu_generate_unique_c_style_kernel_entry_points": True}
+_ENV_IGNORED = ("JAXGEN_CACHE_DIR", "JAXGEN_COMPILE_CACHE", "JAX_LOG_COMPILES")
+
+
+class StoredJit:
+    """``jax.jit(fun, **jit_options)`` with its executables kept on disk. ``context``:
+    returns a text naming what the traced program depends on besides its arguments (for the
+    step: the model graph and the backend; called once, at the first compile). Functions in it
+    are named without their addresses; a lambda or a local function (a closure, which its name
+    does not determine) turns the store off for this function. Attributes other than the call
+    (``lower``, ``trace``...) are the jitted function's."""
+
+    def __init__(self, fun, name: str, context: Callable[[], str], **jit_options):
+        self._fun = fun
+        self._jit_options = jit_options
+        self._jitted = jax.jit(fun, **jit_options)
+        self._name = name
+        self._context = context
+        self._static = frozenset(jit_options.get("static_argnames", ()))
+        # signature -> jax.stages.Compiled (or None: the jit runs it); emptied by
+        # ``jax.clear_caches()`` as the jit's own executables are.
+        self._compiled = _Executables()
+        # position -> (the list last passed there, its signature): a list argument passed
+        # again (the same object) is not walked again; its arrays are checked by the call.
+        self._list_signatures: dict[int, tuple] = {}
+
+    def __getattr__(self, attribute):
+        return getattr(self._jitted, attribute)
+
+    def __call__(self, *args, **kwargs):
+        if self._context is False:
+            return self._jitted(*args, **kwargs)
+        statics = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static))
+        dynamic = {k: v for k, v in kwargs.items() if k not in self._static}
+        parts = [statics, _signature(dynamic)]
+        for position, arg in enumerate(args):
+            memo = self._list_signatures.get(position)
+            if memo is not None and memo[0] is arg:  # the same list as the last call's
+                parts.append(memo[1])
+                continue
+            part = _signature(arg)
+            if isinstance(arg, list):  # e.g. the step's parameters: hundreds of arrays
+                self._list_signatures[position] = (arg, part)
+            parts.append(part)
+        signature = tuple(parts)
+        if any(part is None for part in parts[1:]):  # a leaf that is no array: the jit's path
+            return self._jitted(*args, **kwargs)
+        compiled = self._compiled.get(signature, False)
+        if compiled is False:
+            compiled = self._compiled[signature] = self._load_or_compile(signature, args, kwargs)
+        if compiled is None:
+            return self._jitted(*args, **kwargs)
+        return compiled(*args, **dynamic)
+
+    def _load_or_compile(self, signature, args, kwargs):
+        """The signature's executable: read from the store, else compiled and written there;
+        None when the store is off (then the jit runs as usual)."""
+        directory = store_directory()
+        single_cpu = jax.device_count() == 1 and jax.default_backend() == "cpu"
+        if directory is None or not single_cpu or not self._stable_context():
+            return None
+        text = "\n".join((_process_context(), self._name, self._context, _stable(signature)))
+        if "<lambda>" in text or "<locals>" in text:
+            return None
+        key = hashlib.sha256(text.encode()).hexdigest()
+        path = directory / f"{self._name}-{key[:40]}.bin"
+        compiled = _read(path)
+        if compiled is not None:
+            compile_counter.record_loaded()
+            return compiled
+        # Compiled here, not answered by the persistent cache, and with kernel names
+        # unique to the executable (its module is named by its key): XLA's CPU executables
+        # loaded into one process otherwise resolve each other's same-named kernels
+        # ("Function wrapped_iota not found").
+        options = _UNIQUE_KERNEL_NAMES
+        jitted = jax.jit(_renamed(self._fun, f"{self._name}_{key[:16]}"), **self._jit_options)
+        with _persistent_cache_off():
+            compiled = jitted.lower(*args, **kwargs).compile(compiler_options=options)
+        _write(path, compiled)
+        return compiled
+
+    def _stable_context(self) -> bool:
+        """Evaluates the context once; False (store off) if it names a closure."""
+        if callable(self._context):
+            context = _stable(self._context())
+            closure = "<lambda>" in context or "<locals>" in context
+            self._context = False if closure else context
+        return self._context is not False
+
+
+class _Executables(dict):
+    """A ``StoredJit``'s executables in memory, registered with jax's cache management."""
+
+    def __init__(self):
+        super().__init__()
+        try:
+            from jax._src import util
+
+            util.register_cache(self, "jaxgen executable store")
+        except (ImportError, AttributeError):  # another jax: cleared only with the process
+            pass
+
+    __hash__ = object.__hash__  # a weak key of jax's registry
+
+    def cache_clear(self) -> None:
+        self.clear()
+
+    def cache_info(self) -> str:
+        return f"{len(self)} executables"
+
+    def cache_keys(self) -> list:
+        return list(self)
+
+
+def _stable(value) -> str:
+    """``repr(value)`` without object addresses (which differ from process to process)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _renamed(fun, name: str):
+    """``fun`` under another name (the name of the module jax lowers it to)."""
+
+    @functools.wraps(fun)
+    def renamed(*args, **kwargs):
+        return fun(*args, **kwargs)
+
+    renamed.__name__ = renamed.__qualname__ = name
+    return renamed
+
+
+def _persistent_cache_off():
+    """A context where jax's persistent compilation cache neither answers nor stores."""
+    from jax._src import config as jax_config
+
+    return jax_config.enable_compilation_cache(False)
+
+
+def _signature(tree) -> tuple | None:
+    """``tree``'s structure and each leaf's (shape, dtype, weak type); None if a leaf is not an
+    array."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    avals = []
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array):
+            avals.append((leaf.shape, leaf.dtype, leaf.weak_type))
+        elif isinstance(leaf, np.ndarray):
+            avals.append((leaf.shape, leaf.dtype, False))
+        else:
+            return None
+    return treedef, tuple(avals)
+
+
+def store_directory() -> Path | None:
+    """``$JAXGEN_CACHE_DIR/executables`` when the compilation cache is on, else None."""
+    if not jax.config.jax_compilation_cache_dir:
+        return None
+    from jaxgen.config.compile_cache import cache_root
+
+    return cache_root() / "executables"
+
+
+def _read(path: Path):
+    """The executable stored at ``path``, or None (absent, or unreadable: then compiled)."""
+    from jax.experimental import serialize_executable
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        serialized, in_tree, out_tree = pickle.loads(data)
+        return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+    except Exception as error:  # a torn or foreign file: compile again, and replace it
+        warnings.warn(
+            f"executable store: {path.name} unreadable ({error!r}); recompiling", stacklevel=3
+        )
+        return None
+
+
+def _write(path: Path, compiled) -> None:
+    """Stores ``compiled`` at ``path`` atomically (a reader sees all of it or nothing); an
+    executable that cannot be serialized, or a directory that cannot be written, is skipped."""
+    from jax.experimental import serialize_executable
+
+    try:
+        data = pickle.dumps(serialize_executable.serialize(compiled))
+    except Exception:  # e.g. a backend without serialization: nothing to store
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
+            f.write(data)
+        os.replace(f.name, path)
+    except OSError as error:
+        warnings.warn(
+            f"executable store: cannot write {path} ({error.strerror or error})", stacklevel=3
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _process_context() -> str:
+    """What every stored executable of this process depends on beyond its own function."""
+    import flax
+    import jaxlib
+
+    device = jax.devices()[0]
+    environment = sorted(
+        (k, v)
+        for k, v in os.environ.items()
+        if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED
+    )
+    settings = (
+        jax.config.jax_enable_x64,
+        jax.config.jax_default_matmul_precision,
+        jax.config.jax_default_prng_impl,
+    )
+    return "\n".join(
+        map(
+            str,
+            (
+                _FORMAT,
+                jax.__version__,
+                jaxlib.version.__version__,
+                flax.__version__,
+                device.platform,
+                device.device_kind,
+                jax.device_count(),
+                jax.process_count(),
+                settings,
+                environment,
+                _cpu_features() if device.platform == "cpu" else "",
+                source_hash(),
+            ),
+        )
+    )
+
+
+def _cpu_features() -> str:
+    """The host CPU's model and instruction-set flags (an XLA:CPU executable is compiled for
+    them: a cache directory shared with another machine must not hand it over)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.startswith(wanted)}))
+
+
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """sha256 of the jaxgen and pallas_kernels sources (every ``.py`` and ``.cc`` file)."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for package in ("jaxgen", "pallas_kernels"):
+        for path in sorted((root / package).rglob("*")):
+            if path.suffix in (".py", ".cc", ".h") and path.is_file():
+                digest.update(str(path.relative_to(root)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
