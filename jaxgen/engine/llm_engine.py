@@ -10,6 +10,7 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine import compile_counter
 from jaxgen.engine.batching import batching_plan
+from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
 from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
@@ -445,39 +446,5 @@ class LLMEngine(Engine):
 
     # -- introspection ----------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Pool, queue and step counters."""
-        allocator = self.scheduler.allocator
-        return {
-            "batching": self.config.batching,
-            "kv_pages_total": allocator.num_usable_pages,
-            "kv_pages_used": allocator.num_used_pages,
-            "kv_pages_peak": self.scheduler.kv_pages_peak,
-            "kv_tokens_peak": self.scheduler.kv_tokens_peak,
-            "kv_cache_usage": allocator.num_used_pages / max(allocator.num_usable_pages, 1),
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_pool_bytes": self.runner.kv_cache_bytes,
-            "kv_bytes_per_token_per_device": self.kv_bytes_per_token_per_device,
-            "page_size": self.config.page_size,
-            "max_model_len": self.max_model_len,
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "preemptions": self.scheduler.num_preemptions,
-            "rope_recomputes": self.scheduler.num_rope_recomputes,
-            "prefix_cache_hit_pages": allocator.prefix_hits,
-            "steps": self.num_steps,
-            "async_steps": self.async_steps,
-            "multi_step_calls": self.multi_step_calls,
-            "failed_steps": self.failed_steps,
-            "engine_dead": self.dead is not None,
-            "step_time_s": self.step_time,
-            "compiles": compile_counter.compile_count(),
-            "compile_cache_hits": compile_counter.cache_hit_count(),
-            "precompile_compiles": self.precompile_compiles,
-            "precompile_s": self.precompile_seconds,
-            "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total,
-            "grammar_mask_s": self.grammars.stats.mask_seconds,
-            "grammar_masked_rows": self.grammars.stats.masked_rows,
-            "grammar_compile_s": self.grammars.compiler.compile_seconds,
-            **(self.speculator.stats() if self.speculator is not None else {}),
-        }
+        """Pool, queue and step counters (``engine_stats``)."""
+        return engine_stats(self)
