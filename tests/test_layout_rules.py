@@ -41,7 +41,6 @@ MAX_LINES = 400
 # past its figure, or a new long file, fails).
 LONG_FILES = {
     "tests/serving/test_server.py": 690,
-    "tests/engine/test_page_allocator.py": 664,
     "jaxgen/backends/cpu_kernels/native/matmul_quantized.h": 582,
     "tests/engine/test_sampler.py": 551,
     "tests/serving/test_server_fuzz.py": 551,
