@@ -42,7 +42,6 @@ MAX_LINES = 400
 LONG_FILES = {
     "tests/serving/test_server.py": 690,
     "jaxgen/backends/cpu_kernels/native/matmul_quantized.h": 582,
-    "tests/engine/test_sampler.py": 551,
     "tests/serving/test_server_fuzz.py": 551,
     "tests/sharded_worker.py": 533,
     "jaxgen/engine/llm_engine.py": 450,

@@ -1,7 +1,8 @@
 """Tests for jaxgen.engine.sampler: batched on-device sampling with per-request parameters.
 
-Most tests run their rows next to a SENTINEL row that turns every feature on, so they share one
-compiled function (compiling the sampling path takes seconds on CPU).
+Most tests run their rows next to the SENTINEL row of ``tests/engine/sampler_checks.py``, which
+turns every feature on, so they share one compiled function (compiling the sampling path takes
+seconds on CPU). The host side: ``test_sampling_tensors.py``.
 """
 
 from __future__ import annotations
@@ -11,210 +12,34 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from jaxgen.engine import sampler, sampling_cutoff
-from jaxgen.engine.sampler import apply_penalties, sample
+from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_tensors import (
-    SamplerOutput,
-    SamplingFlags,
     SamplingRow,
-    SamplingTensors,
     build_sampling_tensors,
-    min_tokens_banned_ids,
 )
 from jaxgen.sampling_params import SamplingParams
-
-VOCAB = 1024  # > MAX_CANDIDATES, so both the candidate path and the exact fallback are reachable
-BATCH = 32
-ROWS = BATCH - 1  # rows a test controls in the shared configuration
-FAST = settings(max_examples=15, deadline=None, derandomize=True, database=None)
-SENTINEL = SamplingRow(
-    SamplingParams(
-        temperature=1.0,
-        top_k=3,
-        top_p=0.9,
-        min_p=0.01,
-        repetition_penalty=1.1,
-        presence_penalty=0.1,
-        frequency_penalty=0.1,
-        logprobs=5,
-        seed=0,
-    ),
-    [1, 2],
-    [3],
-    [4],
+from tests.engine.sampler_checks import (
+    ALL_ON,
+    BATCH,
+    FAST,
+    ROWS,
+    VOCAB,
+    _apply_penalties_jit,
+    _filter_cutoff_jit,
+    _log_softmax,
+    _peaked_logits,
+    _random_logits,
+    _reference_filter,
+    _rows,
+    _run,
+    _run_alone,
+    _sample_jit,
+    _shared_inputs,
 )
-ALL_ON = SamplingFlags(False, True, True, True, True, 5)
-
-_sample_jit = jax.jit(sample, static_argnames="flags")
-_filter_cutoff_jit = jax.jit(sampler._filter_cutoff, static_argnums=2)
-_apply_penalties_jit = jax.jit(apply_penalties)
-
-
-def _shared_inputs(logits, rows, *, step_counter=0):
-    """Rows (<= ROWS; histories <= 16, bans <= 4, logprobs <= 5) + SENTINEL, padded to BATCH."""
-    assert len(rows) <= ROWS
-    padded = np.zeros((BATCH, VOCAB), np.float32)
-    padded[: len(rows)] = logits
-    tensors, flags = build_sampling_tensors(
-        [*rows, SENTINEL], BATCH, base_seed=0, step_counter=step_counter
-    )
-    assert flags == ALL_ON
-    assert tensors.prompt_token_ids.shape[1] == tensors.output_token_ids.shape[1] == 16
-    assert tensors.banned_token_ids.shape[1] == 4
-    return jnp.asarray(padded), tensors, flags
-
-
-def _run(logits, rows, *, step_counter=0) -> SamplerOutput:
-    """Sample ``rows`` in the shared configuration; returns their rows of the output."""
-    out = _sample_jit(*_shared_inputs(logits, rows, step_counter=step_counter))
-    return jax.tree.map(lambda array: np.asarray(array)[: len(rows)], out)
-
-
-def _run_alone(logits, rows, batch_size, *, step_counter=0) -> SamplerOutput:
-    """Sample ``rows`` on their own (their own flags and shapes)."""
-    tensors, flags = build_sampling_tensors(
-        rows, batch_size, base_seed=0, step_counter=step_counter
-    )
-    return jax.tree.map(np.asarray, _sample_jit(jnp.asarray(logits), tensors, flags))
-
-
-def _rows(params_list, output_lengths=None):
-    output_lengths = output_lengths or [0] * len(params_list)
-    return [
-        SamplingRow(params, [1, 2, 3], list(range(5, 5 + length)), [])
-        for params, length in zip(params_list, output_lengths, strict=True)
-    ]
-
-
-def _random_logits(seed, shape=(ROWS, VOCAB), scale=3.0):
-    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
-
-
-def _peaked_logits(seed, shape=(ROWS, VOCAB)):
-    """LLM-like logits: probabilities fall off like rank**-2, so nuclei are small."""
-    rng = np.random.default_rng(seed)
-    ranks = np.argsort(rng.random(shape), axis=-1)
-    return (-2.0 * np.log1p(ranks) + 0.3 * rng.standard_normal(shape)).astype(np.float32)
-
-
-def _log_softmax(logits):
-    logits = np.asarray(logits, np.float64)
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
-def _reference_filter(scaled_row, top_k, top_p, min_p, tolerance=1e-4):
-    """vLLM's top_k -> top_p -> min_p on one row of scaled logits (float64, full sort).
-
-    Returns (kept mask, ambiguous mask): ambiguous tokens sit within ``tolerance`` of the top_p
-    or min_p boundary, where float32 rounding may legitimately decide either way.
-    """
-    values = np.asarray(scaled_row, np.float64)
-    vocab = values.size
-    order = np.argsort(-values, kind="stable")
-    keep = np.ones(vocab, bool)
-    ambiguous = np.zeros(vocab, bool)
-    if 0 < top_k < vocab:
-        keep[order[top_k:]] = False
-    if top_p < 1.0:
-        kept_order = order[keep[order]]
-        probs = np.exp(values[kept_order] - values[kept_order].max())
-        probs /= probs.sum()
-        mass_before = np.concatenate([[0.0], np.cumsum(probs)[:-1]])
-        keep[kept_order[mass_before >= top_p]] = False
-        ambiguous[kept_order[np.abs(mass_before - top_p) < tolerance]] = True
-    if min_p > 0.0:
-        threshold = values.max() + np.log(min_p)
-        keep &= values >= threshold
-        ambiguous |= np.abs(values - threshold) < tolerance
-    return keep, ambiguous
-
-
-# --------------------------------------------------------------------------------------------
-# Host side
-# --------------------------------------------------------------------------------------------
-
-
-def test_build_sampling_tensors_pads_and_buckets():
-    rows = [
-        SamplingRow(SamplingParams(temperature=0.7, top_k=40, seed=7), [1, 2], [3], [9]),
-        (SamplingParams(temperature=0.0, repetition_penalty=1.2), list(range(20)), [4, 5], []),
-        SamplingRow(SamplingParams(top_p=0.5, min_p=0.1, logprobs=3), [1], [], [2, 3]),
-    ]
-    tensors, flags = build_sampling_tensors(rows, 8, base_seed=3, step_counter=11)
-
-    assert flags == SamplingFlags(
-        all_greedy=False,
-        any_top_k=True,
-        any_top_p=True,
-        any_min_p=True,
-        any_penalties=True,
-        num_logprobs=3,
-    )
-    hash(flags)
-    assert len(jax.tree.leaves(tensors)) == len(dataclasses.fields(SamplingTensors))
-    np.testing.assert_allclose(tensors.temperature, [0.7, 0, 1, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(tensors.top_k, [40, 0, 0, 0, 0, 0, 0, 0])
-    np.testing.assert_allclose(tensors.top_p, [1, 1, 0.5, 1, 1, 1, 1, 1])
-    np.testing.assert_array_equal(tensors.steps, [1, 2, 0, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(tensors.has_seed, [True] + [False] * 7)
-    assert tensors.seeds.dtype == np.uint32 and tensors.seeds[0] == 7
-    # Ban lists padded to a power-of-two width with -1.
-    assert tensors.banned_token_ids.shape == (8, 4)
-    np.testing.assert_array_equal(tensors.banned_token_ids[2], [2, 3, -1, -1])
-    # Only the penalised row carries its history; widths are power-of-two buckets.
-    assert tensors.prompt_token_ids.shape == (8, 32)
-    assert tensors.output_token_ids.shape == (8, 16)
-    np.testing.assert_array_equal(tensors.prompt_token_ids[1, :20], np.arange(20))
-    assert (tensors.prompt_token_ids[[0, 2, 3]] == -1).all()
-    np.testing.assert_array_equal(tensors.output_token_ids[1, :3], [4, 5, -1])
-
-
-def test_build_without_penalties_or_bans_has_empty_histories():
-    rows = _rows([SamplingParams(temperature=0.0)] * 3)
-    tensors, flags = build_sampling_tensors(rows, 4, base_seed=0, step_counter=0)
-    assert flags == SamplingFlags()
-    assert tensors.prompt_token_ids.shape == (4, 0)
-    assert tensors.output_token_ids.shape == (4, 0)
-    assert tensors.banned_token_ids.shape == (4, 0)
-
-
-def test_top_k_one_and_tiny_temperature_are_greedy_on_host():
-    rows = _rows([SamplingParams(temperature=2.0, top_k=1), SamplingParams(temperature=1e-7)])
-    tensors, flags = build_sampling_tensors(rows, 2, base_seed=0, step_counter=0)
-    assert flags.all_greedy
-    np.testing.assert_array_equal(tensors.temperature, [0.0, 0.0])
-
-
-def test_seeds_on_host():
-    seeded = SamplingParams(seed=2**40 + 5)
-    unseeded = SamplingParams()
-    first, _ = build_sampling_tensors(_rows([seeded, unseeded]), 2, base_seed=1, step_counter=0)
-    moved, _ = build_sampling_tensors(_rows([unseeded, seeded]), 2, base_seed=1, step_counter=0)
-    later, _ = build_sampling_tensors(_rows([seeded, unseeded]), 2, base_seed=1, step_counter=1)
-    again, _ = build_sampling_tensors(_rows([seeded, unseeded]), 2, base_seed=1, step_counter=0)
-    assert first.seeds[0] == moved.seeds[1] == later.seeds[0]
-    assert first.seeds[1] != later.seeds[1]  # unseeded rows change between steps
-    assert first.seeds[1] == again.seeds[1]  # ... deterministically
-    assert first.seeds[1] != moved.seeds[0]  # ... and between rows
-
-
-def test_build_rejects_too_many_rows():
-    with pytest.raises(ValueError):
-        build_sampling_tensors(_rows([SamplingParams()] * 3), 2, base_seed=0, step_counter=0)
-
-
-def test_min_tokens_banned_ids():
-    params = SamplingParams(min_tokens=3, stop_token_ids=[7, 5])
-    assert min_tokens_banned_ids(params, 0, [2]) == [2, 5, 7]
-    assert min_tokens_banned_ids(params, 3, [2]) == []
-    ignore_eos = SamplingParams(min_tokens=3, stop_token_ids=[7], ignore_eos=True)
-    assert min_tokens_banned_ids(ignore_eos, 1, [2]) == [7]
-
 
 # --------------------------------------------------------------------------------------------
 # Greedy, seeds, distributions
