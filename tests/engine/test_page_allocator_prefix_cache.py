@@ -10,12 +10,7 @@ import pytest
 
 from jaxgen.engine import page_allocator
 from jaxgen.engine.page_allocator import PageAllocator
-from tests.engine.page_allocator_checks import (
-    admit,
-    check_balance,
-    compute,
-    make_seq,
-)
+from tests.engine.page_allocator_checks import admit, check_balance, compute, make_seq
 
 # -- prefix reuse ---------------------------------------------------------------------------------
 

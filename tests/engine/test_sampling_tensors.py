@@ -17,9 +17,7 @@ from jaxgen.engine.sampling_tensors import (
     min_tokens_banned_ids,
 )
 from jaxgen.sampling_params import SamplingParams
-from tests.engine.sampler_checks import (
-    _rows,
-)
+from tests.engine.sampler_checks import _rows
 
 # --------------------------------------------------------------------------------------------
 # Host side

@@ -9,11 +9,7 @@ import pytest
 from jaxgen.engine.page_allocator import PageAllocator
 from jaxgen.engine.scheduler import Scheduler, SchedulerConfig
 from jaxgen.engine.sequence import Sequence, SequenceStatus
-from tests.engine.fake_scheduler_engine import (
-    FakeEngine,
-    prompt_of,
-    run_workload,
-)
+from tests.engine.fake_scheduler_engine import FakeEngine, prompt_of, run_workload
 
 # -- step composition -----------------------------------------------------------------------------
 

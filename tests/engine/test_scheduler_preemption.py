@@ -7,12 +7,7 @@ from __future__ import annotations
 from jaxgen.engine.page_allocator import PageAllocator
 from jaxgen.engine.scheduler import Scheduler, SchedulerConfig
 from jaxgen.engine.sequence import Sequence, SequenceStatus
-from tests.engine.fake_scheduler_engine import (
-    FakeEngine,
-    prompt_of,
-    reference_tokens,
-    run_workload,
-)
+from tests.engine.fake_scheduler_engine import FakeEngine, prompt_of, reference_tokens, run_workload
 
 # -- preemption -----------------------------------------------------------------------------------
 

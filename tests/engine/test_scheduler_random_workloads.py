@@ -10,10 +10,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.engine.fake_scheduler_engine import (
-    SHARED_PROMPT,
-    FakeEngine,
-)
+from tests.engine.fake_scheduler_engine import SHARED_PROMPT, FakeEngine
 
 # -- random workloads over tight pools -------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from serving.launch.server import DrainingServer, ServerThread, exit_code, uvico
 from serving.settings.resolve import ServerSettings, resolve_settings
 from serving.testing import TINY_ENGINE_KNOBS, free_port
 from tests.engine.test_engine_recovery import inject_fault
-from tests.serving.test_server import sse_payloads
+from tests.serving.server_checks import sse_payloads
 
 PROMPT = "The quick brown fox"
 LONG_PROMPT = "hello " * 150
