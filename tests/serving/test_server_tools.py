@@ -1,152 +1,27 @@
-"""Tool calling on ``/v1/chat/completions``: responses and stream chunks the ``openai`` SDK reads
-(its types and its own stream accumulator), hand-written model outputs through each parser, the
-real server on the tiny model, and bad tool input answered with OpenAI's 400 naming the field."""
+"""Tool calling on ``/v1/chat/completions`` against the real server on the tiny model: named,
+required and auto calls following their schemas, conversations with tool results, and bad tool
+input answered with OpenAI's 400 naming the field (the parsers alone:
+``test_server_tool_parsers.py``)."""
 
 from __future__ import annotations
 
 import json
-import types
 
 import httpx
 import jsonschema
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from jaxgen.sampling_params import SamplingParams
 from jaxgen.tool_calling import ToolRequest, check_conversation, check_tools, render_chat
 from serving.app import create_app
-from serving.generation import Completion, Delta, GenerationResult
-from serving.openai.format import ChatFormat
-from serving.openai.requests import OpenAIRequest
 from serving.settings.resolve import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
+from tests.serving.tool_examples import TOOLS, pairs
 
-WEATHER_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 12},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": WEATHER_PARAMETERS,
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "parameters": {
-                "type": "object",
-                "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-                "required": ["zone"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-
-# Hand-written outputs in each parser's format: (parser, output, content, [(name, arguments)])
-OUTPUTS = [
-    (
-        "hermes",
-        'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
-        '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": '
-        '{"zone": "CET"}}\n</tool_call>',
-        "Checking.\n",
-        [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"zone": "CET"})],
-    ),
-    (
-        "llama3_json",
-        '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC"}}',
-        None,
-        [("get_time", {"zone": "UTC"})],
-    ),
-    (
-        "mistral",
-        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "unit": '
-        '"celsius"}}, {"name": "get_time", "arguments": {"zone": "UTC"}}]',
-        None,
-        [("get_weather", {"city": "Oslo", "unit": "celsius"}), ("get_time", {"zone": "UTC"})],
-    ),
-    (
-        "pythonic",
-        '[get_weather(city="Rome", unit="celsius")]',
-        None,
-        [("get_weather", {"city": "Rome", "unit": "celsius"})],
-    ),
-    ("hermes", "It is sunny.", "It is sunny.", []),
-    ("hermes", "<tool_call>{broken</tool_call>", "<tool_call>{broken</tool_call>", []),
-]
-
-
-def chat_format(parser: str, stream: bool, choice=None) -> ChatFormat:
-    parsed = OpenAIRequest(
-        "tiny",
-        [[1]],
-        ["prompt"],
-        [SamplingParams()],
-        1,
-        stream,
-        False,
-        None,
-        tools=ToolRequest.build(TOOLS, choice, tool_call_parser=parser),
-    )
-    state = types.SimpleNamespace(token_texts=None)
-    return ChatFormat(state, parsed, request_id="chatcmpl-test", created=0)
-
-
-def pairs(calls) -> list:
-    return [(c.function.name, json.loads(c.function.arguments)) for c in calls or []]
-
-
-@pytest.mark.parametrize("parser,output,content,calls", OUTPUTS)
-def test_auto_response_through_each_parser(parser, output, content, calls):
-    formatter = chat_format(parser, stream=False)
-    completion = Completion(index=0, text=output, token_ids=[5, 6], finish_reason="stop")
-    body = formatter.response([GenerationResult([1], [completion])])
-    response = ChatCompletion.model_validate(body)
-    choice = response.choices[0]
-    assert choice.message.content == content
-    assert pairs(choice.message.tool_calls) == calls
-    assert choice.finish_reason == ("tool_calls" if calls else "stop")
-    assert all(
-        c.id.startswith("call_") and c.type == "function" for c in choice.message.tool_calls or []
-    )
-
-
-@pytest.mark.parametrize("parser,output,content,calls", OUTPUTS)
-def test_auto_stream_through_each_parser(parser, output, content, calls):
-    """Chunks a few characters at a time, accumulated by the SDK's own stream state."""
-    formatter = chat_format(parser, stream=True)
-    chunks = list(formatter.first_chunks())
-    for start in range(0, len(output), 5):
-        piece = output[start : start + 5]
-        chunks += formatter.chunks(0, [Delta(0, piece, [7], [piece], None)])
-    chunks += formatter.chunks(0, [Delta(0, "", [], [], None, "stop")])
-    state = ChatCompletionStreamState()
-    for chunk in chunks:
-        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
-    final = state.get_final_completion().choices[0]
-    assert (final.message.content or None) == content
-    assert pairs(final.message.tool_calls) == calls
-    assert final.finish_reason == ("tool_calls" if calls else "stop")
-    tool_deltas = [
-        d for c in chunks for ch in c["choices"] for d in ch["delta"].get("tool_calls", [])
-    ]
-    assert all(d["function"]["name"] and d["id"] for d in tool_deltas)  # whole-call deltas
 
 
 # -- the server on the tiny model ------------------------------------------------------------------
