@@ -1,10 +1,11 @@
 """Constrained decoding on the host: grammars compiled (and cached) with llguidance, one matcher
 per constrained sequence, and the packed token bitmask of a step's sampling rows.
 
-The device side is ``sampler.apply_token_bitmask``: a row whose ``constrained`` flag is set keeps
-only the tokens whose bit is 1 (bit ``j`` of word ``w`` is token ``32 * w + j``). A step without
-a constrained row carries a bitmask of width 0 here; the runner gives every step the same
-shape (``sampling_shapes``), and the sampler skips the mask when no row is constrained.
+The device side is ``logit_processors.apply_token_bitmask``: a row whose ``constrained`` flag
+is set keeps only the tokens whose bit is 1 (bit ``j`` of word ``w`` is token ``32 * w + j``).
+A step without a constrained row carries a bitmask of width 0 here; the runner gives every
+step the same shape (``sampling_shapes``), and the sampler skips the mask when no row is
+constrained.
 
 A matcher advances on each token its sequence keeps. Preemption recomputes a sequence from its
 tokens without dropping generated ones, so the matcher stays where it was; a sequence whose

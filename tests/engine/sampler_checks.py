@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import settings
 
 from jaxgen.engine import sampler
-from jaxgen.engine.sampler import apply_penalties, sample
+from jaxgen.engine.logit_processors import apply_penalties
+from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_tensors import (
     SamplerOutput,
     SamplingFlags,

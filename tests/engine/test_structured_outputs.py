@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
-from jaxgen.engine.sampler import apply_token_bitmask
+from jaxgen.engine.logit_processors import apply_token_bitmask
 
 PERSON = {
     "type": "object",
