@@ -40,7 +40,6 @@ MAX_LINES = 400
 # Files over MAX_LINES today, each with its length: the list only shrinks (a file that grows
 # past its figure, or a new long file, fails).
 LONG_FILES = {
-    "jaxgen/backends/cpu_kernels/native/matmul_quantized.h": 582,
     "jaxgen/engine/llm_engine.py": 450,
 }
 SOURCE_SUFFIXES = (".py", ".h", ".cc", ".c", ".cpp")

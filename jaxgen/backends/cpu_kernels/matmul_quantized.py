@@ -1,7 +1,7 @@
 """Quantised-weight matmul for XLA:CPU as a native kernel (C++ through the XLA FFI).
 
 ``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8, or int4 with or without minimums,
-float16 scales) repacked into 16-column panels (``native/matmul_quantized.h``) that the kernel
+float16 scales) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
 weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
@@ -31,7 +31,7 @@ from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import fake_quantize_activations
 
 TARGET = "jaxgen_matmul_quantized"
-QUANT_PANEL = 16  # kQuantPanel in native/matmul_quantized.h
+QUANT_PANEL = 16  # kQuantPanel in native/quantized_panels.h
 ACTIVATION_BITS = {"float": 32, "int16": 16, "int8": 8}  # x as the kernel takes it
 INT4_BLOCK_ROWS = 8  # kInt4BlockRows: int4 rows in one 32-bit lane
 

@@ -1,16 +1,6 @@
 // Quantised-weight matmul out[M, N] = x[M, K] @ dequant(w)[K, N] for AVX2 + FMA + F16C, the
-// weights dequantised in registers, never written back to memory.
-//
-// Packed layout (pack_quantized in matmul_quantized.py), panels of 16 columns (two 8-float
-// vectors) whose rows stream contiguously, as the float32 kernel's 24-column panels do:
-//   int8: values [N / 16, K, 16] int8;          w[k, n] = scale[g, n] * value
-//   int4: values [N / 16, K / 2, 16] uint8,     w[k, n] = scale[g, n] * u + min[g, n]
-//         each block of 8 rows k0..k0 + 7 is 64 bytes: 16 little-endian uint32 lanes, lane n
-//         holding u of row k0 + j in bits 4j..4j + 3 (a symmetric int4 weight packs
-//         min = -8 * scale). A code comes out of its lane with one AND (or a shift for j = 7)
-//         and one conversion, as u * 16^j: the one-row tile multiplies it by x[k] * 16^-j
-//         (exact: a power of two), so decoding needs no shuffles;
-//   scales, mins: [N / 16, K / group, 16] float16 (GGUF's own scale type), g = k / group.
+// weights dequantised in registers, never written back to memory. The packed layout and its
+// decoding: quantized_panels.h; the one-row tiles (decode's hot loop): quantized_row_tiles.h.
 // A tile of up to 4 rows x 16 columns keeps its 8 accumulators, the group's scales and minimums
 // (4 vectors) and the two dequantised weight vectors of a k in 15 of the 16 vector registers.
 // Where the compiler targets AVX-512 (-march=native), one-row tiles and the float tiles over a
@@ -22,260 +12,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define JAXGEN_QUANTIZED_SIMD 1
-#endif
+#include "quantized_panels.h"
+#include "quantized_row_tiles.h"
 
 namespace jaxgen_cpu {
 
-constexpr int64_t kQuantPanel = 16;        // columns per panel: two 8-float vectors
-constexpr int64_t kQuantBlockDepth = 256;  // k-block: x rows of it stay in L1 across panels
-constexpr int64_t kInt4BlockRows = 8;      // rows of int4 codes in one uint32 lane
-
-// A quantised weight as the kernel reads it.
-struct QuantizedPanels {
-  const uint8_t* values;   // int8 or packed uint4 codes, layout above
-  const uint16_t* scales;  // float16 bits
-  const uint16_t* mins;    // float16 bits; null for int8
-  int64_t depth, columns, group;  // K, N (padded to 16), rows per scale group
-  bool int4;
-};
-
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0x1F) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int shift = 0;
-    uint32_t m = mantissa;
-    while (!(m & 0x400)) {
-      m <<= 1;
-      ++shift;
-    }
-    bits = sign | ((113 - shift) << 23) | ((m & 0x3FF) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
 #if defined(JAXGEN_QUANTIZED_SIMD)
-constexpr bool kQuantizedSimd = true;
-
-inline float HorizontalSum8(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-
-inline __m256 LoadHalf8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// Row j (0..7) of an 8-row int4 block, from its uint32 lanes: u * 16^j (j < 7) or u (j = 7),
-// exact in int32 and after conversion to float.
-template <int J>
-inline __m256i Int4LaneCode(__m256i lanes) {
-  if constexpr (J == 7) {
-    return _mm256_srli_epi32(lanes, 28);
-  } else {
-    return _mm256_and_si256(lanes, _mm256_set1_epi32(0xF << (4 * J)));
-  }
-}
-
-// Row j's u itself (shifted down), for tiles that dequantise before multiplying.
-template <int J>
-inline __m256 Int4LaneValue(__m256i lanes) {
-  if constexpr (J == 0) {
-    return _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(0xF)));
-  } else if constexpr (J == 7) {
-    return _mm256_cvtepi32_ps(_mm256_srli_epi32(lanes, 28));
-  } else {
-    return _mm256_cvtepi32_ps(
-        _mm256_and_si256(_mm256_srli_epi32(lanes, 4 * J), _mm256_set1_epi32(0xF)));
-  }
-}
-
-// x[k] * 16^-(k % 8) for k % 8 < 7, x[k] for k % 8 = 7: the one-row int4 tile's multiplier of
-// Int4LaneCode (a power-of-two scaling: exact unless x[k] is near float's underflow).
-inline void ScaleRowForInt4(const float* x, int64_t depth, float* scaled) {
-  static constexpr float kScale[kInt4BlockRows] = {1.0f,         1.0f / 16,       1.0f / 256,
-                                                   1.0f / 4096,  1.0f / 65536,    1.0f / 1048576,
-                                                   1.0f / 16777216, 1.0f};
-  for (int64_t k = 0; k < depth; ++k) scaled[k] = x[k] * kScale[k % kInt4BlockRows];
-}
-
-// c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16] for one row of int4 codes (decode's hot loop):
-// per group, sum scaled[k] * Int4LaneCode over eight independent accumulator pairs (one AND, one
-// conversion and one FMA per 8 weights), then apply the group's scale, and its minimum times the
-// group's sum of x, once. `scaled` is the row through ScaleRowForInt4; k0, k1 multiples of 8.
-__attribute__((noinline)) inline void Int4RowTile(const QuantizedPanels& w, int64_t k0,
-                                                  int64_t k1, const float* x,
-                                                  const float* scaled, const uint8_t* values,
-                                                  const uint16_t* scales, const uint16_t* mins,
-                                                  float* c, bool accumulate) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m256 xs = _mm256_setzero_ps();
-    for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
-           a30 = a00, a31 = a00;
-    for (; k < end; k += kInt4BlockRows) {
-      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
-      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-      const float* xk = scaled + k;
-#define JAXGEN_INT4_ROW(J, A0, A1)                                                   \
-  {                                                                                  \
-    const __m256 b = _mm256_broadcast_ss(xk + J);                                    \
-    A0 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(Int4LaneCode<J>(v0)), A0);           \
-    A1 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(Int4LaneCode<J>(v1)), A1);           \
-  }
-      JAXGEN_INT4_ROW(0, a00, a01)
-      JAXGEN_INT4_ROW(1, a10, a11)
-      JAXGEN_INT4_ROW(2, a20, a21)
-      JAXGEN_INT4_ROW(3, a30, a31)
-      JAXGEN_INT4_ROW(4, a00, a01)
-      JAXGEN_INT4_ROW(5, a10, a11)
-      JAXGEN_INT4_ROW(6, a20, a21)
-      JAXGEN_INT4_ROW(7, a30, a31)
-#undef JAXGEN_INT4_ROW
-    }
-    const __m256 e0 = _mm256_add_ps(_mm256_add_ps(a00, a10), _mm256_add_ps(a20, a30));
-    const __m256 e1 = _mm256_add_ps(_mm256_add_ps(a01, a11), _mm256_add_ps(a21, a31));
-    const __m256 sum_x = _mm256_set1_ps(HorizontalSum8(xs));
-    acc0 = _mm256_fmadd_ps(e0, LoadHalf8(scales + g * kQuantPanel), acc0);
-    acc1 = _mm256_fmadd_ps(e1, LoadHalf8(scales + g * kQuantPanel + 8), acc1);
-    acc0 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc0);
-    acc1 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc1);
-  }
-  const __m256 prior0 = accumulate ? _mm256_loadu_ps(c) : _mm256_setzero_ps();
-  const __m256 prior1 = accumulate ? _mm256_loadu_ps(c + 8) : _mm256_setzero_ps();
-  _mm256_storeu_ps(c, _mm256_add_ps(prior0, acc0));
-  _mm256_storeu_ps(c + 8, _mm256_add_ps(prior1, acc1));
-}
-
-#if defined(__AVX512F__)
-inline __m512 LoadHalf16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// One row with 512-bit vectors, c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16], per group:
-// - int4 (Int4RowTile's scheme): one 64-byte load holds a block's 16 lanes, so each of its 8
-//   rows is one AND (or shift), one conversion and one FMA with scaled[k] (the row through
-//   ScaleRowForInt4) for all 16 columns; then the scale, and the minimum times the group's sum
-//   of x, once.
-// - int8 with float x (a kept GGUF's Q8_0 weights, its LM head among them; int8 quantised at
-//   load takes integer x on VNNI, matmul_w8a8.h): per k one sign-extending load of the 16
-//   codes, one conversion and one FMA with x[k]; then the scale once.
-// Four accumulator chains; x broadcast from memory into each FMA.
-template <bool kInt4>
-__attribute__((noinline)) void RowTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
-                                           const float* x, const float* scaled,
-                                           const uint8_t* values, const uint16_t* scales,
-                                           const uint16_t* mins, float* c, bool accumulate) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    if constexpr (kInt4) {
-      __m256 xs = _mm256_setzero_ps();
-      for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
-      for (; k < end; k += kInt4BlockRows) {
-        const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
-        const float* xk = scaled + k;
-#define JAXGEN_INT4_ROW_WIDE(J, A, CODE) \
-  A = _mm512_fmadd_ps(_mm512_set1_ps(xk[J]), _mm512_cvtepi32_ps(CODE), A);
-        JAXGEN_INT4_ROW_WIDE(0, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF)))
-        JAXGEN_INT4_ROW_WIDE(1, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF0)))
-        JAXGEN_INT4_ROW_WIDE(2, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF00)))
-        JAXGEN_INT4_ROW_WIDE(3, a3, _mm512_and_si512(v, _mm512_set1_epi32(0xF000)))
-        JAXGEN_INT4_ROW_WIDE(4, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF0000)))
-        JAXGEN_INT4_ROW_WIDE(5, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF00000)))
-        JAXGEN_INT4_ROW_WIDE(6, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF000000)))
-        JAXGEN_INT4_ROW_WIDE(7, a3, _mm512_srli_epi32(v, 28))
-#undef JAXGEN_INT4_ROW_WIDE
-      }
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(HorizontalSum8(xs)),
-                            LoadHalf16(mins + g * kQuantPanel), acc);
-    } else {
-      const uint8_t* codes = values + (k - k0) * kQuantPanel;
-#define JAXGEN_INT8_ROW_WIDE(J, A)                                                         \
-  A = _mm512_fmadd_ps(_mm512_set1_ps(x[k + J]),                                           \
-                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(            \
-                          reinterpret_cast<const __m128i*>(codes + J * kQuantPanel)))), \
-                      A);
-      for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
-        JAXGEN_INT8_ROW_WIDE(0, a0)
-        JAXGEN_INT8_ROW_WIDE(1, a1)
-        JAXGEN_INT8_ROW_WIDE(2, a2)
-        JAXGEN_INT8_ROW_WIDE(3, a3)
-      }
-      for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
-#undef JAXGEN_INT8_ROW_WIDE
-    }
-    acc = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                          LoadHalf16(scales + g * kQuantPanel), acc);
-  }
-  const __m512 prior = accumulate ? _mm512_loadu_ps(c) : _mm512_setzero_ps();
-  _mm512_storeu_ps(c, _mm512_add_ps(prior, acc));
-}
-#endif
-
-// Calls f(J, e0, e1) for the 8 rows of an int4 block, each dequantised (u * scale + min) in
-// two 8-float vectors.
-template <typename F>
-inline void ForInt4BlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m256 m0, __m256 m1,
-                             F&& f) {
-#define JAXGEN_INT4_DEQUANT(J) \
-  f(J, _mm256_fmadd_ps(Int4LaneValue<J>(v0), s0, m0), _mm256_fmadd_ps(Int4LaneValue<J>(v1), s1, m1));
-  JAXGEN_INT4_DEQUANT(0)
-  JAXGEN_INT4_DEQUANT(1)
-  JAXGEN_INT4_DEQUANT(2)
-  JAXGEN_INT4_DEQUANT(3)
-  JAXGEN_INT4_DEQUANT(4)
-  JAXGEN_INT4_DEQUANT(5)
-  JAXGEN_INT4_DEQUANT(6)
-  JAXGEN_INT4_DEQUANT(7)
-#undef JAXGEN_INT4_DEQUANT
-}
-
-// Calls f(k, e0, e1) for every row k in [k0, k1) of an int4 panel (k0, k1 multiples of 8),
-// dequantised (u * scale + min) in two 8-float vectors; `values` points at block k0 / 8.
-template <typename F>
-inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
-                           const uint8_t* values, const uint16_t* scales, const uint16_t* mins,
-                           F&& f) {
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
-    const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
-    for (; k < end; k += kInt4BlockRows) {
-      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
-      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-      ForInt4BlockRows(v0, v1, s0, s1, m0, m1,
-                       [&](int j, __m256 e0, __m256 e1) { f(k + j, e0, e1); });
-    }
-  }
-}
-
 // c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16]; `values` points at the panel's k0 row
 // (int8) or its 8-row block k0 / 8 (int4), `scales` / `mins` at the panel's first group row.
 // Codes are dequantised (integer to float, one FMA or multiply for the group's scale and
@@ -343,34 +87,6 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
     for (int j = 0; j < 2; ++j) {
       const __m256 prior = accumulate ? _mm256_loadu_ps(out + 8 * j) : _mm256_setzero_ps();
       _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(prior, acc[r][j]));
-    }
-  }
-}
-
-// dst[k - k0, 16] = dequant(panel)[k0:k1, 16]: the slice a multi-tile row block shares, so the
-// codes are converted once per block instead of once per 4-row tile.
-template <bool kInt4>
-void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uint8_t* values,
-                     const uint16_t* scales, const uint16_t* mins, float* dst) {
-  if constexpr (kInt4) {
-    ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
-      _mm256_store_ps(dst + (k - k0) * kQuantPanel, e0);
-      _mm256_store_ps(dst + (k - k0) * kQuantPanel + 8, e1);
-    });
-    return;
-  }
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    for (; k < end; ++k) {
-      const __m128i codes =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));
-      float* row = dst + (k - k0) * kQuantPanel;
-      _mm256_store_ps(row, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s0));
-      _mm256_store_ps(row + 8, _mm256_mul_ps(
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8))), s1));
     }
   }
 }
@@ -482,7 +198,6 @@ inline void SliceTile(int64_t rows, int64_t kc, const float* x, int64_t ldx, con
 #endif
 }
 #else
-constexpr bool kQuantizedSimd = false;
 
 template <int R, bool kInt4>
 void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float* x, int64_t ldx,

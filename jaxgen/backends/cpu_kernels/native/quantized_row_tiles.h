@@ -1,0 +1,133 @@
+// The one-row tiles of the quantised matmul (decode's hot loop): c[16] (+)= x[k0:k1] @
+// dequant(panel)[k0:k1, 16] with the weights dequantised in registers; 512-bit where the
+// compiler targets AVX-512. Layout and decoding: quantized_panels.h.
+
+#pragma once
+
+#include "quantized_panels.h"
+
+namespace jaxgen_cpu {
+
+#if defined(JAXGEN_QUANTIZED_SIMD)
+// c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16] for one row of int4 codes (decode's hot loop):
+// per group, sum scaled[k] * Int4LaneCode over eight independent accumulator pairs (one AND, one
+// conversion and one FMA per 8 weights), then apply the group's scale, and its minimum times the
+// group's sum of x, once. `scaled` is the row through ScaleRowForInt4; k0, k1 multiples of 8.
+__attribute__((noinline)) inline void Int4RowTile(const QuantizedPanels& w, int64_t k0,
+                                                  int64_t k1, const float* x,
+                                                  const float* scaled, const uint8_t* values,
+                                                  const uint16_t* scales, const uint16_t* mins,
+                                                  float* c, bool accumulate) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m256 xs = _mm256_setzero_ps();
+    for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    for (; k < end; k += kInt4BlockRows) {
+      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+      const float* xk = scaled + k;
+#define JAXGEN_INT4_ROW(J, A0, A1)                                                   \
+  {                                                                                  \
+    const __m256 b = _mm256_broadcast_ss(xk + J);                                    \
+    A0 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(Int4LaneCode<J>(v0)), A0);           \
+    A1 = _mm256_fmadd_ps(b, _mm256_cvtepi32_ps(Int4LaneCode<J>(v1)), A1);           \
+  }
+      JAXGEN_INT4_ROW(0, a00, a01)
+      JAXGEN_INT4_ROW(1, a10, a11)
+      JAXGEN_INT4_ROW(2, a20, a21)
+      JAXGEN_INT4_ROW(3, a30, a31)
+      JAXGEN_INT4_ROW(4, a00, a01)
+      JAXGEN_INT4_ROW(5, a10, a11)
+      JAXGEN_INT4_ROW(6, a20, a21)
+      JAXGEN_INT4_ROW(7, a30, a31)
+#undef JAXGEN_INT4_ROW
+    }
+    const __m256 e0 = _mm256_add_ps(_mm256_add_ps(a00, a10), _mm256_add_ps(a20, a30));
+    const __m256 e1 = _mm256_add_ps(_mm256_add_ps(a01, a11), _mm256_add_ps(a21, a31));
+    const __m256 sum_x = _mm256_set1_ps(HorizontalSum8(xs));
+    acc0 = _mm256_fmadd_ps(e0, LoadHalf8(scales + g * kQuantPanel), acc0);
+    acc1 = _mm256_fmadd_ps(e1, LoadHalf8(scales + g * kQuantPanel + 8), acc1);
+    acc0 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc0);
+    acc1 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc1);
+  }
+  const __m256 prior0 = accumulate ? _mm256_loadu_ps(c) : _mm256_setzero_ps();
+  const __m256 prior1 = accumulate ? _mm256_loadu_ps(c + 8) : _mm256_setzero_ps();
+  _mm256_storeu_ps(c, _mm256_add_ps(prior0, acc0));
+  _mm256_storeu_ps(c + 8, _mm256_add_ps(prior1, acc1));
+}
+
+#if defined(__AVX512F__)
+inline __m512 LoadHalf16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// One row with 512-bit vectors, c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16], per group:
+// - int4 (Int4RowTile's scheme): one 64-byte load holds a block's 16 lanes, so each of its 8
+//   rows is one AND (or shift), one conversion and one FMA with scaled[k] (the row through
+//   ScaleRowForInt4) for all 16 columns; then the scale, and the minimum times the group's sum
+//   of x, once.
+// - int8 with float x (a kept GGUF's Q8_0 weights, its LM head among them; int8 quantised at
+//   load takes integer x on VNNI, matmul_w8a8.h): per k one sign-extending load of the 16
+//   codes, one conversion and one FMA with x[k]; then the scale once.
+// Four accumulator chains; x broadcast from memory into each FMA.
+template <bool kInt4>
+__attribute__((noinline)) void RowTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
+                                           const float* x, const float* scaled,
+                                           const uint8_t* values, const uint16_t* scales,
+                                           const uint16_t* mins, float* c, bool accumulate) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    if constexpr (kInt4) {
+      __m256 xs = _mm256_setzero_ps();
+      for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+      for (; k < end; k += kInt4BlockRows) {
+        const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
+        const float* xk = scaled + k;
+#define JAXGEN_INT4_ROW_WIDE(J, A, CODE) \
+  A = _mm512_fmadd_ps(_mm512_set1_ps(xk[J]), _mm512_cvtepi32_ps(CODE), A);
+        JAXGEN_INT4_ROW_WIDE(0, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF)))
+        JAXGEN_INT4_ROW_WIDE(1, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF0)))
+        JAXGEN_INT4_ROW_WIDE(2, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF00)))
+        JAXGEN_INT4_ROW_WIDE(3, a3, _mm512_and_si512(v, _mm512_set1_epi32(0xF000)))
+        JAXGEN_INT4_ROW_WIDE(4, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF0000)))
+        JAXGEN_INT4_ROW_WIDE(5, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF00000)))
+        JAXGEN_INT4_ROW_WIDE(6, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF000000)))
+        JAXGEN_INT4_ROW_WIDE(7, a3, _mm512_srli_epi32(v, 28))
+#undef JAXGEN_INT4_ROW_WIDE
+      }
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(HorizontalSum8(xs)),
+                            LoadHalf16(mins + g * kQuantPanel), acc);
+    } else {
+      const uint8_t* codes = values + (k - k0) * kQuantPanel;
+#define JAXGEN_INT8_ROW_WIDE(J, A)                                                         \
+  A = _mm512_fmadd_ps(_mm512_set1_ps(x[k + J]),                                           \
+                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(            \
+                          reinterpret_cast<const __m128i*>(codes + J * kQuantPanel)))), \
+                      A);
+      for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
+        JAXGEN_INT8_ROW_WIDE(0, a0)
+        JAXGEN_INT8_ROW_WIDE(1, a1)
+        JAXGEN_INT8_ROW_WIDE(2, a2)
+        JAXGEN_INT8_ROW_WIDE(3, a3)
+      }
+      for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
+#undef JAXGEN_INT8_ROW_WIDE
+    }
+    acc = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                          LoadHalf16(scales + g * kQuantPanel), acc);
+  }
+  const __m512 prior = accumulate ? _mm512_loadu_ps(c) : _mm512_setzero_ps();
+  _mm512_storeu_ps(c, _mm512_add_ps(prior, acc));
+}
+#endif
+#endif
+
+}  // namespace jaxgen_cpu
