@@ -39,9 +39,7 @@ MAX_TOP_LEVEL_MODULES = 8  # jaxgen/*.py besides __init__ and __main__
 MAX_LINES = 400
 # Files over MAX_LINES today, each with its length: the list only shrinks (a file that grows
 # past its figure, or a new long file, fails).
-LONG_FILES = {
-    "jaxgen/engine/llm_engine.py": 450,
-}
+LONG_FILES: dict[str, int] = {}  # none left
 SOURCE_SUFFIXES = (".py", ".h", ".cc", ".c", ".cpp")
 RUN = 6  # lines two places must share to count as a copy
 

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
-from jaxgen.backends import select_backend
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine import compile_counter
-from jaxgen.engine.batching import batching_plan
+from jaxgen.engine.engine_parts import build_engine_parts
 from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
-from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.host_free_steps import decode_steps_for, may_step_ahead
 from jaxgen.engine.interface import Engine
-from jaxgen.engine.kv_pool_plan import plan_kv_pool
 from jaxgen.engine.request import Request, check_new_request
-from jaxgen.engine.runner import ModelRunner
-from jaxgen.engine.scheduler import Scheduler
-from jaxgen.engine.speculative.speculator import Speculator
-from jaxgen.engine.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
-from jaxgen.engine.step_layout import StepLayout
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -40,73 +30,18 @@ class LLMEngine(Engine):
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
-        model_config = loaded.config
-        self.max_model_len = config.max_model_len or min(model_config.max_position_embeddings, 2048)
-        backend = select_backend(
-            config.attention_backend,
-            dtype=loaded.dtype,
-            kv_sharding=kv_sharding,
-            kv_cache_dtype=config.kv_cache_dtype,
-        )
-        self.batching = batching_plan(config, self.max_model_len)
-        self.batching = dataclasses.replace(
-            self.batching,
-            scheduler=dataclasses.replace(
-                self.batching.scheduler,
-                long_rope_threshold=model_config.rope_scaling.original_max_position_embeddings
-                if model_config.rope_scaling.rope_type == "longrope"
-                else None,
-                sliding_window=model_config.every_layer_sliding_window,
-            ),
-        )
-        pool = plan_kv_pool(
-            config,
-            self.batching,
-            backend,
-            model_config,
-            loaded.dtype,
-            max_model_len=self.max_model_len,
-            kv_sharding=kv_sharding,
-        )
-        self.kv_bytes_per_token = pool.kv_bytes_per_token
-        self.kv_bytes_per_token_per_device = pool.kv_bytes_per_token_per_device
-        self.scheduler = Scheduler(self.batching.scheduler, pool.allocator)
-        self.layout = StepLayout(
-            page_size=config.page_size,
-            max_num_seqs=self.batching.num_slots,
-            max_num_batched_tokens=self.batching.scheduler.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            min_decode_batch=self.batching.min_decode_batch,
-            full_width_tables=backend.full_width_tables,
-            mark_decode_only=backend.marks_decode_only_steps,
-        )
-        self.runner = ModelRunner(
-            loaded,
-            num_pages=pool.num_pages,
-            page_size=config.page_size,
-            max_model_len=self.max_model_len,
-            seq_cap=self.layout.seq_cap,
-            attention_backend=backend,
-            kv_sharding=kv_sharding,
-        )
-        self.grammars = GrammarMasks(
-            grammar_compiler(self.tokenizer, model_config.vocab_size, model_config.eos_token_ids)
-        )
+        parts = build_engine_parts(loaded, config, kv_sharding=kv_sharding)
+        self.max_model_len = parts.max_model_len
+        self.batching = parts.batching
+        self.kv_bytes_per_token = parts.pool.kv_bytes_per_token
+        self.kv_bytes_per_token_per_device = parts.pool.kv_bytes_per_token_per_device
+        self.scheduler = parts.scheduler
+        self.layout = parts.layout
+        self.runner = parts.runner
+        self.grammars = parts.grammars
         # Speculative decoding (``speculative/``): synchronous steps only (EngineConfig checks).
-        self.speculator = None
-        if config.speculative_config is not None:
-            if (
-                self.batching.scheduler.sliding_window
-                or self.batching.scheduler.long_rope_threshold
-            ):
-                raise ValueError(
-                    "speculative_config is not supported for models whose every layer slides "
-                    "(pages are released behind the window) or with LongRoPE"
-                )
-            self.speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
-            self.verify_shapes = VerifyShapes(
-                self.runner.sampling_shapes, self.layout.token_buckets[-1]
-            )
+        self.speculator = parts.speculator
+        self.verify_shapes = parts.verify_shapes
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
         self.num_steps = 0  # steps that ran (a failed one does not count)

@@ -1,0 +1,107 @@
+"""The engine's parts, built from a loaded model and an ``EngineConfig``: the batching plan, the
+KV pool, the scheduler over it, the step layout, the model runner, the grammar masks, and the
+speculator when speculative decoding is on. ``LLMEngine`` drives them one step at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxgen.backends import select_backend
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.batching import BatchingPlan, batching_plan
+from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
+from jaxgen.engine.kv_pool_plan import KVPoolPlan, plan_kv_pool
+from jaxgen.engine.runner import ModelRunner
+from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.speculative.speculator import Speculator
+from jaxgen.engine.speculative.verify_sampling import VerifyShapes
+from jaxgen.engine.step_layout import StepLayout
+
+
+@dataclasses.dataclass
+class EngineParts:
+    max_model_len: int
+    batching: BatchingPlan
+    pool: KVPoolPlan
+    scheduler: Scheduler
+    layout: StepLayout
+    runner: ModelRunner
+    grammars: GrammarMasks
+    speculator: Speculator | None  # speculative decoding (``speculative/``), synchronous steps only
+    verify_shapes: VerifyShapes | None  # with a speculator
+
+
+def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> EngineParts:
+    """Plans the batching and the KV pool for ``loaded`` under ``config`` and builds the parts
+    over them (``kv_sharding``: the pool's sharding under tensor parallelism, or None)."""
+    model_config = loaded.config
+    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, 2048)
+    backend = select_backend(
+        config.attention_backend,
+        dtype=loaded.dtype,
+        kv_sharding=kv_sharding,
+        kv_cache_dtype=config.kv_cache_dtype,
+    )
+    batching = batching_plan(config, max_model_len)
+    batching = dataclasses.replace(
+        batching,
+        scheduler=dataclasses.replace(
+            batching.scheduler,
+            long_rope_threshold=model_config.rope_scaling.original_max_position_embeddings
+            if model_config.rope_scaling.rope_type == "longrope"
+            else None,
+            sliding_window=model_config.every_layer_sliding_window,
+        ),
+    )
+    pool = plan_kv_pool(
+        config,
+        batching,
+        backend,
+        model_config,
+        loaded.dtype,
+        max_model_len=max_model_len,
+        kv_sharding=kv_sharding,
+    )
+    scheduler = Scheduler(batching.scheduler, pool.allocator)
+    layout = StepLayout(
+        page_size=config.page_size,
+        max_num_seqs=batching.num_slots,
+        max_num_batched_tokens=batching.scheduler.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        min_decode_batch=batching.min_decode_batch,
+        full_width_tables=backend.full_width_tables,
+        mark_decode_only=backend.marks_decode_only_steps,
+    )
+    runner = ModelRunner(
+        loaded,
+        num_pages=pool.num_pages,
+        page_size=config.page_size,
+        max_model_len=max_model_len,
+        seq_cap=layout.seq_cap,
+        attention_backend=backend,
+        kv_sharding=kv_sharding,
+    )
+    grammars = GrammarMasks(
+        grammar_compiler(loaded.tokenizer, model_config.vocab_size, model_config.eos_token_ids)
+    )
+    speculator = verify_shapes = None
+    if config.speculative_config is not None:
+        if batching.scheduler.sliding_window or batching.scheduler.long_rope_threshold:
+            raise ValueError(
+                "speculative_config is not supported for models whose every layer slides "
+                "(pages are released behind the window) or with LongRoPE"
+            )
+        speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
+        verify_shapes = VerifyShapes(runner.sampling_shapes, layout.token_buckets[-1])
+    return EngineParts(
+        max_model_len=max_model_len,
+        batching=batching,
+        pool=pool,
+        scheduler=scheduler,
+        layout=layout,
+        runner=runner,
+        grammars=grammars,
+        speculator=speculator,
+        verify_shapes=verify_shapes,
+    )
