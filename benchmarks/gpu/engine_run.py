@@ -69,16 +69,21 @@ class DecodeCapture:
             return None
         runner = self.runner
         *inputs, sampling = self.arrays
-        lowered = runner._step.lower(
-            runner._param_arrays,
-            runner.kv_cache,
-            *inputs,
-            None if runner._host_synchronous_conditionals else runner._no_targets(len(inputs[0])),
+        args = (runner._param_arrays, runner.kv_cache, *inputs)
+        kwargs = dict(
             head=None,
             sample_rows=runner.sampling_shapes.fit(sampling).temperature.shape[0],
             flat_params=runner._flat_params,
         )
-        analysis = lowered.compile().memory_analysis()
+        targets = (
+            None if runner._host_synchronous_conditionals else runner._no_targets(len(inputs[0]))
+        )
+        # The executable the step ran (from the executable store on one CPU), else the jit's.
+        stored = getattr(runner._step, "stored", None)
+        compiled = stored(*args, targets, **kwargs) if stored is not None else None
+        if compiled is None:
+            compiled = runner._step.lower(*args, targets, **kwargs).compile()
+        analysis = compiled.memory_analysis()
         fields = (
             "temp_size_in_bytes",
             "argument_size_in_bytes",

@@ -64,9 +64,17 @@ class StoredJit:
     def __getattr__(self, attribute):
         return getattr(self._jitted, attribute)
 
-    def __call__(self, *args, **kwargs):
+    def stored(self, *args, **kwargs):
+        """The executable a call with these arguments runs from the store (a
+        ``jax.stages.Compiled``: its ``memory_analysis`` is the step's own), or None when that
+        call runs through the jit."""
         if self._context is False:
-            return self._jitted(*args, **kwargs)
+            return None
+        signature, _ = self._signature(args, kwargs)
+        return self._compiled.get(signature) if signature is not None else None
+
+    def _signature(self, args, kwargs):
+        """``(the call's signature, or None where a leaf is no array; its dynamic kwargs)``."""
         statics = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static))
         dynamic = {k: v for k, v in kwargs.items() if k not in self._static}
         parts = [statics, _signature(dynamic)]
@@ -79,8 +87,15 @@ class StoredJit:
             if isinstance(arg, list):  # e.g. the step's parameters: hundreds of arrays
                 self._list_signatures[position] = (arg, part)
             parts.append(part)
-        signature = tuple(parts)
         if any(part is None for part in parts[1:]):  # a leaf that is no array: the jit's path
+            return None, dynamic
+        return tuple(parts), dynamic
+
+    def __call__(self, *args, **kwargs):
+        if self._context is False:
+            return self._jitted(*args, **kwargs)
+        signature, dynamic = self._signature(args, kwargs)
+        if signature is None:
             return self._jitted(*args, **kwargs)
         compiled = self._compiled.get(signature, False)
         if compiled is False:
