@@ -18,6 +18,7 @@ step is written once: decode rows, prefill rows, and zeros for padding rows from
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -232,40 +233,68 @@ def _cost(q, pages, scales, *, queries: int, keys_per_query: int, key_reads: int
     )
 
 
+class PagedInputs(NamedTuple):
+    """What both kernels read: the step's queries and the paged pool with its metadata."""
+
+    q: jax.Array  # [T, Hq, D]
+    k_pages: jax.Array  # [Hkv, P, page_size, D] (8-bit codes for an 8-bit pool)
+    v_pages: jax.Array  # [Hkv, P, page_size, D]
+    scales: list  # [] or [k_scales, v_scales] [Hkv, P, page_size, G]
+    kv_lens: jax.Array  # [S]
+    block_tables: jax.Array  # [S, W]
+
+
+def _bind(kernel, paged: PagedInputs, sizes, options: dict, **extra):
+    """``kernel`` with its static arguments: the group, sizes, scale, soft cap, window."""
+    return functools.partial(
+        kernel,
+        group=paged.q.shape[1] // paged.k_pages.shape[0],
+        sizes=sizes,
+        scale=options["scale"],
+        soft_cap=options["soft_cap"],
+        sliding_window=options["sliding_window"],
+        quantized=bool(paged.scales),
+        **extra,
+    )
+
+
+def _launch(
+    kernel, inputs, *, name, grid, in_specs, out_specs, out_shape, aliases, sizes, options, cost
+):
+    """One ``pallas_call`` of ``kernel`` over ``grid``, with its launch parameters."""
+    interpret = options["interpret"]
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases,
+        interpret=interpret,
+        compiler_params=_compiler_params(interpret, sizes.num_warps, sizes.num_stages),
+        cost_estimate=cost,
+        name=name,
+    )(*inputs)
+
+
 def decode_call(
-    q,  # [T, Hq, D]
-    k_pages,  # [Hkv, P, page_size, D]
-    v_pages,  # [Hkv, P, page_size, D]
-    scales,  # [] or [k_scales, v_scales] [Hkv, P, page_size, G]
-    kv_lens,  # [S]
-    block_tables,  # [S, W]
+    paged: PagedInputs,
     cu_q_lens,  # [S + 1] sanitised
     out,  # [T, Hq, D] the step's output so far (one split: decode rows are written into it)
     *,
     sizes: DecodeSizes,
-    scale: float,
-    soft_cap: float | None,
-    sliding_window: int | None,
-    interpret: bool,
     decode_only: bool = False,
+    **options,  # scale, soft_cap, sliding_window, interpret
 ):
     """The decode kernel: ``out`` with the decode rows written (one split), or the splits'
     ``(acc [N, S, Hkv, R, lanes], row_max [N, S, Hkv, R], row_sum)`` (several). A decode-only
     step (``decode_only``: one row per sequence slot, T == S) with one split writes every row
     of a new output (``out`` unused)."""
+    q, k_pages, v_pages, scales, kv_lens, block_tables = paged
     num_kv_heads, _, page_size, head_dim = k_pages.shape
     max_seqs, width = block_tables.shape
     rows, lanes, splits = sizes.rows, padded_head_dim(head_dim), sizes.num_splits
-    kernel = functools.partial(
-        _decode_kernel,
-        group=q.shape[1] // num_kv_heads,
-        sizes=sizes,
-        scale=scale,
-        soft_cap=soft_cap,
-        sliding_window=sliding_window,
-        quantized=bool(scales),
-        decode_only=decode_only,
-    )
+    kernel = _bind(_decode_kernel, paged, sizes, options, decode_only=decode_only)
     inputs = [cu_q_lens, kv_lens, block_tables, q, k_pages, v_pages, *scales]
     in_specs = [_whole(x) for x in inputs[:4]] + [_per_kv_head(x) for x in inputs[4:]]
     aliases = {}
@@ -292,76 +321,60 @@ def decode_call(
             stat_spec,
         )
     max_keys = width * page_size
-    return pl.pallas_call(
+    cost = _cost(
+        q, k_pages, scales, queries=max_seqs, keys_per_query=max_keys, key_reads=max_seqs * max_keys
+    )
+    return _launch(
         kernel,
+        inputs,
+        name="ragged_paged_attention_decode",
         grid=(max_seqs, num_kv_heads, splits),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
-        input_output_aliases=aliases,
-        interpret=interpret,
-        compiler_params=_compiler_params(interpret, sizes.num_warps, sizes.num_stages),
-        cost_estimate=_cost(
-            q,
-            k_pages,
-            scales,
-            queries=max_seqs,
-            keys_per_query=max_keys,
-            key_reads=max_seqs * max_keys,
-        ),
-        name="ragged_paged_attention_decode",
-    )(*inputs)
+        aliases=aliases,
+        sizes=sizes,
+        options=options,
+        cost=cost,
+    )
 
 
 def prefill_call(
-    q,  # [T, Hq, D]
-    k_pages,  # [Hkv, P, page_size, D]
-    v_pages,  # [Hkv, P, page_size, D]
-    scales,  # [] or [k_scales, v_scales] [Hkv, P, page_size, G]
-    kv_lens,  # [S]
-    block_tables,  # [S, W]
+    paged: PagedInputs,
     blocks,  # [4, N] int32 per query block: sequence, first row, query count, first position
     out,  # [T, Hq, D] the step's output so far; prefill rows are written into it
     *,
     sizes: PrefillSizes,
-    scale: float,
-    soft_cap: float | None,
-    sliding_window: int | None,
-    interpret: bool,
+    **options,  # scale, soft_cap, sliding_window, interpret
 ):
     """The prefill kernel: ``out`` with the prefill rows written."""
+    q, k_pages, v_pages, scales, kv_lens, block_tables = paged
     num_kv_heads, _, page_size, _ = k_pages.shape
     num_blocks = blocks.shape[1]
-    kernel = functools.partial(
-        _prefill_kernel,
-        group=q.shape[1] // num_kv_heads,
-        sizes=sizes,
-        scale=scale,
-        soft_cap=soft_cap,
-        sliding_window=sliding_window,
-        quantized=bool(scales),
-    )
+    kernel = _bind(_prefill_kernel, paged, sizes, options)
     inputs = [blocks, kv_lens, block_tables, q, k_pages, v_pages, *scales, out]
     in_specs = (
         [_whole(x) for x in inputs[:4]] + [_per_kv_head(x) for x in inputs[4:-1]] + [_whole(out)]
     )
     max_keys = block_tables.shape[1] * page_size
-    return pl.pallas_call(
+    cost = _cost(
+        q,
+        k_pages,
+        scales,
+        queries=q.shape[0],
+        keys_per_query=max_keys,
+        key_reads=num_blocks * max_keys,
+    )
+    return _launch(
         kernel,
+        inputs,
+        name="ragged_paged_attention_prefill",
         grid=(num_blocks, num_kv_heads),
         in_specs=in_specs,
         out_specs=_whole(out),
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
-        input_output_aliases={len(inputs) - 1: 0},
-        interpret=interpret,
-        compiler_params=_compiler_params(interpret, sizes.num_warps, sizes.num_stages),
-        cost_estimate=_cost(
-            q,
-            k_pages,
-            scales,
-            queries=q.shape[0],
-            keys_per_query=max_keys,
-            key_reads=num_blocks * max_keys,
-        ),
-        name="ragged_paged_attention_prefill",
-    )(*inputs)
+        aliases={len(inputs) - 1: 0},
+        sizes=sizes,
+        options=options,
+        cost=cost,
+    )

@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.gpu.ragged_paged_attention.kernel import decode_call, prefill_call
+from pallas_kernels.gpu.ragged_paged_attention.kernel import PagedInputs, decode_call, prefill_call
 from pallas_kernels.gpu.ragged_paged_attention.sizes import (
     MAX_HEAD_DIM,
     decode_sizes,
@@ -198,14 +198,14 @@ def ragged_paged_attention(
         return jnp.zeros_like(q)
     options.update(scale=head_dim**-0.5 if scale is None else scale, interpret=interpret)
     cu_q_lens = sanitize_cu_q_lens(cu_q_lens, num_seqs, num_tokens)
-    pool = (q, k_pages, v_pages, scales, kv_lens, block_tables)
+    pool = PagedInputs(q, k_pages, v_pages, scales, kv_lens, block_tables)
 
     # A mixed step: padding rows stay zero, every other row is written once, by one kernel.
     out = None if decode_only else jnp.zeros_like(q)
     if decode.num_splits == 1:
-        out = decode_call(*pool, cu_q_lens, out, sizes=decode, decode_only=decode_only, **options)
+        out = decode_call(pool, cu_q_lens, out, sizes=decode, decode_only=decode_only, **options)
     else:
-        parts = decode_call(*pool, cu_q_lens, None, sizes=decode, **options)
+        parts = decode_call(pool, cu_q_lens, None, sizes=decode, **options)
         merged = merge_splits(*parts)[:, :, :group, :head_dim]  # [S, Hkv, G, D]
         merged = merged.reshape(max_seqs, num_heads, head_dim).astype(q.dtype)
         if decode_only:  # one row per sequence slot: the merged rows are the output
@@ -225,7 +225,7 @@ def ragged_paged_attention(
     num_blocks = (num_tokens + prefill_seqs * (prefill.block_q - 1)) // prefill.block_q
     if num_blocks:
         blocks = prefill_blocks(cu_q_lens, kv_lens, block_q=prefill.block_q, num_blocks=num_blocks)
-        out = prefill_call(*pool, blocks, out, sizes=prefill, **options)
+        out = prefill_call(pool, blocks, out, sizes=prefill, **options)
     return out
 
 
