@@ -24,6 +24,19 @@ TARGET = "jaxgen_matmul_f32"
 PANEL_WIDTH = 24  # kPanelWidth in native/matmul_f32.h
 
 
+def kernel_rows(x: jax.Array, depth: int, live_rows):
+    """``x`` as the kernels' ``[rows, depth]`` and its live-row spans (``[2, 2]`` int32: two
+    ``[begin, end)`` runs; None: every row), checked."""
+    rows = x.reshape(-1, depth)
+    if live_rows is None:
+        return rows, jnp.array([[0, rows.shape[0]], [0, 0]], jnp.int32)
+    if live_rows.shape != (2, 2):
+        raise ValueError(
+            f"live_rows must be [2, 2] (two [begin, end) spans), got {live_rows.shape}"
+        )
+    return rows, jnp.asarray(live_rows, jnp.int32)
+
+
 @functools.cache
 def matmul_kernel_available() -> bool:
     """Builds and registers the kernel once; False without a build or without AVX2 + FMA."""
@@ -103,13 +116,7 @@ def matmul_cpu_group(
         results.append((padded, n))
     if not matmul_kernel_available():
         raise RuntimeError("the CPU matmul kernel could not be built on this machine")
-    rows = x.reshape(-1, depth)
-    if live_rows is None:
-        live_rows = jnp.array([[0, rows.shape[0]], [0, 0]], jnp.int32)
-    elif live_rows.shape != (2, 2):
-        raise ValueError(
-            f"live_rows must be [2, 2] (two [begin, end) spans), got {live_rows.shape}"
-        )
+    rows, live_rows = kernel_rows(x, depth, live_rows)
     shapes = [jax.ShapeDtypeStruct((rows.shape[0], padded), x.dtype) for padded, _ in results]
     outs = jax.ffi.ffi_call(TARGET, shapes)(rows, jnp.asarray(live_rows, jnp.int32), *packed)
     return [out[:, :n].reshape(*x.shape[:-1], n) for out, (_, n) in zip(outs, results, strict=True)]

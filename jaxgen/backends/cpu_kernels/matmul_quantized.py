@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import load_library, register_simd_kernel
+from jaxgen.backends.cpu_kernels.matmul import kernel_rows
 from jaxgen.layers.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import fake_quantize_activations
@@ -197,13 +198,7 @@ def matmul_quantized_cpu_group(
             )
     if not quantized_matmul_available():
         raise RuntimeError("the quantised CPU matmul kernel could not be built on this machine")
-    rows = x.reshape(-1, depth)
-    if live_rows is None:
-        live_rows = jnp.array([[0, rows.shape[0]], [0, 0]], jnp.int32)
-    elif live_rows.shape != (2, 2):
-        raise ValueError(
-            f"live_rows must be [2, 2] (two [begin, end) spans), got {live_rows.shape}"
-        )
+    rows, live_rows = kernel_rows(x, depth, live_rows)
     args = []
     for w in weights:
         args += [w.values, w.scales] + ([w.mins] if w.bits == 4 else [])
