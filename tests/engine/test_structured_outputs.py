@@ -151,9 +151,8 @@ def test_unconstrained_outputs_unchanged_by_constrained_neighbours(smollm2_llm):
 @pytest.mark.slow
 def test_logits_wider_than_the_tokenizer(tmp_path, smollm2_tokenizer):
     """Ids past the tokenizer's vocabulary have no text: a constrained row never samples them."""
-    from conftest import save_tiny_model
-
     from jaxgen.loaders import load_model
+    from tests.family_models import save_tiny_model
 
     wide = len(smollm2_tokenizer) + 45
     loaded = load_model(save_tiny_model(str(tmp_path), smollm2_tokenizer, vocab_size=wide))
