@@ -90,3 +90,18 @@ def oai(server):
     import openai
 
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def fresh_executables(tmp_path, monkeypatch):
+    """This process's compiled steps forgotten, as in a new process (jax's in-memory caches and
+    the executable store's), with the store in ``tmp_path``: a test that counts compiles
+    compiles, and what it writes stays its own."""
+    import jax
+
+    from jaxgen.engine import executable_store
+
+    monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path / "executables")
+    monkeypatch.setattr(executable_store, "_PROCESS_EXECUTABLES", {})
+    jax.clear_caches()
+    return tmp_path / "executables"

@@ -14,6 +14,11 @@ On only where the compilation cache is (``enable_compile_cache``), on one CPU de
 start-up this exists for; XLA:CPU's serialization is the one checked here, accelerators keep
 the compilation cache alone); an entry that cannot be read is compiled again, a directory that cannot be written runs without it.
 A loaded executable counts as a compilation answered by the cache (``compile_counter``).
+
+A process holds one executable per file name (``_PROCESS_EXECUTABLES``), shared by every
+``StoredJit`` and kept for the life of the process: XLA:CPU reuses kernels a process has
+already compiled under the same names, so a second compile of one signature in one process
+can write a file that lacks them ("Function ... not found" where another process loads it).
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ from jaxgen.engine import compile_counter
 _FORMAT = 1  # bump when what a file holds changes
 _ENV_PREFIXES = ("JAX", "XLA", "JAXGEN")
 _UNIQUE_KERNEL_NAMES = {"xla_cpu_generate_unique_c_style_kernel_entry_points": True}
-_ENV_IGNORED = ("JAXGEN_CACHE_DIR", "JAXGEN_COMPILE_CACHE", "JAX_LOG_COMPILES")
+_ENV_IGNORED = (
+    "JAXGEN_CACHE_DIR",
+    "JAXGEN_COMPILE_CACHE",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_LOG_COMPILES",
+)
 
 
 class StoredJit:
@@ -116,19 +126,27 @@ class StoredJit:
             return None
         key = hashlib.sha256(text.encode()).hexdigest()
         path = directory / f"{self._name}-{key[:40]}.bin"
+        compiled = _PROCESS_EXECUTABLES.get(path.name)
+        if compiled is not None:  # compiled or loaded before in this process
+            return compiled
         compiled = _read(path)
         if compiled is not None:
             compile_counter.record_loaded()
+            _PROCESS_EXECUTABLES[path.name] = compiled
             return compiled
-        # Compiled here, not answered by the persistent cache, and with kernel names
-        # unique to the executable (its module is named by its key): XLA's CPU executables
-        # loaded into one process otherwise resolve each other's same-named kernels
-        # ("Function wrapped_iota not found").
-        options = _UNIQUE_KERNEL_NAMES
+        # Compiled here, with kernel names unique to the executable (its module is named by
+        # its key). jax's persistent cache is kept out of it: an executable that cache answers
+        # is one it deserialized, and XLA:CPU writes such an executable again without its
+        # kernels ("Function ..._wrapped_iota not found" where another process loads the
+        # file). The store's compiles are never put into that cache, and one it answered
+        # anyway (an entry from before) runs here but is not written.
         jitted = jax.jit(_renamed(self._fun, f"{self._name}_{key[:16]}"), **self._jit_options)
-        with _persistent_cache_off():
-            compiled = jitted.lower(*args, **kwargs).compile(compiler_options=options)
-        _write(path, compiled)
+        hits = _PersistentCacheHits.so_far()
+        with _kept_out_of_the_persistent_cache():
+            compiled = jitted.lower(*args, **kwargs).compile(compiler_options=_UNIQUE_KERNEL_NAMES)
+        _PROCESS_EXECUTABLES[path.name] = compiled
+        if _PersistentCacheHits.so_far() == hits:
+            _write(path, compiled)
         return compiled
 
     def _stable_context(self) -> bool:
@@ -138,6 +156,10 @@ class StoredJit:
             closure = "<lambda>" in context or "<locals>" in context
             self._context = False if closure else context
         return self._context is not False
+
+
+# file name -> the process's one executable of it (see the module docstring); never emptied.
+_PROCESS_EXECUTABLES: dict[str, jax.stages.Compiled] = {}
 
 
 class _Executables(dict):
@@ -180,11 +202,31 @@ def _renamed(fun, name: str):
     return renamed
 
 
-def _persistent_cache_off():
-    """A context where jax's persistent compilation cache neither answers nor stores."""
+def _kept_out_of_the_persistent_cache():
+    """A context where jax's persistent compilation cache stores nothing (its minimum compile
+    time is infinite; read where it stores, unlike its on/off switch, which jax reads once)."""
     from jax._src import config as jax_config
 
-    return jax_config.enable_compilation_cache(False)
+    return jax_config.persistent_cache_min_compile_time_secs(float("inf"))
+
+
+class _PersistentCacheHits:
+    """Counts jax's persistent compilation cache hits in this process, from the first call."""
+
+    count = 0
+    listening = False
+
+    @classmethod
+    def so_far(cls) -> int:
+        if not cls.listening:
+            cls.listening = True
+            jax.monitoring.register_event_listener(cls._record)
+        return cls.count
+
+    @classmethod
+    def _record(cls, event: str, **kwargs) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            cls.count += 1
 
 
 def _signature(tree) -> tuple | None:

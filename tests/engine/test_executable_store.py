@@ -4,6 +4,11 @@ the same with and without the store."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +20,10 @@ from jaxgen.engine.executable_store import StoredJit
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    """The store in ``tmp_path`` (the compilation cache need not be on)."""
+    """The store in ``tmp_path`` (the compilation cache need not be on), with this process's
+    executables forgotten for the test (as if it were a new process)."""
     monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path)
+    monkeypatch.setattr(executable_store, "_PROCESS_EXECUTABLES", {})
     compile_counter.install()
     return tmp_path
 
@@ -53,7 +60,8 @@ def test_a_stored_executable_answers_as_the_jit(store):
     files = sorted(store.iterdir())
     assert [f.name.startswith("probe-") for f in files] == [True]
     hits = compile_counter.cache_hit_count()
-    second_process = _stored()  # a new function object: nothing in memory, the file loads
+    executable_store._PROCESS_EXECUTABLES.clear()  # as a new process: nothing in memory
+    second_process = _stored()  # the file loads
     for _ in range(2):
         assert all(
             np.array_equal(a, b) for a, b in zip(_call(second_process), expected, strict=True)
@@ -79,6 +87,7 @@ def test_a_torn_file_is_recompiled(store):
     (path,) = store.iterdir()
     path.write_bytes(path.read_bytes()[:100])
     jax.clear_caches()  # as a new process: jax's in-memory executables gone too
+    executable_store._PROCESS_EXECUTABLES.clear()
     with pytest.warns(UserWarning, match="unreadable"):
         again = _call(_stored("torn", _cumulative))
     assert all(np.array_equal(a, b) for a, b in zip(again, expected, strict=True))
@@ -93,29 +102,84 @@ def test_closures_and_absent_store_run_the_jit(store, monkeypatch):
     assert not list(store.iterdir())
 
 
-@pytest.mark.slow  # three engines, two of them compiling (~17 s on the 2-core VM)
-def test_an_engine_decodes_the_same_tokens_from_stored_steps(store, tiny_model_dir):
+_ENGINE_SCRIPT = """
+import json, sys
+from jaxgen import LLM, SamplingParams
+from jaxgen.engine import compile_counter
+compile_counter.install()
+llm = LLM(sys.argv[1], max_rolling_batch_size=2, max_model_len=64)
+outputs = llm.generate([[1, 5, 9, 2], [3, 3, 7]], SamplingParams(max_tokens=8, temperature=0))
+tokens = [out.outputs[0].token_ids for out in outputs]
+print(json.dumps([tokens, compile_counter.cache_hit_count()]))
+"""
+
+
+def _engine_in_a_new_process(model_dir: str, store_root, xla_cache) -> tuple[list, int]:
+    """(an engine's greedy tokens, the compilations a cache answered) in a fresh Python whose
+    executable store is under ``store_root`` and jax's persistent cache in ``xla_cache``
+    (which stores every compile, however quick)."""
+    env = dict(
+        os.environ,
+        JAXGEN_CACHE_DIR=str(store_root),
+        JAXGEN_COMPILE_CACHE="1",
+        JAX_COMPILATION_CACHE_DIR=str(xla_cache),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _ENGINE_SCRIPT, model_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    tokens, hits = json.loads(done.stdout.strip().splitlines()[-1])
+    return tokens, hits
+
+
+@pytest.mark.slow  # four engines, three in processes of their own (~60 s on the 2-core VM)
+def test_an_engine_decodes_the_same_tokens_from_stored_steps(tmp_path, tiny_model_dir):
+    """A process that compiles writes the step's and sampler's executables; another, with an
+    empty store but the same persistent cache, compiles them again (that cache never holds
+    the store's programs: one it answered would be written without its kernels); a third
+    loads what the second wrote, and every engine decodes the tokens of one without the
+    store."""
     from jaxgen import LLM, SamplingParams
-    from jaxgen.engine import step_function
-    from jaxgen.loaders import load_model
-
-    loaded = load_model(tiny_model_dir)
-
-    params = SamplingParams(max_tokens=8, temperature=0)
-    prompts = [[1, 5, 9, 2], [3, 3, 7]]
-
-    def tokens():
-        step_function.jitted_step.cache_clear()  # a new process: nothing in memory
-        step_function.jitted_sampler.cache_clear()
-        llm = LLM(loaded, max_rolling_batch_size=2, max_model_len=64)
-        return [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
 
     with pytest.MonkeyPatch().context() as patch:
         patch.setattr(executable_store, "store_directory", lambda: None)
-        without = tokens()
-    compiled = tokens()  # compiles and writes the step's and sampler's executables
-    assert any(f.name.startswith("step-") for f in store.iterdir())
-    hits = compile_counter.cache_hit_count()
-    loaded = tokens()
-    assert compile_counter.cache_hit_count() > hits
-    assert without == compiled == loaded
+        llm = LLM(tiny_model_dir, max_rolling_batch_size=2, max_model_len=64)
+        params = SamplingParams(max_tokens=8, temperature=0)
+        outputs = llm.generate([[1, 5, 9, 2], [3, 3, 7]], params)
+        without = [out.outputs[0].token_ids for out in outputs]
+    xla = tmp_path / "xla"
+    first, _ = _engine_in_a_new_process(tiny_model_dir, tmp_path / "first", xla)
+    second, _ = _engine_in_a_new_process(tiny_model_dir, tmp_path / "second", xla)
+    stored = sorted(f.name.split("-")[0] for f in (tmp_path / "second/executables").iterdir())
+    assert "step" in stored and "sampler" in stored
+    loaded, hits = _engine_in_a_new_process(tiny_model_dir, tmp_path / "second", xla)
+    assert hits >= len(stored)
+    assert without == first == second == loaded
+
+
+def test_an_executable_the_persistent_cache_answered_is_not_written(store, monkeypatch):
+    """XLA:CPU writes a deserialized executable again without its kernels: a compile that
+    jax's persistent cache answered runs, but stays out of the store."""
+    monkeypatch.setattr(executable_store._PersistentCacheHits, "so_far", iter(range(10)).__next__)
+    expected = _call(jax.jit(_cumulative, static_argnames=("scale",)), n=7)
+    answered = _call(_stored("answered", _cumulative), n=7)
+    assert all(np.array_equal(a, b) for a, b in zip(answered, expected, strict=True))
+    assert not list(store.iterdir())
+
+
+def test_one_executable_per_signature_in_a_process(store):
+    """Two ``StoredJit`` of one function and context (two engines over one model) share the
+    executable the first compiled: neither compiled nor loaded again in the process."""
+    first = _stored("shared", _cumulative)
+    expected = _call(first)
+    compiles, hits = compile_counter.compile_count(), compile_counter.cache_hit_count()
+    second = _stored("shared", _cumulative)
+    assert all(np.array_equal(a, b) for a, b in zip(_call(second), expected, strict=True))
+    assert (compile_counter.compile_count(), compile_counter.cache_hit_count()) == (compiles, hits)
+    x = np.linspace(1.0, -1.0, 6, dtype=np.float32)
+    assert second.stored(x, jnp.zeros(4), scale=3) is first.stored(x, jnp.zeros(4), scale=3)

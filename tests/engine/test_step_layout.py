@@ -128,7 +128,7 @@ def test_native_backend_matches_reference(model, tiny_model_dir, sliding_model_d
 
 
 @pytest.mark.slow  # 13-30 s on 2 cores: the default suite stays near 15 min
-def test_precompile_covers_every_shape(tiny_model_dir):
+def test_precompile_covers_every_shape(tiny_model_dir, fresh_executables):
     """After precompiling, a workload of mixed lengths, chunked prefills and staggered finishes
     compiles nothing, and outputs (seeded or not) are what an engine without it gives."""
     rng = np.random.default_rng(3)
@@ -139,7 +139,6 @@ def test_precompile_covers_every_shape(tiny_model_dir):
         for m in rng.integers(1, 20, 12)
     ]
     knobs = dict(max_model_len=128, max_rolling_batch_size=8, max_rolling_batch_prefill_tokens=64)
-    jax.clear_caches()  # engines over one model share executables: earlier tests may hold these
     llm = LLM(tiny_model_dir, precompile=True, **knobs)
     stats = llm.stats()
     buckets = llm.engine.layout.token_buckets
@@ -160,7 +159,7 @@ def test_precompile_covers_every_shape(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir):
+def test_precompile_tight_tables_covers_decode_steps(tiny_model_dir, fresh_executables):
     llm = LLM(tiny_model_dir, attention_backend="reference", max_model_len=64)
     layout = llm.engine.layout
     decode_buckets = [t for t in layout.token_buckets if t <= layout.seq_cap]
