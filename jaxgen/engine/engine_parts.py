@@ -92,8 +92,13 @@ def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> Eng
                 "speculative_config is not supported for models whose every layer slides "
                 "(pages are released behind the window) or with LongRoPE"
             )
-        speculator = Speculator(SpeculativeConfig.from_dict(config.speculative_config))
-        verify_shapes = VerifyShapes(runner.sampling_shapes, layout.token_buckets[-1])
+        speculative = SpeculativeConfig.from_dict(config.speculative_config)
+        speculator = Speculator(speculative)
+        verify_shapes = VerifyShapes(
+            runner.sampling_shapes,
+            layout.token_buckets[-1],
+            max_draft_rows=layout.seq_cap * speculative.num_speculative_tokens,
+        )
     return EngineParts(
         max_model_len=max_model_len,
         batching=batching,

@@ -118,10 +118,10 @@ class StepExecutor:
             prompt = unpack_prompt_logprobs(step.batch.prompt, prompt_output)
         return StepResult([StepTokens(*unpack(step.batch, out)) for out in outputs], prompt)
 
-    def run_now(self, batch: StepBatch, num_steps: int = 1):
+    def run_now(self, batch: StepBatch, num_steps: int = 1, verify=None):
         """Runs ``batch`` and waits for it (precompiling): the sampler's output and the prompt
         logprobs; nothing is kept in flight."""
-        return self.runner.fetch(self.launch(batch, num_steps=num_steps).step)
+        return self.runner.fetch(self.launch(batch, num_steps=num_steps, verify=verify).step)
 
     def hold(self, step: DispatchedStep) -> None:
         """Keeps ``step`` in flight, to be read by a later engine step."""

@@ -72,8 +72,9 @@ class LLMEngine(Engine):
         ``sampling_params`` changes nothing (it is accepted for compatibility). On the native
         CPU and Pallas TPU backends that is every shape (one per token bucket); elsewhere
         decode-only steps (prefill-holding steps compile when first met). With
-        ``num_scheduler_steps`` > 1 the multi-step decode calls too. Call it before requests
-        arrive. Returns the compiles it took."""
+        ``num_scheduler_steps`` > 1 the multi-step decode calls too; with speculative
+        decoding each shape's verify steps (one per verify-row bucket it can carry). Call it
+        before requests arrive. Returns the compiles it took."""
         start = time.perf_counter()
         before = compile_counter.compile_count()
         multi_step = self.config.num_scheduler_steps
@@ -82,6 +83,9 @@ class LLMEngine(Engine):
             self.executor.run_now(batch)  # as a step runs: with a feed when async
             if multi_step > 1 and len(inputs.token_ids) <= self.layout.seq_cap:  # decode-only
                 self.executor.run_now(batch, multi_step)
+            if self.verify_shapes is not None:
+                for verify in self.verify_shapes.padding(len(inputs.token_ids)):
+                    self.executor.run_now(batch, verify=verify)
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start

@@ -165,7 +165,7 @@ class ModelRunner:
         if verify is not None:  # up to the sequence cap, the step sampler's executables
             rows = verify[0].shape[0]
             sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
-            verified, _ = sampler(verify_logits[0], verify[1])
+            verified, _ = sampler(verify_logits[0], verify[1], flags=GENERAL_FLAGS)
         return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:

@@ -162,6 +162,19 @@ def test_metrics_and_flags(speculating):
         parser.parse_args(["--speculative-config", "[1]"])
 
 
+def test_no_compiles_after_precompile(speculating, prompts):
+    """Precompiling covers the verify steps (each step shape with each verify-row bucket) and
+    their sampler: greedy and sampled speculation then compile nothing."""
+    speculating.precompile()
+    before = speculating.stats()
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=24, ignore_eos=True)
+    speculating.generate(prompts, greedy(24), use_tqdm=False)
+    speculating.generate(prompts, sampled, use_tqdm=False)
+    after = speculating.stats()
+    assert after["compiles"] == before["compiles"]
+    assert after["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
+
+
 @pytest.mark.slow
 def test_default_model_identical_on_reference_backend(smollm2_loaded):
     """The default model, input-grounded chat prompts (drafts get accepted), on the XLA

@@ -123,13 +123,31 @@ def position_logprobs(output: SamplerOutput, row: int, num_top: int | None) -> d
 class VerifyShapes:
     """Fits verify rows to the sampler's fixed shapes: the step sampler's own row buckets
     (its executables serve both) up to the sequence cap, powers of 4 beyond it up to the
-    token budget's bucket; ``runner.dispatch`` samples them with every stage on."""
+    token budget's bucket; ``runner.dispatch`` samples them with every stage on.
+    ``max_draft_rows``: the most draft positions one step can verify (sequences x k)."""
 
-    def __init__(self, step_shapes: SamplingShapes, max_rows: int):
+    def __init__(self, step_shapes: SamplingShapes, max_rows: int, max_draft_rows: int):
         self.step_shapes = step_shapes
         self.wide_shapes = dataclasses.replace(
             step_shapes, seq_cap=max(next_power_of_two(max_rows, 4), step_shapes.seq_cap)
         )
+        self.max_draft_rows = max_draft_rows
+
+    def padding(self, num_tokens: int) -> list[tuple[np.ndarray, SamplingTensors]]:
+        """Greedy padding verify rows, fitted, for every row bucket a step of ``num_tokens``
+        token rows can verify (precompiling)."""
+        most = min(num_tokens, self.max_draft_rows)
+        sizes = {self._bucket(rows) for rows in range(1, most + 1)}
+        fitted = []
+        for size in sorted(sizes):
+            tensors, _ = build_sampling_tensors([], size, base_seed=0, step_counter=0)
+            rows = VerifyRows(np.zeros(size, np.int32), tensors, {})
+            fitted.append(self.fit(rows))
+        return fitted
+
+    def _bucket(self, num_rows: int) -> int:
+        narrow = num_rows <= self.step_shapes.seq_cap
+        return (self.step_shapes if narrow else self.wide_shapes).rows_for(num_rows)
 
     def fit(self, rows: VerifyRows) -> tuple[np.ndarray, SamplingTensors]:
         """``rows``' step rows [D] and sampling tensors [D] padded to the row bucket D
