@@ -3,18 +3,18 @@ head (``kv_codes.SCALE_GROUP``: heads wider than 128 have one per 128 elements),
 a layer writes its new keys and values, dequantised only where attention reads them (the pages
 it gathers).
 
-Per token (rather than per page and head): a page's scale would have to be known before its
-last token is written, or its earlier tokens requantised; a token's own scales are fixed when
-it is written, so a write stays one scatter. Per head rather than per 32 elements: over the
-accuracy set of docs/benchmarks.md (32 prompts x 64 tokens, default model), teacher-forced top-1
-agreement with the float pool is 98.8% (int8) and 96.1-96.4% (fp8) with one scale per head,
-against 99.0% and 96.5-97.5% with two (the bars are 98% and 95%); a few large channels set the
-step of all 64 of SmolLM2's key elements, which costs those fractions of a point, and the pool
-shrinks by 3% (an 8-bit TPU pool's scales by a quarter). The scales are bfloat16 (float32's
-exponent range, 8 significant bits): each is rounded before the codes are divided by it, so the
-codes and scales stand for the values as exactly as float32 scales would, up to a step 0.4%
-coarser at most. Cost: 66 bytes per token and head at head_dim 64 against 256 in float32
-(0.258x; 68 with two scales per head, 72 with float32 scales).
+Per token (rather than per page and head): a page's scale would have to be known before its last
+token is written, or its earlier tokens requantised; a token's own scales are fixed when it is
+written, so a write stays one scatter. Per head rather than per 32 elements: over the accuracy
+set of docs/benchmarks.md, "Quantised weights and KV pools" (32 prompts x 64 tokens, default
+model), teacher-forced top-1 agreement with the float pool is 98.8% (int8) and 96.1-96.4% (fp8)
+with one scale per head, against 99.0% and 96.5-97.5% with two (the bars are 98% and 95%); a few
+large channels set the step of all 64 of SmolLM2's key elements, which costs those fractions of
+a point, and the pool shrinks by 3% (an 8-bit TPU pool's scales by a quarter). The scales are
+bfloat16 (float32's exponent range, 8 significant bits): each is rounded before the codes are
+divided by it, so the codes and scales stand for the values as exactly as float32 scales would,
+up to a step 0.4% coarser at most. Cost: 66 bytes per token and head at head_dim 64 against 256
+in float32 (0.258x; 68 with two scales per head, 72 with float32 scales).
 
 fp8 codes are stored as their bits in a uint8 array, and the bfloat16 scales as theirs in a
 uint16 array; both are read back as what they are where attention gathers them. XLA:CPU writes
