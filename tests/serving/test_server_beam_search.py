@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from serving.app import create_app
+from serving.settings.resolve import ServerSettings
+from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 from tests.api.test_beam_search import reference_beam_search
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
+    settings = ServerSettings(model=tiny_model_dir, served_model_name="tiny")
+    with ServerThread(create_app(llm, settings)) as running:
+        running.llm = llm
+        yield running
 
 
 def test_completion_beams_match_reference(http, server, tiny_model_dir, smollm2_tokenizer):

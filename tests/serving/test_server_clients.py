@@ -11,6 +11,10 @@ import uuid
 import jsonschema
 import pytest
 
+from serving.app import create_app
+from serving.settings.resolve import ServerSettings
+from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
+
 WEATHER = {
     "type": "object",
     "properties": {
@@ -25,6 +29,15 @@ PERSON = {
     "required": ["name", "age"],
 }
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    llm = shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
+    settings = ServerSettings(model=tiny_model_dir, served_model_name="tiny")
+    with ServerThread(create_app(llm, settings)) as running:
+        running.llm = llm
+        yield running
 
 
 # -- Responses API --------------------------------------------------------------------------------
