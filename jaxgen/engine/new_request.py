@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jaxgen.engine.interface import Engine
     from jaxgen.engine.request import Request
     from jaxgen.sampling_params import SamplingParams
 
@@ -31,8 +30,8 @@ class NewRequest:
     # The matcher of params.structured_outputs compiled already (GrammarCompiler), else None.
     compiled_grammar: Any = None
 
-    def add_to(self, engine: Engine) -> Request:
-        """Queues this request on ``engine`` (how a wrapper engine hands it on)."""
+    def add_to(self, engine) -> Request:
+        """Queues this request on ``engine`` (an ``Engine``: how a wrapper hands the request on)."""
         return engine.add_request(
             self.request_id,
             self.prompt,
