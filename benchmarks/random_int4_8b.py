@@ -10,27 +10,18 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-LLAMA3_8B = {
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.model_shapes import LLAMA3_8B  # noqa: E402
 
 
 def random_weight(rng, depth: int, columns: int, kind: str):

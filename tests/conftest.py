@@ -36,6 +36,14 @@ def tiny_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
     return save_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")), smollm2_tokenizer)
 
 
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_model_dir):
+    """The tiny model loaded (``LoadedModel``), once per module."""
+    from jaxgen.loaders import load_model
+
+    return load_model(tiny_model_dir)
+
+
 @pytest.fixture(scope="session")
 def smollm2_hf(smollm2_gguf):
     """The HF transformers (PyTorch, fp32) reference, dequantised from the same GGUF file."""

@@ -3,6 +3,7 @@ busy time read from a trace. Pure functions (no jax), unit-tested on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 
@@ -16,22 +17,40 @@ def matmul_flops(m: int, n: int, k: int, loops: int = 1) -> float:
     return 2.0 * m * n * k * loops
 
 
-def paged_attention_bytes(
-    *,
-    batch: int,
-    context: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    page_size: int,
-    itemsize: int,
-) -> int:
-    """The fewest bytes one decode attention call moves: every page of each sequence's K and V
-    (whole pages, as the pool holds them), the queries read and the outputs written."""
-    pages = -(-context // page_size)
-    kv = 2 * batch * pages * page_size * num_kv_heads * head_dim * itemsize
-    q_and_out = 2 * batch * num_heads * head_dim * itemsize
-    return kv + q_and_out
+@dataclasses.dataclass(frozen=True)
+class DecodeAttention:
+    """One decode attention call's sizes: ``batch`` sequences of ``context`` keys each, over a
+    pool of pages of ``page_size`` tokens."""
+
+    batch: int
+    context: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        """Pages per sequence (a partly filled last page counts whole)."""
+        return -(-self.context // self.page_size)
+
+    def kv_bytes(self, itemsize: int) -> int:
+        """Bytes of every page of each sequence's K and V (whole pages, as the pool holds them)."""
+        page_bytes = self.page_size * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * self.batch * self.pages * page_bytes
+
+    def bytes_moved(self, itemsize: int) -> int:
+        """The fewest bytes the call moves: its K and V pages, the queries read and the outputs
+        written."""
+        q_and_out = 2 * self.batch * self.num_heads * self.head_dim * itemsize
+        return self.kv_bytes(itemsize) + q_and_out
+
+
+def paged_attention_bytes(*, itemsize: int, **sizes: int) -> int:
+    """The fewest bytes one decode attention call of ``DecodeAttention(**sizes)`` moves: every
+    page of each sequence's K and V (whole pages, as the pool holds them), the queries read and
+    the outputs written."""
+    return DecodeAttention(**sizes).bytes_moved(itemsize)
 
 
 def mean_decode_context(prompt_len: int, output_len: int) -> float:

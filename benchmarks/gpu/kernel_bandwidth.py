@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from benchmarks.gpu.floors import median, paged_attention_bytes
+from benchmarks.gpu.floors import DecodeAttention, median
 from benchmarks.gpu.kernel_batches import (
     attention_kernels,
     decode_batch,
@@ -90,20 +90,12 @@ def run(ctx, budget) -> dict:
         if not budget.allows(4.0):
             result.setdefault("skipped", []).append([batch, context, tuning])
             continue
-        sizes = dict(
-            batch=batch,
-            context=context,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            page_size=page_size,
-        )
-        num_bytes = paged_attention_bytes(**sizes, itemsize=2)
-        kv_bytes = num_bytes - 2 * batch * num_heads * head_dim * 2
+        shape = DecodeAttention(batch, context, num_heads, num_kv_heads, head_dim, page_size)
+        num_bytes, kv_bytes = shape.bytes_moved(itemsize=2), shape.kv_bytes(itemsize=2)
         rotations = int(min(64, max(1, -(-profile.rotation_bytes // kv_bytes))))
         row = {"batch": batch, "context": context, "tuning": tuning, "bytes": num_bytes}
         try:
-            args = decode_batch(**sizes, rotations=rotations)
+            args = decode_batch(shape, rotations=rotations)
             loops = loop_count(num_bytes, profile.seconds_per_call, profile.max_loops)
             seconds, first_s = time_config(
                 kernels,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.gpu.floors import DecodeAttention
 from jaxgen.quantization import kv_cache
 
 KERNEL_MODULES = (
@@ -179,21 +180,11 @@ def poison_free_memory(shape, dtype, copies: int = 4) -> None:
         buffer.delete()
 
 
-def decode_batch(
-    *,
-    batch: int,
-    context: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    page_size: int,
-    rotations: int,
-    seed: int = 0,
-):
-    """A decode step of ``batch`` sequences of ``context`` keys (bf16): q, the pools and
-    ``rotations`` block tables over disjoint shuffled pages ([R, batch, pages]), so successive
-    calls read different memory."""
-    pages = -(-context // page_size)
+def decode_batch(shape: DecodeAttention, *, rotations: int, seed: int = 0):
+    """A decode step of ``shape`` (bf16): q, the pools and ``rotations`` block tables over
+    disjoint shuffled pages ([R, batch, pages]), so successive calls read different memory."""
+    batch, context, pages, page_size = shape.batch, shape.context, shape.pages, shape.page_size
+    num_heads, num_kv_heads, head_dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
     num_pages = rotations * batch * pages + 1
     rng = np.random.default_rng(seed)
     tables = (rng.permutation(num_pages - 1) + 1).reshape(rotations, batch, pages)

@@ -7,22 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-LLAMA3_8B = {
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 8192,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+from benchmarks import model_shapes
+
+# The word tokenizer's special ids (bos 1, eos 2) on the 8B's shape.
+LLAMA3_8B = {**model_shapes.LLAMA3_8B, "bos_token_id": 1, "eos_token_id": 2}
 
 # The dry run's model: the 8B's family and layout at toy sizes.
 TINY_LLAMA = {

@@ -25,13 +25,11 @@ from jaxgen.backends.cpu_kernels import (
     matmul_kernel_available,
     pack_shared,
     paged_attention_cpu,
-    paged_attention_cpu_quantized,
     quantized_matmul_available,
 )
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from jaxgen.layers.attention import row_sequences
 from jaxgen.quantization import is_quantized
-from jaxgen.quantization.kv_cache import QuantizedPages
 
 
 def pack_kernel(kernel):
@@ -99,12 +97,7 @@ class CPUBackend(PairedPoolBackend):
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         lengths, block_tables = _kernel_rows(md, q.shape[0])
-        kernel = (
-            paged_attention_cpu_quantized
-            if isinstance(k_pages, QuantizedPages)
-            else paged_attention_cpu
-        )
-        return kernel(q, k_pages, v_pages, lengths, block_tables, **opts)
+        return paged_attention_cpu(q, k_pages, v_pages, lengths, block_tables, **opts)
 
 
 # The last step's kernel rows, per tracing thread: every layer of a step attends with the same

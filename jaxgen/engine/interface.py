@@ -2,13 +2,15 @@
 
 ``LLMEngine`` (one model on one device or mesh), ``ReplicatedEngine`` (data-parallel replicas)
 and ``LeaderEngine`` (one engine over several hosts) each subclass ``Engine`` and implement
-every member explicitly.
+every member explicitly; ``add_request`` over one ``NewRequest`` (``new_request``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+
+from jaxgen.engine.new_request import NewRequest, takes_request_fields
 
 if TYPE_CHECKING:
     from jaxgen.config.engine_config import EngineConfig
@@ -35,16 +37,11 @@ class Engine(Protocol):
         """The placed parameter pytree (an ``nnx.State``) as loaded."""
         ...
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float | None = None,
-        compiled_grammar=None,
-    ) -> Request:
-        """Queues a request; ``ValueError`` for one that cannot run."""
+    @takes_request_fields
+    def add_request(self, new: NewRequest) -> Request:
+        """Queues a request; ``ValueError`` for one that cannot run. Called with the request's
+        fields: ``add_request(request_id, prompt, prompt_token_ids, params, arrival_time=None,
+        compiled_grammar=None)``."""
         ...
 
     def abort(self, request_id: str) -> RequestOutput | None:

@@ -12,6 +12,7 @@ from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
 from jaxgen.engine.host_free_steps import decode_steps_for, may_step_ahead
 from jaxgen.engine.interface import Engine
+from jaxgen.engine.new_request import NewRequest, takes_request_fields
 from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
@@ -92,19 +93,13 @@ class LLMEngine(Engine):
         return compiles
 
     # -- requests --------------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float | None = None,
-        compiled_grammar=None,
-    ) -> Request:
+    @takes_request_fields
+    def add_request(self, new: NewRequest) -> Request:
         """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt, or
         a constraint that does not compile. ``compiled_grammar``: the matcher of
         ``params.structured_outputs`` compiled already (``GrammarCompiler``; the server and
         ``AsyncLLM`` compile off the engine's thread), else it is compiled here."""
+        request_id, prompt_token_ids, params = new.request_id, new.prompt_token_ids, new.params
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         check_new_request(
@@ -115,16 +110,18 @@ class LLMEngine(Engine):
         )
         grammar = None
         if params.structured_outputs is not None:  # compiled before the request is queued
-            grammar = compiled_grammar or self.grammars.compiler.compile(params.structured_outputs)
+            grammar = new.compiled_grammar or self.grammars.compiler.compile(
+                params.structured_outputs
+            )
         request = Request(
             request_id,
-            prompt,
+            new.prompt,
             prompt_token_ids,
             params,
             self.tokenizer,
             self.loaded.config.eos_token_ids,
             self.max_model_len,
-            arrival_time,
+            new.arrival_time,
         )
         for seq in request.seqs:
             self.scheduler.add(seq)

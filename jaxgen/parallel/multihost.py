@@ -23,8 +23,8 @@ import pickle
 import time
 
 from jaxgen.engine.interface import Engine
+from jaxgen.engine.new_request import NewRequest, takes_request_fields
 from jaxgen.outputs import RequestOutput
-from jaxgen.sampling_params import SamplingParams
 
 _STOP = ("stop",)
 # Step keys older than this are deleted by the leader (followers are at most one step behind:
@@ -133,27 +133,14 @@ class LeaderEngine(Engine):
         self.engine.reset_prefix_cache()
 
     # -- published to the followers -------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float | None = None,
-        compiled_grammar=None,
-    ):
+    @takes_request_fields
+    def add_request(self, new: NewRequest):
         """Queues the request here and, once accepted, on every follower (each compiles its
         constraint itself: a compiled grammar does not cross processes)."""
-        request = self.engine.add_request(
-            request_id,
-            prompt,
-            prompt_token_ids,
-            params,
-            arrival_time=arrival_time,
-            compiled_grammar=compiled_grammar,
-        )
+        request = new.add_to(self.engine)
         # Only accepted requests: a refused one raised above on every process alike.
-        self.pending.append(("add", request_id, prompt, list(prompt_token_ids), params))
+        command = ("add", new.request_id, new.prompt, list(new.prompt_token_ids), new.params)
+        self.pending.append(command)
         return request
 
     def abort(self, request_id: str) -> RequestOutput | None:

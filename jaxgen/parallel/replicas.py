@@ -14,8 +14,8 @@ import concurrent.futures
 from jaxgen.engine.errors import StepFailed
 from jaxgen.engine.interface import Engine
 from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.engine.new_request import NewRequest, takes_request_fields
 from jaxgen.outputs import RequestOutput
-from jaxgen.sampling_params import SamplingParams
 
 # stats() keys that are per-engine settings (taken from replica 0) or process-wide, not summed.
 # (One grammar compiler serves every replica: its compile time is process-wide.)
@@ -81,16 +81,10 @@ class ReplicatedEngine(Engine):
         return None if entry is None else entry[0]
 
     # -- requests --------------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float | None = None,
-        compiled_grammar=None,
-    ):
+    @takes_request_fields
+    def add_request(self, new: NewRequest):
         """Queues the request on the least loaded replica (by outstanding tokens)."""
+        request_id, prompt_token_ids, params = new.request_id, new.prompt_token_ids, new.params
         if request_id in self._route:
             raise ValueError(f"request_id {request_id!r} is already running")
         max_tokens = params.max_tokens or max(self.max_model_len - len(prompt_token_ids), 1)
@@ -99,10 +93,7 @@ class ReplicatedEngine(Engine):
             range(len(self.engines)),
             key=lambda i: (self.outstanding_tokens[i], self.requests_routed[i], i),
         )
-        grammar = {} if compiled_grammar is None else {"compiled_grammar": compiled_grammar}
-        request = self.engines[index].add_request(
-            request_id, prompt, prompt_token_ids, params, arrival_time, **grammar
-        )
+        request = new.add_to(self.engines[index])
         self._route[request_id] = (index, cost)
         self.outstanding_tokens[index] += cost
         self.requests_routed[index] += 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from serving.generation import GenerationResult, token_logprob, top_logprobs
-from serving.openai.prompt_logprobs import echo_logprobs, join_logprobs, vllm_prompt_logprobs
+from serving.openai.prompt_logprobs import completion_logprobs, join_logprobs, vllm_prompt_logprobs
 from serving.openai.tool_calls import ToolDeltas, tool_message
 
 
@@ -93,23 +93,9 @@ class CompletionFormat(_Format):
     def logprobs(self, token_ids, entries, offset: int) -> dict | None:
         if self.parsed.logprobs is None:
             return None
-        tokens, token_logprobs, tops, offsets = [], [], [], []
-        for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
-            text = self.texts.text(token_id)
-            tokens.append(text)
-            token_logprobs.append(token_logprob(entry, token_id))
-            tops.append(
-                {self.texts.text(t): lp for t, lp in top_logprobs(entry, self.parsed.logprobs)}
-                or None
-            )
-            offsets.append(offset)
-            offset += len(text)
-        return {
-            "tokens": tokens,
-            "token_logprobs": token_logprobs,
-            "top_logprobs": tops,
-            "text_offset": offsets,
-        }
+        return completion_logprobs(
+            self.texts, token_ids, entries, self.parsed.logprobs, offset=offset
+        )
 
     def prompt_text(self, prompt_index: int) -> str:
         text = self.parsed.prompt_texts[prompt_index]
@@ -129,7 +115,7 @@ class CompletionFormat(_Format):
 
     def prompt_logprobs_object(self, prompt_index: int, entries) -> dict:
         ids = self.parsed.prompts[prompt_index]
-        return echo_logprobs(self.texts, ids, entries, self.parsed.logprobs)
+        return completion_logprobs(self.texts, ids, entries, self.parsed.logprobs, echoed=True)
 
     def choice(self, prompt_index: int, completion) -> dict:
         prefix = self.prompt_text(prompt_index) if self.parsed.echo else ""

@@ -1,5 +1,6 @@
-"""Prompt logprobs in the OpenAI shapes: the completions ``logprobs`` object of an echoed prompt,
-and vLLM's ``prompt_logprobs`` list; plus the request fields that ask for them and ``logit_bias``."""
+"""Logprobs in the OpenAI shapes: the completions ``logprobs`` object (of generated tokens or an
+echoed prompt) and vLLM's ``prompt_logprobs`` list; plus the request fields that ask for them and
+``logit_bias``."""
 
 from __future__ import annotations
 
@@ -48,18 +49,27 @@ def logit_bias_field(fields: Fields, vocab_size: int, max_entries: int) -> dict[
     return bias
 
 
-def echo_logprobs(
-    texts: TokenTexts, prompt_ids: list[int], entries: list | None, count: int
+def completion_logprobs(
+    texts: TokenTexts,
+    token_ids: list[int],
+    entries: list | None,
+    count: int,
+    *,
+    offset: int = 0,
+    echoed: bool = False,
 ) -> dict:
-    """The completions ``logprobs`` object of the echoed prompt (the first token's is null)."""
-    entries = entries or [None] * len(prompt_ids)
+    """The completions ``logprobs`` object (``tokens``, ``token_logprobs``, ``top_logprobs``,
+    ``text_offset``) of ``token_ids``, whose text starts at character ``offset``; ``count`` top
+    alternatives per token. A token without an entry (an echoed prompt's first) has null
+    ``top_logprobs``; one whose alternatives are none (``count`` 0) has ``{}`` when ``echoed``
+    (a prompt token), else null."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
-    offset = 0
-    for token_id, entry in zip(prompt_ids, entries, strict=True):
+    for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
         text = texts.text(token_id)
         tokens.append(text)
         token_logprobs.append(token_logprob(entry, token_id))
-        tops.append({texts.text(t): lp for t, lp in top_logprobs(entry, count)} if entry else None)
+        top = {texts.text(t): lp for t, lp in top_logprobs(entry, count)}
+        tops.append(top if top or (entry and echoed) else None)
         offsets.append(offset)
         offset += len(text)
     return {

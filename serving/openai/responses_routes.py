@@ -25,7 +25,7 @@ from serving.common import prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed
 from serving.openai.format import cached_tokens
 from serving.openai.responses_requests import ResponsesRequest, parse_responses, renamed
-from serving.openai.routes import admitted, openai_error, openai_error_body, request_id_of
+from serving.openai.routes import answer, openai_error_body, request_id_of
 from serving.openai.tool_calls import constraint_param
 from serving.streaming import EventStreamResponse, run_until_disconnect
 from serving.validation import RequestError
@@ -45,33 +45,21 @@ def constraint_of(parsed: ResponsesRequest) -> tuple:
 
 async def responses(request: Request) -> Response:
     """``POST /v1/responses``."""
-    try:
-        state, body, ticket = await admitted(request)
-    except RequestError as error:
-        return openai_error(error)
-    streaming = False
-    try:
+
+    async def respond(state, body, ticket) -> Response:
         parsed, grammar = await prepare(request, state, body, parse_responses, constraint_of)
         chat = parsed.chat
         generation = Generation(state, ticket, chat.prompts[0], chat.params[0], grammar)
         builder = ResponseBuilder(parsed, f"resp_{request_id_of(request)}", state)
         if parsed.stream:
-            streaming = True  # the response releases the ticket when it ends
             return EventStreamResponse(stream_events(builder, generation), ticket.release)
         result = await run_until_disconnect(request.receive, generation.run())
-    except RequestError as error:
-        return openai_error(error)
-    except GenerationAborted as error:
-        return openai_error(RequestError(f"request aborted: {error}", kind="unavailable"))
-    except GenerationFailed as error:
-        return openai_error(RequestError(f"generation failed: {error}", kind="generation"))
-    finally:
-        if not streaming:
-            ticket.release()
-    completion = result.completions[0]
-    builder.feed(completion.text)
-    builder.finish(completion.finish_reason, result)
-    return JSONResponse(builder.response())
+        completion = result.completions[0]
+        builder.feed(completion.text)
+        builder.finish(completion.finish_reason, result)
+        return JSONResponse(builder.response())
+
+    return await answer(request, respond)
 
 
 async def stream_events(builder: ResponseBuilder, generation: Generation):

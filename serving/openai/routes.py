@@ -75,13 +75,35 @@ async def admitted(request: Request):
     return state, body, ticket
 
 
-async def serve(request: Request, parse, format_class) -> Response:
+async def answer(request: Request, respond) -> Response:
+    """Admits an OpenAI request and answers it with ``await respond(state, body, ticket)``. A
+    ``RequestError``, an aborted or a failed generation becomes an OpenAI error body. The ticket
+    is released once the answer is made; a stream (``EventStreamResponse``) releases it when it
+    ends."""
     try:
         state, body, ticket = await admitted(request)
     except RequestError as error:
         return openai_error(error)
-    streaming = False
+    response = None
     try:
+        response = await respond(state, body, ticket)
+    except RequestError as error:
+        return openai_error(error)
+    except GenerationAborted as error:
+        return openai_error(RequestError(f"request aborted: {error}", kind="unavailable"))
+    except GenerationFailed as error:
+        return openai_error(RequestError(f"generation failed: {error}", kind="generation"))
+    finally:
+        if not isinstance(response, EventStreamResponse):
+            ticket.release()
+    return response
+
+
+async def serve(request: Request, parse, format_class) -> Response:
+    """A completions or chat completions request: its prompts run as ``Generation``s (or
+    ``BeamGeneration``s), answered by ``format_class``."""
+
+    async def respond(state, body, ticket) -> Response:
         parsed, grammar = await prepare(request, state, body, parse, openai_constraint(body))
         generations = [
             Generation(state, ticket, prompt, params, grammar)
@@ -100,19 +122,11 @@ async def serve(request: Request, parse, format_class) -> Response:
         )
         formatter.generations = generations  # streamed echo reads the prompt logprobs
         if parsed.stream:
-            streaming = True  # the response releases the ticket when it ends
             return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
         results = await run_until_disconnect(request.receive, run_all(generations))
-    except RequestError as error:
-        return openai_error(error)
-    except GenerationAborted as error:
-        return openai_error(RequestError(f"request aborted: {error}", kind="unavailable"))
-    except GenerationFailed as error:
-        return openai_error(RequestError(f"generation failed: {error}", kind="generation"))
-    finally:
-        if not streaming:
-            ticket.release()
-    return JSONResponse(formatter.response(results))
+        return JSONResponse(formatter.response(results))
+
+    return await answer(request, respond)
 
 
 def openai_constraint(body: dict):

@@ -46,16 +46,28 @@ def tgi_constraint(parsed: TgiRequest) -> tuple:
     return parsed.params.structured_outputs, "parameters.grammar"
 
 
+async def admit_and_prepare(request: Request, parse) -> tuple:
+    """Reads the body, admits the request (429 past the limit) and prepares it (``prepare``
+    with ``parse``): ``(state, ticket, parsed, grammar)``. Raises ``RequestError``; the ticket
+    is released when preparing fails."""
+    state, body = await accept(request)
+    ticket = state.admit()
+    try:
+        parsed, grammar = await prepare(request, state, body, parse, tgi_constraint)
+    except BaseException:
+        ticket.release()
+        raise
+    return state, ticket, parsed, grammar
+
+
 async def generate(request: Request) -> Response:
     """``POST /generate``: the whole completion as one JSON object."""
     received = time.monotonic()
     try:
-        state, body = await accept(request)
-        ticket = state.admit()
+        state, ticket, parsed, grammar = await admit_and_prepare(request, parse_request)
     except RequestError as error:
         return tgi_error(error)
     try:
-        parsed, grammar = await prepare(request, state, body, parse_request, tgi_constraint)
         generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params, grammar)
         result = await run_until_disconnect(request.receive, generation.run())
     except RequestError as error:
@@ -103,17 +115,9 @@ async def generate(request: Request) -> Response:
 async def generate_stream(request: Request) -> Response:
     """``POST /generate_stream``: one SSE event per token; the last carries the full text."""
     try:
-        state, body = await accept(request)
-        ticket = state.admit()
+        state, ticket, parsed, grammar = await admit_and_prepare(request, parse_stream_request)
     except RequestError as error:
         return tgi_error(error)
-    try:
-        parsed, grammar = await prepare(request, state, body, parse_stream_request, tgi_constraint)
-    except BaseException as error:
-        ticket.release()
-        if isinstance(error, RequestError):
-            return tgi_error(error)
-        raise
     generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params, grammar)
     return EventStreamResponse(
         stream_events(state, parsed, generation),

@@ -7,7 +7,6 @@ import pytest
 
 from jaxgen import LLM, BeamSearchParams
 from jaxgen.beam_search_params import beam_search_score
-from jaxgen.loaders import load_model
 
 PAGE = 8
 SMALL = dict(
@@ -19,13 +18,8 @@ SMALL = dict(
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def llm(loaded):
-    return LLM(loaded, **SMALL)
+def llm(tiny_loaded):
+    return LLM(tiny_loaded, **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +91,10 @@ def test_matches_reference_beam_search(
     assert llm.engine.scheduler.allocator.num_used_pages == 0  # every beam's pages returned
 
 
-def test_beams_share_pages(loaded):
+def test_beams_share_pages(tiny_loaded):
     """Four beams over a 5-page prompt hold the prompt once: at peak no more than the prompt's
     pages plus, per beam, its output pages and one, against 4 x each sequence's own need."""
-    llm = LLM(loaded, **SMALL, enable_prefix_caching=False)
+    llm = LLM(tiny_loaded, **SMALL, enable_prefix_caching=False)
     prompt = list(range(100, 140))  # 40 tokens: 5 pages
     width, max_tokens = 4, 24
     llm.beam_search([prompt], BeamSearchParams(beam_width=width, max_tokens=max_tokens))

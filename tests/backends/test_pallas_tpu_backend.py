@@ -30,13 +30,6 @@ needs_libtpu = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_loaded(tiny_model_dir):
-    from jaxgen.loaders import load_model
-
-    return load_model(tiny_model_dir)
-
-
 @pytest.mark.slow
 def test_engine_greedy_tokens_match_reference(tiny_loaded):
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]

@@ -11,13 +11,6 @@ from jaxgen import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def tiny_loaded(tiny_model_dir):
-    from jaxgen.loaders import load_model
-
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def llm(tiny_loaded):
     return LLM(
         tiny_loaded,

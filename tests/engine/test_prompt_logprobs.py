@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
-from jaxgen.loaders import load_model
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs away into the forest "
@@ -18,14 +17,9 @@ SMALL = dict(max_model_len=128, max_rolling_batch_prefill_tokens=64, max_rolling
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def llm(loaded):
+def llm(tiny_loaded):
     """One engine shared by the tests that do not need their own knobs."""
-    return LLM(loaded, **SMALL)
+    return LLM(tiny_loaded, **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +54,10 @@ def check_against_reference(prompt_logprobs, prompt, reference, k):
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_prompt_logprobs_match_transformers(llm, loaded, prompt, reference, chunked):
+def test_prompt_logprobs_match_transformers(llm, tiny_loaded, prompt, reference, chunked):
     if chunked:  # a budget of 16 tokens: the 33-token prompt straddles 3 chunks
         knobs = dict(SMALL, max_rolling_batch_prefill_tokens=16, max_rolling_batch_size=4)
-        llm = LLM(loaded, **knobs)
+        llm = LLM(tiny_loaded, **knobs)
     params = SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=3)
     out = llm.generate([prompt], params, use_tqdm=False)[0]
     check_against_reference(out.prompt_logprobs, prompt, reference, 3)
@@ -126,17 +120,17 @@ def test_max_tokens_none_fills_the_context(llm):
 
 
 @pytest.mark.slow
-def test_prompt_logprobs_survive_preemption(loaded):
+def test_prompt_logprobs_survive_preemption(tiny_loaded):
     """8 usable pages and long outputs: sequences are preempted and recomputed, and each
     request's prompt logprobs are still those of a run on its own."""
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 1000, int(n)).tolist() for n in (20, 25, 30, 18, 22)]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, prompt_logprobs=1)
-    alone = LLM(loaded, batching="none", max_model_len=128).generate(
+    alone = LLM(tiny_loaded, batching="none", max_model_len=128).generate(
         prompts, params, use_tqdm=False
     )
-    page_bytes = loaded.config.kv_bytes_per_token(4) * 16
-    llm = LLM(loaded, max_model_len=128, kv_cache_memory=8 * page_bytes)
+    page_bytes = tiny_loaded.config.kv_bytes_per_token(4) * 16
+    llm = LLM(tiny_loaded, max_model_len=128, kv_cache_memory=8 * page_bytes)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.stats()["preemptions"] > 0
     for out, reference in zip(outs, alone, strict=True):
@@ -147,12 +141,12 @@ def test_prompt_logprobs_survive_preemption(loaded):
             assert all(abs(got[t] - want[t]) < 1e-5 for t in got)
 
 
-def test_gpu_host_decisions_give_the_same_tokens(loaded, llm, prompt, reference):
+def test_gpu_host_decisions_give_the_same_tokens(tiny_loaded, llm, prompt, reference):
     """As on a GPU (where XLA would run some conditionals on the host, waiting for the device):
     a step no row of which wants prompt logprobs is traced without that branch, and an
     all-greedy batch samples with ``GREEDY_FLAGS``; prompt logprobs, greedy and seeded sampled
     tokens are the same as with the one shared executable of each."""
-    gpu_like = LLM(loaded, **SMALL)
+    gpu_like = LLM(tiny_loaded, **SMALL)
     gpu_like.engine.runner._host_synchronous_conditionals = True
     params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2)
     out = gpu_like.generate([prompt], params, use_tqdm=False)[0]

@@ -11,23 +11,17 @@ from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.speculative.ngram import propose_ngram
-from jaxgen.loaders import load_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 PAGE = 16
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def knobs(loaded):
+def knobs(tiny_loaded):
     """A 16-token budget (prompts are prefilled in chunks, verify rows get cut) and a pool of
     12 pages of 16 tokens for up to four sequences of ~90 tokens (preemptions happen). Few
     shapes: the plain and the speculating engine share their compiled steps."""
-    config = loaded.config
+    config = tiny_loaded.config
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
     return dict(
         max_model_len=128,
@@ -39,13 +33,13 @@ def knobs(loaded):
 
 
 @pytest.fixture(scope="module")
-def plain(loaded, knobs):
-    return LLM(loaded, **knobs)
+def plain(tiny_loaded, knobs):
+    return LLM(tiny_loaded, **knobs)
 
 
 @pytest.fixture(scope="module")
-def speculating(loaded, knobs):
-    return LLM(loaded, **knobs, speculative_config=NGRAM)
+def speculating(tiny_loaded, knobs):
+    return LLM(tiny_loaded, **knobs, speculative_config=NGRAM)
 
 
 @pytest.fixture(scope="module")

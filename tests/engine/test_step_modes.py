@@ -20,13 +20,6 @@ MODES = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_loaded(tiny_model_dir):
-    from jaxgen.loaders import load_model
-
-    return load_model(tiny_model_dir)
-
-
 def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(3, 40, count)]

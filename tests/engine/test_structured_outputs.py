@@ -62,13 +62,6 @@ def check_constrained(outputs) -> None:
                 assert sample.text in CHOICES
 
 
-@pytest.fixture(scope="module")
-def tiny_loaded(tiny_model_dir):
-    from jaxgen.loaders import load_model
-
-    return load_model(tiny_model_dir)
-
-
 PROMPTS = [list(range(100, 100 + n)) for n in (9, 23, 40, 14, 31, 6)]
 
 

@@ -129,7 +129,6 @@ def test_quantized_pool_matches_reference_on_dequantised_pages(
 ):
     """The 8-bit kernel reads codes and scales; the reference attends over the same pool
     dequantised (``QuantizedPages.gather``), so they agree to float rounding."""
-    from jaxgen.backends.cpu_kernels import paged_attention_cpu_quantized
 
     rng = np.random.default_rng(head_dim + page_size)
     q, k_pages, v_pages, lengths, tables = make_batch(
@@ -145,7 +144,7 @@ def test_quantized_pool_matches_reference_on_dequantised_pages(
     every_page = jnp.arange(k_pages.shape[1], dtype=jnp.int32)
     dequantised = (k_pool.gather(every_page), v_pool.gather(every_page))
     opts = dict(soft_cap=soft_cap, sliding_window=sliding_window)
-    actual = np.asarray(paged_attention_cpu_quantized(q, k_pool, v_pool, lengths, tables, **opts))
+    actual = np.asarray(paged_attention_cpu(q, k_pool, v_pool, lengths, tables, **opts))
     expected = paged_attention_reference(q, *dequantised, lengths, tables, **opts)
     np.testing.assert_allclose(actual, np.asarray(expected), rtol=1e-5, atol=3e-6)
     assert not np.any(actual[4]), "length-0 row must be zeros"
@@ -156,7 +155,6 @@ def test_quantized_pool_matches_reference_on_dequantised_pages(
 
 
 def test_quantized_pool_rejects_bad_input():
-    from jaxgen.backends.cpu_kernels import paged_attention_cpu_quantized
     from jaxgen.quantization.kv_cache import QuantizedPages
 
     q, k_pages, v_pages, lengths, tables = make_batch(
@@ -164,7 +162,7 @@ def test_quantized_pool_rejects_bad_input():
     )
     k_pool, v_pool = quantized_pool(k_pages, "int8"), quantized_pool(v_pages, "fp8")
     with pytest.raises(ValueError, match="k_pages and v_pages must share"):
-        paged_attention_cpu_quantized(q, k_pool, v_pool, lengths, tables)
+        paged_attention_cpu(q, k_pool, v_pool, lengths, tables)
     bad = QuantizedPages(k_pool.values, k_pool.scales.astype(jnp.float32))  # not the bits
     with pytest.raises(ValueError, match=r"k_pages\.scales"):
-        paged_attention_cpu_quantized(q, bad, bad, lengths, tables)
+        paged_attention_cpu(q, bad, bad, lengths, tables)

@@ -13,12 +13,6 @@ from tests.family_models import save_tiny_model
 from tests.sharded_worker import ENGINE, PROMPTS, generate, run_cluster
 
 
-@pytest.fixture(scope="module")
-def mha_dir(tmp_path_factory, smollm2_tokenizer) -> str:
-    path = str(tmp_path_factory.mktemp("tiny-mha8-multihost"))
-    return save_tiny_model(path, smollm2_tokenizer, num_attention_heads=8, num_key_value_heads=8)
-
-
 @pytest.mark.slow  # about 60 s on a loaded 2-core CPU
 def test_two_processes_degree_8_match_single_process(mha_dir):
     from jaxgen import LLM

@@ -24,7 +24,9 @@ class FakeEngine:
         self.num_steps = self.last_batch_size = 0
         self.prompt_tokens_total = 0
 
-    def add_request(self, request_id, prompt, prompt_token_ids, params, arrival_time=None):
+    def add_request(
+        self, request_id, prompt, prompt_token_ids, params, arrival_time=None, compiled_grammar=None
+    ):
         if not prompt_token_ids:
             raise ValueError("prompt must not be empty")
         self.requests[request_id] = 0

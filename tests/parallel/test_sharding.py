@@ -54,12 +54,6 @@ def tiny_config(**overrides) -> ModelConfig:
 
 
 @pytest.fixture(scope="module")
-def mha_dir(tmp_path_factory, smollm2_tokenizer) -> str:
-    path = str(tmp_path_factory.mktemp("tiny-mha8"))
-    return save_tiny_model(path, smollm2_tokenizer, num_attention_heads=8, num_key_value_heads=8)
-
-
-@pytest.fixture(scope="module")
 def gqa_dir(tmp_path_factory, smollm2_tokenizer) -> str:
     path = str(tmp_path_factory.mktemp("tiny-gqa8-2"))
     return save_tiny_model(path, smollm2_tokenizer, num_attention_heads=8, num_key_value_heads=2)

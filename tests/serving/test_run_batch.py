@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from serving.launch.run_batch import main, run_batch_async
 from serving.settings.resolve import ServerSettings
-from serving.testing import TINY_ENGINE_KNOBS, shared_llm
 
 BAD_LINES = [
     "{not json",
@@ -58,11 +55,6 @@ def good_line(i: int) -> str:
     else:
         url, body = "/v1/responses", {"input": f"Say {i}", "max_output_tokens": 1}
     return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body})
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir):
-    return shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS)
 
 
 def test_run_batch_mixed_lines_and_resume(llm, tiny_model_dir, tmp_path):

@@ -20,13 +20,6 @@ API_KEY = "sk-test-key"
 
 
 @pytest.fixture(scope="module")
-def server(llm, tiny_model_dir):
-    settings = ServerSettings(model=tiny_model_dir, served_model_name="tiny")
-    with ServerThread(create_app(llm, settings)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def locked(llm, tiny_model_dir):
     """A server with an API key, CORS for one origin and a small context (48 tokens)."""
     settings = ServerSettings(

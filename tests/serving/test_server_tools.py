@@ -52,12 +52,6 @@ def start_server(llm, tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    with start_server(shared_llm(tiny_model_dir, **TINY_ENGINE_KNOBS), tiny_model_dir) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def long_oai(tiny_model_dir):
     llm = shared_llm(tiny_model_dir, **{**TINY_ENGINE_KNOBS, "max_model_len": 512})
     with start_server(llm, tiny_model_dir) as running:

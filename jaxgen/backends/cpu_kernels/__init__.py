@@ -2,7 +2,7 @@
 (``build``) and called through the XLA FFI.
 
 - ``paged_attention``: paged decode attention over a float32 or 8-bit pool
-  (``paged_attention_cpu``, ``paged_attention_cpu_quantized``).
+  (``paged_attention_cpu``, which takes either).
 - ``matmul``: float32 matmul over panel-packed weights (``PackedWeight``, ``matmul_cpu``).
 - ``matmul_quantized``: int8 / int4 matmul dequantising in registers (``PackedQuantizedWeight``),
   and int8 x int8 (W8A8) on AVX-512 VNNI.
@@ -28,7 +28,6 @@ from jaxgen.backends.cpu_kernels.matmul_quantized import (
 from jaxgen.backends.cpu_kernels.paged_attention import (
     cpu_kernel_available,
     paged_attention_cpu,
-    paged_attention_cpu_quantized,
 )
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
     "matmul_kernel_available",
     "pack_weight",
     "paged_attention_cpu",
-    "paged_attention_cpu_quantized",
     "unpack_weight",
     "w8a8_kernel_available",
 ]
