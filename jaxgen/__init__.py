@@ -3,7 +3,7 @@
 from jaxgen.beam_search_params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jaxgen.config import ModelConfig
 from jaxgen.outputs import CompletionOutput, RequestOutput
-from jaxgen.sampling_params import SamplingParams
+from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 from jaxgen.structured_outputs import StructuredOutputsParams
 
 __version__ = "0.1.0"
@@ -24,6 +24,7 @@ def __getattr__(name):  # lazy for start-up time: importing jaxgen does not impo
 __all__ = [
     "LLM",
     "AsyncLLM",
+    "RequestOutputKind",
     "SamplingParams",
     "BeamSearchParams",
     "BeamSearchOutput",

@@ -14,7 +14,7 @@ from jaxgen.create_engine import create_engine
 from jaxgen.engine.beam_search import run_beam_search
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
-from jaxgen.sampling_params import SamplingParams
+from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 from jaxgen.tool_calling import ToolRequest, chat_template_of, check_conversation, render_chat
 
 
@@ -79,9 +79,10 @@ class LLM:
         *,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generates for each prompt (a str, a list of str, or a list of token-id lists)."""
+        """Generates for each prompt (a str, a list of str, or a list of token-id lists). The
+        engine reports each request once, finished (``RequestOutputKind.FINAL_ONLY``)."""
         items = _normalize_prompts(prompts)
-        params_list = _normalize_params(sampling_params, len(items))
+        params_list = _final_only(_normalize_params(sampling_params, len(items)))
         tokenizer = self.loaded.tokenizer
         order = []
         for item, params in zip(items, params_list, strict=True):
@@ -264,3 +265,14 @@ def _normalize_params(params, count: int) -> list[SamplingParams]:
             raise ValueError(f"sampling_params has {len(params)} entries for {count} prompts")
         return list(params)
     raise ValueError("sampling_params must be a SamplingParams or a list of them")
+
+
+def _final_only(params_list: list[SamplingParams]) -> list[SamplingParams]:
+    """``params_list`` asking for final outputs only (a copy of each distinct object)."""
+    copies: dict[int, SamplingParams] = {}
+    for params in params_list:
+        if id(params) not in copies:
+            copies[id(params)] = dataclasses.replace(
+                params, output_kind=RequestOutputKind.FINAL_ONLY
+            )
+    return [copies[id(params)] for params in params_list]

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 from jaxgen.structured_outputs import StructuredOutputsParams
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What an engine step reports of a running request (vLLM's values): everything so far,
+    what is new since the last report, or nothing until it finishes (``LLM.generate``)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -29,6 +39,8 @@ class SamplingParams:
             given the prefix plus the top k (the first token's entry is None). A request asking
             for them does not reuse cached prefix pages: every position is computed.
         logit_bias: token id -> bias in [-100, 100] added to its logit before sampling.
+        output_kind: a ``RequestOutputKind``: the outputs an engine step returns for the
+            request (``LLM.generate`` asks for ``FINAL_ONLY``).
     """
 
     n: int = 1
@@ -50,6 +62,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -60,6 +73,13 @@ class SamplingParams:
             self.top_k = 0
         self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         _check(isinstance(self.n, int) and self.n >= 1, "n", "must be an integer >= 1", self.n)
+        _check(
+            not isinstance(self.output_kind, bool) and self.output_kind in tuple(RequestOutputKind),
+            "output_kind",
+            "must be a RequestOutputKind (0 cumulative, 1 delta, 2 final only)",
+            self.output_kind,
+        )
+        self.output_kind = RequestOutputKind(self.output_kind)
         _check(
             self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
             "max_tokens",

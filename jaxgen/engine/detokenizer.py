@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas, never emitting half a UTF-8 character.
@@ -20,6 +22,10 @@ class IncrementalDetokenizer:
     ):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # A fast tokenizer's own ``tokenizers`` backend decodes as its ``decode`` does with
+        # ``clean_up_tokenization_spaces=False``, without the wrapper's Python (a few µs a
+        # call, twice per token of every sequence of a step).
+        self._backend = _plain_backend(tokenizer)
         self.token_ids: list[int] = list(prompt_token_ids or [])
         # Start the window a few tokens back into the prompt so the first word's spacing is right.
         self.read_offset = len(self.token_ids)
@@ -27,6 +33,8 @@ class IncrementalDetokenizer:
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(
             ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
         )
@@ -55,3 +63,16 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.text += delta
         return delta
+
+
+def _plain_backend(tokenizer):
+    """``tokenizer``'s ``tokenizers`` backend when its decode is transformers' own (a class
+    that overrides it keeps its decode), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
+    if backend is None or fast is None:
+        return None
+    kind = type(tokenizer)
+    if kind.decode is not fast.decode or getattr(kind, "_decode", None) is not fast._decode:
+        return None
+    return backend

@@ -17,7 +17,7 @@ from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
 from jaxgen.outputs import RequestOutput
-from jaxgen.sampling_params import SamplingParams
+from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
 # Steps that fail in a row, each recovered from, before the engine gives up: a fault that
 # survives a fresh KV pool is the device's, and a restart is the only cure.
@@ -328,19 +328,22 @@ class LLMEngine(Engine):
                 seq.output_token_ids[-1] = sampled.tokens[seq.seq_id]
             live = [seq for seq in got_token if not seq.is_finished]
             return self._on_tokens(live, sampled.logprobs)
-        outputs = {}
+        moved: dict[str, Request] = {}
         for sampled in result.steps:
             scheduled = current.live_items()
             if scheduled.is_empty:
                 break
             got_token = self.scheduler.postprocess(scheduled, sampled.tokens)
-            for out in self._on_tokens(got_token, sampled.logprobs):
-                outputs[out.request_id] = out
-        return list(outputs.values())
+            moved |= self._advance(got_token, sampled.logprobs)
+        return self._report(moved)
 
     def _on_tokens(self, got_token, logprobs) -> list[RequestOutput]:
-        """Each sequence's new token to its request: stops, grammar, length; the outputs of
-        the requests that moved."""
+        """Each sequence's new token to its request (``_advance``); the outputs it reports."""
+        return self._report(self._advance(got_token, logprobs))
+
+    def _advance(self, got_token, logprobs) -> dict[str, Request]:
+        """Each sequence's new token to its request: stops, grammar, length. Returns the
+        requests that moved, by id."""
         moved: dict[str, Request] = {}
         for seq in got_token:
             request = self.seq_to_request.get(seq.seq_id)
@@ -359,9 +362,15 @@ class LLMEngine(Engine):
                 self.scheduler.finish(seq, reason)
                 request.finalize(seq)
             moved[request.request_id] = request
+        return moved
+
+    def _report(self, moved: dict[str, Request]) -> list[RequestOutput]:
+        """The outputs of the requests that moved in a step (once each; a ``FINAL_ONLY``
+        request's only when it finished); finished requests are let go."""
         outputs = []
         for request in moved.values():
-            outputs.append(request.output())
+            if request.finished or request.params.output_kind != RequestOutputKind.FINAL_ONLY:
+                outputs.append(request.output())
             if request.finished:
                 self.requests.pop(request.request_id, None)
                 for seq in request.seqs:

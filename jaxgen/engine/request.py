@@ -9,7 +9,7 @@ from jaxgen.engine.detokenizer import IncrementalDetokenizer
 from jaxgen.engine.sampling_tensors import SamplingRow, min_tokens_banned_ids
 from jaxgen.engine.sequence import Sequence
 from jaxgen.outputs import CompletionOutput, RequestOutput
-from jaxgen.sampling_params import SamplingParams
+from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
 
 class Request:
@@ -69,6 +69,8 @@ class Request:
         self._max_stop_len = max((len(s) for s in params.stop), default=0)
         self.prompt_logprobs: list[dict[int, float] | None] | None = None
         self._prompt_logprobs_missing = 0
+        self._prompt_logprobs_sent = False  # DELTA: reported once, complete
+        self._sent = [(0, 0)] * params.n  # DELTA: (text characters, tokens) reported so far
         if params.prompt_logprobs is not None:
             self.prompt_logprobs = [None] * len(self.prompt_token_ids)
             self._prompt_logprobs_missing = len(self.prompt_token_ids) - 1
@@ -145,21 +147,29 @@ class Request:
             self.finish_time = time.monotonic()
 
     def output(self) -> RequestOutput:
-        """The cumulative output so far."""
-        outs = [
-            CompletionOutput(
-                index=seq.index,
-                text=self.texts[seq.index],
-                token_ids=list(seq.output_token_ids),
-                finish_reason=seq.finish_reason if seq.is_finished else None,
-                logprobs=list(self.logprobs[seq.index])
-                if self.params.logprobs is not None
-                else None,
-                stop_reason=self.stop_reasons[seq.index],
-                error=self.errors[seq.index],
+        """The output so far: all of it (``CUMULATIVE``, ``FINAL_ONLY``), or what is new since
+        the last call (``DELTA``: its text, tokens and logprobs; prompt logprobs only first)."""
+        delta = self.params.output_kind == RequestOutputKind.DELTA
+        outs = []
+        for seq in self.seqs:
+            i = seq.index
+            text, token_ids, logprobs = self.texts[i], seq.output_token_ids, self.logprobs[i]
+            if delta:
+                sent_text, sent_tokens = self._sent[i]
+                self._sent[i] = (len(text), len(token_ids))
+                text, token_ids = text[sent_text:], token_ids[sent_tokens:]
+                logprobs = logprobs[sent_tokens:]
+            outs.append(
+                CompletionOutput(
+                    index=i,
+                    text=text,
+                    token_ids=list(token_ids),
+                    finish_reason=seq.finish_reason if seq.is_finished else None,
+                    logprobs=list(logprobs) if self.params.logprobs is not None else None,
+                    stop_reason=self.stop_reasons[i],
+                    error=self.errors[i],
+                )
             )
-            for seq in self.seqs
-        ]
         metrics = {
             "arrival_time": self.arrival_time,
             "first_scheduled_time": self.seqs[0].first_scheduled_time,
@@ -167,6 +177,13 @@ class Request:
             "finish_time": self.finish_time,
             "num_cached_tokens": self.seqs[0].num_cached_tokens,
         }
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and not delta:
+            prompt_logprobs = list(self.prompt_logprobs)
+        elif self.prompt_logprobs is not None and self._prompt_logprobs_missing == 0:
+            if not self._prompt_logprobs_sent:  # DELTA: once, when every position has one
+                prompt_logprobs = list(self.prompt_logprobs)
+                self._prompt_logprobs_sent = True
         return RequestOutput(
             self.request_id,
             self.prompt,
@@ -174,7 +191,7 @@ class Request:
             outs,
             finished=self.finished,
             metrics=metrics,
-            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+            prompt_logprobs=prompt_logprobs,
         )
 
 

@@ -120,16 +120,16 @@ class StepLayout:
         long_rope = np.zeros(num_seqs, bool)
         tables = np.zeros((num_seqs, width), np.int32)
         logits_indices = np.zeros(num_seqs, np.int32)
-        row = 0
-        for index, item in enumerate(items):
+        row = self._decode_rows(items[:num_decode], width, token_ids, positions, slots, tables)
+        cu_q_lens[:num_decode] = logits_indices[:num_decode] = np.arange(num_decode)
+        kv_lens[:num_decode] = positions[:num_decode] + 1
+        long_rope[:num_decode] = [item.seq.long_rope for item in items[:num_decode]]
+        for index, item in enumerate(items[num_decode:], num_decode):  # prefill chunks
             seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             end = row + count
             table = np.asarray(seq.block_table[:width], np.int32)
             pos = np.arange(start, start + count, dtype=np.int32)
-            if count == 1:
-                token_ids[row] = seq.token_at(start)
-            else:
-                token_ids[row:end] = seq.token_ids[start : start + count]
+            token_ids[row:end] = seq.token_ids[start : start + count]
             positions[row:end] = pos
             slots[row:end] = table[pos // self.page_size] * self.page_size + pos % self.page_size
             cu_q_lens[index] = row
@@ -151,6 +151,25 @@ class StepLayout:
         rows: list = items + [None] * (num_seqs - len(items))
         live = spans((0, num_decode), (num_decode, len(items)))
         return StepInputs(token_ids, positions, md, logits_indices, live, rows)
+
+    def _decode_rows(self, decode: list, width: int, token_ids, positions, slots, tables) -> int:
+        """Fills the decode rows (one token each, at the front) in bulk: their token, position,
+        KV slot and block table. Returns the rows filled."""
+        page = self.page_size
+        tokens, starts, last_pages = [], [], []
+        for index, item in enumerate(decode):
+            seq = item.seq
+            start = seq.num_computed_tokens
+            table = seq.block_table
+            tokens.append(seq.token_at(start))
+            starts.append(start)
+            last_pages.append(table[start // page])
+            tables[index, : min(len(table), width)] = table[:width]
+        rows = len(decode)
+        token_ids[:rows] = tokens
+        positions[:rows] = starts
+        slots[:rows] = np.asarray(last_pages, np.int32) * page + positions[:rows] % page
+        return rows
 
     def padding_step(self, num_tokens: int, width: int | None = None) -> StepInputs:
         """An all-padding step of ``num_tokens`` rows (for precompiling): it writes only the

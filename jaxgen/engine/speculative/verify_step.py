@@ -152,8 +152,8 @@ def _accept(engine, draft: Draft, verify, verified, tokens, logprobs) -> list[tu
 
 def _deliver(engine, got_token, logprobs, drafts, kept) -> list[RequestOutput]:
     """Hands each sequence's new tokens to the engine's postprocessing one token at a time (a
-    stop ends the sequence; its later tokens are dropped); the latest output per request."""
-    outputs: dict[str, RequestOutput] = {}
+    stop ends the sequence; its later tokens are dropped); one output per request."""
+    moved = {}
     round_seqs = list(got_token)
     position = 0
     while True:
@@ -168,8 +168,7 @@ def _deliver(engine, got_token, logprobs, drafts, kept) -> list[RequestOutput]:
         if not round_seqs:
             break
         live = {seq_id: entry for seq_id, entry in entries.items() if entry is not None}
-        for out in engine._on_tokens(round_seqs, live):
-            outputs[out.request_id] = out
+        moved |= engine._advance(round_seqs, live)
         round_seqs = []
         position += 1
-    return list(outputs.values())
+    return engine._report(moved)
