@@ -72,7 +72,9 @@ def main() -> None:
             start = time.perf_counter()
             engine.step()
             wall = time.perf_counter() - start
-            rows.append((wall - spent["dispatch"] - spent["wait"], spent["dispatch"], spent["wait"]))
+            rows.append(
+                (wall - spent["dispatch"] - spent["wait"], spent["dispatch"], spent["wait"])
+            )
         decode = rows[2:-1] or rows  # the prefill step and the last (finishing) step apart
         medians = [1e3 * statistics.median(column) for column in zip(*decode, strict=True)]
         if best is None or sum(medians) < sum(best):

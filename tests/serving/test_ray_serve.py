@@ -59,10 +59,24 @@ def ray_serve(tiny_model_dir):
             name=APP,
             route_prefix="/",
         )
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        _until_both_replicas_answer(url)
+        yield url
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _until_both_replicas_answer(url: str, deadline_s: float = 600.0) -> None:
+    """Waits until each replica has answered a request (a replica under a loaded machine may
+    still be compiling its first shapes; what the tests measure is a warm deployment)."""
+    answered, end = set(), time.monotonic() + deadline_s
+    while len(answered) < 2 and time.monotonic() < end:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for result in pool.map(lambda i: one_request(url, i, max_tokens=2), range(4)):
+                if result["outcome"] == "ok":
+                    answered.add(result["replica"])
+    assert len(answered) == 2, f"replicas answering after {deadline_s:.0f} s: {answered}"
 
 
 def client(url: str, timeout: float = 60.0):
