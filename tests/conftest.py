@@ -109,7 +109,7 @@ def fresh_executables(tmp_path, monkeypatch):
 
     from jaxgen.engine import executable_store
 
-    monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path / "executables")
+    monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path)
     monkeypatch.setattr(executable_store, "_PROCESS_EXECUTABLES", {})
     jax.clear_caches()
-    return tmp_path / "executables"
+    return tmp_path

@@ -19,13 +19,11 @@ from jaxgen.engine.executable_store import StoredJit
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    """The store in ``tmp_path`` (the compilation cache need not be on), with this process's
-    executables forgotten for the test (as if it were a new process)."""
-    monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path)
-    monkeypatch.setattr(executable_store, "_PROCESS_EXECUTABLES", {})
+def store(fresh_executables):
+    """The store in a directory of its own (the compilation cache need not be on), with this
+    process's executables forgotten for the test (as if it were a new process)."""
     compile_counter.install()
-    return tmp_path
+    return fresh_executables
 
 
 def _program(x, pool, *, scale=None):

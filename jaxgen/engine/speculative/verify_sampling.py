@@ -137,7 +137,7 @@ class VerifyShapes:
         """Greedy padding verify rows, fitted, for every row bucket a step of ``num_tokens``
         token rows can verify (precompiling)."""
         most = min(num_tokens, self.max_draft_rows)
-        sizes = {self._bucket(rows) for rows in range(1, most + 1)}
+        sizes = {self._shapes(rows).rows_for(rows) for rows in range(1, most + 1)}
         fitted = []
         for size in sorted(sizes):
             tensors, _ = build_sampling_tensors([], size, base_seed=0, step_counter=0)
@@ -145,16 +145,15 @@ class VerifyShapes:
             fitted.append(self.fit(rows))
         return fitted
 
-    def _bucket(self, num_rows: int) -> int:
-        narrow = num_rows <= self.step_shapes.seq_cap
-        return (self.step_shapes if narrow else self.wide_shapes).rows_for(num_rows)
+    def _shapes(self, num_rows: int) -> SamplingShapes:
+        """The step sampler's shapes up to the sequence cap, the wide ones beyond it."""
+        return self.step_shapes if num_rows <= self.step_shapes.seq_cap else self.wide_shapes
 
     def fit(self, rows: VerifyRows) -> tuple[np.ndarray, SamplingTensors]:
         """``rows``' step rows [D] and sampling tensors [D] padded to the row bucket D
         (padding rows read step row 0 and sample greedily; nothing reads them back)."""
         num_rows = rows.step_rows.shape[0]
-        narrow = num_rows <= self.step_shapes.seq_cap
-        sampling = (self.step_shapes if narrow else self.wide_shapes).fit(rows.sampling)
+        sampling = self._shapes(num_rows).fit(rows.sampling)
         step_rows = np.zeros(sampling.temperature.shape[0], np.int32)
         step_rows[:num_rows] = rows.step_rows
         return step_rows, sampling
