@@ -193,7 +193,8 @@ class EngineConfig:
         help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
         "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy and "
         "sampled rows speculate (rejection sampling), rows with structured output do not; "
-        "synchronous steps only (not with async_scheduling or num_scheduler_steps > 1)",
+        "not with num_scheduler_steps > 1; with async_scheduling a step that may carry drafts "
+        "runs synchronously",
     )
     precompile: bool = knob(
         False,
@@ -299,9 +300,9 @@ class EngineConfig:
 
             SpeculativeConfig.from_dict(self.speculative_config)  # ValueError naming the key
             check(
-                not self.async_scheduling and self.num_scheduler_steps == 1,
+                self.num_scheduler_steps == 1,
                 "speculative_config",
-                "needs synchronous steps: async_scheduling off and num_scheduler_steps 1",
+                "needs num_scheduler_steps 1 (a draft is verified by the step after it)",
             )
         check(
             self.quantization in QUANTIZATION_CHOICES,

@@ -28,7 +28,7 @@ class EngineParts:
     layout: StepLayout
     runner: ModelRunner
     grammars: GrammarMasks
-    speculator: Speculator | None  # speculative decoding (``speculative/``), synchronous steps only
+    speculator: Speculator | None  # speculative decoding (``speculative/``)
     verify_shapes: VerifyShapes | None  # with a speculator
 
 
@@ -93,7 +93,7 @@ def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> Eng
                 "(pages are released behind the window) or with LongRoPE"
             )
         speculative = SpeculativeConfig.from_dict(config.speculative_config)
-        speculator = Speculator(speculative)
+        speculator = Speculator(speculative, idle_backoff=config.async_scheduling)
         verify_shapes = VerifyShapes(
             runner.sampling_shapes,
             layout.token_buckets[-1],

@@ -40,7 +40,8 @@ class LLMEngine(Engine):
         self.layout = parts.layout
         self.runner = parts.runner
         self.grammars = parts.grammars
-        # Speculative decoding (``speculative/``): synchronous steps only (EngineConfig checks).
+        # Speculative decoding (``speculative/``); with async_scheduling a step that may carry
+        # drafts runs synchronously (``_drafts_next``).
         self.speculator = parts.speculator
         self.verify_shapes = parts.verify_shapes
         self.requests: dict[str, Request] = {}
@@ -181,6 +182,8 @@ class LLMEngine(Engine):
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
         if self.config.async_scheduling:
+            if self._drafts_next():
+                return speculative_step(self)
             return self._step_ahead()
         if self.speculator is not None:
             return speculative_step(self)
@@ -196,6 +199,16 @@ class LLMEngine(Engine):
         )
         current = self._launch(scheduled, num_steps)
         return self._postprocess(self._read(current), current)
+
+    def _drafts_next(self) -> bool:
+        """Whether the next step may carry drafts (speculation with asynchronous scheduling:
+        nothing in flight, a running sequence may draft): it then runs synchronously, as the
+        drafts need the sequences' last tokens on the host."""
+        return (
+            self.speculator is not None
+            and self.executor.in_flight is None
+            and self.speculator.may_draft(self.scheduler.running)
+        )
 
     def _step_ahead(self) -> list[RequestOutput]:
         """Asynchronous scheduling: launches the next step (if the one in flight allows it),
@@ -216,6 +229,8 @@ class LLMEngine(Engine):
             grammars=self.grammars.matchers,
             max_model_len=self.max_model_len,
         )
+        if self.speculator is not None:  # a sequence about to draft needs its token first
+            ahead = ahead and not self.speculator.may_draft(current.live_seqs())
         if not ahead:
             return self._postprocess(self._read(current), current)
         pending = {seq.seq_id: PENDING_TOKEN for seq in current.live_seqs()}
@@ -233,6 +248,8 @@ class LLMEngine(Engine):
         holding a pending token take it from ``after``'s feed. A failure recovers and raises as
         ``step`` does."""
         start = time.perf_counter()
+        if self.speculator is not None:  # a step without drafts: back-offs count it
+            self.speculator.tick(item.seq for item in scheduled.scheduled)
         try:
             batch = self._build_batch(scheduled, lookahead=num_steps - 1)
             return self.executor.launch(batch, scheduled, start, num_steps, after=after)

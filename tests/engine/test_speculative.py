@@ -119,11 +119,28 @@ def test_bad_config(config, name):
         EngineConfig(speculative_config=config)
 
 
-def test_needs_synchronous_steps():
-    with pytest.raises(ValueError, match="speculative_config"):
-        EngineConfig(speculative_config=NGRAM, async_scheduling=True)
+def test_needs_one_scheduler_step():
     with pytest.raises(ValueError, match="speculative_config"):
         EngineConfig(speculative_config=NGRAM, num_scheduler_steps=4)
+
+
+def test_async_scheduling_output_identical(tiny_loaded, knobs, plain, prompts):
+    """With asynchronous scheduling, steps that may carry drafts run synchronously and the
+    others ahead: both happen, and the output is token for token the plain engine's."""
+    llm = LLM(tiny_loaded, **knobs, speculative_config=NGRAM, async_scheduling=True)
+    params = [
+        greedy(),
+        greedy(max_tokens=45),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=50, ignore_eos=True),
+        greedy(),
+    ]
+    expected = plain.generate(prompts, params)
+    got = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    stats = llm.stats()
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    assert llm.engine.async_steps > 0
+    assert llm.engine.scheduler.allocator.num_used_pages == 0
 
 
 def test_config_defaults():

@@ -31,10 +31,16 @@ class _Backoff:
 
 
 class Speculator:
-    """Proposes drafts for the decode rows that can be verified exactly, and counts."""
+    """Proposes drafts for the decode rows that can be verified exactly, and counts.
 
-    def __init__(self, config: SpeculativeConfig):
+    ``idle_backoff`` (asynchronous scheduling): a sequence for which nothing is proposed backs
+    off as after a wholly rejected draft. There, a step that may draft runs synchronously (the
+    draft needs the last token on the host), so a sequence that keeps proposing nothing would
+    keep every step synchronous."""
+
+    def __init__(self, config: SpeculativeConfig, *, idle_backoff: bool = False):
         self.config = config
+        self.idle_backoff = idle_backoff
         self.backoff: dict[int, _Backoff] = {}
         self.num_drafts = 0  # drafts verified
         self.num_draft_tokens = 0
@@ -73,6 +79,8 @@ class Speculator:
                 seq.token_ids, k, self.config.prompt_lookup_min, self.config.prompt_lookup_max
             )
             if not tokens:
+                if self.idle_backoff:
+                    _miss(state)
                 continue
             pages = allocator.pages_needed(seq.num_tokens + len(tokens)) - len(seq.block_table)
             if pages > spare_pages:
@@ -93,8 +101,24 @@ class Speculator:
         if accepted:
             state.misses = 0
         else:
-            state.skip = min(FIRST_BACKOFF << state.misses, MAX_BACKOFF)
-            state.misses += 1
+            _miss(state)
+
+    def may_draft(self, seqs) -> bool:
+        """Whether one of ``seqs`` may be given a draft at its next step (not backing off, its
+        output verifiable): asynchronous scheduling then runs that step synchronously."""
+        for seq in seqs:
+            state = self.backoff.get(seq.seq_id)
+            if (state is None or state.skip == 0) and _may_ever_verify(seq):
+                return True
+        return False
+
+    def tick(self, seqs) -> None:
+        """A step without drafts ran ``seqs`` (asynchronous scheduling): one step less of each
+        one's back-off, as ``propose`` counts them."""
+        for seq in seqs:
+            state = self.backoff.get(seq.seq_id)
+            if state is not None and state.skip > 0:
+                state.skip -= 1
 
     def pause(self, seq: Sequence) -> None:
         """``seq`` drafts nothing next step (its verify row was cut short or preempted)."""
@@ -115,17 +139,30 @@ class Speculator:
         }
 
 
+def _miss(state: _Backoff) -> None:
+    state.skip = min(FIRST_BACKOFF << state.misses, MAX_BACKOFF)
+    state.misses += 1
+
+
+def _may_ever_verify(seq: Sequence) -> bool:
+    """What of ``_verifiable`` holds for the sequence whatever its progress."""
+    params = seq.params
+    return (
+        not seq.is_finished
+        and not seq.wants_prompt_logprobs
+        and params is not None
+        and params.structured_outputs is None
+    )
+
+
 def _verifiable(seq: Sequence) -> bool:
     """Whether ``seq`` decodes next and its draft positions can be sampled exactly: greedy or
     sampled, with penalties, logit bias, ``min_tokens`` and logprobs (``verify_sampling``), but
     no structured output (a grammar's mask at a draft position needs the matcher advanced
     through the draft) and no prompt logprobs still to compute."""
-    params = seq.params
     return (
         seq.status == SequenceStatus.RUNNING
         and seq.num_uncomputed_tokens == 1
         and seq.num_computed_tokens >= seq.num_prompt_tokens
-        and not seq.wants_prompt_logprobs
-        and params is not None
-        and params.structured_outputs is None
+        and _may_ever_verify(seq)
     )
