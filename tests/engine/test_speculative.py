@@ -5,12 +5,15 @@ rows' distribution: ``test_speculative_sampling.py``."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.speculative.ngram import propose_ngram
+from jaxgen.engine.speculative.speculator import Draft, Speculator
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 PAGE = 16
@@ -63,6 +66,20 @@ def test_propose_ngram():
     assert propose_ngram(tokens, 10, 1, 3) == [4, 5, 1, 2, 3]
     assert propose_ngram([1, 2, 3], 2, 1, 3) == []  # nothing recurs
     assert propose_ngram([5, 9, 5, 7, 5], 1, 1, 2) == [9]  # the earliest occurrence
+
+
+def test_draft_length_and_backoff_follow_acceptance():
+    """A draft cut at a rejection makes the next one accepted + 1 tokens long, a wholly
+    accepted one doubles it (up to k); one with nothing accepted backs off 2, then 4 steps."""
+    speculator = Speculator(SpeculativeConfig.from_dict({"num_speculative_tokens": 8}))
+    seq = types.SimpleNamespace(seq_id=1)
+    state = speculator._state_of(1)
+    for drafted, accepted, length, skip in [(8, 3, 4, 0), (4, 4, 8, 0), (8, 0, 1, 2), (1, 0, 1, 4)]:
+        speculator.record(Draft(seq, [5] * drafted, 10), accepted)
+        assert (state.length, state.skip) == (length, skip)
+    speculator.record(Draft(seq, [5], 10), 1)
+    assert (state.length, state.misses) == (2, 0)
+    assert speculator.stats()["spec_decode_num_accepted_tokens"] == 8
 
 
 def test_greedy_output_identical(plain, speculating, prompts):

@@ -11,7 +11,10 @@ from jaxgen.engine.speculative.ngram import propose_ngram
 
 # After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
 # doubling with each such draft in a row (reset by an accepted token): proposals that keep
-# missing cost a verify row each, so speculation backs off where it does not pay.
+# missing cost a verify row each, so speculation backs off where it does not pay. Its drafts'
+# length follows its acceptance too: after a draft cut at a rejection the next is one token
+# longer than what was accepted, after a wholly accepted one twice as long (up to k), so a
+# sequence whose drafts mostly miss verifies short rows.
 FIRST_BACKOFF, MAX_BACKOFF = 2, 64
 
 
@@ -26,6 +29,7 @@ class Draft:
 
 @dataclasses.dataclass
 class _Backoff:
+    length: int  # the next draft's length at most
     skip: int = 0  # steps left without drafting
     misses: int = 0  # drafts in a row with nothing accepted
 
@@ -61,14 +65,14 @@ class Speculator:
         spare_pages = allocator.num_free_pages
         drafts = []
         for seq in running:
-            state = self.backoff.setdefault(seq.seq_id, _Backoff())
+            state = self._state_of(seq.seq_id)
             if state.skip > 0:
                 state.skip -= 1
                 continue
             if not _verifiable(seq):
                 continue
             k = min(
-                self.config.num_speculative_tokens,
+                state.length,
                 seq.max_tokens - seq.num_generated - 1,
                 max_model_len - seq.num_tokens - 1,
                 spare_tokens,
@@ -91,17 +95,28 @@ class Speculator:
         return drafts
 
     def record(self, draft: Draft, accepted: int) -> None:
-        """Counts a verified draft of which ``accepted`` tokens were kept; backs off on none."""
+        """Counts a verified draft of which ``accepted`` tokens were kept; sets the sequence's
+        next draft length; backs off on none."""
         self.num_drafts += 1
         self.num_draft_tokens += len(draft.tokens)
         self.num_accepted_tokens += accepted
         for position in range(accepted):
             self.accepted_per_position[position] += 1
-        state = self.backoff.setdefault(draft.seq.seq_id, _Backoff())
+        state = self._state_of(draft.seq.seq_id)
+        if accepted == len(draft.tokens):
+            state.length = min(2 * state.length, self.config.num_speculative_tokens)
+        else:
+            state.length = accepted + 1
         if accepted:
             state.misses = 0
         else:
             _miss(state)
+
+    def _state_of(self, seq_id: int) -> _Backoff:
+        state = self.backoff.get(seq_id)
+        if state is None:
+            state = self.backoff[seq_id] = _Backoff(length=self.config.num_speculative_tokens)
+        return state
 
     def may_draft(self, seqs) -> bool:
         """Whether one of ``seqs`` may be given a draft at its next step (not backing off, its
@@ -122,7 +137,8 @@ class Speculator:
 
     def pause(self, seq: Sequence) -> None:
         """``seq`` drafts nothing next step (its verify row was cut short or preempted)."""
-        self.backoff.setdefault(seq.seq_id, _Backoff()).skip = max(self.backoff[seq.seq_id].skip, 1)
+        state = self._state_of(seq.seq_id)
+        state.skip = max(state.skip, 1)
 
     def stats(self) -> dict:
         """vLLM's spec-decode counters, and the rates they give."""
