@@ -4,12 +4,15 @@ an input-grounded workload (the answer repeats spans of the prompt) and plain ch
     python benchmarks/speculative_ngram.py [--tokens 128] [--k 2 4] [--repeats 2]
 
 Each configuration is warmed up first (every shape it meets compiled), then each prompt runs
-alone, greedy; prints output tok/s, the ratio to no speculation, and the acceptance counters.
+alone, greedy, the configurations taking turns prompt by prompt; prints output tok/s, the ratio
+to no speculation by wall time and by the process's CPU time (steadier on a shared machine),
+the compiles during the measured runs (0 when warm) and the acceptance counters.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 CODE = """def total_price(items, tax_rate):
@@ -40,27 +43,59 @@ CHAT = [
 ]
 
 
-def run(llm, prompts, params, repeats: int) -> tuple[float, dict]:
-    """Output tok/s over ``prompts`` run one at a time, ``repeats`` times; the stats delta."""
+STAT_KEYS = (
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
+    "steps",
+    "compiles",
+)
+
+
+@dataclasses.dataclass
+class Tally:
+    """One engine's totals over the measured runs of one workload."""
+
+    tokens: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    stats: dict = dataclasses.field(default_factory=dict)
+
+
+def run_one(llm, prompt: str, params, tally: Tally) -> None:
+    """Runs ``prompt`` alone on ``llm``; adds its tokens, wall and process CPU time, and the
+    engine counters' change to ``tally``."""
     before = llm.stats()
-    tokens, start = 0, time.perf_counter()
-    for _ in range(repeats):
-        for prompt in prompts:
-            out = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)
-            tokens += len(out[0].outputs[0].token_ids)
-    elapsed = time.perf_counter() - start
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)
+    tally.wall_s += time.perf_counter() - wall
+    tally.cpu_s += time.process_time() - cpu
+    tally.tokens += len(out[0].outputs[0].token_ids)
     after = llm.stats()
-    delta = {
-        key: after[key] - before.get(key, 0)
-        for key in (
-            "spec_decode_num_drafts",
-            "spec_decode_num_draft_tokens",
-            "spec_decode_num_accepted_tokens",
-            "steps",
+    for key in STAT_KEYS:
+        if key in after:
+            tally.stats[key] = tally.stats.get(key, 0) + after[key] - before.get(key, 0)
+
+
+def report(workload: str, tallies: dict[str, Tally]) -> None:
+    base = tallies["none"]
+    for name, tally in tallies.items():
+        stats = tally.stats
+        rate = ""
+        if "spec_decode_num_draft_tokens" in stats:
+            drafted = max(stats["spec_decode_num_draft_tokens"], 1)
+            rate = (
+                f"  acceptance {stats['spec_decode_num_accepted_tokens'] / drafted:.2f}"
+                f"  drafts {stats['spec_decode_num_drafts']}"
+            )
+        print(
+            f"{workload:15s} {name:10s} {tally.tokens / tally.wall_s:7.1f} tok/s"
+            f"  x{base.wall_s / tally.wall_s * tally.tokens / base.tokens:.2f} wall"
+            f"  x{base.cpu_s / tally.cpu_s * tally.tokens / base.tokens:.2f} cpu"
+            f"  tokens {tally.tokens}  steps {stats['steps']}"
+            f"  compiles {stats.get('compiles', 0)}{rate}",
+            flush=True,
         )
-        if key in after
-    }
-    return tokens / elapsed, delta
 
 
 def main() -> None:
@@ -86,25 +121,17 @@ def main() -> None:
             "prompt_lookup_max": args.prompt_lookup_max,
         }
         engines[f"ngram k={k}"] = LLM(loaded, **knobs, speculative_config=config)
-    for llm in engines.values():  # warm-up: every shape both workloads meet
-        run(llm, GROUNDED + CHAT, params, 1)
+    for llm in engines.values():  # warm-up: every shape both workloads meet, the second
+        for prompt in 2 * (GROUNDED + CHAT):  # time a prompt with its prefix cached
+            run_one(llm, prompt, params, Tally())
     for workload, prompts in (("input-grounded", GROUNDED), ("chat", CHAT)):
-        base = None
-        for name, llm in engines.items():
-            tok_s, delta = run(llm, prompts, params, args.repeats)
-            base = base or tok_s
-            rate = ""
-            if "spec_decode_num_draft_tokens" in delta:
-                drafted = max(delta["spec_decode_num_draft_tokens"], 1)
-                rate = (
-                    f"  acceptance {delta['spec_decode_num_accepted_tokens'] / drafted:.2f}"
-                    f"  drafts {delta['spec_decode_num_drafts']}"
-                )
-            print(
-                f"{workload:15s} {name:10s} {tok_s:7.1f} tok/s  x{tok_s / base:.2f}"
-                f"  steps {delta['steps']}{rate}",
-                flush=True,
-            )
+        # Engines take turns prompt by prompt, so a change in the machine's load falls on all.
+        tallies = {name: Tally() for name in engines}
+        for _ in range(args.repeats):
+            for prompt in prompts:
+                for name, llm in engines.items():
+                    run_one(llm, prompt, params, tallies[name])
+        report(workload, tallies)
 
 
 if __name__ == "__main__":
