@@ -108,7 +108,7 @@ async def serve(request: Request, parse, format_class) -> Response:
             Generation(state, ticket, prompt, params, grammar)
             for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
         ]
-        if parsed.beams is not None:  # use_beam_search: n best beams per prompt, not streamed
+        if parsed.beams is not None:  # use_beam_search: n best beams per prompt
             generations = [
                 BeamGeneration(state, ticket, prompt, beam, parsed.n)
                 for prompt, beam in zip(parsed.prompts, parsed.beams, strict=True)
