@@ -1,5 +1,6 @@
 """Beam search (``LLM.beam_search``) on a tiny random Llama (fp32): the same beams and scores as
-a plain reference beam search over transformers' full-forward logits, and beams sharing pages."""
+a plain reference beam search over transformers' full-forward logits and as transformers' own
+``generate(num_beams=k)`` (where the two are defined to agree), and beams sharing pages."""
 
 from __future__ import annotations
 
@@ -89,6 +90,60 @@ def test_matches_reference_beam_search(
             assert sequence.text == llm.get_tokenizer().decode(sequence.tokens)
     assert not llm.engine.has_unfinished()
     assert llm.engine.scheduler.allocator.num_used_pages == 0  # every beam's pages returned
+
+
+def hf_beam_search(model, prompt, width, max_tokens, length_penalty):
+    """transformers' own beam search, ``width`` sequences best first with its
+    ``sequences_scores``: here every beam runs ``max_tokens`` tokens (``min_new_tokens`` masks
+    EOS to -inf after the log-softmax, leaving the other tokens' logprobs as they are)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=width,
+            num_return_sequences=width,
+            length_penalty=length_penalty,
+            early_stopping=True,
+            min_new_tokens=max_tokens,
+            max_new_tokens=max_tokens,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    return out.sequences.tolist(), out.sequences_scores.tolist()
+
+
+@pytest.mark.parametrize("length_penalty", [1.0, 2.0])
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_matches_transformers_generate(llm, hf_model, smollm2_tokenizer, width, length_penalty):
+    """``generate(num_beams=k, do_sample=False, length_penalty=lp)`` where the two searches are
+    defined to agree: no beam ends early (``ignore_eos`` here, ``min_new_tokens`` there). Each
+    step both keep the ``k`` candidates of the highest cumulative logprob (all have one length),
+    so the sequences and their order are the same; the scores differ only in the length each
+    divides by: transformers' ``sequences_scores`` is ``cum_logprob / generated ** lp``,
+    jaxgen's (vLLM's) ``beam_search_score`` is ``cum_logprob / (prompt + generated) ** lp``."""
+    max_tokens = 5
+    prompt = smollm2_tokenizer.encode("The quick brown fox jumps over", add_special_tokens=True)
+    params = BeamSearchParams(
+        beam_width=width, max_tokens=max_tokens, length_penalty=length_penalty, ignore_eos=True
+    )
+    (output,) = llm.beam_search([prompt], params)
+    eos = set(llm.loaded.config.eos_token_ids)
+    # Precondition of the mapping: no beam extended with EOS (transformers' would be masked).
+    assert not any(eos & set(s.output_token_ids) for s in output.sequences)
+    sequences, scores = hf_beam_search(hf_model, prompt, width, max_tokens, length_penalty)
+    assert [s.tokens for s in output.sequences] == sequences
+    for sequence, hf_score in zip(output.sequences, scores, strict=True):
+        generated = len(sequence.output_token_ids)
+        assert generated == max_tokens
+        assert sequence.cum_logprob / generated**length_penalty == pytest.approx(hf_score, abs=1e-4)
+        jaxgen_score = beam_search_score(sequence.tokens, sequence.cum_logprob, eos, length_penalty)
+        assert jaxgen_score * (len(sequence.tokens) / generated) ** length_penalty == (
+            pytest.approx(hf_score, abs=1e-4)
+        )
 
 
 def test_beams_share_pages(tiny_loaded):
