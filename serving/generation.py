@@ -241,6 +241,17 @@ class Generation:
         self.state.metrics.observe_finished(output.metrics, reason, generated)
 
 
+async def run_all(generations: list) -> list:
+    """Runs the generations together; if one fails, the others are cancelled (and aborted)."""
+    tasks = [asyncio.ensure_future(generation.run()) for generation in generations]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
     """Interleaves several async iterators as ``(index, item)``; errors propagate."""
     if len(streams) == 1:

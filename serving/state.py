@@ -30,6 +30,7 @@ class Limits:
     max_total_tokens: int
     max_concurrent_requests: int
     max_stop_sequences: int
+    max_best_of: int
     max_body_bytes: int
     vocab_size: int
     max_logit_bias: int
@@ -57,6 +58,7 @@ class Limits:
             total,
             settings.max_concurrent_requests,
             settings.max_stop_sequences,
+            settings.max_best_of,
             settings.max_body_bytes,
             vocab,
             settings.max_logit_bias,

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from jaxgen.beam_search_params import MAX_BEAM_WIDTH, MAX_LENGTH_PENALTY, BeamSearchParams
 from jaxgen.engine.async_beam_search import beam_search
-from serving.generation import Completion, GenerationAborted, GenerationFailed, GenerationResult
+from serving.generation import (
+    Completion,
+    Delta,
+    GenerationAborted,
+    GenerationFailed,
+    GenerationResult,
+)
 from serving.validation import Fields, RequestError
 
 # Fields whose effect beam search cannot honour: set to anything but their neutral value, the
 # request is refused (400 naming the field) rather than silently answered without them.
 NEUTRAL = {
-    "stream": (None, False),
     "stop": (None, [], ""),
     "logprobs": (None, False),
     "top_logprobs": (None,),
@@ -75,7 +80,9 @@ def beam_search_params(fields: Fields, params: list, n: int) -> list[BeamSearchP
 
 
 class BeamGeneration:
-    """One prompt's beam search, answered as ``n`` completions (the best beams, best first)."""
+    """One prompt's beam search, answered as ``n`` completions (the best beams, best first).
+    Streamed as vLLM streams beam search: nothing until the search ends, then one delta per
+    completion (its whole text and finish reason)."""
 
     def __init__(self, state, ticket, prompt_token_ids: list[int], params: BeamSearchParams, n):
         self.state = state
@@ -84,8 +91,15 @@ class BeamGeneration:
         self.params = params
         self.n = n
         self.prompt_logprobs = None
+        self.completions: list[Completion] = []
+        self.cut_reason: str | None = None  # "abort" or "error" when the search was cut short
+
+    @property
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.prompt_token_ids, self.completions)
 
     async def run(self) -> GenerationResult:
+        self.cut_reason = "abort"
         try:
             best = await beam_search(
                 self.state.llm, self.prompt_token_ids, self.params, self.ticket.new_request_id
@@ -95,8 +109,10 @@ class BeamGeneration:
         except RuntimeError as error:
             if "shut down" in str(error):
                 raise GenerationAborted("the engine is shut down") from None
+            self.cut_reason = "error"
             raise GenerationFailed(str(error)) from None
-        completions = [
+        self.cut_reason = None
+        self.completions = [
             Completion(
                 index=i,
                 text=sequence.text,
@@ -106,4 +122,28 @@ class BeamGeneration:
             )
             for i, sequence in enumerate(best[: self.n])
         ]
-        return GenerationResult(self.prompt_token_ids, completions)
+        return self.result
+
+    async def stream(self):
+        """Yields, once the search ends, one list of one ``Delta`` per completion."""
+        await self.run()
+        for completion in self.completions:
+            ids = completion.token_ids
+            texts = [""] * (len(ids) - 1) + [completion.text] if ids else []
+            yield [
+                Delta(
+                    completion.index,
+                    completion.text,
+                    ids,
+                    texts,
+                    None,
+                    completion.finish_reason,
+                    completion.stop_reason,
+                )
+            ]
+
+    def cut_deltas(self) -> list[Delta]:
+        """A stream cut before the search ended: every completion ends with the reason."""
+        if self.cut_reason is None:
+            return []
+        return [Delta(i, "", [], [], None, self.cut_reason) for i in range(self.n)]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -12,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.common import ERROR_STATUS, accept, error_response, prepare
-from serving.generation import Generation, GenerationAborted, GenerationFailed, merge
+from serving.generation import Generation, GenerationAborted, GenerationFailed, merge, run_all
 from serving.openai.beam_search_requests import BeamGeneration
 from serving.openai.format import ChatFormat, CompletionFormat, usage
 from serving.openai.requests import parse_chat, parse_completion
@@ -109,7 +108,7 @@ async def serve(request: Request, parse, format_class) -> Response:
             Generation(state, ticket, prompt, params, grammar)
             for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
         ]
-        if parsed.beams is not None:  # use_beam_search: n best beams per prompt, not streamed
+        if parsed.beams is not None:  # use_beam_search: n best beams per prompt
             generations = [
                 BeamGeneration(state, ticket, prompt, beam, parsed.n)
                 for prompt, beam in zip(parsed.prompts, parsed.beams, strict=True)
@@ -142,17 +141,6 @@ def openai_constraint(body: dict):
 def request_id_of(request: Request) -> str:
     """The client's ``X-Request-Id`` (``RequestIdMiddleware``) or a new id."""
     return getattr(request.state, "request_id", None) or uuid.uuid4().hex
-
-
-async def run_all(generations: list[Generation]) -> list:
-    """Runs the generations together; if one fails, the others are cancelled (and aborted)."""
-    tasks = [asyncio.ensure_future(generation.run()) for generation in generations]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stream_chunks(formatter, generations: list[Generation]):

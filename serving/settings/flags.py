@@ -38,7 +38,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--max-input-tokens", type=int, help="longest prompt (env MAX_INPUT_TOKENS)")
     add("--max-total-tokens", type=int, help="prompt + new tokens limit (env MAX_TOTAL_TOKENS)")
-    add("--max-stop-sequences", type=int, help="most stop sequences per request (default 4)")
+    add(
+        "--max-stop-sequences",
+        type=int,
+        help="most stop sequences per request (default 4; env MAX_STOP_SEQUENCES)",
+    )
+    add(
+        "--max-best-of",
+        type=int,
+        help="largest TGI `best_of`: sequences sampled per /generate request (default 2; "
+        "env MAX_BEST_OF)",
+    )
     add("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
     add("--drain-timeout", type=float, help="seconds SIGTERM waits for requests (default 30)")
     add("--body-read-timeout", type=float, help="seconds to read a request body (default 30)")

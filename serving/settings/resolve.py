@@ -34,6 +34,7 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_MAX_STOP_SEQUENCES = 4
+DEFAULT_MAX_BEST_OF = 2  # TGI's default
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_BODY_READ_TIMEOUT = 30.0
 DEFAULT_HEADER_READ_TIMEOUT = 10.0
@@ -56,6 +57,8 @@ ENV_VARS = {
     "PORT": "port",
     "DTYPE": "dtype",
     "MAX_CONCURRENT_REQUESTS": "max_concurrent_requests",
+    "MAX_BEST_OF": "max_best_of",
+    "MAX_STOP_SEQUENCES": "max_stop_sequences",
     "MAX_INPUT_TOKENS": "max_input_tokens",
     "MAX_INPUT_LENGTH": "max_input_tokens",
     "MAX_TOTAL_TOKENS": "max_total_tokens",
@@ -103,6 +106,7 @@ class ServerSettings:
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
     max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES
+    max_best_of: int = DEFAULT_MAX_BEST_OF  # TGI's ``best_of``: sequences per request
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT
@@ -232,6 +236,7 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         ("max_total_tokens", 2),
         ("kv_cache_tokens", 1),
         ("max_stop_sequences", 0),
+        ("max_best_of", 1),
         ("max_body_bytes", 1024),
         ("max_connections", 1),
         ("max_header_bytes", 1024),

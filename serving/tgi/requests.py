@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.sampling_params import SamplingParams
 from serving.common import encode_text, random_seed
 from serving.structured_output_requests import tgi_grammar
-from serving.validation import Fields, build_sampling_params, check_lengths, check_token_ids
+from serving.validation import (
+    Fields,
+    RequestError,
+    build_sampling_params,
+    check_lengths,
+    check_token_ids,
+)
 
 PARAM_NAMES = {
     "max_tokens": "max_new_tokens",
@@ -23,16 +30,19 @@ DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 
 @dataclasses.dataclass
 class TgiRequest:
-    """A checked TGI request."""
+    """A checked TGI request. ``best_of`` > 1: ``sequence_params`` holds one ``SamplingParams``
+    per sequence, each with a seed of its own (``params`` is the first)."""
 
     inputs: str
     prompt_token_ids: list[int]
-    params: object
+    params: SamplingParams
     details: bool
     decoder_input_details: bool
     return_full_text: bool
     top_n_tokens: int
     seed: int | None
+    best_of: int = 1
+    sequence_params: list[SamplingParams] = dataclasses.field(default_factory=list)
 
 
 def parse_request(state, body: dict) -> TgiRequest:
@@ -46,7 +56,6 @@ def parse_request(state, body: dict) -> TgiRequest:
     p.unsupported("adapter_id")
     p.unsupported("watermark", allowed=lambda v: v is False)
     p.unsupported("typical_p", allowed=lambda v: isinstance(v, (int, float)) and v >= 1.0)
-    p.unsupported("best_of", allowed=lambda v: v == 1)
     max_new_tokens = p.integer("max_new_tokens", minimum=1)
     temperature = p.number("temperature", minimum=0.0)
     top_k = p.integer("top_k", minimum=0)
@@ -61,6 +70,7 @@ def parse_request(state, body: dict) -> TgiRequest:
     return_full_text = p.boolean("return_full_text", False)
     truncate = p.integer("truncate", minimum=1)
     top_n_tokens = p.integer("top_n_tokens", 0, minimum=0, maximum=MAX_TOP_N_TOKENS)
+    best_of = p.integer("best_of", 1, minimum=1, maximum=limits.max_best_of)
 
     # With ``truncate`` a long input is cut after tokenizing: no length check before.
     prompt_token_ids = encode_text(state, inputs, "inputs", check=truncate is None)
@@ -84,6 +94,7 @@ def parse_request(state, body: dict) -> TgiRequest:
     )
     if temperature == 0.0:
         sampling = False
+    check_best_of(p, best_of, sampling, seed)
     if sampling and seed is None:
         seed = random_seed()
     params = build_sampling_params(
@@ -100,6 +111,9 @@ def parse_request(state, body: dict) -> TgiRequest:
         structured_outputs=tgi_grammar(p),
         prompt_logprobs=0 if decoder_input_details and details else None,
     )
+    sequence_params = [params] + [
+        dataclasses.replace(params, seed=random_seed()) for _ in range(best_of - 1)
+    ]
     return TgiRequest(
         inputs,
         prompt_token_ids,
@@ -109,4 +123,17 @@ def parse_request(state, body: dict) -> TgiRequest:
         return_full_text,
         top_n_tokens,
         seed if sampling else None,
+        best_of,
+        sequence_params,
     )
+
+
+def check_best_of(p: Fields, best_of: int, sampling: bool, seed: int | None) -> None:
+    """TGI's rules for ``best_of`` > 1 (its router's messages): the sequences must be sampled,
+    each with a seed of its own, so a request's ``seed`` is refused."""
+    if best_of == 1:
+        return
+    if not sampling:
+        raise RequestError("you must use sampling when `best_of` is > 1", param=p.name("best_of"))
+    if seed is not None:
+        raise RequestError("`seed` must not be set when `best_of` > 1", param=p.name("seed"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 from starlette.requests import Request
@@ -19,6 +20,7 @@ from serving.generation import (
     Generation,
     GenerationAborted,
     GenerationFailed,
+    run_all,
     token_logprob,
 )
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
@@ -37,6 +39,10 @@ def parse_stream_request(state, body: dict) -> TgiRequest:
         raise RequestError(
             "`decoder_input_details` == true is not supported when streaming tokens",
             param="parameters.decoder_input_details",
+        )
+    if parsed.best_of != 1:  # as TGI: the best sequence is known only at the end
+        raise RequestError(
+            "`best_of` != 1 is not supported when streaming tokens", param="parameters.best_of"
         )
     return parsed
 
@@ -61,15 +67,19 @@ async def admit_and_prepare(request: Request, parse) -> tuple:
 
 
 async def generate(request: Request) -> Response:
-    """``POST /generate``: the whole completion as one JSON object."""
+    """``POST /generate``: the whole completion as one JSON object; with ``best_of`` > 1 the
+    sequence of the highest mean token logprob, the others in ``details.best_of_sequences``."""
     received = time.monotonic()
     try:
         state, ticket, parsed, grammar = await admit_and_prepare(request, parse_request)
     except RequestError as error:
         return tgi_error(error)
     try:
-        generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params, grammar)
-        result = await run_until_disconnect(request.receive, generation.run())
+        generations = [
+            Generation(state, ticket, parsed.prompt_token_ids, params, grammar)
+            for params in parsed.sequence_params
+        ]
+        results = await run_until_disconnect(request.receive, run_all(generations))
     except RequestError as error:
         return tgi_error(error)
     except GenerationAborted as error:
@@ -78,38 +88,63 @@ async def generate(request: Request) -> Response:
         return tgi_error(RequestError(f"Generation failed: {error}", kind="generation"))
     finally:
         ticket.release()
-    texts = state.token_texts
-    completion = result.completions[0]
-    generated_text = (parsed.inputs if parsed.return_full_text else "") + completion.text
-    answer: dict = {"generated_text": generated_text}
+    sequences = [
+        sequence_json(state.token_texts, parsed, result, params.seed)
+        for result, params in zip(results, parsed.sequence_params, strict=True)
+    ]
+    best = max(range(len(results)), key=lambda i: mean_logprob(results[i].completions[0]))
+    answer: dict = {"generated_text": sequences[best]["generated_text"]}
     if parsed.details:
-        logprobs = completion.logprobs or [None] * len(completion.token_ids)
-        tokens = [
-            token_json(texts, t, text, token_logprob(entry, t))
-            for t, text, entry in zip(
-                completion.token_ids, completion.token_texts, logprobs, strict=True
-            )
-        ]
-        details = {
-            "finish_reason": finish_reason(completion),
-            "generated_tokens": len(completion.token_ids),
-            "seed": parsed.seed,
-            "prefill": prefill_json(texts, parsed, result.prompt_logprobs)
-            if parsed.decoder_input_details
-            else [],
-            "tokens": tokens,
-            "best_of_sequences": None,
-        }
-        if parsed.top_n_tokens:
-            details["top_tokens"] = [
-                top_tokens_json(texts, e, parsed.top_n_tokens) for e in logprobs
-            ]
+        details = {k: v for k, v in sequences[best].items() if k != "generated_text"}
+        details["best_of_sequences"] = (
+            [s for i, s in enumerate(sequences) if i != best] if parsed.best_of > 1 else None
+        )
         answer["details"] = details
+    result = results[best]
     headers = timing_headers(
-        result.metrics, len(parsed.prompt_token_ids), len(completion.token_ids), received
+        result.metrics,
+        len(parsed.prompt_token_ids),
+        len(result.completions[0].token_ids),
+        received,
     )
     headers["x-compute-type"] = state.compute_type
     return JSONResponse(answer, headers=headers)
+
+
+def mean_logprob(completion) -> float:
+    """TGI's rank of a ``best_of`` sequence: its generated tokens' mean logprob."""
+    logprobs = [
+        token_logprob(entry, token)
+        for token, entry in zip(completion.token_ids, completion.logprobs or [], strict=False)
+    ]
+    if not logprobs or any(lp is None for lp in logprobs):
+        return -math.inf
+    return sum(logprobs) / len(logprobs)
+
+
+def sequence_json(texts, parsed: TgiRequest, result, seed: int | None) -> dict:
+    """One generated sequence as TGI's details (and ``best_of_sequences`` entries) give it."""
+    completion = result.completions[0]
+    logprobs = completion.logprobs or [None] * len(completion.token_ids)
+    tokens = [
+        token_json(texts, t, text, token_logprob(entry, t))
+        for t, text, entry in zip(
+            completion.token_ids, completion.token_texts, logprobs, strict=True
+        )
+    ]
+    sequence = {
+        "generated_text": (parsed.inputs if parsed.return_full_text else "") + completion.text,
+        "finish_reason": finish_reason(completion),
+        "generated_tokens": len(completion.token_ids),
+        "seed": seed,
+        "prefill": prefill_json(texts, parsed, result.prompt_logprobs)
+        if parsed.decoder_input_details
+        else [],
+        "tokens": tokens,
+    }
+    if parsed.top_n_tokens:
+        sequence["top_tokens"] = [top_tokens_json(texts, e, parsed.top_n_tokens) for e in logprobs]
+    return sequence
 
 
 async def generate_stream(request: Request) -> Response:
@@ -198,7 +233,7 @@ async def info(request: Request) -> Response:
         "model_device_type": state.compute_type,
         "model_pipeline_tag": "text-generation",
         "max_concurrent_requests": settings.max_concurrent_requests,
-        "max_best_of": 1,
+        "max_best_of": limits.max_best_of if limits else settings.max_best_of,
         "max_stop_sequences": settings.max_stop_sequences,
         "max_input_tokens": limits.max_input_tokens if limits else settings.max_input_tokens,
         "max_total_tokens": limits.max_total_tokens if limits else settings.max_total_tokens,

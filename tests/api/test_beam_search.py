@@ -1,5 +1,6 @@
 """Beam search (``LLM.beam_search``) on a tiny random Llama (fp32): the same beams and scores as
-a plain reference beam search over transformers' full-forward logits, and beams sharing pages."""
+a plain reference beam search over transformers' full-forward logits and as transformers' own
+``generate(num_beams=k)`` (where the two are defined to agree), and beams sharing pages."""
 
 from __future__ import annotations
 
@@ -89,6 +90,70 @@ def test_matches_reference_beam_search(
             assert sequence.text == llm.get_tokenizer().decode(sequence.tokens)
     assert not llm.engine.has_unfinished()
     assert llm.engine.scheduler.allocator.num_used_pages == 0  # every beam's pages returned
+
+
+def hf_beam_search(model, prompt, width, max_tokens, length_penalty):
+    """transformers' own beam search (``generate(num_beams=width)``), ``width`` sequences best
+    first and their ``sequences_scores``. ``eos_token_id=[-1]`` (an id no token has) is
+    ``ignore_eos``: EOS an ordinary token, so every beam runs ``max_tokens`` tokens."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            num_beams=width,
+            num_return_sequences=width,
+            length_penalty=length_penalty,
+            max_new_tokens=max_tokens,
+            eos_token_id=[-1],
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences.tolist(), out.sequences_scores.tolist()
+
+
+def check_matches_transformers(llm, model, prompt, width, max_tokens, length_penalty):
+    """``LLM.beam_search(..., ignore_eos=True)`` against ``hf_beam_search``: where no beam ends
+    early the two are defined to agree. Each step both keep the ``width`` candidates of the
+    highest cumulative logprob (all of one length), so the sequences and their order are the
+    same; the scores differ only in the length each divides by: transformers'
+    ``sequences_scores`` is ``cum_logprob / generated ** lp``, jaxgen's (vLLM's)
+    ``beam_search_score`` is ``cum_logprob / (prompt + generated) ** lp``."""
+    params = BeamSearchParams(
+        beam_width=width, max_tokens=max_tokens, length_penalty=length_penalty, ignore_eos=True
+    )
+    (output,) = llm.beam_search([prompt], params)
+    eos = set(llm.loaded.config.eos_token_ids)
+    sequences, scores = hf_beam_search(model, prompt, width, max_tokens, length_penalty)
+    assert [s.tokens for s in output.sequences] == sequences
+    for sequence, hf_score in zip(output.sequences, scores, strict=True):
+        generated = len(sequence.output_token_ids)
+        assert generated == max_tokens
+        assert sequence.cum_logprob / generated**length_penalty == pytest.approx(hf_score, abs=1e-4)
+        score = beam_search_score(sequence.tokens, sequence.cum_logprob, eos, length_penalty)
+        if sequence.tokens[-1] not in eos:  # (a final EOS is not counted in jaxgen's length)
+            ratio = (len(sequence.tokens) / generated) ** length_penalty
+            assert score * ratio == pytest.approx(hf_score, abs=1e-4)
+
+
+@pytest.mark.parametrize("length_penalty", [1.0, 2.0])
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_matches_transformers_generate(llm, hf_model, smollm2_tokenizer, width, length_penalty):
+    prompt = smollm2_tokenizer.encode("The quick brown fox jumps over", add_special_tokens=True)
+    check_matches_transformers(llm, hf_model, prompt, width, 5, length_penalty)
+
+
+@pytest.mark.slow
+def test_default_model_matches_transformers_generate(smollm2_loaded, smollm2_hf, smollm2_tokenizer):
+    """The same on the default model (fp32; transformers' weights dequantised from the GGUF),
+    whose beams do pick EOS tokens past their end here (8 beams)."""
+    llm = LLM(smollm2_loaded, **SMALL)
+    prompt = smollm2_tokenizer.encode("The capital of France is", add_special_tokens=True)
+    for width in (2, 4, 8):
+        check_matches_transformers(llm, smollm2_hf, prompt, width, 8, 1.0)
 
 
 def test_beams_share_pages(tiny_loaded):

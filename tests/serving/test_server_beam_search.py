@@ -9,6 +9,7 @@ from serving.app import create_app
 from serving.settings.resolve import ServerSettings
 from serving.testing import TINY_ENGINE_KNOBS, ServerThread, shared_llm
 from tests.api.test_beam_search import reference_beam_search
+from tests.serving.server_checks import sse_payloads
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +57,69 @@ def test_chat_beams(http):
     assert len(response.json()["choices"]) == 2
 
 
+def streamed(http, path: str, body: dict) -> list:
+    with http.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return sse_payloads(response.iter_lines())
+
+
+def test_completion_beams_stream(http):
+    """As vLLM streams beam search: once the search ends, one chunk per choice (its whole text
+    and finish reason), the usage chunk with ``include_usage``, then ``[DONE]``."""
+    body = {
+        "model": "tiny",
+        "prompt": ["The quick brown fox jumps over", "Hello"],
+        "max_tokens": 5,
+        "n": 2,
+        "best_of": 3,
+        "use_beam_search": True,
+    }
+    whole = http.post("/v1/completions", json=body).json()
+    events = streamed(http, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    assert all(len(c["choices"]) == 1 and c["usage"] is None for c in chunks)
+    choices = sorted((c["choices"][0] for c in chunks), key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for got, expected in zip(choices, whole["choices"], strict=True):
+        assert got["text"] == expected["text"]
+        assert got["finish_reason"] == expected["finish_reason"]
+        assert got["finish_reason"] in ("stop", "length")
+
+
+def test_chat_beams_stream(http):
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_completion_tokens": 3,
+        "n": 2,
+        "use_beam_search": True,
+    }
+    whole = http.post("/v1/chat/completions", json=body).json()
+    events = streamed(http, "/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    roles = [c for c in events[:-1] if c["choices"][0]["delta"].get("role")]
+    assert [c["choices"][0]["index"] for c in roles] == [0, 1]
+    finals = [c["choices"][0] for c in events[:-1] if c["choices"][0]["finish_reason"]]
+    assert sorted(c["index"] for c in finals) == [0, 1]
+    for final in finals:
+        expected = whole["choices"][final["index"]]
+        content = "".join(
+            c["choices"][0]["delta"].get("content") or ""
+            for c in events[:-1]
+            if c["choices"][0]["index"] == final["index"]
+        )
+        assert content == expected["message"]["content"]
+        assert final["finish_reason"] == expected["finish_reason"]
+
+
 @pytest.mark.parametrize(
     "extra,param",
     [
         ({"temperature": 0.7}, "temperature"),
-        ({"stream": True}, "stream"),
+        ({"stream": True, "logprobs": 1}, "logprobs"),
         ({"best_of": 1, "n": 2}, "best_of"),
         ({"best_of": 11}, "best_of"),
         ({"logprobs": 2}, "logprobs"),

@@ -91,10 +91,12 @@ def test_tgi_environment_overrides_file(properties_file):
         "MAX_BATCH_TOTAL_TOKENS": "50000",
         "SM_NUM_GPUS": "2",
         "DTYPE": "float16",
+        "MAX_BEST_OF": "4",
     }
     settings = resolve_settings({}, environ, properties_file)
     assert settings.model == "/models/from-env"
     assert settings.max_concurrent_requests == 7
+    assert settings.max_best_of == 4
     assert settings.max_input_tokens == 100
     assert settings.max_total_tokens == 200
     assert settings.engine["max_rolling_batch_prefill_tokens"] == 2048
@@ -207,6 +209,7 @@ def test_kv_cache_memory_units(text, value):
         ({"kv_cache_memory": "lots"}, {}, "kv_cache_memory"),
         ({"port": 70000}, {}, "port"),
         ({"drain_timeout": -1}, {}, "drain_timeout"),
+        ({}, {"MAX_BEST_OF": "0"}, "max_best_of from environment"),
         ({"max_input_tokens": 10, "max_total_tokens": 10}, {}, "max_input_tokens"),
         ({"enable_prefix_caching": "maybe"}, {}, "enable_prefix_caching"),
         ({}, {"OPTION_PRECOMPILE": "sometimes"}, "precompile from environment"),
