@@ -23,6 +23,10 @@ class Draft:
     tokens: list[int]
     num_tokens: int  # the sequence's tokens before the draft
 
+    def cut(self, num_tokens: int) -> Draft:
+        """This draft's first ``num_tokens`` tokens (a grammar refused the next one)."""
+        return dataclasses.replace(self, tokens=self.tokens[:num_tokens])
+
 
 @dataclasses.dataclass
 class _Backoff:
@@ -45,7 +49,7 @@ class Speculator:
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
     ) -> list[Draft]:
         """Drafts for ``running`` sequences, without appending them. A draft needs a decoding
-        sequence without a grammar (its masks would have to follow the draft), the room in
+        sequence (a constrained one's draft is cut to its grammar afterwards), the room in
         ``max_tokens`` and ``max_model_len``, its pages free now (speculation never preempts)
         and its tokens in ``token_budget`` beside one token for every running sequence."""
         live = {seq.seq_id for seq in running}
@@ -117,9 +121,8 @@ class Speculator:
 
 def _verifiable(seq: Sequence) -> bool:
     """Whether ``seq`` decodes next and its draft positions can be sampled exactly: greedy or
-    sampled, with penalties, logit bias, ``min_tokens`` and logprobs (``verify_sampling``), but
-    no structured output (a grammar's mask at a draft position needs the matcher advanced
-    through the draft) and no prompt logprobs still to compute."""
+    sampled, with penalties, logit bias, ``min_tokens``, logprobs (``verify_sampling``) and
+    structured output (``grammar_drafts``), but no prompt logprobs still to compute."""
     params = seq.params
     return (
         seq.status == SequenceStatus.RUNNING
@@ -127,5 +130,4 @@ def _verifiable(seq: Sequence) -> bool:
         and seq.num_computed_tokens >= seq.num_prompt_tokens
         and not seq.wants_prompt_logprobs
         and params is not None
-        and params.structured_outputs is None
     )
