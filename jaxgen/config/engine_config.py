@@ -192,7 +192,8 @@ class EngineConfig:
         None,
         help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
         "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy and "
-        "sampled rows speculate (rejection sampling), rows with structured output do not; "
+        "sampled rows speculate (rejection sampling), rows with structured output too (drafts "
+        "cut to the grammar, each position under its mask); "
         "synchronous steps only (not with async_scheduling or num_scheduler_steps > 1)",
     )
     precompile: bool = knob(
