@@ -298,10 +298,13 @@ class GrammarMasks:
         (speculative decoding): row i is the mask after the first i draft tokens. n counts
         the draft tokens the grammar takes in order, up to the first it refuses and at most
         through the first that ends it (then row n allows only EOS). The matcher is advanced
-        through them and rolled back: it is left where it was."""
+        through them and rolled back: it is left where it was. [0, W] when the grammar refuses
+        the draft's first token (nothing to verify)."""
         matcher = self.matchers[seq_id]
         start = time.perf_counter()
         valid = matcher.validate_tokens(draft)
+        if valid == 0:
+            return np.empty((0, self.compiler.mask_width), np.int32)
         masks = np.empty((valid + 1, self.compiler.mask_width), np.int32)  # [n + 1, W]
         row_bytes = masks.shape[1] * 4
         matcher.unsafe_compute_mask_ptr(masks[0].ctypes.data, row_bytes)

@@ -35,7 +35,7 @@ def constrain_drafts(
             continue
         draft_masks = grammars.draft_masks(seq_id, draft.tokens)
         num_tokens = draft_masks.shape[0] - 1
-        if num_tokens == 0:
+        if num_tokens < 1:
             continue
         kept.append(draft if num_tokens == len(draft.tokens) else draft.cut(num_tokens))
         masks[seq_id] = draft_masks
