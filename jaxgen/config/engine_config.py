@@ -192,9 +192,9 @@ class EngineConfig:
         None,
         help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
         "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy and "
-        "sampled rows speculate (rejection sampling), rows with structured output do not; "
-        "not with num_scheduler_steps > 1; with async_scheduling a step that may carry drafts "
-        "runs synchronously",
+        "sampled rows speculate (rejection sampling), rows with structured output too (drafts "
+        "cut to the grammar, each position under its mask); not with num_scheduler_steps > 1; "
+        "with async_scheduling a step that may carry drafts runs synchronously",
     )
     precompile: bool = knob(
         False,

@@ -11,7 +11,8 @@ A matcher advances on each token its sequence keeps. Preemption recomputes a seq
 tokens without dropping generated ones, so the matcher stays where it was; a sequence whose
 grammar admits no further token (only EOS) finishes with ``"stop"``, one whose matcher refuses
 its token (llguidance's parser out of its limits) with ``"error"`` (``GrammarMasks.error``
-says why).
+says why). Speculative decoding (``draft_masks``) advances a matcher through a draft to
+compute the mask at each draft position, and rolls it back at once.
 """
 
 from __future__ import annotations
@@ -291,6 +292,34 @@ class GrammarMasks:
             batch.sampling, token_bitmask=bitmask, constrained=constrained
         )
         return dataclasses.replace(batch, sampling=sampling)
+
+    def draft_masks(self, seq_id: int, draft: list[int]) -> np.ndarray:
+        """The masks [n + 1, W] of a constrained sequence's next n + 1 tokens along ``draft``
+        (speculative decoding): row i is the mask after the first i draft tokens. n counts
+        the draft tokens the grammar takes in order, up to the first it refuses and at most
+        through the first that ends it (then row n allows only EOS). The matcher is advanced
+        through them and rolled back: it is left where it was. [0, W] when the grammar refuses
+        the draft's first token (nothing to verify)."""
+        matcher = self.matchers[seq_id]
+        start = time.perf_counter()
+        valid = matcher.validate_tokens(draft)
+        if valid == 0:
+            return np.empty((0, self.compiler.mask_width), np.int32)
+        masks = np.empty((valid + 1, self.compiler.mask_width), np.int32)  # [n + 1, W]
+        row_bytes = masks.shape[1] * 4
+        matcher.unsafe_compute_mask_ptr(masks[0].ctypes.data, row_bytes)
+        consumed = 0
+        for token in draft[:valid]:
+            if not matcher.consume_token(token):
+                break
+            consumed += 1
+            matcher.unsafe_compute_mask_ptr(masks[consumed].ctypes.data, row_bytes)
+            if matcher.is_stopped():
+                break
+        matcher.rollback(consumed)
+        self.stats.mask_seconds += time.perf_counter() - start
+        self.stats.masked_rows += consumed + 1
+        return masks[: consumed + 1]
 
     def advance(self, seq_id: int, token: int) -> str | None:
         """Feeds the token a sequence kept to its matcher. Returns ``"stop"`` once the grammar

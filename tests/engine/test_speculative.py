@@ -5,8 +5,11 @@ rows' distribution: ``test_speculative_sampling.py``."""
 
 from __future__ import annotations
 
+import json
+import re
 import types
 
+import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
@@ -111,6 +114,91 @@ def test_greedy_output_identical(plain, speculating, prompts):
     assert speculating.stats()["prefix_cache_hit_pages"] > hits
 
 
+# Structured output: forced-length constraints (the tiny model would end an optional one at
+# once) whose greedy output repeats, so prompt lookup drafts are accepted.
+DIGITS = {
+    "type": "object",
+    "properties": {
+        "a": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "minItems": 8,
+            "maxItems": 8,
+        }
+    },
+    "required": ["a"],
+    "additionalProperties": False,
+}
+CONSTRAINED = [
+    ("x1x1x1x1", {"regex": "(x[0-9]){12}"}),
+    ('{"a": [1, 2, 1, 2, 1, 2, 1, 2]}', {"json": DIGITS}),
+    ("red green blue red green blue", {"choice": ["red green blue red green blue red", "blue"]}),
+    ("abc abc abc abc abc", {"regex": "(abc |bca |cab ){10}"}),  # sampled, seeded
+]
+
+
+def test_structured_output_identical(plain, speculating, tiny_loaded):
+    """Rows with a regex, a JSON schema and a choice speculate (greedy, and a seeded sampled
+    one in the same steps): drafts cut to the grammar, each position sampled under its mask,
+    the grammar ending the request on an accepted token. Token for token the output without
+    speculation."""
+    tokenizer = tiny_loaded.tokenizer
+    prompts = [tokenizer.encode(text, add_special_tokens=False) for text, _ in CONSTRAINED]
+    params = [greedy(max_tokens=48, structured_outputs=so) for _, so in CONSTRAINED[:3]]
+    params.append(
+        SamplingParams(temperature=0.8, seed=3, max_tokens=48, structured_outputs=CONSTRAINED[3][1])
+    )
+    before = speculating.stats()
+    expected = plain.generate(prompts, params, use_tqdm=False)
+    got = speculating.generate(prompts, params, use_tqdm=False)
+    for want, have in zip(expected, got, strict=True):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+        assert have.outputs[0].text == want.outputs[0].text
+        assert have.outputs[0].finish_reason == want.outputs[0].finish_reason == "stop"
+    assert re.fullmatch("(x[0-9]){12}", got[0].outputs[0].text)
+    assert len(json.loads(got[1].outputs[0].text)["a"]) == 8
+    assert got[2].outputs[0].text == CONSTRAINED[2][1]["choice"][0]
+    after = speculating.stats()
+    assert after["spec_decode_num_accepted_tokens"] > before["spec_decode_num_accepted_tokens"]
+    assert speculating.engine.grammars.matchers == {}
+    assert speculating.engine.scheduler.allocator.num_used_pages == 0
+
+
+def test_constrain_drafts(tiny_loaded):
+    """A constrained draft is cut at the first token its grammar refuses and after the token
+    that ends it, with the mask of each of its positions; the matcher is left where it was;
+    unconstrained drafts pass unchanged, a draft refused from its first token is dropped."""
+    from types import SimpleNamespace
+
+    from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
+    from jaxgen.engine.speculative.grammar_drafts import constrain_drafts
+    from jaxgen.engine.speculative.speculator import Draft
+    from jaxgen.structured_outputs import StructuredOutputsParams
+
+    tokenizer, config = tiny_loaded.tokenizer, tiny_loaded.config
+    compiler = grammar_compiler(tokenizer, config.vocab_size, config.eos_token_ids)
+    grammars = GrammarMasks(compiler)
+    choice = StructuredOutputsParams(choice=["one two three", "four"])
+    grammars.add([1, 2], compiler.compile(choice))
+    words = tokenizer.encode("one two three", add_special_tokens=False)
+    other = tokenizer.encode(" five", add_special_tokens=False)[0]
+    eos = config.eos_token_ids[0]
+    drafts = [
+        Draft(SimpleNamespace(seq_id=1), words + [eos, other], 5),  # the grammar ends mid-draft
+        Draft(SimpleNamespace(seq_id=2), [other, *words], 5),  # refused at once: dropped
+        Draft(SimpleNamespace(seq_id=3), [other, other], 5),  # unconstrained
+    ]
+    kept, masks = constrain_drafts(drafts, grammars)
+    assert [d.tokens for d in kept] == [words, [other, other]]
+    assert list(masks) == [1] and masks[1].shape == (len(words) + 1, compiler.mask_width)
+    bits = np.unpackbits(masks[1].view(np.uint8), axis=1, bitorder="little")  # [n + 1, V]
+    for position, token in enumerate(words):
+        assert bits[position, token] and not bits[position, other]
+    assert np.flatnonzero(bits[-1]).tolist() == [eos]  # after the grammar's end: EOS only
+    # The matcher was rolled back: it takes the draft again, token by token, to its end.
+    assert [grammars.advance(1, token) for token in words] == [None] * (len(words) - 1) + ["stop"]
+
+
 @pytest.mark.parametrize(
     "config,name",
     [
@@ -190,15 +278,20 @@ def test_metrics_and_flags(speculating):
         parser.parse_args(["--speculative-config", "[1]"])
 
 
-def test_no_compiles_after_precompile(speculating, prompts):
+def test_no_compiles_after_precompile(speculating, prompts, tiny_loaded):
     """Precompiling covers the verify steps (each step shape with each verify-row bucket) and
-    their sampler: greedy and sampled speculation then compile nothing."""
+    their sampler: greedy, sampled and constrained speculation then compile nothing."""
     speculating.precompile()
     before = speculating.stats()
     sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=24, ignore_eos=True)
     speculating.generate(prompts, greedy(24), use_tqdm=False)
     speculating.generate(prompts, sampled, use_tqdm=False)
+    drafts = speculating.stats()["spec_decode_num_drafts"]
+    regex = greedy(32, structured_outputs={"regex": "(x[0-9]){15}"})  # masked draft positions
+    x1 = tiny_loaded.tokenizer.encode("x1x1x1x1", add_special_tokens=False)
+    speculating.generate([x1], regex, use_tqdm=False)
     after = speculating.stats()
+    assert after["spec_decode_num_drafts"] > drafts
     assert after["compiles"] == before["compiles"]
     assert after["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
 

@@ -26,6 +26,10 @@ class Draft:
     tokens: list[int]
     num_tokens: int  # the sequence's tokens before the draft
 
+    def cut(self, num_tokens: int) -> Draft:
+        """This draft's first ``num_tokens`` tokens (a grammar refused the next one)."""
+        return dataclasses.replace(self, tokens=self.tokens[:num_tokens])
+
 
 @dataclasses.dataclass
 class _Backoff:
@@ -55,7 +59,7 @@ class Speculator:
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
     ) -> list[Draft]:
         """Drafts for ``running`` sequences, without appending them. A draft needs a decoding
-        sequence without a grammar (its masks would have to follow the draft), the room in
+        sequence (a constrained one's draft is cut to its grammar afterwards), the room in
         ``max_tokens`` and ``max_model_len``, its pages free now (speculation never preempts)
         and its tokens in ``token_budget`` beside one token for every running sequence."""
         live = {seq.seq_id for seq in running}
@@ -162,20 +166,13 @@ def _miss(state: _Backoff) -> None:
 
 def _may_ever_verify(seq: Sequence) -> bool:
     """What of ``_verifiable`` holds for the sequence whatever its progress."""
-    params = seq.params
-    return (
-        not seq.is_finished
-        and not seq.wants_prompt_logprobs
-        and params is not None
-        and params.structured_outputs is None
-    )
+    return not seq.is_finished and not seq.wants_prompt_logprobs and seq.params is not None
 
 
 def _verifiable(seq: Sequence) -> bool:
     """Whether ``seq`` decodes next and its draft positions can be sampled exactly: greedy or
-    sampled, with penalties, logit bias, ``min_tokens`` and logprobs (``verify_sampling``), but
-    no structured output (a grammar's mask at a draft position needs the matcher advanced
-    through the draft) and no prompt logprobs still to compute."""
+    sampled, with penalties, logit bias, ``min_tokens``, logprobs (``verify_sampling``) and
+    structured output (``grammar_drafts``), but no prompt logprobs still to compute."""
     return (
         seq.status == SequenceStatus.RUNNING
         and seq.num_uncomputed_tokens == 1

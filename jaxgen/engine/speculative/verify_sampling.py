@@ -5,8 +5,9 @@ its position i (i < k) give the distribution of the token d_i stands for, the lo
 end the token after a wholly accepted draft (the bonus, the sequence's normal sampling row).
 Each draft position is sampled on the device by the engine's own sampler, as one more sampler
 row: the request's temperature, top-k, top-p, min-p, logit bias, ``min_tokens`` bans and
-penalties over a history that holds the draft tokens before it (``draft_rows``), so position
-i samples from p_i, exactly the distribution decoding without speculation samples from given
+penalties over a history that holds the draft tokens before it (``draft_rows``), and for a
+constrained sequence the grammar's mask after the draft tokens before it (``grammar_drafts``),
+so position i samples from p_i, exactly the distribution decoding without speculation samples from given
 the tokens before it, with the key ``fold_in(key(seed), g + i)`` (g: tokens generated before
 the draft) that decoding would use for that token.
 
@@ -62,6 +63,7 @@ def draft_rows(
     *,
     base_seed: int,
     step: int,
+    masks: dict[int, np.ndarray] | None = None,
 ) -> VerifyRows | None:
     """The sampler rows of every draft position whose verify row runs whole this step.
 
@@ -73,8 +75,11 @@ def draft_rows(
         main_rows: seq_id -> its row of ``main``.
         eos_token_ids: seq_id -> the end-of-sequence ids ``min_tokens`` bans.
         base_seed, step: as ``build_sampling_tensors`` takes them (seeds are replaced).
+        masks: seq_id -> a constrained sequence's grammar masks [k + 1, W] along its draft
+            (``grammar_drafts``); its draft position i is sampled under row i.
     """
-    rows, step_rows, seeds, has_seed, first = [], [], [], [], {}
+    masks = masks or {}
+    rows, step_rows, seeds, has_seed, first, masked = [], [], [], [], {}, []
     for draft in drafts:
         seq = draft.seq
         if seq.seq_id not in starts:
@@ -89,12 +94,28 @@ def draft_rows(
             step_rows.append(starts[seq.seq_id] + position)
             seeds.append(main.seeds[main_rows[seq.seq_id]])
             has_seed.append(main.has_seed[main_rows[seq.seq_id]])
+            if seq.seq_id in masks:
+                masked.append((len(rows) - 1, masks[seq.seq_id][position]))
     if not rows:
         return None
     tensors, _ = build_sampling_tensors(rows, len(rows), base_seed=base_seed, step_counter=step)
     tensors.seeds[:] = seeds
     tensors.has_seed[:] = has_seed
+    if masked:
+        tensors = _with_masks(tensors, masked)
     return VerifyRows(np.asarray(step_rows, np.int32), tensors, first)
+
+
+def _with_masks(tensors: SamplingTensors, masked: list[tuple[int, np.ndarray]]) -> SamplingTensors:
+    """``tensors`` [D] with the grammar mask [W] of each (row, mask) in ``masked`` (those rows
+    flagged ``constrained``; the others allow every token)."""
+    num_rows = tensors.temperature.shape[0]
+    bitmask = np.full((num_rows, masked[0][1].shape[0]), -1, np.int32)  # [D, W]
+    constrained = np.zeros(num_rows, np.bool_)  # [D]
+    for row, mask in masked:
+        bitmask[row] = mask
+        constrained[row] = True
+    return dataclasses.replace(tensors, token_bitmask=bitmask, constrained=constrained)
 
 
 def accept(draft: list[int], sampled: list[int]) -> list[int]:

@@ -9,9 +9,11 @@ position, which the request's own sampling parameters sample on the device
 accepted draft. Acceptance keeps the longest draft prefix equal to the sampled tokens, then the
 sampled token at the first mismatch: for greedy rows the longest prefix equal to the argmax
 (the output decoding without speculation gives), for sampled rows exact rejection sampling of
-a point-mass draft (the target's distribution). The rows' tokens then go through the engine's
-postprocessing one at a time (stop strings, stop tokens, ``max_tokens``, logprobs), so nothing
-past a stop is kept. Everything comes back in one device-to-host transfer.
+a point-mass draft (the target's distribution). A constrained sequence's draft is cut to what
+its grammar accepts, and each position sampled under the grammar's mask there
+(``grammar_drafts``). The rows' tokens then go through the engine's postprocessing one at a
+time (stop strings, stop tokens, the grammar, ``max_tokens``, logprobs), so nothing past a
+stop is kept. Everything comes back in one device-to-host transfer.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 import jax
 
 from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
+from jaxgen.engine.speculative.grammar_drafts import constrain_drafts, with_bonus_masks
 from jaxgen.engine.speculative.speculator import Draft
 from jaxgen.engine.speculative.verify_sampling import (
     VerifyRows,
@@ -41,6 +44,7 @@ def speculative_step(engine) -> list[RequestOutput]:
         scheduler.config.max_num_batched_tokens,
         engine.max_model_len,
     )
+    drafts, masks = constrain_drafts(drafts, engine.grammars)
     for draft in drafts:
         draft.seq.output_token_ids.extend(draft.tokens)
     try:
@@ -53,8 +57,8 @@ def speculative_step(engine) -> list[RequestOutput]:
         return []
     start = time.perf_counter()
     try:
-        batch = engine._build_batch(scheduled)
-        verify = _verify_rows(engine, batch, drafts)
+        batch = with_bonus_masks(engine._build_batch(scheduled), masks)
+        verify = _verify_rows(engine, batch, drafts, masks)
         fitted = None if verify is None else engine.verify_shapes.fit(verify)
         step = engine.executor.launch(batch, scheduled, start, verify=fitted).step
         output, prompt_output, verified = jax.device_get((step.result, step.prompt, step.verify))
@@ -86,7 +90,7 @@ def _strip(drafts: list[Draft]) -> None:
         del draft.seq.output_token_ids[draft.num_tokens - draft.seq.num_prompt_tokens :]
 
 
-def _verify_rows(engine, batch: StepBatch, drafts: list[Draft]) -> VerifyRows | None:
+def _verify_rows(engine, batch: StepBatch, drafts: list[Draft], masks) -> VerifyRows | None:
     """The sampler rows of the draft positions of every verify row the step runs whole."""
     if not drafts:
         return None
@@ -105,6 +109,7 @@ def _verify_rows(engine, batch: StepBatch, drafts: list[Draft]) -> VerifyRows | 
         eos,
         base_seed=engine.config.seed,
         step=engine.step_counter - 1,
+        masks=masks,
     )
 
 
