@@ -1,5 +1,5 @@
-"""The native XLA:CPU kernels of the "cpu" backend: C++ under ``native/``, built on first use
-(``build``) and called through the XLA FFI.
+"""The native XLA:CPU kernels of the "cpu" backend: C++ under ``native/``, built at ``pip install``
+(``compile``) or else on first use (``build``), and called through the XLA FFI.
 
 - ``paged_attention``: paged decode attention over a float32 or 8-bit pool
   (``paged_attention_cpu``, which takes either).

@@ -1,12 +1,15 @@
-"""Builds the native XLA:CPU kernels under ``native/`` on first use and loads them (the engine
-factory starts it on a thread before the model loads: ``build_in_background``).
+"""Loads the native XLA:CPU kernels under ``native/``: the library ``pip install`` built, else
+one built on first use (the engine factory starts that on a thread before the model loads:
+``build_in_background``).
 
-Every ``native/*.cc`` is compiled with the machine's C++ compiler (one process per file, at
-once) and linked into one shared library (so the kernels share one worker pool,
-``native/parallel_for.h``), cached under ``$JAXGEN_CACHE_DIR`` (default ``~/.cache/jaxgen``) and
-keyed by the sources, the flags and jaxlib.
-``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler or a failed build make ``load_library``
-return None, and callers keep their pure-JAX path.
+``pip install`` compiles the kernels into the package (``compile.build_installed``, run by
+``setup.py``); a run loads that library where it still matches (``compile.installed_library``:
+the same sources, flags, CPU, and an FFI API the running jaxlib serves). Otherwise every
+``native/*.cc`` is compiled with the machine's C++ compiler against jaxlib's FFI headers and
+linked into one shared library (so the kernels share one worker pool, ``native/parallel_for.h``),
+cached under ``$JAXGEN_CACHE_DIR`` (default ``~/.cache/jaxgen``) and keyed by the sources, the
+flags, jaxlib and the CPU. ``JAXGEN_DISABLE_CPU_KERNELS=1``, a missing compiler (with a warning)
+or a failed build make ``load_library`` return None, and callers keep their pure-JAX path.
 """
 
 from __future__ import annotations
@@ -15,31 +18,23 @@ import ctypes
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 import jax
 
-from jaxgen.config.compile_cache import cache_root
-
-SOURCE_DIR = Path(__file__).parent / "native"
-# Reassociation lets the compiler vectorise reductions; nothing else is relaxed.
-CXX_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-std=c++17",
-    "-shared",
-    "-fPIC",
-    "-pthread",
-    "-fno-math-errno",
-    "-fassociative-math",
-    "-fno-signed-zeros",
-    "-fno-trapping-math",
+from jaxgen.backends.cpu_kernels.compile import (
+    CXX_FLAGS,
+    compile_library,
+    cpu_signature,
+    ffi_api_version,
+    find_compiler,
+    installed_library,
+    source_digest,
 )
+from jaxgen.config.compile_cache import cache_root
 
 
 def _cache_dir() -> Path:
@@ -50,48 +45,13 @@ def _build(compiler: str) -> Path:
     """Compiles every ``native/*.cc`` into the cache unless an identical build is there."""
     import jaxlib
 
-    sources = sorted(SOURCE_DIR.glob("*.cc"))
-    digest = hashlib.sha256()
-    for path in [*sources, *sorted(SOURCE_DIR.glob("*.h"))]:
-        digest.update(path.name.encode() + path.read_bytes())
+    digest = hashlib.sha256(source_digest().encode())
     digest.update(" ".join(CXX_FLAGS).encode() + jaxlib.__version__.encode())
+    digest.update(cpu_signature().encode())
     library = _cache_dir() / f"jaxgen_cpu_kernels-{digest.hexdigest()[:16]}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        partial = Path(tmp) / library.name
-        include = [f"-I{jax.ffi.include_dir()}", f"-I{SOURCE_DIR}"]
-        objects = [Path(tmp) / f"{source.stem}.o" for source in sources]
-        _compile_at_once(
-            [
-                [compiler, *CXX_FLAGS, *include, "-c", str(source), "-o", str(obj)]
-                for source, obj in zip(sources, objects, strict=True)
-            ]
-        )
-        command = [compiler, *CXX_FLAGS, *map(str, objects), "-o", str(partial)]
-        subprocess.run(command, check=True, capture_output=True, text=True)
-        os.replace(partial, library)  # atomic: concurrent builders never see half a file
+    if not library.exists():
+        compile_library(compiler, Path(jax.ffi.include_dir()), library)
     return library
-
-
-def _compile_at_once(commands: list[list[str]]) -> None:
-    """Runs the compiler commands (one per translation unit) concurrently: on an empty cache
-    the build is most of a first run's wall time, and one process per unit uses every core.
-    Raises ``CalledProcessError`` for the first that fails (after all have finished)."""
-    processes = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for command in commands
-    ]
-    failures = []
-    for process in processes:
-        out, err = process.communicate()
-        if process.returncode != 0:
-            failures.append(
-                subprocess.CalledProcessError(process.returncode, process.args, out, err)
-            )
-    if failures:
-        raise failures[0]
 
 
 _build_lock = threading.Lock()
@@ -118,8 +78,21 @@ def build_in_background() -> threading.Thread | None:
 def _load_library() -> ctypes.CDLL | None:
     if os.environ.get("JAXGEN_DISABLE_CPU_KERNELS"):
         return None
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    installed = installed_library(ffi_api_version(Path(jax.ffi.include_dir())))
+    if installed is not None:
+        try:
+            return ctypes.cdll.LoadLibrary(str(installed))
+        except OSError as error:
+            warnings.warn(
+                f"installed native CPU kernels do not load, building them: {error}", stacklevel=2
+            )
+    compiler = find_compiler()
     if compiler is None:
+        warnings.warn(
+            "native CPU kernels unavailable: no C++ compiler (install g++ or set CXX); "
+            "the CPU backend runs its pure-JAX path",
+            stacklevel=2,
+        )
         return None
     try:
         return ctypes.cdll.LoadLibrary(str(_build(compiler)))
