@@ -209,6 +209,23 @@ def test_the_default_models_tokenizer_imports_no_transformers():
     assert _imported_by("jaxgen.loaders.tokenizer", after) == "[]"
 
 
+def test_command_line_pauses_garbage_collection_only_while_it_sets_up():
+    """Importing ``jaxgen.cli`` leaves the collector as it was; ``setting_up`` pauses it for
+    its block and resumes it after (the start-up's objects frozen)."""
+    import gc
+
+    from jaxgen.cli import setting_up
+
+    assert gc.isenabled()
+    try:
+        with setting_up():
+            assert not gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 def test_jaxgen_serve_runs_the_server_command_line():
     """``jaxgen serve`` hands its flags to ``python -m serving`` (jaxgen never imports serving)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
