@@ -196,6 +196,36 @@ def test_importing_jaxgen_pulls_in_no_extra_and_no_server():
     assert _imported_by("jaxgen.cli", "jaxgen.cli.build_parser()") == "[]"
 
 
+def test_the_default_models_tokenizer_imports_no_transformers():
+    """``jaxgen generate --chat`` on the default GGUF: its tokenizer loads, encodes, renders the
+    chat template and decodes without transformers or llguidance."""
+    after = (
+        "from jaxgen.loaders.default_model import default_model_path\n"
+        "tokenizer = jaxgen.loaders.tokenizer.load_tokenizer(default_model_path())\n"
+        "text = tokenizer.apply_chat_template([{'role': 'user', 'content': 'Hi'}], "
+        "tokenize=False, add_generation_prompt=True)\n"
+        "tokenizer.decode(tokenizer.encode(text))"
+    )
+    assert _imported_by("jaxgen.loaders.tokenizer", after) == "[]"
+
+
+def test_command_line_pauses_garbage_collection_only_while_it_sets_up():
+    """Importing ``jaxgen.cli`` leaves the collector as it was; ``setting_up`` pauses it for
+    its block and resumes it after (the start-up's objects frozen)."""
+    import gc
+
+    from jaxgen.cli import setting_up
+
+    assert gc.isenabled()
+    try:
+        with setting_up():
+            assert not gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 def test_jaxgen_serve_runs_the_server_command_line():
     """``jaxgen serve`` hands its flags to ``python -m serving`` (jaxgen never imports serving)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))

@@ -66,8 +66,11 @@ class IncrementalDetokenizer:
 
 
 def _plain_backend(tokenizer):
-    """``tokenizer``'s ``tokenizers`` backend when its decode is transformers' own (a class
-    that overrides it keeps its decode), else None."""
+    """``tokenizer``'s ``tokenizers`` backend when its decode is the backend's: a
+    class that says so (``decodes_with_backend``: jaxgen's ``PlainTokenizer``), or one whose
+    decode is transformers' own (a class that overrides it keeps its decode); else None."""
+    if getattr(type(tokenizer), "decodes_with_backend", False):
+        return tokenizer.backend_tokenizer
     backend = getattr(tokenizer, "backend_tokenizer", None)
     fast = getattr(sys.modules.get("transformers"), "PreTrainedTokenizerFast", None)
     if backend is None or fast is None:

@@ -18,6 +18,7 @@ compute the mask at each draft position, and rolls it back at once.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import functools
 import json
@@ -50,9 +51,28 @@ def _llguidance():
     """The ``llguidance`` module, imported on first use (its import takes a fraction of a
     second that a run without a grammar need not pay)."""
     import llguidance
-    import llguidance.hf
 
     return llguidance
+
+
+def llguidance_tokenizer(tokenizer, n_vocab: int, eos_token_ids) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer for ``tokenizer``: built from its ``tokenizers`` JSON when it
+    decodes with its backend (``PlainTokenizer``: no transformers import), else through
+    ``llguidance.hf`` (a transformers fast tokenizer)."""
+    llg = _llguidance()
+    if getattr(type(tokenizer), "decodes_with_backend", False):
+        # As llguidance.hf.from_tokenizer does: the backend serialised without padding or
+        # truncation, EOS the tokenizer's own unless given.
+        backend = tokenizer.backend_tokenizer
+        if backend.padding is not None or backend.truncation is not None:
+            backend = copy.copy(backend)
+            backend.no_padding()
+            backend.no_truncation()
+        eos = eos_token_ids or tokenizer.eos_token_id
+        return llg.LLTokenizer(backend.to_str(), n_vocab=n_vocab, eos_token=eos)
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos_token_ids or None)
 
 
 @functools.cache
@@ -94,8 +114,8 @@ class GrammarCompiler:
             if self._llg_tokenizer is None:
                 # At least the model's logits width: ids without a token are never allowed.
                 n_vocab = max(self.vocab_size, len(self.tokenizer))
-                self._llg_tokenizer = _llguidance().hf.from_tokenizer(
-                    self.tokenizer, n_vocab=n_vocab, eos_token=self.eos_token_ids or None
+                self._llg_tokenizer = llguidance_tokenizer(
+                    self.tokenizer, n_vocab, self.eos_token_ids
                 )
             return self._llg_tokenizer
 

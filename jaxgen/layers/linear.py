@@ -57,11 +57,20 @@ class Embedding(nnx.Embed):
         return matmul(query, table)
 
 
+def kernel_initializer(rngs, **lecun_axes):
+    """``nnx.Linear``'s kernel initialiser (LeCun normal over ``lecun_axes``), or zeros when
+    ``rngs`` says the model is built for its shapes alone (``shapes_only``: the random draw
+    costs tracing time under ``eval_shape`` and its values are never used)."""
+    if getattr(rngs, "shapes_only", False):
+        return lambda key, shape, dtype: jnp.zeros(shape, dtype)
+    return nnx.initializers.lecun_normal(**lecun_axes)
+
+
 class Linear(nnx.Module):
     """``x @ kernel + bias`` with ``nnx.Linear``'s parameters and initialisers."""
 
     def __init__(self, n_in: int, n_out: int, *, bias: bool, dtype, rngs: nnx.Rngs):
-        init = nnx.initializers.lecun_normal()
+        init = kernel_initializer(rngs)
         self.kernel = nnx.Param(init(rngs.params(), (n_in, n_out), dtype))  # [in, out]
         self.out_features = n_out
         self.bias = nnx.Param(jnp.zeros((n_out,), dtype)) if bias else None

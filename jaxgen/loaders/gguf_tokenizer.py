@@ -5,7 +5,7 @@ token types, special token ids and chat template are metadata under ``tokenizer.
 rebuilds the same ``tokenizers`` pipeline transformers builds for such a file (so it tokenizes
 exactly as ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``;
 tests/loaders/test_gguf_tokenizer.py checks it), without transformers' GGUF reader, which imports
-torch.
+torch, and serves it as a ``PlainTokenizer`` (no transformers import at all).
 
 Two tokenizer kinds are supported, the ones llama.cpp writes for the architectures jaxgen loads:
 ``gpt2`` (byte-level BPE with merges; the pre-tokenizer split chosen by ``tokenizer.ggml.pre``)
@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from jaxgen.loaders.transformers_import import transformers
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+from jaxgen.loaders.plain_tokenizer import PlainTokenizer
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
 
@@ -102,7 +98,7 @@ def byte_alphabet() -> dict[int, str]:
     return mapping
 
 
-def gguf_tokenizer(metadata: Mapping[str, object]) -> PreTrainedTokenizerFast:
+def gguf_tokenizer(metadata: Mapping[str, object]) -> PlainTokenizer:
     """The tokenizer a GGUF file describes.
 
     Args:
@@ -143,7 +139,7 @@ def gguf_tokenizer(metadata: Mapping[str, object]) -> PreTrainedTokenizerFast:
     ):
         if value is not None:
             options[name] = value
-    return transformers().PreTrainedTokenizerFast(tokenizer_object=backend, **options)
+    return PlainTokenizer(backend, **options)
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str] | None, pre: str | None) -> Tokenizer:

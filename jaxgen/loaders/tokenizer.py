@@ -1,4 +1,5 @@
-"""Tokenizers from a HF checkpoint directory or from a GGUF file's metadata (no torch either way)."""
+"""Tokenizers from a HF checkpoint directory or from a GGUF file's metadata (no torch either way;
+no transformers for a GGUF file)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from jaxgen.loaders.transformers_import import transformers
 
 
 def load_tokenizer(path: str, *, reader: GGUFReader | None = None):
-    """A ``transformers`` fast tokenizer for a checkpoint directory or a ``.gguf`` file.
+    """The tokenizer of a checkpoint directory (a ``transformers`` fast tokenizer) or of a
+    ``.gguf`` file (a ``PlainTokenizer``: transformers is not imported).
 
     Args:
         path: a HF directory (``tokenizer.json`` and friends) or a ``.gguf`` file.

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.layers.linear import Linear
+from jaxgen.layers.linear import Linear, kernel_initializer
 from jaxgen.models.mlp import MLP
 
 
@@ -96,7 +96,7 @@ class Experts(nnx.Module):
     """``num_experts`` SwiGLU MLPs as stacked weights ``[E, in, out]``."""
 
     def __init__(self, num_experts: int, d: int, f: int, *, dtype, rngs: nnx.Rngs):
-        init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+        init = kernel_initializer(rngs, in_axis=-2, out_axis=-1, batch_axis=(0,))
         self.gate_proj = nnx.Param(init(rngs.params(), (num_experts, d, f), dtype))
         self.up_proj = nnx.Param(init(rngs.params(), (num_experts, d, f), dtype))
         self.down_proj = nnx.Param(init(rngs.params(), (num_experts, f, d), dtype))

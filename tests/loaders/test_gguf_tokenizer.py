@@ -72,6 +72,88 @@ CONVERSATIONS = [
 ]
 
 
+# A template in the style of Qwen's: tools as JSON, a namespace, raise_exception, tool calls and
+# results, reasoning, extra variables.
+TOOL_TEMPLATE = (
+    "{%- set ns = namespace(system=none) %}"
+    "{%- if messages[0].role == 'system' %}{%- set ns.system = messages[0].content %}{%- endif %}"
+    "{%- if tools %}<|im_start|>system\n{{ ns.system or 'You may call tools.' }}\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools><|im_end|>\n"
+    "{%- elif ns.system %}<|im_start|>system\n{{ ns.system }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}{%- continue %}{%- endif %}"
+    "{%- if message.role not in ['user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('unknown role ' + message.role) }}{%- endif %}"
+    "<|im_start|>{{ message.role }}\n"
+    "{%- if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{%- endif %}"
+    "{{ message.content | default('', true) }}"
+    "{%- for call in message.tool_calls | default([]) %}\n<tool_call>"
+    "{{ call.function | tojson(indent=2) }}</tool_call>{%- endfor %}"
+    "{%- if not (loop.last and continue_final) %}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and not enable_thinking %}<think></think>{%- endif %}"
+    "{%- endif %}{{ bos_token if greet is defined else '' }}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city — «today»",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris <b>&</b>?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "reasoning": "Call the tool.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    },
+    {"role": "tool", "content": '{"temp": 21}'},
+    {"role": "assistant", "content": "It is 21 °C and"},
+]
+
+
+def assert_same_chat_templates(ours, reference) -> None:
+    """Tools, a system message, reasoning, tool calls, extra variables, a continued message,
+    a template named in ``chat_template``: rendered as transformers renders them."""
+    cases = [
+        dict(conversation=TOOL_CONVERSATION[:2], tools=TOOLS, add_generation_prompt=True),
+        dict(conversation=TOOL_CONVERSATION[:4], tools=TOOLS, add_generation_prompt=True),
+        dict(
+            conversation=TOOL_CONVERSATION[1:2], add_generation_prompt=True, enable_thinking=False
+        ),
+        dict(conversation=TOOL_CONVERSATION, tools=TOOLS, continue_final_message=True),
+        dict(conversation=TOOL_CONVERSATION[:2], add_generation_prompt=False, greet=True),
+    ]
+    for case in cases:
+        got = ours.apply_chat_template(chat_template=TOOL_TEMPLATE, tokenize=False, **case)
+        want = reference.apply_chat_template(chat_template=TOOL_TEMPLATE, tokenize=False, **case)
+        assert got == want, case
+    bad = [{"role": "robot", "content": "beep"}]
+    for tokenizer in (ours, reference):
+        with pytest.raises(Exception, match="unknown role robot"):
+            tokenizer.apply_chat_template(bad, chat_template=TOOL_TEMPLATE, tokenize=False)
+    conversation = CONVERSATIONS[1]
+    assert ours.apply_chat_template(conversation) == reference.apply_chat_template(
+        conversation, return_dict=False
+    )
+
+
 def assert_same_tokenizer(ours, reference, texts: list[str]) -> None:
     assert len(ours) == len(reference)
     assert ours.get_vocab() == reference.get_vocab()
@@ -119,6 +201,41 @@ def test_default_model_matches_transformers(smollm2_gguf):
     reference = transformers_gguf_tokenizer(smollm2_gguf)
     texts = random_strings(2500, special_texts(reference))
     assert_same_tokenizer(ours, reference, texts)
+    assert_same_chat_templates(ours, reference)
+    assert "transformers" not in type(ours).__module__
+
+
+def test_default_model_saved_as_transformers_loads_the_same(smollm2_tokenizer, tmp_path):
+    """``save_pretrained`` writes a directory transformers' ``AutoTokenizer`` loads to the same
+    tokenizer (the tests' tiny HF models carry it)."""
+    from transformers import AutoTokenizer
+
+    smollm2_tokenizer.save_pretrained(str(tmp_path))
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = random_strings(300, special_texts(reloaded), seed=2)
+    assert_same_tokenizer(smollm2_tokenizer, reloaded, texts)
+
+
+def test_default_model_llguidance_tokenizer_is_the_transformers_one(smollm2_tokenizer):
+    """Structured outputs' llguidance tokenizer, built from the backend's JSON without
+    transformers, is the one ``llguidance.hf`` builds from transformers' tokenizer."""
+    import llguidance.hf
+
+    from jaxgen.engine.grammar_masks import llguidance_tokenizer
+
+    n_vocab = len(smollm2_tokenizer) + 20
+    ours = llguidance_tokenizer(smollm2_tokenizer, n_vocab, [2])
+    reference = llguidance.hf.from_tokenizer(
+        smollm2_tokenizer.to_transformers(), n_vocab=n_vocab, eos_token=[2]
+    )
+    assert ours.vocab_size == reference.vocab_size
+    assert ours.eos_token == reference.eos_token
+    for text in CORPUS + PIECES:
+        ids = reference.tokenize_str(text)
+        assert ours.tokenize_str(text) == ids
+        assert ours.decode_bytes(ids) == reference.decode_bytes(ids)
+    specials = [i for i in range(n_vocab) if reference.is_special_token(i)]
+    assert [i for i in range(n_vocab) if ours.is_special_token(i)] == specials
 
 
 def write_tokenizer_gguf(path: str, *, model: str, tokens, token_types, **fields) -> str:
@@ -235,6 +352,7 @@ def test_tiny_gguf_matches_transformers(kind, request):
     reference = transformers_gguf_tokenizer(path)
     texts = random_strings(2000, special_texts(reference) + ["<s>", "</s>"], seed=1)
     assert_same_tokenizer(ours, reference, texts)
+    assert_same_chat_templates(ours, reference)
 
 
 def test_unsupported_tokenizer_kind_names_the_field(tmp_path):
