@@ -191,9 +191,12 @@ class EngineConfig:
     speculative_config: dict | None = knob(
         None,
         help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
-        "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy and "
-        "sampled rows speculate (rejection sampling), rows with structured output do not; "
-        "synchronous steps only (not with async_scheduling or num_scheduler_steps > 1)",
+        '(prompt lookup; prompt_lookup_min/max) or "draft_model" (model: a checkpoint with the '
+        "target's vocabulary, drafting greedily in a second engine; quantization: its weights, "
+        "e.g. int4 of the target's own checkpoint; a model without method means it), "
+        "num_speculative_tokens (1-16); greedy and sampled rows speculate (rejection sampling), "
+        "rows with structured output do not; synchronous steps only (not with "
+        "async_scheduling or num_scheduler_steps > 1)",
     )
     precompile: bool = knob(
         False,
@@ -297,7 +300,14 @@ class EngineConfig:
         if self.speculative_config is not None:
             from jaxgen.config.speculative_config import SpeculativeConfig
 
-            SpeculativeConfig.from_dict(self.speculative_config)  # ValueError naming the key
+            speculative = SpeculativeConfig.from_dict(self.speculative_config)  # names the key
+            if speculative.method == "draft_model" and (
+                self.tensor_parallel_degree > 1 or self.data_parallel_size > 1
+            ):
+                raise ValueError(
+                    "speculative_config.model: a draft model runs with tensor_parallel_degree 1 "
+                    "and data_parallel_size 1"
+                )
             check(
                 not self.async_scheduling and self.num_scheduler_steps == 1,
                 "speculative_config",

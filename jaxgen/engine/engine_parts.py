@@ -93,7 +93,12 @@ def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> Eng
                 "(pages are released behind the window) or with LongRoPE"
             )
         speculative = SpeculativeConfig.from_dict(config.speculative_config)
-        speculator = Speculator(speculative)
+        proposer = None
+        if speculative.method == "draft_model":
+            proposer = _draft_proposer(
+                speculative, loaded, config, max_model_len, batching, pool.num_pages
+            )
+        speculator = Speculator(speculative, proposer)
         verify_shapes = VerifyShapes(
             runner.sampling_shapes,
             layout.token_buckets[-1],
@@ -110,3 +115,18 @@ def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> Eng
         speculator=speculator,
         verify_shapes=verify_shapes,
     )
+
+
+def _draft_proposer(speculative, loaded, config, max_model_len, batching, num_pages):
+    """The draft model's engine, sized to this engine's limits (``draft_model.py``)."""
+    from jaxgen.engine.speculative.draft_model import DraftModelProposer, TargetShape, load_draft
+
+    draft = load_draft(speculative, loaded, config)
+    target = TargetShape(
+        max_model_len=max_model_len,
+        max_num_seqs=batching.num_slots,
+        max_num_batched_tokens=batching.scheduler.max_num_batched_tokens,
+        num_pages=num_pages,
+        page_size=config.page_size,
+    )
+    return DraftModelProposer(draft, config, target, speculative.num_speculative_tokens)

@@ -7,7 +7,7 @@ import dataclasses
 
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sequence import Sequence, SequenceStatus
-from jaxgen.engine.speculative.ngram import propose_ngram
+from jaxgen.engine.speculative.ngram import NgramProposer
 
 # After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
 # doubling with each such draft in a row (reset by an accepted token): proposals that keep
@@ -33,8 +33,12 @@ class _Backoff:
 class Speculator:
     """Proposes drafts for the decode rows that can be verified exactly, and counts."""
 
-    def __init__(self, config: SpeculativeConfig):
+    def __init__(self, config: SpeculativeConfig, proposer=None):
         self.config = config
+        # ``propose(candidates: [(seq, k)], token_budget) -> [draft tokens]``, one list each.
+        self.proposer = proposer or NgramProposer(
+            config.prompt_lookup_min, config.prompt_lookup_max
+        )
         self.backoff: dict[int, _Backoff] = {}
         self.num_drafts = 0  # drafts verified
         self.num_draft_tokens = 0
@@ -53,7 +57,7 @@ class Speculator:
             del self.backoff[seq_id]
         spare_tokens = token_budget - len(running)
         spare_pages = allocator.num_free_pages
-        drafts = []
+        candidates = []
         for seq in running:
             state = self.backoff.setdefault(seq.seq_id, _Backoff())
             if state.skip > 0:
@@ -67,11 +71,12 @@ class Speculator:
                 max_model_len - seq.num_tokens - 1,
                 spare_tokens,
             )
-            if k < 1:
-                continue
-            tokens = propose_ngram(
-                seq.token_ids, k, self.config.prompt_lookup_min, self.config.prompt_lookup_max
-            )
+            if k >= 1:
+                candidates.append((seq, k))
+        drafts = []
+        proposals = self.proposer.propose(candidates, spare_tokens) if candidates else []
+        for (seq, _), tokens in zip(candidates, proposals, strict=True):
+            tokens = tokens[: max(spare_tokens, 0)]
             if not tokens:
                 continue
             pages = allocator.pages_needed(seq.num_tokens + len(tokens)) - len(seq.block_table)
