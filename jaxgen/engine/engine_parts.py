@@ -129,4 +129,4 @@ def _draft_proposer(speculative, loaded, config, max_model_len, batching, num_pa
         num_pages=num_pages,
         page_size=config.page_size,
     )
-    return DraftModelProposer(draft, config, target, speculative.num_speculative_tokens)
+    return DraftModelProposer(draft, config, target)

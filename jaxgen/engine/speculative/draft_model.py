@@ -70,7 +70,7 @@ def check_vocabulary(draft, target) -> None:
 class DraftModelProposer:
     """The speculator's proposer for method "draft_model" (``Speculator.proposer``)."""
 
-    def __init__(self, draft, config: EngineConfig, target: TargetShape, k: int):
+    def __init__(self, draft, config: EngineConfig, target: TargetShape):
         from jaxgen.backends import select_backend
         from jaxgen.engine.llm_engine import LLMEngine
 
@@ -78,8 +78,9 @@ class DraftModelProposer:
             config.attention_backend, dtype=draft.dtype, kv_cache_dtype=config.kv_cache_dtype
         )
         page_bytes = backend.kv_bytes_per_page(draft.config, target.page_size, draft.dtype)
-        # As many tokens as the target's pool holds, and each sequence's draft and partial page.
-        pages = target.num_pages - 1 + target.max_num_seqs * (2 + -(-k // target.page_size))
+        # As many pages as the target's pool: the draft holds no more than the target's running
+        # sequences and their drafts do (a draft of the target's shape shares its executables).
+        pages = target.num_pages - 1
         draft_config = EngineConfig(
             batching="paged",
             max_rolling_batch_size=target.max_num_seqs,
@@ -90,7 +91,7 @@ class DraftModelProposer:
             attention_backend=config.attention_backend,
             enable_prefix_caching=True,
             seed=config.seed,
-            precompile=config.precompile,
+            precompile=False,  # the target's ``precompile`` compiles the draft's steps too
             compile_cache=config.compile_cache,
             kv_cache_dtype=config.kv_cache_dtype,
         )

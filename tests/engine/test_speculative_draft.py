@@ -1,0 +1,194 @@
+"""Speculative decoding with a draft model on tiny random Llamas (fp32): token for token the
+output of decoding without speculation whatever the draft (the target itself: every draft token
+accepted; another random model: few), seeded sampled rows in the same steps, through chunked
+prefill, preemption and the prefix cache; the draft engine's pages all returned; bad configs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jaxgen import LLM, SamplingParams
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.speculative.draft_model import check_vocabulary
+from tests.family_models import save_tiny_model
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def knobs(tiny_loaded):
+    """As ``test_speculative.py``: a 16-token budget (chunked prefill, verify rows cut) and 12
+    pages of 16 tokens for four sequences of ~90 tokens (preemptions happen)."""
+    config = tiny_loaded.config
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+    return dict(
+        max_model_len=128,
+        max_rolling_batch_prefill_tokens=16,
+        max_rolling_batch_size=4,
+        page_size=PAGE,
+        kv_cache_memory=13 * PAGE * per_token,
+    )
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [
+        [7, 8, 9, 10, 11, 12] * 3 + [300, 301],
+        list(range(400, 420)) + list(range(400, 408)),
+        [50, 60, 70, 80] * 6,
+        list(range(900, 925)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def params():
+    """Greedy rows (one with a stop string, one shorter) and a seeded sampled one."""
+    greedy = dict(temperature=0.0, max_tokens=64, ignore_eos=True)
+    return [
+        SamplingParams(**greedy),
+        SamplingParams(**greedy | {"stop": ["zz"]}),
+        SamplingParams(**greedy | {"max_tokens": 45}),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=50, ignore_eos=True),
+    ]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_loaded, knobs, prompts, params):
+    plain = LLM(tiny_loaded, **knobs)
+    return plain.generate(prompts, params, use_tqdm=False), plain.stats()["steps"]
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    """Another random tiny Llama with the same vocabulary: a draft the target rarely agrees with."""
+    return save_tiny_model(str(tmp_path_factory.mktemp("tiny-draft")), smollm2_tokenizer, seed=1)
+
+
+def check_identical(llm, prompts, params, expected) -> dict:
+    """``llm``'s outputs are ``expected``'s, token for token; every page is back in both
+    engines' pools. Returns ``llm``'s stats."""
+    got = llm.generate(prompts, params, use_tqdm=False)
+    for want, have in zip(expected, got, strict=True):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+        assert have.outputs[0].text == want.outputs[0].text
+        assert have.outputs[0].finish_reason == want.outputs[0].finish_reason
+    assert llm.engine.scheduler.allocator.num_used_pages == 0
+    draft_engine = llm.engine.speculator.proposer.engine
+    assert draft_engine.scheduler.allocator.num_used_pages == 0
+    assert not draft_engine.has_unfinished()
+    return llm.stats()
+
+
+def test_self_draft_accepts_everything(tiny_loaded, knobs, prompts, params, expected):
+    """The target as its own draft (a loaded model): every greedy draft token is accepted, the
+    output is the plain one, and accepted tokens save steps; the draft engine reuses its pages
+    through the prefix cache."""
+    config = {"method": "draft_model", "model": tiny_loaded, "num_speculative_tokens": 4}
+    llm = LLM(tiny_loaded, **knobs, speculative_config=config)
+    stats = check_identical(llm, prompts, params, expected[0])
+    assert stats["spec_decode_method"] == "draft_model"
+    assert stats["spec_decode_num_drafts"] > 0
+    # The greedy rows' drafts are all accepted; the sampled row's where its draws agree.
+    assert stats["spec_decode_acceptance_rate"] > 0.8
+    assert stats["spec_decode_num_accepted_tokens_per_pos"][3] > 0
+    assert stats["preemptions"] > 0
+    assert stats["steps"] < 0.8 * expected[1]  # verify rows share a 16-token budget
+    draft_stats = llm.engine.speculator.proposer.engine.stats()
+    assert draft_stats["prefix_cache_hit_pages"] > 0
+
+
+def test_other_draft_output_identical(
+    tiny_loaded, knobs, prompts, params, expected, other_model_dir
+):
+    """A draft that is another random model (given as a path, as ``model`` without ``method``):
+    drafts are rejected mostly, back-off keeps them rare, the output is the plain one."""
+    config = {"model": other_model_dir, "num_speculative_tokens": 3}
+    llm = LLM(tiny_loaded, **knobs, speculative_config=config)
+    stats = check_identical(llm, prompts, params, expected[0])
+    assert stats["spec_decode_method"] == "draft_model"
+    assert stats["spec_decode_num_drafts"] > 0
+    assert stats["spec_decode_acceptance_rate"] < 0.5
+
+
+@pytest.mark.slow
+def test_int8_self_draft_output_identical(
+    tiny_loaded, tiny_model_dir, knobs, prompts, params, expected
+):
+    """The target's own checkpoint quantised to int8 at load as the draft (the int4 self-draft
+    of a float target works the same way); its kernels compile anew."""
+    config = {"model": tiny_model_dir, "quantization": "int8", "num_speculative_tokens": 4}
+    llm = LLM(tiny_loaded, **knobs, speculative_config=config)
+    stats = check_identical(llm, prompts, params, expected[0])
+    assert llm.engine.speculator.proposer.engine.loaded.quantization == "int8"
+    assert stats["spec_decode_acceptance_rate"] > 0.5
+
+
+def test_draft_vocabulary_must_match(tiny_loaded, tmp_path, smollm2_tokenizer):
+    small = save_tiny_model(str(tmp_path / "small"), smollm2_tokenizer, vocab_size=512)
+    vocab = tiny_loaded.config.vocab_size
+    with pytest.raises(ValueError, match=rf"speculative_config.model.*\(512\).*\({vocab}\)"):
+        LLM(tiny_loaded, max_model_len=64, speculative_config={"model": small} | K2)
+
+    class OtherTokenizer:
+        def encode(self, text, add_special_tokens=True):
+            return [len(text)]
+
+    other = dataclasses.replace(tiny_loaded, tokenizer=OtherTokenizer())
+    with pytest.raises(ValueError, match="speculative_config.model: the draft's tokenizer"):
+        check_vocabulary(other, tiny_loaded)
+
+
+K2 = {"num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    "config,name",
+    [
+        ({"method": "draft_model"} | K2, "speculative_config.model is required"),
+        ({"model": "x", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"model": "x", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+        ({"model": "x", "prompt_lookup_max": 3} | K2, "prompt_lookup_max"),
+        ({"model": "x", "quantization": "int3"} | K2, "speculative_config.quantization"),
+        ({"method": "ngram", "quantization": "int4"} | K2, "speculative_config.quantization"),
+        ({"method": "ngram", "model": "x"} | K2, "speculative_config.model"),
+        ({"model": 3} | K2, "speculative_config.model"),
+        ({"model": "x", "draft_tensor_parallel_size": 2} | K2, "draft_tensor_parallel_size"),
+    ],
+)
+def test_bad_draft_config(config, name):
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(speculative_config=config)
+
+
+def test_draft_config(tiny_loaded):
+    config = SpeculativeConfig.from_dict({"model": "some/dir"} | K2)
+    assert (config.method, config.model, config.quantization) == ("draft_model", "some/dir", "auto")
+    config = SpeculativeConfig.from_dict({"method": "draft_model", "model": tiny_loaded} | K2)
+    assert config.model is tiny_loaded
+    with pytest.raises(ValueError, match="speculative_config.quantization"):
+        SpeculativeConfig.from_dict({"model": tiny_loaded, "quantization": "int8"} | K2)
+    with pytest.raises(ValueError, match="speculative_config.model"):
+        EngineConfig(speculative_config={"model": "x"} | K2, tensor_parallel_degree=2)
+
+
+def test_server_setting(tiny_model_dir):
+    """``--speculative-config`` JSON with a draft model reaches ``EngineConfig``; a bad one is
+    refused naming the key."""
+    from serving.settings.flags import check_engine_knobs
+    from serving.settings.resolve import resolve_settings
+
+    text = f'{{"model": "{tiny_model_dir}", "quantization": "int4", "num_speculative_tokens": 3}}'
+    settings = resolve_settings({"speculative_config": text}, {})
+    assert settings.engine["speculative_config"]["model"] == tiny_model_dir
+    check_engine_knobs(settings)
+    bad = resolve_settings(
+        {
+            "speculative_config": '{"model": "x", "prompt_lookup_min": 2, "num_speculative_tokens": 2}'
+        },
+        {},
+    )
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        check_engine_knobs(bad)
