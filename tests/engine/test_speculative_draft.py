@@ -100,17 +100,34 @@ def test_self_draft_accepts_everything(tiny_loaded, knobs, prompts, params, expe
     assert draft_stats["prefix_cache_hit_pages"] > 0
 
 
-def test_other_draft_output_identical(
-    tiny_loaded, knobs, prompts, params, expected, other_model_dir
-):
-    """A draft that is another random model (given as a path, as ``model`` without ``method``):
-    drafts are rejected mostly, back-off keeps them rare, the output is the plain one."""
+@pytest.fixture(scope="module")
+def other_draft(tiny_loaded, knobs, other_model_dir):
+    """Another random model as the draft, given as a path (``model`` without ``method``)."""
     config = {"model": other_model_dir, "num_speculative_tokens": 3}
-    llm = LLM(tiny_loaded, **knobs, speculative_config=config)
-    stats = check_identical(llm, prompts, params, expected[0])
+    return LLM(tiny_loaded, **knobs, speculative_config=config)
+
+
+def test_other_draft_output_identical(other_draft, prompts, params, expected):
+    """A draft the target rarely agrees with: drafts are rejected mostly, back-off keeps them
+    rare, the output is the plain one."""
+    stats = check_identical(other_draft, prompts, params, expected[0])
     assert stats["spec_decode_method"] == "draft_model"
     assert stats["spec_decode_num_drafts"] > 0
     assert stats["spec_decode_acceptance_rate"] < 0.5
+
+
+def test_failing_draft_engine_stops_speculation(other_draft, prompts, params, expected):
+    """A draft engine that fails stops proposing; the target decodes on, output unchanged."""
+    proposer = other_draft.engine.speculator.proposer
+
+    def fail():
+        raise RuntimeError("draft device lost")
+
+    proposer.engine.step = fail
+    drafts = other_draft.stats()["spec_decode_num_drafts"]
+    check_identical(other_draft, prompts, params, expected[0])
+    assert proposer.failed
+    assert other_draft.stats()["spec_decode_num_drafts"] == drafts
 
 
 @pytest.mark.slow

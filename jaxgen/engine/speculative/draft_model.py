@@ -102,23 +102,24 @@ class DraftModelProposer:
     def propose(self, candidates: list, token_budget: int) -> list[list[int]]:
         """k greedy draft tokens for each ``(sequence, k)`` of ``candidates``, in order, as long
         as their k fit ``token_budget`` together (the last one cut to fit; the rest get [])."""
-        requests = {}
-        for index, (seq, k) in enumerate(candidates):
-            k = min(k, token_budget)
-            if k < 1 or self.failed:
-                break
-            token_budget -= k
-            params = SamplingParams(
-                temperature=0.0,
-                max_tokens=k,
-                ignore_eos=True,
-                output_kind=RequestOutputKind.FINAL_ONLY,
-            )
-            request_id = f"draft-{seq.seq_id}"
-            self.engine.add_request(request_id, None, list(seq.token_ids), params)
-            requests[request_id] = index
-        proposals = [[] for _ in candidates]
+        requests, proposals = {}, [[] for _ in candidates]
+        if self.failed:
+            return proposals
         try:
+            for index, (seq, k) in enumerate(candidates):
+                k = min(k, token_budget)
+                if k < 1:
+                    break
+                token_budget -= k
+                params = SamplingParams(
+                    temperature=0.0,
+                    max_tokens=k,
+                    ignore_eos=True,
+                    output_kind=RequestOutputKind.FINAL_ONLY,
+                )
+                request_id = f"draft-{seq.seq_id}"
+                self.engine.add_request(request_id, None, list(seq.token_ids), params)
+                requests[request_id] = index
             while self.engine.has_unfinished():
                 for output in self.engine.step():
                     if output.finished and output.request_id in requests:
