@@ -82,12 +82,17 @@ def check_identical(llm, prompts, params, expected) -> dict:
     return llm.stats()
 
 
-def test_self_draft_accepts_everything(tiny_loaded, knobs, prompts, params, expected):
-    """The target as its own draft (a loaded model): every greedy draft token is accepted, the
-    output is the plain one, and accepted tokens save steps; the draft engine reuses its pages
-    through the prefix cache."""
+@pytest.fixture(scope="module")
+def self_draft(tiny_loaded, knobs):
+    """The target as its own draft, given loaded."""
     config = {"method": "draft_model", "model": tiny_loaded, "num_speculative_tokens": 4}
-    llm = LLM(tiny_loaded, **knobs, speculative_config=config)
+    return LLM(tiny_loaded, **knobs, speculative_config=config)
+
+
+def test_self_draft_accepts_everything(self_draft, prompts, params, expected):
+    """Every greedy draft token is accepted, the output is the plain one, and accepted tokens
+    save steps; the draft engine reuses its pages through the prefix cache."""
+    llm = self_draft
     stats = check_identical(llm, prompts, params, expected[0])
     assert stats["spec_decode_method"] == "draft_model"
     assert stats["spec_decode_num_drafts"] > 0
@@ -114,6 +119,17 @@ def test_other_draft_output_identical(other_draft, prompts, params, expected):
     assert stats["spec_decode_method"] == "draft_model"
     assert stats["spec_decode_num_drafts"] > 0
     assert stats["spec_decode_acceptance_rate"] < 0.5
+
+
+def test_no_compiles_after_precompile(self_draft, prompts):
+    """``precompile`` compiles the draft engine's steps too: speculating compiles nothing."""
+    self_draft.precompile()
+    before = self_draft.stats()
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    self_draft.generate(prompts, greedy, use_tqdm=False)
+    after = self_draft.stats()
+    assert after["compiles"] == before["compiles"]
+    assert after["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
 
 
 def test_failing_draft_engine_stops_speculation(other_draft, prompts, params, expected):
