@@ -31,7 +31,7 @@ class LLMEngine(Engine):
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
-        parts = build_engine_parts(loaded, config, kv_sharding=kv_sharding)
+        parts = build_engine_parts(loaded, config, kv_sharding=kv_sharding, engine_class=LLMEngine)
         self.max_model_len = parts.max_model_len
         self.batching = parts.batching
         self.kv_bytes_per_token = parts.pool.kv_bytes_per_token

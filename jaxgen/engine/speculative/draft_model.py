@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from jaxgen.backends import select_backend
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
@@ -37,7 +38,7 @@ class TargetShape:
     page_size: int
 
 
-def load_draft(speculative: SpeculativeConfig, target, config: EngineConfig):
+def load_draft(speculative: SpeculativeConfig, target):
     """The draft ``LoadedModel``: ``speculative.model`` loaded (in the target's dtype, with its
     ``quantization``) or as given; ``ValueError`` naming ``speculative_config.model`` when its
     vocabulary or tokenizer differ from the target's."""
@@ -70,9 +71,8 @@ def check_vocabulary(draft, target) -> None:
 class DraftModelProposer:
     """The speculator's proposer for method "draft_model" (``Speculator.proposer``)."""
 
-    def __init__(self, draft, config: EngineConfig, target: TargetShape):
-        from jaxgen.backends import select_backend
-        from jaxgen.engine.llm_engine import LLMEngine
+    def __init__(self, draft, config: EngineConfig, target: TargetShape, engine_class):
+        """``engine_class``: the engine the draft runs in (``LLMEngine``)."""
 
         backend = select_backend(
             config.attention_backend, dtype=draft.dtype, kv_cache_dtype=config.kv_cache_dtype
@@ -95,7 +95,7 @@ class DraftModelProposer:
             compile_cache=config.compile_cache,
             kv_cache_dtype=config.kv_cache_dtype,
         )
-        self.engine = LLMEngine(draft, draft_config)
+        self.engine = engine_class(draft, draft_config)
         self.num_steps = 0  # the draft engine's steps, all proposals together
         self.failed = False  # the draft engine failed: nothing is proposed any more
 
