@@ -7,7 +7,8 @@ float32 target (its Q4_1 GGUF dequantised) drafted by its own checkpoint quantis
 
 Each configuration is warmed up first (every shape it meets compiled), then each prompt runs
 alone, greedy; prints output tok/s, the ratio to no speculation, the acceptance rate and the
-tokens a verify step gains (mean acceptance length).
+tokens a verify step gains (mean acceptance length) and the share of the time the draft
+model's proposals take.
 """
 
 from __future__ import annotations
@@ -29,8 +30,26 @@ COUNTERS = (
 )
 
 
+def timed_proposer(llm) -> dict:
+    """Wraps ``llm``'s draft proposer to add up the seconds its proposals take (in "seconds")."""
+    proposer = llm.engine.speculator.proposer
+    timing = {"seconds": 0.0}
+    propose = proposer.propose
+
+    def timed(candidates, token_budget):
+        start = time.perf_counter()
+        try:
+            return propose(candidates, token_budget)
+        finally:
+            timing["seconds"] += time.perf_counter() - start
+
+    proposer.propose = timed
+    return timing
+
+
 def run(llm, prompts, params, repeats: int) -> tuple[float, dict]:
-    """Output tok/s over ``prompts`` run one at a time, ``repeats`` times; the stats delta."""
+    """Output tok/s over ``prompts`` run one at a time, ``repeats`` times; the stats delta
+    (with "elapsed": the seconds the run took)."""
     before = llm.stats()
     tokens, start = 0, time.perf_counter()
     for _ in range(repeats):
@@ -39,7 +58,8 @@ def run(llm, prompts, params, repeats: int) -> tuple[float, dict]:
             tokens += len(out[0].outputs[0].token_ids)
     elapsed = time.perf_counter() - start
     after = llm.stats()
-    return tokens / elapsed, {key: after[key] - before[key] for key in COUNTERS if key in after}
+    delta = {key: after[key] - before[key] for key in COUNTERS if key in after}
+    return tokens / elapsed, delta | {"elapsed": elapsed}
 
 
 def main() -> None:
@@ -71,6 +91,7 @@ def main() -> None:
     )
     for llm in engines.values():  # warm-up: every shape the prompts meet
         run(llm, prompts, params, 1)
+    timings = {name: timed_proposer(llm) for name, llm in engines.items() if name != "none"}
     base = None
     for name, llm in engines.items():
         tok_s, delta = run(llm, prompts, params, args.repeats)
@@ -82,6 +103,7 @@ def main() -> None:
             rate = (
                 f"  acceptance {accepted / drafted:.2f}"
                 f"  tokens/verify {1 + accepted / max(delta['spec_decode_num_drafts'], 1):.2f}"
+                f"  drafting {timings[name]['seconds'] / delta['elapsed']:.0%} of the time"
             )
         print(
             f"{name:10s} {tok_s:7.1f} tok/s  x{tok_s / base:.2f}  steps {delta['steps']}{rate}",
