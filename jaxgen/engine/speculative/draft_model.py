@@ -4,7 +4,10 @@ the target's vocabulary, drafts k tokens greedily for every speculating sequence
 Each step the drafting sequences' tokens go to the draft engine as requests for k greedy
 tokens. Its prefix cache holds every full page a sequence had the step before, so a request
 recomputes only its last partial page and the tokens added since, all sequences in one ragged
-prefill step, then k - 1 decode steps; finished requests leave their pages cached for the next.
+prefill step (more when they exceed the token budget), then k - 1 decode steps; finished
+requests leave their pages cached for the next. (Persistent draft sequences, rolled back like
+the target's, would save that recompute, at the cost of a second copy of the scheduler's
+bookkeeping.)
 
 The draft is greedy: its proposal is a point mass at the draft model's argmax (q one-hot), which
 is what the verify step's acceptance assumes (``verify_sampling.accept``): for a greedy row the
@@ -73,7 +76,6 @@ class DraftModelProposer:
 
     def __init__(self, draft, config: EngineConfig, target: TargetShape, engine_class):
         """``engine_class``: the engine the draft runs in (``LLMEngine``)."""
-
         backend = select_backend(
             config.attention_backend, dtype=draft.dtype, kv_cache_dtype=config.kv_cache_dtype
         )
