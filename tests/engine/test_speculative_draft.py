@@ -1,7 +1,8 @@
 """Speculative decoding with a draft model on tiny random Llamas (fp32): token for token the
 output of decoding without speculation whatever the draft (the target itself: every draft token
 accepted; another random model: few), seeded sampled rows in the same steps, through chunked
-prefill, preemption and the prefix cache; the draft engine's pages all returned; bad configs."""
+prefill, preemption and the prefix cache; the draft engine's pages all returned; sampled rows'
+distribution with a bad draft (chi-square, as ``test_speculative_sampling.py``); bad configs."""
 
 from __future__ import annotations
 
@@ -225,3 +226,66 @@ def test_server_setting(tiny_model_dir):
     )
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         check_engine_knobs(bad)
+
+
+# -- sampled rows: the target's distribution with a deliberately bad draft model ------------------
+@pytest.fixture(scope="module")
+def bad_draft_draws(tmp_path_factory, smollm2_tokenizer):
+    """``test_speculative_sampling``'s sampled workload (boosted top-k set, penalties) drafted
+    by a copy of its target whose LM head only scores tokens 505 (boosted: accepted with about
+    a fifth of the mass) and 506 (outside top_k: always rejected), by the sign of one hidden
+    unit. The outputs of ``NUM_DRAWS`` seeded requests, the acceptance counters, the model."""
+    import jax
+    import numpy as np
+
+    from jaxgen.loaders import load_model
+    from tests.engine.test_speculative_sampling import NUM_DRAWS, SAMPLED_PROMPT, sampled
+
+    model_dir = save_tiny_model(
+        str(tmp_path_factory.mktemp("tiny-llama-512")), smollm2_tokenizer, vocab_size=512
+    )
+    target = load_model(model_dir)
+
+    def head(path, leaf):
+        if "lm_head" not in jax.tree_util.keystr(path):
+            return leaf
+        kernel = np.zeros(leaf.shape, np.float32)  # [H, V]
+        kernel[0, 505], kernel[0, 506] = 100.0, -100.0
+        return jax.numpy.asarray(kernel)
+
+    draft = dataclasses.replace(
+        target, params=jax.tree_util.tree_map_with_path(head, target.params)
+    )
+    config = {"model": draft, "num_speculative_tokens": 2}
+    llm = LLM(
+        target,
+        max_model_len=64,
+        max_rolling_batch_prefill_tokens=16,
+        max_rolling_batch_size=4,
+        page_size=16,
+        speculative_config=config,
+    )
+    params = [sampled(seed) for seed in range(NUM_DRAWS)]
+    outputs = llm.generate([SAMPLED_PROMPT] * NUM_DRAWS, params, use_tqdm=False)
+    return outputs, llm.stats(), model_dir
+
+
+@pytest.mark.slow  # ~20 s: 400 requests, a model of its own
+def test_bad_draft_keeps_the_target_distribution(bad_draft_draws):
+    """Chi-square goodness of fit of tokens 2 and 3 (the drafted positions) against the target's
+    distribution computed from HF transformers (``test_speculative_sampling.target_probs``)."""
+    from tests.engine.test_speculative_sampling import P_VALUE, chi_square, target_probs
+
+    outputs, stats, model_dir = bad_draft_draws
+    probs = target_probs(model_dir)
+    exact_both, both = {}, {}
+    for a, p_a in probs[()].items():
+        for b, p_b in probs[(a,)].items():
+            for c, p_c in probs[(a, b)].items():
+                exact_both[(b, c)] = exact_both.get((b, c), 0.0) + p_a * p_b * p_c
+    for output in outputs:
+        tokens = tuple(output.outputs[0].token_ids)
+        both[tokens[1:3]] = both.get(tokens[1:3], 0) + 1
+    assert chi_square(both, exact_both) > P_VALUE
+    assert stats["spec_decode_num_drafts"] > 50
+    assert 0.02 < stats["spec_decode_acceptance_rate"] < 0.5  # rejections are frequent
