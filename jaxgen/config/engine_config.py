@@ -191,10 +191,13 @@ class EngineConfig:
     speculative_config: dict | None = knob(
         None,
         help='speculative decoding, vLLM\'s dict (JSON on the command line): method "ngram" '
-        "(prompt lookup), num_speculative_tokens (1-16), prompt_lookup_min/max; greedy and "
-        "sampled rows speculate (rejection sampling), rows with structured output too (drafts "
-        "cut to the grammar, each position under its mask); not with num_scheduler_steps > 1; "
-        "with async_scheduling a step that may carry drafts runs synchronously",
+        '(prompt lookup; prompt_lookup_min/max) or "draft_model" (model: a checkpoint with the '
+        "target's vocabulary, drafting greedily in a second engine; quantization: its weights, "
+        "e.g. int4 of the target's own checkpoint; a model without method means it), "
+        "num_speculative_tokens (1-16); greedy and sampled rows speculate (rejection sampling), "
+        "rows with structured output too (drafts cut to the grammar, each position under its "
+        "mask); not with num_scheduler_steps > 1; with async_scheduling a step that may carry "
+        "drafts runs synchronously",
     )
     precompile: bool = knob(
         False,
@@ -298,7 +301,14 @@ class EngineConfig:
         if self.speculative_config is not None:
             from jaxgen.config.speculative_config import SpeculativeConfig
 
-            SpeculativeConfig.from_dict(self.speculative_config)  # ValueError naming the key
+            speculative = SpeculativeConfig.from_dict(self.speculative_config)  # names the key
+            if speculative.method == "draft_model" and (
+                self.tensor_parallel_degree > 1 or self.data_parallel_size > 1
+            ):
+                raise ValueError(
+                    "speculative_config.model: a draft model runs with tensor_parallel_degree 1 "
+                    "and data_parallel_size 1"
+                )
             check(
                 self.num_scheduler_steps == 1,
                 "speculative_config",

@@ -14,6 +14,7 @@ from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.engine.kv_pool_plan import KVPoolPlan, plan_kv_pool
 from jaxgen.engine.runner import ModelRunner
 from jaxgen.engine.scheduler import Scheduler
+from jaxgen.engine.speculative.draft_model import DraftModelProposer, TargetShape, load_draft
 from jaxgen.engine.speculative.speculator import Speculator
 from jaxgen.engine.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.step_layout import StepLayout
@@ -32,9 +33,12 @@ class EngineParts:
     verify_shapes: VerifyShapes | None  # with a speculator
 
 
-def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> EngineParts:
+def build_engine_parts(
+    loaded, config: EngineConfig, *, kv_sharding=None, engine_class=None
+) -> EngineParts:
     """Plans the batching and the KV pool for ``loaded`` under ``config`` and builds the parts
-    over them (``kv_sharding``: the pool's sharding under tensor parallelism, or None)."""
+    over them (``kv_sharding``: the pool's sharding under tensor parallelism, or None;
+    ``engine_class``: the engine a draft model runs in, ``LLMEngine``)."""
     model_config = loaded.config
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, 2048)
     backend = select_backend(
@@ -93,7 +97,18 @@ def build_engine_parts(loaded, config: EngineConfig, *, kv_sharding=None) -> Eng
                 "(pages are released behind the window) or with LongRoPE"
             )
         speculative = SpeculativeConfig.from_dict(config.speculative_config)
-        speculator = Speculator(speculative, idle_backoff=config.async_scheduling)
+        proposer = None
+        if speculative.method == "draft_model":
+            target = TargetShape(
+                max_model_len=max_model_len,
+                max_num_seqs=batching.num_slots,
+                max_num_batched_tokens=batching.scheduler.max_num_batched_tokens,
+                num_pages=pool.num_pages,
+                page_size=config.page_size,
+            )
+            draft = load_draft(speculative, loaded)
+            proposer = DraftModelProposer(draft, config, target, engine_class)
+        speculator = Speculator(speculative, proposer, idle_backoff=config.async_scheduling)
         verify_shapes = VerifyShapes(
             runner.sampling_shapes,
             layout.token_buckets[-1],

@@ -31,7 +31,7 @@ class LLMEngine(Engine):
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
-        parts = build_engine_parts(loaded, config, kv_sharding=kv_sharding)
+        parts = build_engine_parts(loaded, config, kv_sharding=kv_sharding, engine_class=LLMEngine)
         self.max_model_len = parts.max_model_len
         self.batching = parts.batching
         self.kv_bytes_per_token = parts.pool.kv_bytes_per_token
@@ -75,7 +75,8 @@ class LLMEngine(Engine):
         CPU and Pallas TPU backends that is every shape (one per token bucket); elsewhere
         decode-only steps (prefill-holding steps compile when first met). With
         ``num_scheduler_steps`` > 1 the multi-step decode calls too; with speculative
-        decoding each shape's verify steps (one per verify-row bucket it can carry). Call it
+        decoding each shape's verify steps (one per verify-row bucket it can carry), and a draft
+        model's engine its own steps. Call it
         before requests arrive. Returns the compiles it took."""
         start = time.perf_counter()
         before = compile_counter.compile_count()
@@ -88,6 +89,9 @@ class LLMEngine(Engine):
             if self.verify_shapes is not None:
                 for verify in self.verify_shapes.padding(len(inputs.token_ids)):
                     self.executor.run_now(batch, verify=verify)
+        draft_engine = getattr(getattr(self.speculator, "proposer", None), "engine", None)
+        if draft_engine is not None:  # the draft model's engine (``speculative/draft_model.py``)
+            draft_engine.precompile()
         compiles = compile_counter.compile_count() - before
         self.precompile_compiles += compiles
         self.precompile_seconds += time.perf_counter() - start

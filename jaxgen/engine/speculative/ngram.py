@@ -20,3 +20,15 @@ def propose_ngram(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[
             start = int(matches[0]) + n
             return tokens[start : start + k].tolist()
     return []
+
+
+class NgramProposer:
+    """The speculator's proposer for method "ngram": each sequence's lookup on its own."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, candidates: list, token_budget: int) -> list[list[int]]:
+        """Up to k draft tokens for each ``(sequence, k)`` of ``candidates`` (``token_budget``
+        is the speculator's to apply: a lookup costs nothing)."""
+        return [propose_ngram(seq.token_ids, k, self.min_n, self.max_n) for seq, k in candidates]

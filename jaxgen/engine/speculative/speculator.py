@@ -7,7 +7,7 @@ import dataclasses
 
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sequence import Sequence, SequenceStatus
-from jaxgen.engine.speculative.ngram import propose_ngram
+from jaxgen.engine.speculative.ngram import NgramProposer
 
 # After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
 # doubling with each such draft in a row (reset by an accepted token): proposals that keep
@@ -41,13 +41,19 @@ class _Backoff:
 class Speculator:
     """Proposes drafts for the decode rows that can be verified exactly, and counts.
 
+    ``proposer``: ``propose(candidates: [(seq, k)], token_budget) -> [draft tokens]``, one list
+    each (n-gram prompt lookup by default, or ``draft_model.DraftModelProposer``).
+
     ``idle_backoff`` (asynchronous scheduling): a sequence for which nothing is proposed backs
     off as after a wholly rejected draft. There, a step that may draft runs synchronously (the
     draft needs the last token on the host), so a sequence that keeps proposing nothing would
     keep every step synchronous."""
 
-    def __init__(self, config: SpeculativeConfig, *, idle_backoff: bool = False):
+    def __init__(self, config: SpeculativeConfig, proposer=None, *, idle_backoff: bool = False):
         self.config = config
+        self.proposer = proposer or NgramProposer(
+            config.prompt_lookup_min, config.prompt_lookup_max
+        )
         self.idle_backoff = idle_backoff
         self.backoff: dict[int, _Backoff] = {}
         self.num_drafts = 0  # drafts verified
@@ -67,7 +73,7 @@ class Speculator:
             del self.backoff[seq_id]
         spare_tokens = token_budget - len(running)
         spare_pages = allocator.num_free_pages
-        drafts = []
+        candidates = []
         for seq in running:
             state = self._state_of(seq.seq_id)
             if state.skip > 0:
@@ -81,14 +87,15 @@ class Speculator:
                 max_model_len - seq.num_tokens - 1,
                 spare_tokens,
             )
-            if k < 1:
-                continue
-            tokens = propose_ngram(
-                seq.token_ids, k, self.config.prompt_lookup_min, self.config.prompt_lookup_max
-            )
+            if k >= 1:
+                candidates.append((seq, k))
+        drafts = []
+        proposals = self.proposer.propose(candidates, spare_tokens) if candidates else []
+        for (seq, _), tokens in zip(candidates, proposals, strict=True):
+            tokens = tokens[: max(spare_tokens, 0)]
             if not tokens:
                 if self.idle_backoff:
-                    _miss(state)
+                    _miss(self._state_of(seq.seq_id))
                 continue
             pages = allocator.pages_needed(seq.num_tokens + len(tokens)) - len(seq.block_table)
             if pages > spare_pages:

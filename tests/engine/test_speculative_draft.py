@@ -1,0 +1,291 @@
+"""Speculative decoding with a draft model on tiny random Llamas (fp32): token for token the
+output of decoding without speculation whatever the draft (the target itself: every draft token
+accepted; another random model: few), seeded sampled rows in the same steps, through chunked
+prefill, preemption and the prefix cache; the draft engine's pages all returned; sampled rows'
+distribution with a bad draft (chi-square, as ``test_speculative_sampling.py``); bad configs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jaxgen import LLM, SamplingParams
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.speculative.draft_model import check_vocabulary
+from tests.family_models import save_tiny_model
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def knobs(tiny_loaded):
+    """As ``test_speculative.py``: a 16-token budget (chunked prefill, verify rows cut) and 12
+    pages of 16 tokens for four sequences of ~90 tokens (preemptions happen)."""
+    config = tiny_loaded.config
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+    return dict(
+        max_model_len=128,
+        max_rolling_batch_prefill_tokens=16,
+        max_rolling_batch_size=4,
+        page_size=PAGE,
+        kv_cache_memory=13 * PAGE * per_token,
+    )
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [
+        [7, 8, 9, 10, 11, 12] * 3 + [300, 301],
+        list(range(400, 420)) + list(range(400, 408)),
+        [50, 60, 70, 80] * 6,
+        list(range(900, 925)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def params():
+    """Greedy rows (one with a stop string, one shorter) and a seeded sampled one."""
+    greedy = dict(temperature=0.0, max_tokens=64, ignore_eos=True)
+    return [
+        SamplingParams(**greedy),
+        SamplingParams(**greedy | {"stop": ["zz"]}),
+        SamplingParams(**greedy | {"max_tokens": 45}),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=50, ignore_eos=True),
+    ]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_loaded, knobs, prompts, params):
+    plain = LLM(tiny_loaded, **knobs)
+    return plain.generate(prompts, params, use_tqdm=False), plain.stats()["steps"]
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory, smollm2_tokenizer) -> str:
+    """Another random tiny Llama with the same vocabulary: a draft the target rarely agrees with."""
+    return save_tiny_model(str(tmp_path_factory.mktemp("tiny-draft")), smollm2_tokenizer, seed=1)
+
+
+def check_identical(llm, prompts, params, expected) -> dict:
+    """``llm``'s outputs are ``expected``'s, token for token; every page is back in both
+    engines' pools. Returns ``llm``'s stats."""
+    got = llm.generate(prompts, params, use_tqdm=False)
+    for want, have in zip(expected, got, strict=True):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids
+        assert have.outputs[0].text == want.outputs[0].text
+        assert have.outputs[0].finish_reason == want.outputs[0].finish_reason
+    assert llm.engine.scheduler.allocator.num_used_pages == 0
+    draft_engine = llm.engine.speculator.proposer.engine
+    assert draft_engine.scheduler.allocator.num_used_pages == 0
+    assert not draft_engine.has_unfinished()
+    return llm.stats()
+
+
+@pytest.fixture(scope="module")
+def self_draft(tiny_loaded, knobs):
+    """The target as its own draft, given loaded."""
+    config = {"method": "draft_model", "model": tiny_loaded, "num_speculative_tokens": 4}
+    return LLM(tiny_loaded, **knobs, speculative_config=config)
+
+
+def test_self_draft_accepts_everything(self_draft, prompts, params, expected):
+    """Every greedy draft token is accepted, the output is the plain one, and accepted tokens
+    save steps; the draft engine reuses its pages through the prefix cache."""
+    llm = self_draft
+    stats = check_identical(llm, prompts, params, expected[0])
+    assert stats["spec_decode_method"] == "draft_model"
+    assert stats["spec_decode_num_drafts"] > 0
+    # The greedy rows' drafts are all accepted; the sampled row's where its draws agree.
+    assert stats["spec_decode_acceptance_rate"] > 0.8
+    assert stats["spec_decode_num_accepted_tokens_per_pos"][3] > 0
+    assert stats["preemptions"] > 0
+    assert stats["steps"] < 0.8 * expected[1]  # verify rows share a 16-token budget
+    draft_stats = llm.engine.speculator.proposer.engine.stats()
+    assert draft_stats["prefix_cache_hit_pages"] > 0
+
+
+@pytest.fixture(scope="module")
+def other_draft(tiny_loaded, knobs, other_model_dir):
+    """Another random model as the draft, given as a path (``model`` without ``method``)."""
+    config = {"model": other_model_dir, "num_speculative_tokens": 3}
+    return LLM(tiny_loaded, **knobs, speculative_config=config)
+
+
+def test_other_draft_output_identical(other_draft, prompts, params, expected):
+    """A draft the target rarely agrees with: drafts are rejected mostly, back-off keeps them
+    rare, the output is the plain one."""
+    stats = check_identical(other_draft, prompts, params, expected[0])
+    assert stats["spec_decode_method"] == "draft_model"
+    assert stats["spec_decode_num_drafts"] > 0
+    assert stats["spec_decode_acceptance_rate"] < 0.5
+
+
+def test_no_compiles_after_precompile(self_draft, prompts):
+    """``precompile`` compiles the draft engine's steps too: speculating compiles nothing."""
+    self_draft.precompile()
+    before = self_draft.stats()
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    self_draft.generate(prompts, greedy, use_tqdm=False)
+    after = self_draft.stats()
+    assert after["compiles"] == before["compiles"]
+    assert after["spec_decode_num_drafts"] > before["spec_decode_num_drafts"]
+
+
+def test_failing_draft_engine_stops_speculation(other_draft, prompts, params, expected):
+    """A draft engine that fails stops proposing; the target decodes on, output unchanged."""
+    proposer = other_draft.engine.speculator.proposer
+
+    def fail():
+        raise RuntimeError("draft device lost")
+
+    proposer.engine.step = fail
+    drafts = other_draft.stats()["spec_decode_num_drafts"]
+    check_identical(other_draft, prompts, params, expected[0])
+    assert proposer.failed
+    assert other_draft.stats()["spec_decode_num_drafts"] == drafts
+
+
+@pytest.mark.slow
+def test_int8_self_draft_output_identical(
+    tiny_loaded, tiny_model_dir, knobs, prompts, params, expected
+):
+    """The target's own checkpoint quantised to int8 at load as the draft (the int4 self-draft
+    of a float target works the same way); its kernels compile anew."""
+    config = {"model": tiny_model_dir, "quantization": "int8", "num_speculative_tokens": 4}
+    llm = LLM(tiny_loaded, **knobs, speculative_config=config)
+    stats = check_identical(llm, prompts, params, expected[0])
+    assert llm.engine.speculator.proposer.engine.loaded.quantization == "int8"
+    assert stats["spec_decode_acceptance_rate"] > 0.5
+
+
+def test_draft_vocabulary_must_match(tiny_loaded, tmp_path, smollm2_tokenizer):
+    small = save_tiny_model(str(tmp_path / "small"), smollm2_tokenizer, vocab_size=512)
+    vocab = tiny_loaded.config.vocab_size
+    with pytest.raises(ValueError, match=rf"speculative_config.model.*\(512\).*\({vocab}\)"):
+        LLM(tiny_loaded, max_model_len=64, speculative_config={"model": small} | K2)
+
+    class OtherTokenizer:
+        def encode(self, text, add_special_tokens=True):
+            return [len(text)]
+
+    other = dataclasses.replace(tiny_loaded, tokenizer=OtherTokenizer())
+    with pytest.raises(ValueError, match="speculative_config.model: the draft's tokenizer"):
+        check_vocabulary(other, tiny_loaded)
+
+
+K2 = {"num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    "config,name",
+    [
+        ({"method": "draft_model"} | K2, "speculative_config.model is required"),
+        ({"model": "x", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"model": "x", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+        ({"model": "x", "prompt_lookup_max": 3} | K2, "prompt_lookup_max"),
+        ({"model": "x", "quantization": "int3"} | K2, "speculative_config.quantization"),
+        ({"method": "ngram", "quantization": "int4"} | K2, "speculative_config.quantization"),
+        ({"method": "ngram", "model": "x"} | K2, "speculative_config.model"),
+        ({"model": 3} | K2, "speculative_config.model"),
+        ({"model": "x", "draft_tensor_parallel_size": 2} | K2, "draft_tensor_parallel_size"),
+    ],
+)
+def test_bad_draft_config(config, name):
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(speculative_config=config)
+
+
+def test_draft_config(tiny_loaded):
+    config = SpeculativeConfig.from_dict({"model": "some/dir"} | K2)
+    assert (config.method, config.model, config.quantization) == ("draft_model", "some/dir", "auto")
+    config = SpeculativeConfig.from_dict({"method": "draft_model", "model": tiny_loaded} | K2)
+    assert config.model is tiny_loaded
+    with pytest.raises(ValueError, match="speculative_config.quantization"):
+        SpeculativeConfig.from_dict({"model": tiny_loaded, "quantization": "int8"} | K2)
+    with pytest.raises(ValueError, match="speculative_config.model"):
+        EngineConfig(speculative_config={"model": "x"} | K2, tensor_parallel_degree=2)
+
+
+def test_server_setting(tiny_model_dir):
+    """``--speculative-config`` JSON with a draft model reaches ``EngineConfig``; a bad one is
+    refused naming the key."""
+    from serving.settings.flags import check_engine_knobs
+    from serving.settings.resolve import resolve_settings
+
+    text = f'{{"model": "{tiny_model_dir}", "quantization": "int4", "num_speculative_tokens": 3}}'
+    settings = resolve_settings({"speculative_config": text}, {})
+    assert settings.engine["speculative_config"]["model"] == tiny_model_dir
+    check_engine_knobs(settings)
+    bad = resolve_settings(
+        {
+            "speculative_config": '{"model": "x", "prompt_lookup_min": 2, "num_speculative_tokens": 2}'
+        },
+        {},
+    )
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        check_engine_knobs(bad)
+
+
+# -- sampled rows: the target's distribution with a deliberately bad draft model ------------------
+@pytest.fixture(scope="module")
+def bad_draft_draws(tmp_path_factory, smollm2_tokenizer):
+    """``test_speculative_sampling``'s sampled workload (boosted top-k set, penalties) drafted
+    by a copy of its target whose LM head only scores tokens 505 (boosted: accepted with about
+    a fifth of the mass) and 506 (outside top_k: always rejected), by the sign of one hidden
+    unit. The outputs of ``NUM_DRAWS`` seeded requests, the acceptance counters, the model."""
+    import jax
+    import numpy as np
+
+    from jaxgen.loaders import load_model
+    from tests.engine.test_speculative_sampling import NUM_DRAWS, SAMPLED_PROMPT, sampled
+
+    model_dir = save_tiny_model(
+        str(tmp_path_factory.mktemp("tiny-llama-512")), smollm2_tokenizer, vocab_size=512
+    )
+    target = load_model(model_dir)
+
+    def head(path, leaf):
+        if "lm_head" not in jax.tree_util.keystr(path):
+            return leaf
+        kernel = np.zeros(leaf.shape, np.float32)  # [H, V]
+        kernel[0, 505], kernel[0, 506] = 100.0, -100.0
+        return jax.numpy.asarray(kernel)
+
+    draft = dataclasses.replace(
+        target, params=jax.tree_util.tree_map_with_path(head, target.params)
+    )
+    config = {"model": draft, "num_speculative_tokens": 2}
+    llm = LLM(
+        target,
+        max_model_len=64,
+        max_rolling_batch_prefill_tokens=16,
+        max_rolling_batch_size=4,
+        page_size=16,
+        speculative_config=config,
+    )
+    params = [sampled(seed) for seed in range(NUM_DRAWS)]
+    outputs = llm.generate([SAMPLED_PROMPT] * NUM_DRAWS, params, use_tqdm=False)
+    return outputs, llm.stats(), model_dir
+
+
+@pytest.mark.slow  # ~20 s: 400 requests, a model of its own
+def test_bad_draft_keeps_the_target_distribution(bad_draft_draws):
+    """Chi-square goodness of fit of tokens 2 and 3 (the drafted positions) against the target's
+    distribution computed from HF transformers (``test_speculative_sampling.target_probs``)."""
+    from tests.engine.test_speculative_sampling import P_VALUE, chi_square, target_probs
+
+    outputs, stats, model_dir = bad_draft_draws
+    probs = target_probs(model_dir)
+    exact_both, both = {}, {}
+    for a, p_a in probs[()].items():
+        for b, p_b in probs[(a,)].items():
+            for c, p_c in probs[(a, b)].items():
+                exact_both[(b, c)] = exact_both.get((b, c), 0.0) + p_a * p_b * p_c
+    for output in outputs:
+        tokens = tuple(output.outputs[0].token_ids)
+        both[tokens[1:3]] = both.get(tokens[1:3], 0) + 1
+    assert chi_square(both, exact_both) > P_VALUE
+    assert stats["spec_decode_num_drafts"] > 50
+    assert 0.02 < stats["spec_decode_acceptance_rate"] < 0.5  # rejections are frequent
