@@ -129,8 +129,8 @@ class ModelRunner:
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it.
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
         more): that many decode steps, each fed the last one's tokens; the sampler's output
-        is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's ``(step_rows
-        [D], sampling [D])`` (fitted): those rows' logits are sampled too (``InFlight.verify``)."""
+        is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's draft positions
+        (``FittedVerify``): those rows' logits are sampled too (``InFlight.verify``)."""
         *inputs, sampling = arrays
         sampling = self.sampling_shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
@@ -143,7 +143,7 @@ class ModelRunner:
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
         if verify is not None:
-            extra["verify_rows"] = verify[0]
+            extra |= {"verify_rows": verify.step_rows, "verify_live": verify.live}
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -163,9 +163,9 @@ class ModelRunner:
         sampled, feed = self._sample(logits, sampling, flags=flags)
         verified = None
         if verify is not None:  # up to the sequence cap, the step sampler's executables
-            rows = verify[0].shape[0]
+            rows = verify.step_rows.shape[0]
             sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
-            verified, _ = sampler(verify_logits[0], verify[1], flags=GENERAL_FLAGS)
+            verified, _ = sampler(verify_logits[0], verify.sampling, flags=GENERAL_FLAGS)
         return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:

@@ -35,8 +35,9 @@ def jitted_step(graphdef, backend: KernelBackend):
     prompt-logprobs branch): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
     configuration. A multi-step call (``num_steps``) samples inside its decode loop. With
-    ``verify_rows`` [D] (speculative decoding's draft positions) it also returns those step
-    rows' logits [D, V], for the verify sampler."""
+    ``verify_rows`` [D] (speculative decoding's draft positions; ``verify_live`` [2, 2] the
+    real ones' span, the rest padding the LM head may skip) it also returns those step rows'
+    logits [D, V], for the verify sampler."""
 
     def step(
         params,
@@ -56,6 +57,7 @@ def jitted_step(graphdef, backend: KernelBackend):
         page_size=None,
         sampling=None,
         verify_rows=None,
+        verify_live=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
@@ -81,7 +83,9 @@ def jitted_step(graphdef, backend: KernelBackend):
         if prompt_targets is not None:
             prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
         if verify_rows is not None:  # speculative decoding: the draft positions' logits too
-            verify_logits = model.compute_logits(hidden[verify_rows], head_kernel=head)
+            verify_logits = model.compute_logits(
+                hidden[verify_rows], head_kernel=head, live_rows=verify_live
+            )
             return kv_cache, (logits, prompt, verify_logits)
         return kv_cache, (logits, prompt)
 

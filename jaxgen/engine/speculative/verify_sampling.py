@@ -30,6 +30,7 @@ sequence's sampling row's), distinct per position through the step count.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from jaxgen.engine.sampling_tensors import (
     min_tokens_banned_ids,
 )
 from jaxgen.engine.speculative.speculator import Draft
+from jaxgen.engine.step_layout import spans
 
 
 @dataclasses.dataclass
@@ -141,6 +143,14 @@ def position_logprobs(output: SamplerOutput, row: int, num_top: int | None) -> d
     return entry
 
 
+class FittedVerify(NamedTuple):
+    """Verify rows as the step takes them (``runner.dispatch``'s ``verify``)."""
+
+    step_rows: np.ndarray  # [D] int32: the step row of each draft position, padded
+    sampling: SamplingTensors  # [D]
+    live: np.ndarray  # [2, 2] int32: the real rows' span, so the LM head skips the padding
+
+
 class VerifyShapes:
     """Fits verify rows to the sampler's fixed shapes: the step sampler's own row buckets
     (its executables serve both) up to the sequence cap, powers of 4 beyond it up to the
@@ -170,11 +180,11 @@ class VerifyShapes:
         """The step sampler's shapes up to the sequence cap, the wide ones beyond it."""
         return self.step_shapes if num_rows <= self.step_shapes.seq_cap else self.wide_shapes
 
-    def fit(self, rows: VerifyRows) -> tuple[np.ndarray, SamplingTensors]:
+    def fit(self, rows: VerifyRows) -> FittedVerify:
         """``rows``' step rows [D] and sampling tensors [D] padded to the row bucket D
         (padding rows read step row 0 and sample greedily; nothing reads them back)."""
         num_rows = rows.step_rows.shape[0]
         sampling = self._shapes(num_rows).fit(rows.sampling)
         step_rows = np.zeros(sampling.temperature.shape[0], np.int32)
         step_rows[:num_rows] = rows.step_rows
-        return step_rows, sampling
+        return FittedVerify(step_rows, sampling, spans((0, num_rows), (num_rows, num_rows)))
