@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.engine import compile_counter
 from jaxgen.engine.engine_parts import build_engine_parts
 from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError, StepFailed
@@ -13,9 +12,10 @@ from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, 
 from jaxgen.engine.host_free_steps import decode_steps_for, may_step_ahead
 from jaxgen.engine.interface import Engine
 from jaxgen.engine.new_request import NewRequest, takes_request_fields
+from jaxgen.engine.precompile import precompile_engine
 from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.speculative.verify_step import speculative_step
-from jaxgen.engine.step_batch import StepBatch, build_step_batch, precompile_batch
+from jaxgen.engine.step_batch import StepBatch, build_step_batch
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
@@ -68,34 +68,11 @@ class LLMEngine(Engine):
             self.precompile()
 
     def precompile(self, sampling_params: list[SamplingParams] | None = None) -> int:
-        """Compiles the step for every batch shape the engine can meet, and the sampler for
-        every row bucket. Every sampling configuration (filters, penalties, logit bias, bans,
-        logprobs, prompt logprobs, grammars) runs these same executables, so
-        ``sampling_params`` changes nothing (it is accepted for compatibility). On the native
-        CPU and Pallas TPU backends that is every shape (one per token bucket); elsewhere
-        decode-only steps (prefill-holding steps compile when first met). With
-        ``num_scheduler_steps`` > 1 the multi-step decode calls too; with speculative
-        decoding each shape's verify steps (one per verify-row bucket it can carry), and a draft
-        model's engine its own steps. Call it
-        before requests arrive. Returns the compiles it took."""
-        start = time.perf_counter()
-        before = compile_counter.compile_count()
-        multi_step = self.config.num_scheduler_steps
-        for inputs in self.layout.precompile_shapes():
-            batch = precompile_batch(inputs)
-            self.executor.run_now(batch)  # as a step runs: with a feed when async
-            if multi_step > 1 and len(inputs.token_ids) <= self.layout.seq_cap:  # decode-only
-                self.executor.run_now(batch, multi_step)
-            if self.verify_shapes is not None:
-                for verify in self.verify_shapes.padding(len(inputs.token_ids)):
-                    self.executor.run_now(batch, verify=verify)
-        draft_engine = getattr(getattr(self.speculator, "proposer", None), "engine", None)
-        if draft_engine is not None:  # the draft model's engine (``speculative/draft_model.py``)
-            draft_engine.precompile()
-        compiles = compile_counter.compile_count() - before
-        self.precompile_compiles += compiles
-        self.precompile_seconds += time.perf_counter() - start
-        return compiles
+        """Compiles the step for every batch shape the engine can meet and the sampler for
+        every row bucket (``precompile.precompile_engine``); every sampling configuration runs
+        those executables, so ``sampling_params`` changes nothing (accepted for compatibility).
+        Call it before requests arrive. Returns the compiles it took."""
+        return precompile_engine(self)
 
     # -- requests --------------------------------------------------------------------------------
     @takes_request_fields
