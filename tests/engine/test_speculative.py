@@ -17,25 +17,14 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.speculative.ngram import propose_ngram
 from jaxgen.engine.speculative.speculator import Draft, Speculator
+from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
-PAGE = 16
 
 
 @pytest.fixture(scope="module")
 def knobs(tiny_loaded):
-    """A 16-token budget (prompts are prefilled in chunks, verify rows get cut) and a pool of
-    12 pages of 16 tokens for up to four sequences of ~90 tokens (preemptions happen). Few
-    shapes: the plain and the speculating engine share their compiled steps."""
-    config = tiny_loaded.config
-    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-    return dict(
-        max_model_len=128,
-        max_rolling_batch_prefill_tokens=16,
-        max_rolling_batch_size=4,
-        page_size=PAGE,
-        kv_cache_memory=13 * PAGE * per_token,
-    )
+    return speculation_knobs(tiny_loaded.config)
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +39,7 @@ def speculating(tiny_loaded, knobs):
 
 @pytest.fixture(scope="module")
 def prompts():
-    """Prompts that repeat spans (what prompt lookup drafts from), and one that does not."""
-    return [
-        [7, 8, 9, 10, 11, 12] * 3 + [300, 301],
-        list(range(400, 420)) + list(range(400, 408)),
-        [50, 60, 70, 80] * 6,
-        list(range(900, 925)),
-    ]
+    return repeating_prompts()
 
 
 def greedy(max_tokens=64, **fields):

@@ -14,34 +14,18 @@ from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.speculative.draft_model import check_vocabulary
+from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
 from tests.family_models import save_tiny_model
-
-PAGE = 16
 
 
 @pytest.fixture(scope="module")
 def knobs(tiny_loaded):
-    """As ``test_speculative.py``: a 16-token budget (chunked prefill, verify rows cut) and 12
-    pages of 16 tokens for four sequences of ~90 tokens (preemptions happen)."""
-    config = tiny_loaded.config
-    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-    return dict(
-        max_model_len=128,
-        max_rolling_batch_prefill_tokens=16,
-        max_rolling_batch_size=4,
-        page_size=PAGE,
-        kv_cache_memory=13 * PAGE * per_token,
-    )
+    return speculation_knobs(tiny_loaded.config)
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    return [
-        [7, 8, 9, 10, 11, 12] * 3 + [300, 301],
-        list(range(400, 420)) + list(range(400, 408)),
-        [50, 60, 70, 80] * 6,
-        list(range(900, 925)),
-    ]
+    return repeating_prompts()
 
 
 @pytest.fixture(scope="module")

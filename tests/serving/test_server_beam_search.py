@@ -44,14 +44,17 @@ def test_completion_beams_match_reference(http, server, tiny_model_dir, smollm2_
     )
 
 
+CHAT_BEAMS = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Hello"}],
+    "max_completion_tokens": 3,
+    "n": 2,
+    "use_beam_search": True,
+}
+
+
 def test_chat_beams(http):
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "Hello"}],
-        "max_completion_tokens": 3,
-        "n": 2,
-        "use_beam_search": True,
-    }
+    body = CHAT_BEAMS
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert len(response.json()["choices"]) == 2
@@ -90,13 +93,7 @@ def test_completion_beams_stream(http):
 
 
 def test_chat_beams_stream(http):
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "Hello"}],
-        "max_completion_tokens": 3,
-        "n": 2,
-        "use_beam_search": True,
-    }
+    body = CHAT_BEAMS
     whole = http.post("/v1/chat/completions", json=body).json()
     events = streamed(http, "/v1/chat/completions", body)
     assert events[-1] == "[DONE]"
