@@ -26,14 +26,14 @@ Stages (``--stages`` picks some, e.g. to rerun what failed; ``--stage-budget NAM
      transformers.
   5. end_to_end (child process): random 8B bf16 model, 1,024-token prompts, 128 tokens, batch
      1/64/256/16: tok/s, decode ms/step vs the floor, compiles in the timed pass, a profiler
-     trace at batch 1 and 64, knobs as the budget allows.
+     trace at batch 1, 64 and 256, knobs as the budget allows.
   6. torch_peer (child process, torch_peer.py): transformers on torch, same shapes.
   7. bench_compare (child process): the batching strategies at the 8B shape.
 
 Out (at most 8 files come back from the device): device_check.json (everything),
 device_check.log, end_to_end.json, torch_peer.json, bench_compare.json (the children's own
-results, merged into device_check.json), e2e_trace_b1.json.gz and e2e_trace_b64.json.gz
-(Perfetto traces of a few decode steps: ui.perfetto.dev opens them).
+results, merged into device_check.json), e2e_trace_b1.json.gz, e2e_trace_b64.json.gz and
+e2e_trace_b256.json.gz (Perfetto traces of a few decode steps: ui.perfetto.dev opens them).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ transformers' does not)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import tempfile
@@ -118,17 +119,20 @@ def run(ctx, budget) -> dict:
         all_equal = True
         for name, entry in result["models"].items():
             entry["transformers"] = hf["tokens"][name]
-            pallas, reference = entry.get("pallas-gpu"), entry.get("reference")
-            if not isinstance(pallas, list) or not isinstance(reference, list):
-                all_equal = False
-                continue
-            entry["first_difference"] = {
-                "pallas-gpu vs reference": first_difference(pallas, reference),
-                "reference vs transformers": first_difference(reference, entry["transformers"]),
-                "pallas-gpu vs transformers": first_difference(pallas, entry["transformers"]),
+            ran = {
+                source: entry[source]
+                for source in (*BACKENDS, "transformers")
+                if isinstance(entry.get(source), list)
             }
-            entry["identical"] = all(v is None for v in entry["first_difference"].values())
-            all_equal &= entry["identical"]
+            entry["first_difference"] = {
+                f"{a} vs {b}": first_difference(ran[a], ran[b])
+                for a, b in itertools.combinations(ran, 2)
+            }
+            entry["not_run"] = [s for s in (*BACKENDS, "transformers") if s not in ran]
+            entry["identical"] = len(ran) > 1 and all(
+                v is None for v in entry["first_difference"].values()
+            )
+            all_equal &= entry["identical"] and not entry["not_run"]
         result["all_identical"] = all_equal
     finally:
         child.wait(time.time() + 10)
@@ -143,5 +147,11 @@ def summary(result: dict) -> str:
     models = result.get("models", {})
     same = [name for name, entry in models.items() if entry.get("identical")]
     differ = [name for name, entry in models.items() if not entry.get("identical")]
+    partial = [
+        f"{name} without {', '.join(entry['not_run'])}"
+        for name, entry in models.items()
+        if entry.get("not_run")
+    ]
     text = f"{len(same)}/{len(models)} identical"
-    return text + (f"; differ: {', '.join(differ)}" if differ else "")
+    text += f"; differ: {', '.join(differ)}" if differ else ""
+    return text + (f"; compared {'; '.join(partial)}" if partial else "")

@@ -18,12 +18,7 @@ from jaxgen.backends import KernelBackend, select_backend
 from jaxgen.engine import compile_counter
 from jaxgen.engine.flat_params import FlatParams
 from jaxgen.engine.prompt_logprobs import PromptLogprobsOutput
-from jaxgen.engine.sampling_shapes import (
-    GENERAL_FLAGS,
-    GREEDY_FLAGS,
-    SamplingShapes,
-    all_greedy,
-)
+from jaxgen.engine.sampling_shapes import GENERAL_FLAGS, SamplingShapes, host_flags
 from jaxgen.engine.sampling_tensors import SamplerOutput
 from jaxgen.engine.step_function import jitted_sampler, jitted_step
 
@@ -69,12 +64,13 @@ class ModelRunner:
         # On a GPU, XLA runs a conditional it cannot capture in a command buffer on the host,
         # after copying its predicate back: a wait for the device in every step, which undid
         # asynchronous scheduling (batch 1: 9.1 ms a step for 4.6 ms of device time, H200,
-        # 075a864; the trace shows the sampler's greedy-or-sample conditional, whose sampling
-        # branch holds the exact top-k / top-p bisection, run that way). There the host decides
-        # what it knows: an all-greedy batch samples with GREEDY_FLAGS (no such conditional;
-        # a second sampler executable per row bucket) and a step without prompt-logprobs rows
-        # leaves that branch out (its own executable, compiled when a prompt-logprobs step
-        # first comes). Elsewhere one executable of each serves every batch.
+        # 075a864, the sampler's greedy-or-sample conditional; batch 64 at 13f1313: 16.8 ms a
+        # step for 7.5 ms, one of the optional stages' conditionals). There the host decides
+        # what it knows: the sampler's flags come from the batch (``host_flags``: an all-greedy
+        # batch with no penalty, logprobs, bias or mask has no conditional; at most four
+        # samplers per row bucket) and a step without prompt-logprobs rows leaves that branch
+        # out (its own executable, compiled when a prompt-logprobs step first comes).
+        # Elsewhere one executable of each serves every batch.
         self._host_synchronous_conditionals = jax.default_backend() == "gpu"
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
@@ -132,6 +128,9 @@ class ModelRunner:
         is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's draft positions
         (``FittedVerify``): those rows' logits are sampled too (``InFlight.verify``)."""
         *inputs, sampling = arrays
+        flags = GENERAL_FLAGS
+        if self._host_synchronous_conditionals:
+            flags = host_flags(sampling)
         sampling = self.sampling_shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
         wants_prompt = prompt_targets is not None
@@ -140,6 +139,7 @@ class ModelRunner:
         extra = {}
         if num_steps > 1:
             extra = {"num_steps": num_steps, "page_size": self.page_size, "sampling": sampling}
+            extra["sampling_flags"] = flags
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
         if verify is not None:
@@ -157,9 +157,6 @@ class ModelRunner:
         if num_steps > 1:
             return InFlight(result, None, None)
         logits, prompt, *verify_logits = result
-        flags = GENERAL_FLAGS
-        if self._host_synchronous_conditionals and all_greedy(sampling):
-            flags = GREEDY_FLAGS
         sampled, feed = self._sample(logits, sampling, flags=flags)
         verified = None
         if verify is not None:  # up to the sequence cap, the step sampler's executables

@@ -79,19 +79,19 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
     # skipped at run time (``_only_if``) when no row of this batch needs it: a step run with
     # every flag on (the engine's shape-stable sampling) costs what the batch asks for.
     processed = logits
-    if tensors.logit_bias_ids.shape[1]:
+    if tensors.logit_bias_ids.shape[1] and flags.masks:
         processed = _only_if(
             jnp.any(tensors.logit_bias_ids >= 0),
             lambda x: add_logit_bias(x, tensors.logit_bias_ids, tensors.logit_bias_values),
             processed,
         )
-    if tensors.banned_token_ids.shape[1]:
+    if tensors.banned_token_ids.shape[1] and flags.masks:
         processed = _only_if(
             jnp.any(tensors.banned_token_ids >= 0),
             lambda x: ban_tokens(x, tensors.banned_token_ids),
             processed,
         )
-    if tensors.token_bitmask.shape[1]:  # a static shape: steps without a grammar skip this
+    if tensors.token_bitmask.shape[1] and flags.masks:  # static: steps without a grammar skip it
         processed = _only_if(
             jnp.any(tensors.constrained),
             lambda x: apply_token_bitmask(x, tensors.token_bitmask, tensors.constrained),
@@ -120,13 +120,15 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
         token_ids = greedy_ids
     else:
         greedy_rows = (tensors.temperature < GREEDY_TEMPERATURE) | (tensors.top_k == 1)
-        token_ids = jax.lax.cond(
-            jnp.all(greedy_rows),
-            lambda: greedy_ids,
-            lambda: jnp.where(
-                greedy_rows, greedy_ids, _sample_random(processed, tensors, flags, greedy_rows)
-            ),
-        )
+
+        def mixed():
+            sampled = _sample_random(processed, tensors, flags, greedy_rows)
+            return jnp.where(greedy_rows, greedy_ids, sampled)
+
+        if flags.host_checked:  # the host knows a row samples
+            token_ids = mixed()
+        else:
+            token_ids = jax.lax.cond(jnp.all(greedy_rows), lambda: greedy_ids, mixed)
 
     log_normalizer = _logsumexp(logits)  # [B]
     token_logits = jnp.take_along_axis(logits, token_ids[:, None], axis=-1)[:, 0]

@@ -39,14 +39,40 @@ GENERAL_FLAGS = SamplingFlags(
     any_penalties=True,
     num_logprobs=MAX_LOGPROBS,
 )
-# Every stage but sampling: the greedy rows' argmax with no run-time check of the rows (a
-# batch the host knows is all greedy; on a GPU, where XLA runs that check on the host).
-GREEDY_FLAGS = dataclasses.replace(GENERAL_FLAGS, all_greedy=True)
+# A batch the host knows needs no penalty, logprobs, logit bias, ban or grammar mask, and
+# that a row samples: the filters and the draw alone, no run-time conditional of the stages.
+PLAIN_FLAGS = SamplingFlags(
+    all_greedy=False,
+    any_top_k=True,
+    any_top_p=True,
+    any_min_p=True,
+    masks=False,
+    host_checked=True,
+)
 
 
 def all_greedy(tensors: SamplingTensors) -> bool:
     """Whether every row of a batch's (numpy) tensors takes the argmax (padding rows do)."""
     return bool(np.all((tensors.temperature < GREEDY_TEMPERATURE) | (tensors.top_k == 1)))
+
+
+def host_flags(tensors: SamplingTensors) -> SamplingFlags:
+    """The flags of a batch the host has read (its numpy tensors, before ``fit``), for a
+    backend that runs a run-time conditional on the host (a GPU): ``PLAIN_FLAGS`` when no row
+    needs a penalty, logprobs, a logit bias, a ban or a grammar mask, else ``GENERAL_FLAGS``;
+    either with ``all_greedy`` when every row takes the argmax. An all-greedy plain batch
+    samples without any conditional. At most four samplers per row bucket."""
+    optional = (
+        (tensors.repetition_penalty != 1.0).any()
+        or (tensors.presence_penalty != 0.0).any()
+        or (tensors.frequency_penalty != 0.0).any()
+        or (tensors.num_logprobs > 0).any()
+        or (tensors.logit_bias_ids >= 0).any()
+        or (tensors.banned_token_ids >= 0).any()
+        or tensors.constrained.any()
+    )
+    flags = GENERAL_FLAGS if optional else PLAIN_FLAGS
+    return dataclasses.replace(flags, all_greedy=all_greedy(tensors))
 
 
 # Each per-row field: a padding row's value (greedy, nothing to apply) and its dtype.

@@ -56,6 +56,9 @@ class SamplingFlags:
     """Static (hashable) facts about a batch, so the jitted step only does the needed work.
 
     ``any_*`` only consider rows that sample (not greedy ones), except ``any_penalties``.
+    ``masks``: the logit-bias, ban and grammar-mask stages are traced (where their tensors
+    have width). ``host_checked``: the host has read the batch, so ``all_greedy=False`` means a
+    row samples, and no run-time check of the rows is traced.
     """
 
     all_greedy: bool = True
@@ -64,6 +67,8 @@ class SamplingFlags:
     any_min_p: bool = False
     any_penalties: bool = False
     num_logprobs: int = 0  # largest top-logprobs count requested in the batch; 0 if none
+    masks: bool = True
+    host_checked: bool = False
 
 
 @jax.tree_util.register_dataclass

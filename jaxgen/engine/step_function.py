@@ -34,7 +34,8 @@ def jitted_step(graphdef, backend: KernelBackend):
     (``prompt_targets`` >= 0; None: none has, known on the host, and the step has no
     prompt-logprobs branch): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
-    configuration. A multi-step call (``num_steps``) samples inside its decode loop. With
+    configuration. A multi-step call (``num_steps``) samples inside its decode loop, with
+    ``sampling_flags`` (static; the runner's, see ``ModelRunner.dispatch``). With
     ``verify_rows`` [D] (speculative decoding's draft positions; ``verify_live`` [2, 2] the
     real ones' span, the rest padding the LM head may skip) it also returns those step rows'
     logits [D, V], for the verify sampler."""
@@ -58,6 +59,7 @@ def jitted_step(graphdef, backend: KernelBackend):
         sampling=None,
         verify_rows=None,
         verify_live=None,
+        sampling_flags=GENERAL_FLAGS,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
@@ -68,7 +70,7 @@ def jitted_step(graphdef, backend: KernelBackend):
 
             def decode_once(kv_cache, token_ids, positions, md, sampling):
                 _, _, kv_cache, logits = run(kv_cache, token_ids, positions, md)
-                return kv_cache, sample(logits, sampling, GENERAL_FLAGS)
+                return kv_cache, sample(logits, sampling, sampling_flags)
 
             return scan_decode_steps(
                 decode_once,
@@ -93,7 +95,7 @@ def jitted_step(graphdef, backend: KernelBackend):
         step,
         "step",
         lambda: f"{graphdef!r}\n{backend!r}\n{native_kernels(backend)}",
-        static_argnames=("sample_rows", "flat_params", "num_steps", "page_size"),
+        static_argnames=("sample_rows", "flat_params", "num_steps", "page_size", "sampling_flags"),
         donate_argnums=(1,),
         compiler_options=backend.compiler_options,
     )
@@ -204,8 +206,8 @@ def jitted_sampler(feed_width: int):
     with every stage on (``GENERAL_FLAGS``; a stage no row needs is skipped at run time), so
     one executable per row bucket serves every sampling configuration. ``feed``
     [feed_width] holds the sampled tokens by row, for the next step (asynchronous
-    scheduling). ``flags`` (static) may name fewer stages: ``GREEDY_FLAGS`` for a batch the
-    host knows is all greedy (on a GPU, see ``ModelRunner.dispatch``)."""
+    scheduling). ``flags`` (static) may name fewer stages: ``host_flags`` of a batch the host
+    has read (on a GPU, see ``ModelRunner.dispatch``)."""
 
     def run(logits, sampling, flags=GENERAL_FLAGS):
         sampled = sample(logits, sampling, flags)

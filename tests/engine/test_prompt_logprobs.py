@@ -143,21 +143,52 @@ def test_prompt_logprobs_survive_preemption(tiny_loaded):
 
 def test_gpu_host_decisions_give_the_same_tokens(tiny_loaded, llm, prompt, reference):
     """As on a GPU (where XLA would run some conditionals on the host, waiting for the device):
-    a step no row of which wants prompt logprobs is traced without that branch, and an
-    all-greedy batch samples with ``GREEDY_FLAGS``; prompt logprobs, greedy and seeded sampled
-    tokens are the same as with the one shared executable of each."""
+    a step no row of which wants prompt logprobs is traced without that branch, and the
+    sampler's flags come from the batch (``host_flags``: no conditional for a plain greedy
+    batch); prompt logprobs, greedy and seeded sampled tokens, logprobs, penalties and logit
+    bias are the same as with the one shared executable of each."""
     gpu_like = LLM(tiny_loaded, **SMALL)
-    gpu_like.engine.runner._host_synchronous_conditionals = True
+    runner = gpu_like.engine.runner
+    runner._host_synchronous_conditionals = True
+    used = []
+    shared_sampler = runner._sample
+
+    def recording_sampler(logits, sampling, flags):
+        used.append(flags)
+        return shared_sampler(logits, sampling, flags=flags)
+
+    runner._sample = recording_sampler
     params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=2)
     out = gpu_like.generate([prompt], params, use_tqdm=False)[0]
     check_against_reference(out.prompt_logprobs, prompt, reference, 2)
-    batches = [
-        [SamplingParams(max_tokens=5, temperature=0.0)] * 2,
-        [SamplingParams(max_tokens=5, temperature=0.0), SamplingParams(max_tokens=5, seed=3)],
-    ]
-    for params in batches:
-        prompts = [prompt, prompt[:11]]
+    greedy = SamplingParams(max_tokens=5, temperature=0.0)
+    batches = {
+        "plain greedy": [greedy] * 2,
+        "plain mixed": [greedy, SamplingParams(max_tokens=5, seed=3, top_p=0.9)],
+        "logprobs": [SamplingParams(max_tokens=5, temperature=0.0, logprobs=3)] * 2,
+        "penalties and bias": [
+            SamplingParams(max_tokens=5, seed=4, repetition_penalty=1.3),
+            SamplingParams(max_tokens=5, temperature=0.0, logit_bias={7: 5.0}),
+        ],
+    }
+    expected_flags = {
+        "plain greedy": {(True, False)},
+        "plain mixed": {(False, False)},
+        "logprobs": {(True, True)},
+        "penalties and bias": {(False, True)},
+    }
+    prompts = [prompt, prompt[:11]]
+    for name, params in batches.items():
+        used.clear()
         expected = llm.generate(prompts, params, use_tqdm=False)
         actual = gpu_like.generate(prompts, params, use_tqdm=False)
-        assert [o.token_ids for o in actual] == [o.token_ids for o in expected]
-    assert out.token_ids == expected[0].token_ids[:3]
+        assert [o.token_ids for o in actual] == [o.token_ids for o in expected], name
+        for got, want in zip(actual, expected, strict=True):
+            assert (got.logprobs is None) == (want.logprobs is None)
+            for got_step, want_step in zip(got.logprobs or [], want.logprobs or [], strict=True):
+                assert got_step.keys() == want_step.keys()
+                assert all(abs(got_step[t] - want_step[t]) < 1e-5 for t in got_step)
+        assert {(flags.all_greedy, flags.masks) for flags in used} == expected_flags[name], name
+        if name == "plain greedy":
+            expected_plain = expected
+    assert out.token_ids == expected_plain[0].token_ids[:3]
