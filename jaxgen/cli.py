@@ -82,6 +82,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         knobs["max_rolling_batch_size"] is None
     ):  # the run's own sequences: a pool and steps that size
         knobs["max_rolling_batch_size"] = len(prompts)
+    if knobs["sampler_executables"] == "auto":  # the run's requests are all known: only the
+        knobs["sampler_executables"] = "per-batch"  # stages they use are compiled
     with setting_up():
         llm = LLM(args.model, **knobs)
     params = SamplingParams(

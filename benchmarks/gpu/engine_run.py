@@ -75,9 +75,7 @@ class DecodeCapture:
             sample_rows=runner.sampling_shapes.fit(sampling).temperature.shape[0],
             flat_params=runner._flat_params,
         )
-        targets = (
-            None if runner._host_synchronous_conditionals else runner._no_targets(len(inputs[0]))
-        )
+        targets = None if runner.per_batch_executables else runner._no_targets(len(inputs[0]))
         # The executable the step ran (from the executable store on one CPU), else the jit's.
         stored = getattr(runner._step, "stored", None)
         compiled = stored(*args, targets, **kwargs) if stored is not None else None

@@ -15,6 +15,7 @@ from jaxgen.quantization import QUANTIZATION_CHOICES
 from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
+SAMPLER_EXECUTABLES = ("auto", "shared", "per-batch")
 BYTE_UNITS = {
     "": 1,
     "b": 1,
@@ -148,6 +149,17 @@ class EngineConfig:
         "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
         choices=BACKENDS,
     )
+    sampler_executables: str = knob(
+        "auto",
+        help="shared (one sampler and one step executable per shape serve every request: a "
+        "stage no row needs, such as penalties, logprobs, logit bias, grammar masks or prompt "
+        "logprobs, is skipped at run time), per-batch (the host leaves out of each batch's "
+        "executables the stages none of its rows needs, and XLA's run-time checks with them: "
+        "fewer stages to compile for a run of a few known requests, one more executable for "
+        "each new combination) or auto (per-batch on a GPU, where XLA runs those checks on "
+        "the host and the host would wait for the device every step; shared elsewhere)",
+        choices=SAMPLER_EXECUTABLES,
+    )
     enable_prefix_caching: bool = knob(
         True,
         help="reuse full prompt pages across requests (paged only)",
@@ -238,6 +250,11 @@ class EngineConfig:
                 raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
 
         check(self.batching in BATCHING_MODES, "batching", f"must be one of {BATCHING_MODES}")
+        check(
+            self.sampler_executables in SAMPLER_EXECUTABLES,
+            "sampler_executables",
+            f"must be one of {SAMPLER_EXECUTABLES}",
+        )
         check(
             _int(self.max_rolling_batch_size) and self.max_rolling_batch_size >= 1,
             "max_rolling_batch_size",

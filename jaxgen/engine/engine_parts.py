@@ -85,6 +85,9 @@ def build_engine_parts(
         seq_cap=layout.seq_cap,
         attention_backend=backend,
         kv_sharding=kv_sharding,
+        per_batch_executables={"auto": None, "shared": False, "per-batch": True}[
+            config.sampler_executables
+        ],
     )
     grammars = GrammarMasks(
         grammar_compiler(loaded.tokenizer, model_config.vocab_size, model_config.eos_token_ids)

@@ -36,6 +36,7 @@ class ModelRunner:
         seq_cap: int,
         attention_backend: str | KernelBackend = "auto",
         kv_sharding=None,
+        per_batch_executables: bool | None = None,
     ):
         compile_counter.install()
         self.config = loaded.config
@@ -70,8 +71,12 @@ class ModelRunner:
         # batch with no penalty, logprobs, bias or mask has no conditional; at most four
         # samplers per row bucket) and a step without prompt-logprobs rows leaves that branch
         # out (its own executable, compiled when a prompt-logprobs step first comes).
-        # Elsewhere one executable of each serves every batch.
-        self._host_synchronous_conditionals = jax.default_backend() == "gpu"
+        # Elsewhere one executable of each serves every batch, unless ``per_batch_executables``
+        # (``EngineConfig.sampler_executables``) asks for the GPU's way: fewer stages compiled
+        # for a run of a few known requests (``jaxgen generate``).
+        if per_batch_executables is None:
+            per_batch_executables = jax.default_backend() == "gpu"
+        self.per_batch_executables = per_batch_executables
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
             max_model_len=max_model_len,
@@ -129,12 +134,12 @@ class ModelRunner:
         (``FittedVerify``): those rows' logits are sampled too (``InFlight.verify``)."""
         *inputs, sampling = arrays
         flags = GENERAL_FLAGS
-        if self._host_synchronous_conditionals:
+        if self.per_batch_executables:
             flags = host_flags(sampling)
         sampling = self.sampling_shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
         wants_prompt = prompt_targets is not None
-        if not wants_prompt and not self._host_synchronous_conditionals:
+        if not wants_prompt and not self.per_batch_executables:
             prompt_targets = self._no_targets(inputs[0].shape[0])
         extra = {}
         if num_steps > 1:

@@ -142,14 +142,14 @@ def test_prompt_logprobs_survive_preemption(tiny_loaded):
 
 
 def test_gpu_host_decisions_give_the_same_tokens(tiny_loaded, llm, prompt, reference):
-    """As on a GPU (where XLA would run some conditionals on the host, waiting for the device):
-    a step no row of which wants prompt logprobs is traced without that branch, and the
-    sampler's flags come from the batch (``host_flags``: no conditional for a plain greedy
+    """``sampler_executables="per-batch"``, as on a GPU (where XLA would run some conditionals
+    on the host, waiting for the device): a step no row of which wants prompt logprobs is
+    traced without that branch, and the sampler's flags come from the batch (``host_flags``: no conditional for a plain greedy
     batch); prompt logprobs, greedy and seeded sampled tokens, logprobs, penalties and logit
     bias are the same as with the one shared executable of each."""
-    gpu_like = LLM(tiny_loaded, **SMALL)
+    gpu_like = LLM(tiny_loaded, sampler_executables="per-batch", **SMALL)
     runner = gpu_like.engine.runner
-    runner._host_synchronous_conditionals = True
+    assert runner.per_batch_executables
     used = []
     shared_sampler = runner._sample
 

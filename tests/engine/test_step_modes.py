@@ -54,6 +54,20 @@ def test_greedy_outputs_match_one_step_at_a_time(tiny_loaded, mode, batching):
     assert stats["kv_pages_used"] == 0 and stats["num_running"] == 0
 
 
+def test_multi_step_with_flags_the_host_read_matches(tiny_loaded):
+    """As on a GPU, where the sampler's flags come from the batch the host read
+    (``host_flags``; no run-time conditional): the multi-step decode loop samples a plain
+    batch of greedy and seeded rows as one step at a time does."""
+    prompts = _prompts(4, seed=2)
+    params = [SamplingParams(max_tokens=9, temperature=0.8 * (i % 2), seed=i) for i in range(4)]
+    single = LLM(tiny_loaded, max_model_len=128).generate(prompts, params, use_tqdm=False)
+    llm = LLM(
+        tiny_loaded, max_model_len=128, num_scheduler_steps=4, sampler_executables="per-batch"
+    )
+    _same(single, llm.generate(prompts, params, use_tqdm=False))
+    assert llm.stats()["multi_step_calls"] > 0
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_seeded_sampling_logprobs_and_stop_strings_match(tiny_loaded, mode):
     prompts = _prompts(5, seed=1)
