@@ -214,8 +214,8 @@ def params_from_hf_tensors(
                 place_quantized = getattr(place, "place_quantized", None)  # a sharding plan's
                 if place_quantized is not None:
                     weight = place_quantized(path, weight)
-                else:
-                    weight = jax.tree.map(jnp.asarray, weight)
+                else:  # one transfer for the leaves (a jnp.asarray each: 4x the time)
+                    weight = jax.device_put(weight)
                 leaves.append((path, var.replace(weight)))
                 continue
         arr = read_parameter(config, path, get_tensor)
