@@ -3,6 +3,8 @@ France?"`` on the default model, in fresh processes.
 
 Usage (from the repository root; ~1 min per run on a busy 2-core CPU):
   python benchmarks/startup.py [--runs 3] [--breakdown-runs 2] [--cache-dir DIR] [--json FILE]
+  python benchmarks/startup.py --mode llm [--runs 3]    # ``jaxgen.LLM()`` ready
+  python benchmarks/startup.py --mode serve [--runs 3]  # ``jaxgen serve`` healthy
 
 ``--runs`` runs of the command itself (each a new process; the first with an empty
 ``JAXGEN_CACHE_DIR``, so it builds the native CPU kernels and compiles every executable; the
@@ -13,6 +15,12 @@ that times each phase from its launch (first again with an empty cache): ``impor
 backend, parameter packing), ``first_token`` (the prefill step, its compiles included; its end
 is the time to first token) and ``generate`` (the decode steps). ``--python`` and
 ``--pythonpath`` run another checkout's code with the same script (a before/after comparison).
+
+``--mode llm``: ``--runs`` processes that build ``jaxgen.LLM()`` on the default model and exit;
+``ready_s`` is launch to the constructor's return (a notebook cell's wait). ``--mode serve``:
+``--runs`` servers (``jaxgen serve``, its usual precompile) polled on ``GET /health`` every
+50 ms; ``healthy_s`` is launch to the first 200, then the server is stopped (SIGTERM). Both
+first with an empty cache, then warm, with wall seconds, CPU seconds and peak RSS.
 """
 
 from __future__ import annotations
@@ -22,10 +30,14 @@ import contextlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 PROMPT = "What is the capital of France?"
 COMMAND = ["generate", "--chat", PROMPT]
@@ -115,6 +127,65 @@ def breakdown() -> None:
     )
 
 
+def llm_ready() -> None:
+    """The child of ``--mode llm``: builds ``jaxgen.LLM()``; prints one JSON line."""
+    launch = float(os.environ["STARTUP_LAUNCH"])
+    from jaxgen import LLM
+
+    llm = LLM()
+    ready = time.time()
+    print(
+        json.dumps(
+            {"ready_s": round(ready - launch, 2), "kv_pool_bytes": llm.stats().get("kv_pool_bytes")}
+        )
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_healthy(argv: list[str], env: dict, timeout_s: float = 600.0) -> dict:
+    """Starts the server ``argv`` (on a free port), polls ``/health`` until 200, stops it:
+    seconds to healthy, wall, CPU seconds and peak RSS (MB) of the server process."""
+    port = free_port()
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [*argv, "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=log,
+            cwd=tempfile.gettempdir(),
+        )
+        healthy = None
+        while healthy is None and process.poll() is None:
+            if time.perf_counter() - start > timeout_s:
+                break
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        healthy = time.perf_counter() - start
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - start
+        if healthy is None:
+            log.seek(0)
+            raise RuntimeError(f"{argv} never became healthy:\n{log.read().decode()[-3000:]}")
+    return {
+        "healthy_s": round(healthy, 2),
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of the command (first cold)")
@@ -124,10 +195,20 @@ def main() -> None:
     parser.add_argument("--pythonpath", default=None, help="PYTHONPATH for the runs (a checkout)")
     parser.add_argument("--label", default="", help="a name for these runs in the output")
     parser.add_argument("--json", default=None, help="append the results as one JSON line here")
+    parser.add_argument(
+        "--mode",
+        choices=("generate", "llm", "serve"),
+        default="generate",
+        help="what starts: the README's command (default), LLM() ready, or serve healthy",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-llm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         breakdown()
+        return
+    if args.child_llm:
+        llm_ready()
         return
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jaxgen-startup-")
     env = dict(os.environ, JAXGEN_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
@@ -146,18 +227,29 @@ def main() -> None:
     results = {
         "label": args.label,
         "jaxgen": code,
+        "mode": args.mode,
         "command": ["jaxgen", *COMMAND],
         "runs": [],
         "breakdown": [],
     }
-    for kind, count, argv in (
+    series = (
         ("runs", args.runs, cli + COMMAND),
         ("breakdown", args.breakdown_runs, child),
-    ):
+    )
+    if args.mode == "llm":
+        results["command"] = ["python", "-c", "jaxgen.LLM()"]
+        series = (("runs", args.runs, [args.python, os.path.abspath(__file__), "--child-llm"]),)
+    elif args.mode == "serve":
+        results["command"] = ["jaxgen", "serve"]
+        series = (("runs", args.runs, cli + ["serve"]),)
+    for kind, count, argv in series:
         shutil.rmtree(cache_dir, ignore_errors=True)  # each series starts with an empty cache
         for index in range(count):
-            result = run_child(argv, env)
-            if kind == "breakdown":
+            if args.mode == "serve":
+                result = serve_healthy(argv, env)
+            else:
+                result = run_child(argv, env)
+            if kind == "breakdown" or args.mode == "llm":
                 result.update(json.loads(result.pop("stdout").splitlines()[-1]))
             result["cache"] = "empty" if index == 0 else "warm"
             results[kind].append(result)

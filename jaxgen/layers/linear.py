@@ -58,12 +58,31 @@ class Embedding(nnx.Embed):
 
 
 def kernel_initializer(rngs, **lecun_axes):
-    """``nnx.Linear``'s kernel initialiser (LeCun normal over ``lecun_axes``), or zeros when
-    ``rngs`` says the model is built for its shapes alone (``shapes_only``: the random draw
-    costs tracing time under ``eval_shape`` and its values are never used)."""
+    """``nnx.Linear``'s kernel initialiser (LeCun normal over ``lecun_axes``), or a
+    ``jax.ShapeDtypeStruct`` when ``rngs`` says the model is built for its shapes alone
+    (``shapes_only``: ``jaxgen.models.weights.abstract_causal_lm``, which allocates nothing)."""
     if getattr(rngs, "shapes_only", False):
-        return lambda key, shape, dtype: jnp.zeros(shape, dtype)
+        return shape_only_initializer
     return nnx.initializers.lecun_normal(**lecun_axes)
+
+
+def zeros_initializer(rngs):
+    """Zeros, or a ``jax.ShapeDtypeStruct`` when the model is built for its shapes alone."""
+    if getattr(rngs, "shapes_only", False):
+        return shape_only_initializer
+    return lambda key, shape, dtype: jnp.zeros(shape, dtype)
+
+
+def ones_initializer(rngs):
+    """Ones, or a ``jax.ShapeDtypeStruct`` when the model is built for its shapes alone."""
+    if getattr(rngs, "shapes_only", False):
+        return shape_only_initializer
+    return lambda key, shape, dtype: jnp.ones(shape, dtype)
+
+
+def shape_only_initializer(key, shape, dtype) -> jax.ShapeDtypeStruct:
+    """An initialiser that allocates nothing: the parameter's shape and dtype alone."""
+    return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
 
 
 class Linear(nnx.Module):
@@ -73,7 +92,7 @@ class Linear(nnx.Module):
         init = kernel_initializer(rngs)
         self.kernel = nnx.Param(init(rngs.params(), (n_in, n_out), dtype))  # [in, out]
         self.out_features = n_out
-        self.bias = nnx.Param(jnp.zeros((n_out,), dtype)) if bias else None
+        self.bias = nnx.Param(zeros_initializer(rngs)(None, (n_out,), dtype)) if bias else None
 
     def __call__(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
         """``live_rows``: the rows that are not padding (see the module docstring)."""

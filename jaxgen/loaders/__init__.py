@@ -79,6 +79,7 @@ def load_model(
             quantization=quantization,
             get_quantized=gguf_file.get_quantized,
         )
+        gguf_file.save_cache()  # the converted quantised tensors, for the next run
         tokenizer = load_tokenizer(path, reader=gguf_file.reader)
     else:
         config = load_hf_config(path)

@@ -31,6 +31,7 @@ from jaxgen.loaders.gguf_names import (
     hf_tensor_name,
 )
 from jaxgen.loaders.gguf_reader import GGUFReader
+from jaxgen.loaders.gguf_weights_cache import GGUFWeightsCache
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, pack_int4, quantize_kernel
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class GGUFFile:
             name = hf_tensor_name(tensor.name, self.architecture, self._gguf_names)
             self.tensors[name] = (tensor, None)
         self._stacked_cache: tuple[str, np.ndarray] | None = None
+        self.weights_cache: GGUFWeightsCache | None = None  # opened at the first get_quantized
 
     def field(self, key: str, default=None):
         return self.reader.fields.get(key, default)
@@ -250,10 +252,25 @@ class GGUFFile:
 
     def get_quantized(self, name: str) -> QuantizedWeight | None:
         """2-D tensor ``name`` as a ``QuantizedWeight`` ``[in, out]`` (see the module docstring),
-        or None for a float tensor."""
+        or None for a float tensor. Read from the file's ``GGUFWeightsCache`` when it holds the
+        tensor (memory-mapped, no unpacking), else converted and recorded for ``save_cache``."""
         qtype = self.tensor_type(name)
         if qtype in FLOAT_TYPES or self.tensors[name][1] is not None:  # float, or one expert
             return None
+        if self.weights_cache is None:
+            self.weights_cache = GGUFWeightsCache(self.path)
+        weight = self.weights_cache.get(name)
+        if weight is None:
+            weight = self._convert_quantized(name, qtype)
+            self.weights_cache.record(name, weight)
+        return weight
+
+    def save_cache(self) -> None:
+        """Writes the converted quantised tensors to the weights cache (when any were)."""
+        if self.weights_cache is not None:
+            self.weights_cache.save()
+
+    def _convert_quantized(self, name: str, qtype: str) -> QuantizedWeight:
         if qtype not in KEPT_TYPES:
             kind = REQUANTISED_TYPES.get(qtype)
             if kind is None:

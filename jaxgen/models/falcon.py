@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.layers.linear import Linear
+from jaxgen.layers.linear import Linear, ones_initializer, zeros_initializer
 from jaxgen.models.llama import Attention
 
 
@@ -23,8 +23,8 @@ class LayerNorm(nnx.Module):
     """``(x - mean) / std * weight + bias`` in float32 (torch ``nn.LayerNorm``)."""
 
     def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
-        self.bias = nnx.Param(jnp.zeros((dim,), dtype))
+        self.weight = nnx.Param(ones_initializer(rngs)(None, (dim,), dtype))
+        self.bias = nnx.Param(zeros_initializer(rngs)(None, (dim,), dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.layers.linear import zeros_initializer
 from jaxgen.models.llama import Attention
 from jaxgen.models.mlp import MLP
 
@@ -25,7 +26,7 @@ class GemmaRMSNorm(nnx.Module):
     """``x / rms(x) * (1 + weight)``, all in float32 (HF Gemma's order), weights start at 0."""
 
     def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
-        self.weight = nnx.Param(jnp.zeros((dim,), dtype))
+        self.weight = nnx.Param(zeros_initializer(rngs)(None, (dim,), dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -11,12 +11,11 @@ Hugging Face's so loaders map them 1:1. The decoder stack around the blocks is
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
 from jaxgen.layers.attention import attention
-from jaxgen.layers.linear import Linear, NormedInput, apply_linears, rms_norm
+from jaxgen.layers.linear import Linear, NormedInput, apply_linears, ones_initializer, rms_norm
 from jaxgen.models.mlp import MLP
 from jaxgen.models.moe import SparseMoE
 
@@ -25,7 +24,7 @@ class RMSNorm(nnx.Module):
     """``x / rms(x) * weight`` (computed in float32, scaled in the input's dtype, as HF Llama)."""
 
     def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.weight = nnx.Param(ones_initializer(rngs)(None, (dim,), dtype))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
