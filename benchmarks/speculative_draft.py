@@ -3,10 +3,11 @@ float32 target (its Q4_1 GGUF dequantised) drafted by its own checkpoint quantis
 (int4 by default: an int4 self-draft), at several k.
 
     python benchmarks/speculative_draft.py [--tokens 128] [--k 2 4 8] [--prompts 3]
-        [--draft-quantization int4] [--repeats 1]
+        [--draft-quantization int4] [--repeats 1] [--temperature 0.0] [--seed 0]
 
 Each configuration is warmed up first (every shape it meets compiled), then each prompt runs
-alone, greedy; prints output tok/s, the ratio to no speculation, the acceptance rate and the
+alone, greedy (or sampled at ``--temperature``, seeded: the same tokens in every
+configuration); prints output tok/s, the ratio to no speculation, the acceptance rate and the
 tokens a verify step gains (mean acceptance length) and the share of the time the draft
 model's proposals take.
 """
@@ -69,6 +70,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--draft-quantization", default="int4")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0, help="the sampled requests' seed")
     args = parser.parse_args()
 
     from jaxgen import LLM, SamplingParams
@@ -78,7 +81,7 @@ def main() -> None:
     target = load_model(None, dtype="float32", quantization="none")
     draft = load_model(default_model_path(), dtype="float32", quantization=args.draft_quantization)
     prompts = PROMPTS[: args.prompts]
-    params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.tokens)
     knobs = dict(max_model_len=1024, max_rolling_batch_size=4, kv_cache_memory=64 << 20)
     engines = {"none": LLM(target, **knobs)}
     for k in args.k:
@@ -86,7 +89,8 @@ def main() -> None:
         engines[f"draft k={k}"] = LLM(target, **knobs, speculative_config=config)
     print(
         f"target float32 (dequantised), draft {args.draft_quantization} of the same checkpoint, "
-        f"{len(prompts)} prompts x {args.tokens} tokens, one at a time, greedy",
+        f"{len(prompts)} prompts x {args.tokens} tokens, one at a time, "
+        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}'}",
         flush=True,
     )
     for llm in engines.values():  # warm-up: every shape the prompts meet

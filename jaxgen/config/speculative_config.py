@@ -27,7 +27,8 @@ class SpeculativeConfig:
     """Args:
     method: "ngram" (prompt lookup: draft the tokens that followed the latest n-gram's
         earliest earlier occurrence in the sequence) or "draft_model" (a smaller model with
-        the target's vocabulary drafts greedily; a ``model`` without ``method`` means it).
+        the target's vocabulary drafts, greedy or sampled as each request samples; a ``model``
+        without ``method`` means it).
     num_speculative_tokens: draft tokens per sequence and step (1 to 16).
     prompt_lookup_min, prompt_lookup_max: the n-gram lengths tried, longest first (vLLM's
         defaults: both 5 when neither is given, else the one given for the other).

@@ -111,7 +111,9 @@ def build_engine_parts(
             )
             draft = load_draft(speculative, loaded)
             proposer = DraftModelProposer(draft, config, target, engine_class)
-        speculator = Speculator(speculative, proposer, idle_backoff=config.async_scheduling)
+        speculator = Speculator(
+            speculative, proposer, idle_backoff=config.async_scheduling, seed=config.seed
+        )
         verify_shapes = VerifyShapes(
             runner.sampling_shapes,
             layout.token_buckets[-1],

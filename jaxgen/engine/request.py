@@ -69,6 +69,10 @@ class Request:
         self._max_stop_len = max((len(s) for s in params.stop), default=0)
         self.prompt_logprobs: list[dict[int, float] | None] | None = None
         self._prompt_logprobs_missing = 0
+        # A draft model's request (``speculative.draft_model``): its prompt's last tokens are
+        # this many output tokens of the sequence it drafts for, which its sampler counts as
+        # output (penalties, the seeded draw's position), as the target's sampler does.
+        self.outputs_in_prompt = 0
         self._prompt_logprobs_sent = False  # DELTA: reported once, complete
         self._sent = [(0, 0)] * params.n  # DELTA: (text characters, tokens) reported so far
         if params.prompt_logprobs is not None:
@@ -96,6 +100,10 @@ class Request:
 
     def sampling_row(self, seq: Sequence) -> SamplingRow:
         """What the sampler needs of ``seq`` for its next token."""
+        if self.outputs_in_prompt:
+            split = len(seq.prompt_token_ids) - self.outputs_in_prompt
+            history = seq.prompt_token_ids[split:] + seq.output_token_ids
+            return SamplingRow(seq.params, seq.prompt_token_ids[:split], history, [])
         return SamplingRow(
             seq.params, seq.prompt_token_ids, seq.output_token_ids, self.banned_token_ids(seq)
         )

@@ -2,12 +2,14 @@
 output of decoding without speculation whatever the draft (the target itself: every draft token
 accepted; another random model: few), seeded sampled rows in the same steps, through chunked
 prefill, preemption and the prefix cache; the draft engine's pages all returned; sampled rows'
-distribution with a bad draft (chi-square, as ``test_speculative_sampling.py``); bad configs."""
+distribution with a bad draft and with a draft that samples (chi-square, as
+``test_speculative_sampling.py``); bad configs."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
@@ -212,34 +214,37 @@ def test_server_setting(tiny_model_dir):
         check_engine_knobs(bad)
 
 
-# -- sampled rows: the target's distribution with a deliberately bad draft model ------------------
+# -- sampled rows: the target's distribution with a deliberately bad draft, and a sampling one ---
 @pytest.fixture(scope="module")
-def bad_draft_draws(tmp_path_factory, smollm2_tokenizer):
-    """``test_speculative_sampling``'s sampled workload (boosted top-k set, penalties) drafted
-    by a copy of its target whose LM head only scores tokens 505 (boosted: accepted with about
-    a fifth of the mass) and 506 (outside top_k: always rejected), by the sign of one hidden
-    unit. The outputs of ``NUM_DRAWS`` seeded requests, the acceptance counters, the model."""
-    import jax
-    import numpy as np
-
+def small_vocab(tmp_path_factory, smollm2_tokenizer):
+    """A tiny Llama with a 512-token vocabulary (its directory, loaded) and its processed
+    distribution of tokens 1-3 (``test_speculative_sampling.target_probs``)."""
     from jaxgen.loaders import load_model
-    from tests.engine.test_speculative_sampling import NUM_DRAWS, SAMPLED_PROMPT, sampled
+    from tests.engine.test_speculative_sampling import target_probs
 
     model_dir = save_tiny_model(
         str(tmp_path_factory.mktemp("tiny-llama-512")), smollm2_tokenizer, vocab_size=512
     )
-    target = load_model(model_dir)
+    return model_dir, load_model(model_dir), target_probs(model_dir)
+
+
+def with_head(target, transform):
+    """``target`` with its LM head kernel [H, V] replaced by ``transform(kernel)`` (numpy)."""
+    import jax
 
     def head(path, leaf):
         if "lm_head" not in jax.tree_util.keystr(path):
             return leaf
-        kernel = np.zeros(leaf.shape, np.float32)  # [H, V]
-        kernel[0, 505], kernel[0, 506] = 100.0, -100.0
-        return jax.numpy.asarray(kernel)
+        return jax.numpy.asarray(transform(np.asarray(leaf, np.float32)))
 
-    draft = dataclasses.replace(
-        target, params=jax.tree_util.tree_map_with_path(head, target.params)
-    )
+    return dataclasses.replace(target, params=jax.tree_util.tree_map_with_path(head, target.params))
+
+
+def sampled_draws(target, draft, num_draws: int):
+    """The outputs of ``num_draws`` seeded requests of ``test_speculative_sampling``'s sampled
+    workload (boosted top-k set, penalties) drafted by ``draft`` (k = 2), and the stats."""
+    from tests.engine.test_speculative_sampling import SAMPLED_PROMPT, sampled
+
     config = {"model": draft, "num_speculative_tokens": 2}
     llm = LLM(
         target,
@@ -249,19 +254,16 @@ def bad_draft_draws(tmp_path_factory, smollm2_tokenizer):
         page_size=16,
         speculative_config=config,
     )
-    params = [sampled(seed) for seed in range(NUM_DRAWS)]
-    outputs = llm.generate([SAMPLED_PROMPT] * NUM_DRAWS, params, use_tqdm=False)
-    return outputs, llm.stats(), model_dir
+    params = [sampled(seed) for seed in range(num_draws)]
+    outputs = llm.generate([SAMPLED_PROMPT] * num_draws, params, use_tqdm=False)
+    return outputs, llm.stats()
 
 
-@pytest.mark.slow  # ~20 s: 400 requests, a model of its own
-def test_bad_draft_keeps_the_target_distribution(bad_draft_draws):
-    """Chi-square goodness of fit of tokens 2 and 3 (the drafted positions) against the target's
-    distribution computed from HF transformers (``test_speculative_sampling.target_probs``)."""
-    from tests.engine.test_speculative_sampling import P_VALUE, chi_square, target_probs
+def check_distribution(outputs, probs) -> None:
+    """Chi-square goodness of fit of tokens 2 and 3 (the drafted positions) against the
+    target's distribution computed from HF transformers."""
+    from tests.engine.test_speculative_sampling import P_VALUE, chi_square
 
-    outputs, stats, model_dir = bad_draft_draws
-    probs = target_probs(model_dir)
     exact_both, both = {}, {}
     for a, p_a in probs[()].items():
         for b, p_b in probs[(a,)].items():
@@ -271,5 +273,49 @@ def test_bad_draft_keeps_the_target_distribution(bad_draft_draws):
         tokens = tuple(output.outputs[0].token_ids)
         both[tokens[1:3]] = both.get(tokens[1:3], 0) + 1
     assert chi_square(both, exact_both) > P_VALUE
+
+
+@pytest.mark.slow  # ~20 s: 400 requests
+def test_bad_draft_keeps_the_target_distribution(small_vocab):
+    """A copy of the target whose LM head only scores tokens 505 (boosted: accepted with about
+    a fifth of the mass) and 506 (outside top_k: always rejected), by the sign of one hidden
+    unit: rejections are frequent, the output is the target's distribution."""
+    from tests.engine.test_speculative_sampling import NUM_DRAWS
+
+    _, target, probs = small_vocab
+
+    def bad(kernel):
+        kernel = np.zeros_like(kernel)
+        kernel[0, 505], kernel[0, 506] = 100.0, -100.0
+        return kernel
+
+    outputs, stats = sampled_draws(target, with_head(target, bad), NUM_DRAWS)
+    check_distribution(outputs, probs)
     assert stats["spec_decode_num_drafts"] > 50
     assert 0.02 < stats["spec_decode_acceptance_rate"] < 0.5  # rejections are frequent
+
+
+@pytest.mark.slow  # ~20 s: 400 requests
+def test_sampling_draft_keeps_the_target_distribution(small_vocab):
+    """A draft whose LM head is the target's, flattened and perturbed: its sampled drafts
+    spread over the top-k set (q not one-hot, unlike p), are accepted where its draw agrees
+    with the target's on the same key, far more often than a greedy draft's; the output is
+    the target's distribution, and for a seeded request the output without speculation."""
+    from tests.engine.test_speculative_sampling import NUM_DRAWS, SAMPLED_PROMPT, sampled
+
+    _, target, probs = small_vocab
+    rng = np.random.default_rng(0)
+
+    def perturbed(kernel):
+        return 0.5 * kernel + 0.5 * kernel.std() * rng.normal(size=kernel.shape)
+
+    outputs, stats = sampled_draws(target, with_head(target, perturbed), NUM_DRAWS)
+    check_distribution(outputs, probs)
+    drafted = stats["spec_decode_num_drafts"]
+    assert drafted > 50
+    assert 0.3 < stats["spec_decode_acceptance_rate"] < 0.95  # both accepted and rejected
+    plain = LLM(target, max_model_len=64, max_rolling_batch_size=4, page_size=16)
+    params = [sampled(seed) for seed in range(24)]
+    expected = plain.generate([SAMPLED_PROMPT] * len(params), params, use_tqdm=False)
+    for want, have in zip(expected, outputs, strict=False):
+        assert have.outputs[0].token_ids == want.outputs[0].token_ids

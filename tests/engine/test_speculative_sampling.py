@@ -7,6 +7,7 @@ the full 49k vocabulary costs ~20 ms on a CPU)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -106,6 +107,74 @@ def test_acceptance_is_rejection_sampling(ranks):
     # The acceptance rate of the first draft token is p_0(d_0).
     accepted = sum(c for o, c in counts.items() if len(o) > 1)
     assert abs(accepted / draws - probs[0][draft[0]]) < 4 * np.sqrt(0.25 / draws)
+
+
+def _coupled_agreement(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """[V]: the probability that Gumbel-max draws from ``p`` and from ``q`` [V] with the same
+    noise both pick token x: x's exponential race time E_x / p_x beats every other token's
+    under both, 1 / sum_y max(p_y / p_x, q_y / q_x) (0 where p_x or q_x is 0)."""
+    both = (p > 0) & (q > 0)
+    ratios = np.maximum(
+        p[None, :] / np.where(both, p, 1)[:, None], q[None, :] / np.where(both, q, 1)[:, None]
+    )
+    return np.where(both, 1 / ratios.sum(axis=1), 0.0)
+
+
+def _processed(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
+    """[N, V] probabilities after ``temperature`` and ``top_k``, as the sampler applies them."""
+    scaled = logits.astype(np.float64) / temperature
+    kept = scaled >= np.sort(scaled, axis=1)[:, -top_k][:, None]
+    probs = np.where(kept, np.exp(scaled - scaled.max(axis=1, keepdims=True)), 0.0)
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("spread", [0.5, 1.5])
+def test_sampled_draft_acceptance(spread):
+    """A draft sampled from q (not one-hot) with the key the verify step uses at its position:
+    the engine's sampler draws the draft from q and the target token from p on the same keys,
+    ``accept`` keeps the draft token where they agree. Against the exact numbers: the first
+    position's acceptance rate is the coupled agreement sum_x 1 / sum_y max(p_y/p_x, q_y/q_x),
+    at least (1 - TV) / (1 + TV) and above an independent draw's sum_x p_x q_x; the kept
+    token's distribution is p; a rejected position's token has the residual distribution
+    (p_x - agreement_x) / (1 - acceptance), the target's mass the draft did not take."""
+    vocab, draws, k, temperature, top_k = 6, 3000, 2, 0.7, 4
+    rng = np.random.default_rng(int(spread * 10))
+    target_logits = rng.normal(size=(k + 1, vocab)).astype(np.float32)
+    draft_logits = (target_logits + spread * rng.normal(size=(k + 1, vocab))).astype(np.float32)
+    p = _processed(target_logits, temperature, top_k)  # [k + 1, V]
+    q = _processed(draft_logits, temperature, top_k)
+
+    def draw(logits):  # [draws, k + 1]: seed = the draw, step = the position
+        params = SamplingParams(temperature=temperature, top_k=top_k)
+        rows = [
+            SamplingRow(dataclasses.replace(params, seed=seed), (), [0] * i)
+            for seed in range(draws)
+            for i in range(k + 1)
+        ]
+        tensors, flags = build_sampling_tensors(rows, len(rows), base_seed=0, step_counter=0)
+        output = jax.device_get(_SAMPLE(np.tile(logits, (draws, 1)), tensors, flags))
+        return output.token_ids.reshape(draws, k + 1)
+
+    drafts, targets = draw(draft_logits), draw(target_logits)
+    kept = [accept(d[:k].tolist(), t.tolist()) for d, t in zip(drafts, targets, strict=True)]
+    # The draft is drawn from q.
+    draft_counts = dict(zip(*np.unique(drafts[:, 0], return_counts=True), strict=True))
+    assert chi_square(draft_counts, dict(enumerate(q[0]))) > P_VALUE
+    # Acceptance of position 0, exactly.
+    agreement = _coupled_agreement(p[0], q[0])
+    acceptance = agreement.sum()
+    tv = 0.5 * np.abs(p[0] - q[0]).sum()
+    assert acceptance >= (1 - tv) / (1 + tv) - 1e-12
+    assert acceptance > (p[0] * q[0]).sum()
+    accepted = np.mean([len(tokens) > 1 for tokens in kept])
+    assert abs(accepted - acceptance) < 4 * np.sqrt(acceptance * (1 - acceptance) / draws)
+    # The kept token is distributed as p; a rejected one as the residual.
+    first = dict(zip(*np.unique([t[0] for t in kept], return_counts=True), strict=True))
+    assert chi_square(first, dict(enumerate(p[0]))) > P_VALUE
+    residual = (p[0] - agreement) / (1 - acceptance)
+    rejected = [t[0] for t in kept if len(t) == 1]
+    counts = dict(zip(*np.unique(rejected, return_counts=True), strict=True))
+    assert chi_square(counts, dict(enumerate(residual))) > P_VALUE
 
 
 def test_accept():

@@ -1,19 +1,26 @@
 """The draft-model proposer (method "draft_model"): a second engine, over a smaller model with
-the target's vocabulary, drafts k tokens greedily for every speculating sequence at once.
+the target's vocabulary, drafts k tokens for every speculating sequence at once.
 
-Each step the drafting sequences' tokens go to the draft engine as requests for k greedy
-tokens. Its prefix cache holds every full page a sequence had the step before, so a request
-recomputes only its last partial page and the tokens added since, all sequences in one ragged
-prefill step (more when they exceed the token budget), then k - 1 decode steps; finished
-requests leave their pages cached for the next. (Persistent draft sequences, rolled back like
-the target's, would save that recompute, at the cost of a second copy of the scheduler's
-bookkeeping.)
+Each step the drafting sequences' tokens go to the draft engine as requests for k tokens. Its
+prefix cache holds every full page a sequence had the step before, so a request recomputes only
+its last partial page and the tokens added since, all sequences in one ragged prefill step (more
+when they exceed the token budget), then k - 1 decode steps; finished requests leave their pages
+cached for the next. (Persistent draft sequences, rolled back like the target's, would save that
+recompute, at the cost of a second copy of the scheduler's bookkeeping.)
 
-The draft is greedy: its proposal is a point mass at the draft model's argmax (q one-hot), which
-is what the verify step's acceptance assumes (``verify_sampling.accept``): for a greedy row the
-longest prefix equal to the target's argmax, for a sampled row exact rejection sampling with a
-one-hot q, so the output distribution is the target's. The draft decides how many tokens a step
-gains, never which: a draft engine that fails only stops proposing.
+A greedy row's draft is the draft model's argmax. A sampled row's draft is sampled from the
+draft model's distribution q under the request's own temperature, top-k, top-p, min-p, logit
+bias and penalties, with the draw's key the verify step uses at the same position: the
+request's seed (an unseeded row: ``Candidate.seed``) folded with the token's output position
+(``Request.outputs_in_prompt`` makes the draft engine count the sequence's output so far as
+output). Both samplers draw by Gumbel-max, so the draft's token and the target's at a position
+share their Gumbel noise: they agree whenever the noise picks the same token under q and p
+(for one Gumbel-max over the vocabulary, with probability at least (1 - TV) / (1 + TV) for
+total variation TV between them; always when q = p), where an independent draw agrees with
+probability sum_x q(x) p(x). The verify step keeps the draft while it equals the target's own
+draws (``verify_sampling``), so the draft decides how many tokens a step gains, never which:
+the output is the target's distribution whatever q is (for a seeded request, its output
+without speculation). A draft engine that fails only stops proposing.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import logging
 from jaxgen.backends import select_backend
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.speculative.speculator import Candidate, is_greedy
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -71,8 +79,31 @@ def check_vocabulary(draft, target) -> None:
         )
 
 
+def draft_params(params: SamplingParams, k: int, seed: int | None) -> SamplingParams:
+    """The draft engine's parameters for ``k`` tokens of a row sampled under ``params``: greedy
+    for a greedy row, else its sampling filters, logit bias and penalties, seeded with ``seed``
+    (``Candidate.seed``) or the row's own seed."""
+    fixed = dict(max_tokens=k, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    if is_greedy(params):
+        return SamplingParams(temperature=0.0, **fixed)
+    return SamplingParams(
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        logit_bias=params.logit_bias,
+        seed=params.seed if seed is None else seed,
+        **fixed,
+    )
+
+
 class DraftModelProposer:
     """The speculator's proposer for method "draft_model" (``Speculator.proposer``)."""
+
+    samples_drafts = True  # sampled rows' drafts are drawn: unseeded ones need a seed
 
     def __init__(self, draft, config: EngineConfig, target: TargetShape, engine_class):
         """``engine_class``: the engine the draft runs in (``LLMEngine``)."""
@@ -101,26 +132,22 @@ class DraftModelProposer:
         self.num_steps = 0  # the draft engine's steps, all proposals together
         self.failed = False  # the draft engine failed: nothing is proposed any more
 
-    def propose(self, candidates: list, token_budget: int) -> list[list[int]]:
-        """k greedy draft tokens for each ``(sequence, k)`` of ``candidates``, in order, as long
-        as their k fit ``token_budget`` together (the last one cut to fit; the rest get [])."""
+    def propose(self, candidates: list[Candidate], token_budget: int) -> list[list[int]]:
+        """k draft tokens for each ``Candidate`` (sequence, k, seed), in order, as long as
+        their k fit ``token_budget`` together (the last one cut to fit; the rest get [])."""
         requests, proposals = {}, [[] for _ in candidates]
         if self.failed:
             return proposals
         try:
-            for index, (seq, k) in enumerate(candidates):
+            for index, (seq, k, seed) in enumerate(candidates):
                 k = min(k, token_budget)
                 if k < 1:
                     break
                 token_budget -= k
-                params = SamplingParams(
-                    temperature=0.0,
-                    max_tokens=k,
-                    ignore_eos=True,
-                    output_kind=RequestOutputKind.FINAL_ONLY,
-                )
+                params = draft_params(seq.params, k, seed)
                 request_id = f"draft-{seq.seq_id}"
-                self.engine.add_request(request_id, None, list(seq.token_ids), params)
+                request = self.engine.add_request(request_id, None, list(seq.token_ids), params)
+                request.outputs_in_prompt = len(seq.output_token_ids)
                 requests[request_id] = index
             while self.engine.has_unfinished():
                 for output in self.engine.step():

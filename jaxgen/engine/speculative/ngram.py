@@ -29,6 +29,6 @@ class NgramProposer:
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, candidates: list, token_budget: int) -> list[list[int]]:
-        """Up to k draft tokens for each ``(sequence, k)`` of ``candidates`` (``token_budget``
-        is the speculator's to apply: a lookup costs nothing)."""
-        return [propose_ngram(seq.token_ids, k, self.min_n, self.max_n) for seq, k in candidates]
+        """Up to k draft tokens for each ``Candidate`` (sequence, k) of ``candidates``
+        (``token_budget`` is the speculator's to apply: a lookup costs nothing)."""
+        return [propose_ngram(seq.token_ids, k, self.min_n, self.max_n) for seq, k, _ in candidates]

@@ -4,8 +4,11 @@ Plain Python: never imports jax."""
 from __future__ import annotations
 
 import dataclasses
+import random
+from typing import NamedTuple
 
 from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.sampling_tensors import GREEDY_TEMPERATURE
 from jaxgen.engine.sequence import Sequence, SequenceStatus
 from jaxgen.engine.speculative.ngram import NgramProposer
 
@@ -25,10 +28,23 @@ class Draft:
     seq: Sequence
     tokens: list[int]
     num_tokens: int  # the sequence's tokens before the draft
+    # An unseeded sampled row's draws at the draft's positions, the draft model's and the
+    # verify step's: one 32-bit seed (``Candidate.seed``); None: the step's own seed.
+    seed: int | None = None
 
     def cut(self, num_tokens: int) -> Draft:
         """This draft's first ``num_tokens`` tokens (a grammar refused the next one)."""
         return dataclasses.replace(self, tokens=self.tokens[:num_tokens])
+
+
+class Candidate(NamedTuple):
+    """A sequence the proposer may draft up to ``k`` tokens for. ``seed``: for an unseeded
+    sampled row of a proposer that samples its drafts, a fresh 32-bit seed that its draft and
+    the verify step's draws at the same positions share (a seeded row shares its own seed)."""
+
+    seq: Sequence
+    k: int
+    seed: int | None = None
 
 
 @dataclasses.dataclass
@@ -41,20 +57,32 @@ class _Backoff:
 class Speculator:
     """Proposes drafts for the decode rows that can be verified exactly, and counts.
 
-    ``proposer``: ``propose(candidates: [(seq, k)], token_budget) -> [draft tokens]``, one list
-    each (n-gram prompt lookup by default, or ``draft_model.DraftModelProposer``).
+    ``proposer``: ``propose(candidates: [Candidate], token_budget) -> [draft tokens]``, one list
+    each (n-gram prompt lookup by default, or ``draft_model.DraftModelProposer``); one whose
+    ``samples_drafts`` is true gets a seed for each unseeded sampled row (``Candidate``).
 
     ``idle_backoff`` (asynchronous scheduling): a sequence for which nothing is proposed backs
     off as after a wholly rejected draft. There, a step that may draft runs synchronously (the
     draft needs the last token on the host), so a sequence that keeps proposing nothing would
     keep every step synchronous."""
 
-    def __init__(self, config: SpeculativeConfig, proposer=None, *, idle_backoff: bool = False):
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        proposer=None,
+        *,
+        idle_backoff: bool = False,
+        seed: int = 0,
+    ):
+        """``seed``: the engine's, from which unseeded rows' draft seeds are drawn."""
         self.config = config
         self.proposer = proposer or NgramProposer(
             config.prompt_lookup_min, config.prompt_lookup_max
         )
         self.idle_backoff = idle_backoff
+        self.seeds = (
+            random.Random(seed) if getattr(self.proposer, "samples_drafts", False) else None
+        )
         self.backoff: dict[int, _Backoff] = {}
         self.num_drafts = 0  # drafts verified
         self.num_draft_tokens = 0
@@ -88,10 +116,10 @@ class Speculator:
                 spare_tokens,
             )
             if k >= 1:
-                candidates.append((seq, k))
+                candidates.append(Candidate(seq, k, self._draw_seed(seq)))
         drafts = []
         proposals = self.proposer.propose(candidates, spare_tokens) if candidates else []
-        for (seq, _), tokens in zip(candidates, proposals, strict=True):
+        for (seq, _, seed), tokens in zip(candidates, proposals, strict=True):
             tokens = tokens[: max(spare_tokens, 0)]
             if not tokens:
                 if self.idle_backoff:
@@ -102,8 +130,15 @@ class Speculator:
                 continue
             spare_pages -= max(pages, 0)
             spare_tokens -= len(tokens)
-            drafts.append(Draft(seq, tokens, seq.num_tokens))
+            drafts.append(Draft(seq, tokens, seq.num_tokens, seed))
         return drafts
+
+    def _draw_seed(self, seq: Sequence) -> int | None:
+        """A fresh seed for an unseeded sampled row's draft (``Candidate.seed``), else None."""
+        params = seq.params
+        if self.seeds is None or params.seed is not None or is_greedy(params):
+            return None
+        return self.seeds.getrandbits(32)
 
     def record(self, draft: Draft, accepted: int) -> None:
         """Counts a verified draft of which ``accepted`` tokens were kept; sets the sequence's
@@ -164,6 +199,11 @@ class Speculator:
             "spec_decode_mean_acceptance_length": 1
             + self.num_accepted_tokens / max(self.num_drafts, 1),
         }
+
+
+def is_greedy(params) -> bool:
+    """Whether the sampler takes the argmax for ``params`` (as ``sampler.sample`` decides)."""
+    return params.temperature < GREEDY_TEMPERATURE or params.top_k == 1
 
 
 def _miss(state: _Backoff) -> None:

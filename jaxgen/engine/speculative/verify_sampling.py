@@ -12,19 +12,28 @@ the tokens before it, with the key ``fold_in(key(seed), g + i)`` (g: tokens gene
 the draft) that decoding would use for that token.
 
 Acceptance (``accept``): keep the longest draft prefix equal to the sampled tokens, then the
-sampled token at the first mismatch (or the bonus). This is rejection sampling for a draft
-that is a point mass on d_i (an n-gram draft, vLLM's ``draft_probs=None``): the draft token is
-accepted with probability p_i(d_i) = min(1, p_i(d_i) / q_i(d_i)), and a rejected position's
-token is drawn from p_i conditioned on differing from d_i, i.e. from max(p_i - q_i, 0)
-renormalised, vLLM's recovered distribution. Every sequence of tokens thus has its
-autoregressive probability under the target: the output distribution is the target's.
+sampled token at the first mismatch (or the bonus). Every kept token is the target's own draw
+t_i ~ p_i at its position, given the kept tokens before it, with a key no earlier kept token
+depended on: the output distribution is the target's, whatever the draft. For a draft that is
+a point mass on d_i (an n-gram draft, vLLM's ``draft_probs=None``) this is rejection sampling:
+d_i is accepted with probability p_i(d_i) = min(1, p_i(d_i) / q_i(d_i)), and a rejected
+position's token is drawn from p_i conditioned on differing from d_i, i.e. from
+max(p_i - q_i, 0) renormalised, vLLM's recovered distribution. A draft model's sampled draft
+d_i ~ q_i is drawn with the same key as t_i (``draft_model``; ``Draft.seed`` for an unseeded
+row), and both samplers draw by Gumbel-max, so d_i = t_i whenever the shared noise picks the
+same token under q_i and p_i: a coupling of q_i and p_i, accepting d_i with probability
+sum_x 1 / sum_y max(p_i(y) / p_i(x), q_i(y) / q_i(x)) over one Gumbel-max (at least
+(1 - TV) / (1 + TV), where vLLM's min(1, p / q) rule reaches the maximal 1 - TV, TV the total
+variation between q_i and p_i), a rejected position's token then drawn from
+p_i(x) - P(d_i = t_i = x) renormalised. It needs no vocabulary-wide q_i on the verify side.
 
 Seeds: a seeded request draws the token at output position m with the key of (seed, m)
 whether or not it speculates, and whatever else is in the batch. So for the same seed a
 request's output with speculation is the output without it, token for token (up to float
 differences between a verify row's logits and a decode row's, which move a draw only at a
 near tie); vLLM does not promise this. Unseeded rows take one seed per engine step (their
-sequence's sampling row's), distinct per position through the step count.
+sequence's sampling row's, or the draft's ``Draft.seed``), distinct per position through the
+step count.
 """
 
 from __future__ import annotations
@@ -94,7 +103,7 @@ def draft_rows(
             banned = min_tokens_banned_ids(params, generated + position, eos_token_ids[seq.seq_id])
             rows.append(SamplingRow(params, seq.prompt_token_ids, history, banned))
             step_rows.append(starts[seq.seq_id] + position)
-            seeds.append(main.seeds[main_rows[seq.seq_id]])
+            seeds.append(main.seeds[main_rows[seq.seq_id]] if draft.seed is None else draft.seed)
             has_seed.append(main.has_seed[main_rows[seq.seq_id]])
             if seq.seq_id in masks:
                 masked.append((len(rows) - 1, masks[seq.seq_id][position]))

@@ -8,8 +8,9 @@ position, which the request's own sampling parameters sample on the device
 (``verify_sampling``); the sampling row at the draft's end samples the token after a wholly
 accepted draft. Acceptance keeps the longest draft prefix equal to the sampled tokens, then the
 sampled token at the first mismatch: for greedy rows the longest prefix equal to the argmax
-(the output decoding without speculation gives), for sampled rows exact rejection sampling of
-a point-mass draft (the target's distribution). A constrained sequence's draft is cut to what
+(the output decoding without speculation gives), for sampled rows the target's own draws, so
+the target's distribution (exact rejection sampling of a point-mass draft; for a sampled draft
+a coupling through shared noise, ``verify_sampling``). A constrained sequence's draft is cut to what
 its grammar accepts, and each position sampled under the grammar's mask there
 (``grammar_drafts``). The rows' tokens then go through the engine's postprocessing one at a
 time (stop strings, stop tokens, the grammar, ``max_tokens``, logprobs), so nothing past a
