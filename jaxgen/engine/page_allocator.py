@@ -87,7 +87,9 @@ class PageAllocator(Allocator):
 
     def allocate(self, seq: Sequence, num_tokens: int) -> bool:
         """Grows ``seq.block_table`` to hold ``num_tokens`` tokens; False (and no change) if full."""
-        need = self.pages_needed(num_tokens) - len(seq.block_table)
+        need = -(-num_tokens // self.page_size) - len(seq.block_table)
+        if need <= 0:  # its pages hold them already (most decode steps): nothing to change
+            return True
         if need > len(self.free_pages):
             return False
         for _ in range(max(need, 0)):
