@@ -53,6 +53,17 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
+    def add_token(self, token_id: int) -> None:
+        """``add_tokens`` of one token, without building its delta."""
+        token_ids = self.token_ids
+        token_ids.append(token_id)
+        prefix = self._decode(token_ids[self.prefix_offset : self.read_offset])
+        full = self._decode(token_ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.text += full[len(prefix) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(token_ids)
+
     def flush(self) -> str:
         """Emits whatever is held back (at the end of a sequence)."""
         if self.read_offset >= len(self.token_ids):

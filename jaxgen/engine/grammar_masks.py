@@ -283,6 +283,8 @@ class GrammarMasks:
     def attach(self, batch: StepBatch) -> StepBatch:
         """``batch`` with its bitmask filled for the rows whose sequence is constrained; the
         same batch when none is (its bitmask stays of width 0)."""
+        if not self.matchers:
+            return batch
         rows = [
             (row, self.matchers[seq.seq_id])
             for row, seq in enumerate(batch.seqs)

@@ -343,13 +343,16 @@ class LLMEngine(Engine):
         """Each sequence's new token to its request: stops, grammar, length. Returns the
         requests that moved, by id."""
         moved: dict[str, Request] = {}
+        seq_to_request, matchers = self.seq_to_request, self.grammars.matchers
         for seq in got_token:
-            request = self.seq_to_request.get(seq.seq_id)
+            request = seq_to_request.get(seq.seq_id)
             if request is None:
                 continue
             self.generation_tokens_total += 1
-            reason = request.on_token(seq, logprobs.get(seq.seq_id))
-            grammar_reason = self.grammars.advance(seq.seq_id, seq.output_token_ids[-1])
+            reason = request.on_token(seq, logprobs.get(seq.seq_id) if logprobs else None)
+            grammar_reason = (
+                self.grammars.advance(seq.seq_id, seq.output_token_ids[-1]) if matchers else None
+            )
             if grammar_reason == "error":
                 request.errors[seq.index] = f"structured output: {self.grammars.error(seq.seq_id)}"
             if reason is None or grammar_reason == "error":

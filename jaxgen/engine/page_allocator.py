@@ -87,7 +87,9 @@ class PageAllocator(Allocator):
 
     def allocate(self, seq: Sequence, num_tokens: int) -> bool:
         """Grows ``seq.block_table`` to hold ``num_tokens`` tokens; False (and no change) if full."""
-        need = self.pages_needed(num_tokens) - len(seq.block_table)
+        need = -(-num_tokens // self.page_size) - len(seq.block_table)
+        if need <= 0:  # its pages hold them already (most decode steps): nothing to change
+            return True
         if need > len(self.free_pages):
             return False
         for _ in range(max(need, 0)):
@@ -128,9 +130,12 @@ class PageAllocator(Allocator):
         """Makes the full, computed pages of ``seq`` available for prefix reuse."""
         if not self.enable_prefix_caching:
             return
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.page_size
+        full = seq.block_table[:num_full]
+        if SCRATCH_PAGE not in full and not set(full).difference(self.page_hash):
+            return  # every full page is registered already (most steps): the walk changes nothing
         tokens = seq.token_ids
         parent = prefix = _chain_root(seq)
-        num_full = min(seq.num_computed_tokens, len(tokens)) // self.page_size
         for i in range(num_full):
             page = seq.block_table[i]
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])

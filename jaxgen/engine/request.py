@@ -7,7 +7,7 @@ import time
 
 from jaxgen.engine.detokenizer import IncrementalDetokenizer
 from jaxgen.engine.sampling_tensors import SamplingRow, min_tokens_banned_ids
-from jaxgen.engine.sequence import Sequence
+from jaxgen.engine.sequence import Sequence, SequenceStatus
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
@@ -92,10 +92,15 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return all(seq.is_finished for seq in self.seqs)
+        for seq in self.seqs:
+            if seq.status is not SequenceStatus.FINISHED:
+                return False
+        return True
 
     def banned_token_ids(self, seq: Sequence) -> list[int]:
         """Tokens that may not end the sequence yet (``min_tokens``)."""
+        if len(seq.output_token_ids) >= self.params.min_tokens:
+            return []
         return min_tokens_banned_ids(self.params, seq.num_generated, sorted(self.eos_token_ids))
 
     def sampling_row(self, seq: Sequence) -> SamplingRow:
@@ -104,6 +109,8 @@ class Request:
             split = len(seq.prompt_token_ids) - self.outputs_in_prompt
             history = seq.prompt_token_ids[split:] + seq.output_token_ids
             return SamplingRow(seq.params, seq.prompt_token_ids[:split], history, [])
+        if len(seq.output_token_ids) >= self.params.min_tokens:
+            return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids)
         return SamplingRow(
             seq.params, seq.prompt_token_ids, seq.output_token_ids, self.banned_token_ids(seq)
         )
@@ -117,7 +124,8 @@ class Request:
         if logprobs is not None:
             self.logprobs[i].append(logprobs)
         detok = self.detokenizers[i]
-        enough = seq.num_generated >= self.params.min_tokens
+        num_generated = len(seq.output_token_ids)
+        enough = num_generated >= self.params.min_tokens
         if enough and token in self.stop_token_ids:
             self.stop_reasons[i] = token
             detok.flush()
@@ -125,7 +133,7 @@ class Request:
         if enough and token in self.eos_token_ids:
             detok.flush()
             return "stop"
-        detok.add_tokens([token])
+        detok.add_token(token)
         if self.params.stop and enough:
             text = detok.text
             search_from = max(0, len(self.texts[i]) - self._max_stop_len)
@@ -136,7 +144,7 @@ class Request:
                 self.texts[i] = text[:pos]
                 self.stop_reasons[i] = stop
                 return "stop"
-        if seq.num_generated >= seq.max_tokens:
+        if num_generated >= seq.max_tokens:
             detok.flush()
             self.texts[i] = detok.text
             return "length"

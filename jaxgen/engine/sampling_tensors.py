@@ -157,12 +157,7 @@ def build_sampling_tensors(
 
     greedy = [is_greedy(row.params) for row in rows]
     penalised = [uses_penalties(row.params) for row in rows]
-    per_row = [_row_scalars(row, index, base_seed, step_counter) for index, row in enumerate(rows)]
-    per_row += [_PADDING_SCALARS] * (batch_size - len(rows))
-    columns = list(zip(*per_row, strict=True)) or [()] * len(_SCALAR_DTYPES)
-    scalars = [
-        np.array(column, dtype) for column, dtype in zip(columns, _SCALAR_DTYPES, strict=True)
-    ]
+    scalars = _scalar_columns(rows, batch_size, base_seed, step_counter)
 
     banned_width = max((len(row.banned_token_ids) for row in rows), default=0)
     banned_width = next_power_of_two(banned_width, _MIN_BANNED_BUCKET) if banned_width else 0
@@ -218,20 +213,46 @@ _SCALAR_DTYPES = (
 _PADDING_SCALARS = (0.0, 0, 1.0, 0.0) + (1.0, 0.0, 0.0) + (0, False, 0)
 
 
-def _row_scalars(row: SamplingRow, index: int, base_seed: int, step_counter: int) -> tuple:
-    """A row's values of ``SamplingTensors``' per-row scalars, in field order."""
-    params = row.params
+def _params_scalars(params: SamplingParams) -> tuple:
+    """A request's filters and penalties, in ``SamplingTensors``' field order."""
     if is_greedy(params):  # temperature 0 and every filter off, as vLLM does for greedy requests
         filters = (0.0, 0, 1.0, 0.0)
     else:
         top_k = min(params.top_k, np.iinfo(np.int32).max)
         filters = (params.temperature, top_k, params.top_p, params.min_p)
-    penalties = (params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
-    if params.seed is not None:
-        seed = (_fold_seed(params.seed), True)
-    else:
-        seed = (_derived_seed(base_seed, step_counter, index), False)
-    return (*filters, *penalties, *seed, len(row.output_token_ids))
+    return (*filters, params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+
+
+def _scalar_columns(
+    rows: list[SamplingRow], batch_size: int, base_seed: int, step_counter: int
+) -> list[np.ndarray]:
+    """``SamplingTensors``' per-row scalars (temperature ... steps) of ``rows`` padded to
+    ``batch_size``: each distinct params object read once, unseeded rows' seeds derived in bulk."""
+    by_params: dict[int, tuple] = {}
+    values, seeds, has_seed = [], [], []
+    for row in rows:
+        params = row.params
+        scalars = by_params.get(id(params))
+        if scalars is None:
+            seed = None if params.seed is None else _fold_seed(params.seed)
+            scalars = by_params[id(params)] = (_params_scalars(params), seed)
+        values.append(scalars[0])
+        seeds.append(scalars[1] or 0)
+        has_seed.append(scalars[1] is not None)
+    count = len(rows)
+    padding = _PADDING_SCALARS[:7]
+    table = np.array(values + [padding] * (batch_size - count), np.float64).reshape(batch_size, 7)
+    seed_column = np.zeros(batch_size, np.uint32)
+    seed_column[:count] = seeds
+    seeded = np.zeros(batch_size, np.bool_)
+    seeded[:count] = has_seed
+    unseeded = np.flatnonzero(~seeded[:count])
+    if len(unseeded):
+        seed_column[unseeded] = _derived_seeds(base_seed, step_counter, unseeded)
+    steps = np.zeros(batch_size, np.int32)
+    steps[:count] = [len(row.output_token_ids) for row in rows]
+    columns = [table[:, i].astype(dtype) for i, dtype in enumerate(_SCALAR_DTYPES[:7])]
+    return [*columns, seed_column, seeded, steps]
 
 
 def _logit_bias_table(
@@ -270,6 +291,18 @@ def _fold_seed(seed: int) -> int:
     """A user seed (any Python int) folded into 32 bits."""
     seed &= _UINT64_MASK
     return (seed ^ (seed >> 32)) & _UINT32_MASK
+
+
+def _derived_seeds(base_seed: int, step_counter: int, rows: np.ndarray) -> np.ndarray:
+    """``_derived_seed`` of each of ``rows`` (row indices), in bulk: [R] uint32."""
+    value = _splitmix64(base_seed & _UINT64_MASK)
+    value = _splitmix64(value ^ (step_counter & _UINT64_MASK))
+    value = np.uint64(value) ^ rows.astype(np.uint64)
+    value = value + np.uint64(0x9E3779B97F4A7C15)
+    value = (value ^ (value >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    value = (value ^ (value >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    value = value ^ (value >> np.uint64(31))
+    return ((value ^ (value >> np.uint64(32))) & np.uint64(_UINT32_MASK)).astype(np.uint32)
 
 
 def _derived_seed(base_seed: int, step_counter: int, row: int) -> int:

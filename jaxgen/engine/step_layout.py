@@ -16,6 +16,7 @@ reference, Pallas GPU). With full width a step's shape is its token bucket alone
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -156,19 +157,29 @@ class StepLayout:
         """Fills the decode rows (one token each, at the front) in bulk: their token, position,
         KV slot and block table. Returns the rows filled."""
         page = self.page_size
-        tokens, starts, last_pages = [], [], []
-        for index, item in enumerate(decode):
+        rows = len(decode)
+        if not rows:
+            return 0
+        tokens, starts, last_pages, row_tables = [], [], [], []
+        for item in decode:
             seq = item.seq
             start = seq.num_computed_tokens
             table = seq.block_table
-            tokens.append(seq.token_at(start))
+            prompt = seq.prompt_token_ids
+            if start < len(prompt):
+                tokens.append(prompt[start])
+            else:
+                tokens.append(seq.output_token_ids[start - len(prompt)])
             starts.append(start)
             last_pages.append(table[start // page])
-            tables[index, : min(len(table), width)] = table[:width]
-        rows = len(decode)
+            row_tables.append(table if len(table) <= width else table[:width])
         token_ids[:rows] = tokens
         positions[:rows] = starts
         slots[:rows] = np.asarray(last_pages, np.int32) * page + positions[:rows] % page
+        # Every block table into its row at once: the row-major cells before each row's length.
+        lengths = np.fromiter(map(len, row_tables), np.int64, rows)
+        pages = np.fromiter(itertools.chain.from_iterable(row_tables), np.int32, int(lengths.sum()))
+        tables[:rows][np.arange(width) < lengths[:, None]] = pages
         return rows
 
     def padding_step(self, num_tokens: int, width: int | None = None) -> StepInputs:
