@@ -61,23 +61,30 @@ def kernel_initializer(rngs, **lecun_axes):
     """``nnx.Linear``'s kernel initialiser (LeCun normal over ``lecun_axes``), or a
     ``jax.ShapeDtypeStruct`` when ``rngs`` says the model is built for its shapes alone
     (``shapes_only``: ``jaxgen.models.weights.abstract_causal_lm``, which allocates nothing)."""
-    if getattr(rngs, "shapes_only", False):
+    if shapes_only(rngs):
         return shape_only_initializer
     return nnx.initializers.lecun_normal(**lecun_axes)
 
 
 def zeros_initializer(rngs):
     """Zeros, or a ``jax.ShapeDtypeStruct`` when the model is built for its shapes alone."""
-    if getattr(rngs, "shapes_only", False):
+    if shapes_only(rngs):
         return shape_only_initializer
     return lambda key, shape, dtype: jnp.zeros(shape, dtype)
 
 
 def ones_initializer(rngs):
     """Ones, or a ``jax.ShapeDtypeStruct`` when the model is built for its shapes alone."""
-    if getattr(rngs, "shapes_only", False):
+    if shapes_only(rngs):
         return shape_only_initializer
     return lambda key, shape, dtype: jnp.ones(shape, dtype)
+
+
+def shapes_only(rngs) -> bool:
+    """Whether ``rngs`` is ``jaxgen.models.weights.ShapeOnlyKeys``: the model is built for its
+    shapes alone. Read from the class: an ``nnx.Rngs`` with a default stream answers any
+    attribute with that stream."""
+    return getattr(type(rngs), "shapes_only", False)
 
 
 def shape_only_initializer(key, shape, dtype) -> jax.ShapeDtypeStruct:

@@ -18,7 +18,13 @@ from flax import nnx
 
 from jaxgen.config import ModelConfig
 from jaxgen.layers.attention import AttentionMetadata, row_sequences
-from jaxgen.layers.linear import Embedding, Linear, matmul, shape_only_initializer
+from jaxgen.layers.linear import (
+    Embedding,
+    Linear,
+    matmul,
+    shape_only_initializer,
+    shapes_only,
+)
 from jaxgen.layers.rope import rope_angles, rope_buffers
 from jaxgen.models.falcon import FalconDecoderLayer, LayerNorm
 from jaxgen.models.gemma import GemmaDecoderLayer, GemmaRMSNorm
@@ -42,11 +48,6 @@ FAMILY_BLOCKS = {
 }
 
 
-def _shapes_only(rngs) -> bool:
-    """Whether the model is built for its shapes alone (``jaxgen.models.weights``)."""
-    return getattr(rngs, "shapes_only", False)
-
-
 class CausalLM(nnx.Module):
     """Decoder stack plus LM head (tied to the embedding when the config says so)."""
 
@@ -58,14 +59,14 @@ class CausalLM(nnx.Module):
             )
         layer_class, norm_class = FAMILY_BLOCKS[config.model_type]
         self.config = config
-        shapes_only = {"embedding_init": shape_only_initializer} if _shapes_only(rngs) else {}
+        abstract = {"embedding_init": shape_only_initializer} if shapes_only(rngs) else {}
         self.embed_tokens = Embedding(
             config.vocab_size,
             config.hidden_size,
             dtype=dtype,
             param_dtype=dtype,
             rngs=rngs,
-            **shapes_only,
+            **abstract,
         )
         self.layers = nnx.List(
             [layer_class(config, i, dtype=dtype, rngs=rngs) for i in range(config.num_layers)]
