@@ -41,13 +41,8 @@ GENERAL_FLAGS = SamplingFlags(
 )
 # A batch the host knows needs no penalty, logprobs, logit bias, ban or grammar mask, and
 # that a row samples: the filters and the draw alone, no run-time conditional of the stages.
-PLAIN_FLAGS = SamplingFlags(
-    all_greedy=False,
-    any_top_k=True,
-    any_top_p=True,
-    any_min_p=True,
-    masks=False,
-    host_checked=True,
+PLAIN_FLAGS = dataclasses.replace(
+    GENERAL_FLAGS, any_penalties=False, num_logprobs=0, masks=False, host_checked=True
 )
 
 
