@@ -31,7 +31,8 @@ import logging
 from jaxgen.backends import select_backend
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
-from jaxgen.engine.speculative.speculator import Candidate, is_greedy
+from jaxgen.engine.sampling_tensors import is_greedy
+from jaxgen.engine.speculative.speculator import Candidate
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)

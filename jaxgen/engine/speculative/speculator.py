@@ -8,7 +8,7 @@ import random
 from typing import NamedTuple
 
 from jaxgen.config.speculative_config import SpeculativeConfig
-from jaxgen.engine.sampling_tensors import GREEDY_TEMPERATURE
+from jaxgen.engine.sampling_tensors import is_greedy
 from jaxgen.engine.sequence import Sequence, SequenceStatus
 from jaxgen.engine.speculative.ngram import NgramProposer
 
@@ -199,11 +199,6 @@ class Speculator:
             "spec_decode_mean_acceptance_length": 1
             + self.num_accepted_tokens / max(self.num_drafts, 1),
         }
-
-
-def is_greedy(params) -> bool:
-    """Whether the sampler takes the argmax for ``params`` (as ``sampler.sample`` decides)."""
-    return params.temperature < GREEDY_TEMPERATURE or params.top_k == 1
 
 
 def _miss(state: _Backoff) -> None:
