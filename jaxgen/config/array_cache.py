@@ -17,18 +17,17 @@ off. Neither ever fails a load. Callers cache inputs of ``MIN_BYTES`` and more.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import struct
-import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from jaxgen.config.atomic_file import atomic_write
 from jaxgen.config.compile_cache import cache_root
 
 ENV_SWITCH = "JAXGEN_ARRAY_CACHE"
@@ -124,23 +123,14 @@ class ArrayCache:
             offset += -(-array.nbytes // ALIGNMENT) * ALIGNMENT
         header = json.dumps({"description": self.description, "arrays": index}).encode()
         start = _data_start(len(header))
-        temporary = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                dir=self.directory, prefix=".tmp-", delete=False
-            ) as handle:
-                temporary = handle.name
+            with atomic_write(self.path) as handle:
                 handle.write(MAGIC + _HEADER_LENGTH.pack(len(header)) + header)
                 for name, array in arrays.items():
                     handle.seek(start + index[name][2])
                     handle.write(_bytes(array))
                 handle.truncate()
-            os.replace(temporary, self.path)
         except OSError as error:
-            if temporary is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
             warnings.warn(
                 f"array cache: cannot write {self.path} ({error.strerror or error}); running "
                 f"without it (set JAXGEN_CACHE_DIR to a writable directory or {ENV_SWITCH}=0)",

@@ -28,7 +28,6 @@ import hashlib
 import os
 import pickle
 import re
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxgen.config.atomic_file import atomic_write
 from jaxgen.engine import compile_counter
 
 _FORMAT = 1  # bump when what a file holds changes
@@ -281,10 +281,8 @@ def _write(path: Path, compiled) -> None:
     except Exception:  # e.g. a backend without serialization: nothing to store
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
-            f.write(data)
-        os.replace(f.name, path)
+        with atomic_write(path) as handle:
+            handle.write(data)
     except OSError as error:
         warnings.warn(
             f"executable store: cannot write {path} ({error.strerror or error})", stacklevel=3
