@@ -5,6 +5,7 @@ Usage (from the repository root; ~1 min per run on a busy 2-core CPU):
   python benchmarks/startup.py [--runs 3] [--breakdown-runs 2] [--cache-dir DIR] [--json FILE]
   python benchmarks/startup.py --mode llm [--runs 3]    # ``jaxgen.LLM()`` ready
   python benchmarks/startup.py --mode serve [--runs 3]  # ``jaxgen serve`` healthy
+  python benchmarks/startup.py --cache-dir DIR --keep-cache --breakdown-runs 0  # warm runs only
 
 ``--runs`` runs of the command itself (each a new process; the first with an empty
 ``JAXGEN_CACHE_DIR``, so it builds the native CPU kernels and compiles every executable; the
@@ -191,6 +192,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of the command (first cold)")
     parser.add_argument("--breakdown-runs", type=int, default=2, help="phase-timed runs")
     parser.add_argument("--cache-dir", default=None, help="JAXGEN_CACHE_DIR (default: a temp dir)")
+    parser.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="keep --cache-dir's contents (every run warm once it is filled) instead of "
+        "emptying it before each series",
+    )
     parser.add_argument("--python", default=sys.executable, help="the interpreter to run")
     parser.add_argument("--pythonpath", default=None, help="PYTHONPATH for the runs (a checkout)")
     parser.add_argument("--label", default="", help="a name for these runs in the output")
@@ -210,8 +217,13 @@ def main() -> None:
     if args.child_llm:
         llm_ready()
         return
+    if args.keep_cache and args.cache_dir is None:
+        parser.error("--keep-cache needs --cache-dir (a new temporary directory starts empty)")
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="jaxgen-startup-")
     env = dict(os.environ, JAXGEN_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    # As a user's Python runs: writing bytecode (a sandbox or CI may turn it off, and then every
+    # module of jaxgen is compiled from source at each start, ~0.4 s on a 2-core CPU).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
     cli = [args.python, "-c", "import sys; from jaxgen.cli import main; sys.exit(main())"]
@@ -243,7 +255,8 @@ def main() -> None:
         results["command"] = ["jaxgen", "serve"]
         series = (("runs", args.runs, cli + ["serve"]),)
     for kind, count, argv in series:
-        shutil.rmtree(cache_dir, ignore_errors=True)  # each series starts with an empty cache
+        if not args.keep_cache:  # each series starts with an empty cache
+            shutil.rmtree(cache_dir, ignore_errors=True)
         for index in range(count):
             if args.mode == "serve":
                 result = serve_healthy(argv, env)
@@ -251,7 +264,7 @@ def main() -> None:
                 result = run_child(argv, env)
             if kind == "breakdown" or args.mode == "llm":
                 result.update(json.loads(result.pop("stdout").splitlines()[-1]))
-            result["cache"] = "empty" if index == 0 else "warm"
+            result["cache"] = "empty" if index == 0 and not args.keep_cache else "warm"
             results[kind].append(result)
             print(json.dumps({"label": args.label, kind: result}), flush=True)
     if args.cache_dir is None:

@@ -17,8 +17,6 @@ import jax.numpy as jnp
 from jaxgen.backends.base import KernelBackend
 from jaxgen.backends.cpu import CPUBackend
 from jaxgen.backends.cpu_kernels import cpu_kernel_available
-from jaxgen.backends.pallas_gpu import PallasGPUBackend
-from jaxgen.backends.pallas_tpu import PallasTPUBackend
 from jaxgen.backends.reference import ReferenceBackend
 from jaxgen.config.engine_config import BACKENDS
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
@@ -72,6 +70,8 @@ def select_backend(
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
     if resolved == "pallas-tpu":
+        from jaxgen.backends.pallas_tpu import PallasTPUBackend
+
         interpret = (platform or jax.default_backend()) == "cpu"
         if not sharded:
             return PallasTPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype)
@@ -91,9 +91,25 @@ def select_backend(
                 f"not on the {platform} platform"
             )
         interpret = platform == "cpu"
+        from jaxgen.backends.pallas_gpu import PallasGPUBackend
+
         return PallasGPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype, **split)
     backend = {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]
     return backend(kv_cache_dtype=kv_cache_dtype, **split)
+
+
+def __getattr__(name: str):
+    """The Pallas backends load on first use: they import Pallas and their kernels, which a
+    run on the CPU backend never needs."""
+    if name == "PallasGPUBackend":
+        from jaxgen.backends.pallas_gpu import PallasGPUBackend
+
+        return PallasGPUBackend
+    if name == "PallasTPUBackend":
+        from jaxgen.backends.pallas_tpu import PallasTPUBackend
+
+        return PallasTPUBackend
+    raise AttributeError(f"module 'jaxgen.backends' has no attribute {name!r}")
 
 
 __all__ = [

@@ -10,12 +10,6 @@ import jax.numpy as jnp
 
 from jaxgen.engine.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
-from jaxgen.planning.ahead_of_time import (
-    compile_decode_step,
-    config_from_path,
-    lower_decode_step_for_cuda,
-    report_lines,
-)
 from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
 from jaxgen.planning.hardware import DEVICES
 from jaxgen.planning.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
@@ -74,6 +68,14 @@ def cmd_plan(args) -> int:
 
 def cmd_plan_target(args) -> int:
     """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
+    # Ahead-of-time compiling imports the Pallas backends: here, not when the parser is built.
+    from jaxgen.planning.ahead_of_time import (
+        compile_decode_step,
+        config_from_path,
+        lower_decode_step_for_cuda,
+        report_lines,
+    )
+
     if args.target == "cuda":
         if args.num_scheduler_steps != 1:
             raise ValueError("--num-scheduler-steps is for a TPU --target's compile, not cuda")
@@ -129,6 +131,8 @@ def cmd_plan_target(args) -> int:
 def cmd_sweep_tp(args) -> int:
     """``jaxgen plan --target SLICE --sweep-tp [--compile]``: replicas against tensor
     parallelism on the slice (see ``jaxgen.planning.tp_sweep``)."""
+    from jaxgen.planning.ahead_of_time import compile_decode_step, config_from_path
+
     config = config_from_path(args.model)
     compiled = {}
     if args.compile:
