@@ -8,6 +8,7 @@ import jax
 from jaxgen.backends.cpu_kernels.build import build_in_background
 from jaxgen.config.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
+from jaxgen.engine import executable_store
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.loaders import LoadedModel, load_model, load_sharded
 from jaxgen.parallel.replicas import ReplicatedEngine
@@ -21,10 +22,17 @@ def create_engine(model, *, dtype, config: EngineConfig):
     on the default device; otherwise parameters are placed on a mesh as they load.
     """
     enable_compile_cache(config.compile_cache)  # before anything compiles
-    if config.attention_backend in ("auto", "cpu"):
+    native_kernels = config.attention_backend in ("auto", "cpu")
+    if native_kernels:
         build_in_background()  # an empty cache's kernel compile overlaps the load
     degree, replicas = config.tensor_parallel_degree, config.data_parallel_size
     if degree == 1 and replicas == 1:
+        # The executables this job's last run used are read while the model loads.
+        source = getattr(model, "source", model)
+        executable_store.prefetch(
+            repr((source, str(dtype), config)),
+            before=_register_native_kernels if native_kernels else None,
+        )
         loaded = (
             model
             if isinstance(model, LoadedModel)
@@ -38,3 +46,15 @@ def create_engine(model, *, dtype, config: EngineConfig):
     for plan in placement.plans[1:]:
         engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))
     return engines[0] if replicas == 1 else ReplicatedEngine(engines)
+
+
+def _register_native_kernels() -> None:
+    """Registers the native CPU kernels (stored executables call them), built or not."""
+    from jaxgen.backends.cpu_kernels import (
+        cpu_kernel_available,
+        matmul_kernel_available,
+        quantized_matmul_available,
+    )
+
+    for available in (cpu_kernel_available, matmul_kernel_available, quantized_matmul_available):
+        available()

@@ -4,26 +4,18 @@ The names below load on first use (PEP 562): importing a helper module of this p
 (``kv_codes``, ``ragged_layout``, ``validation``) does not import Pallas and the kernels, which
 a run on the native CPU backend never needs (about 0.2 s of a start-up)."""
 
-import importlib
-
-_LAZY = {
-    "paged_attention_reference": "pallas_kernels.gpu.ragged_paged_attention",
-    "ragged_paged_attention": "pallas_kernels.gpu.ragged_paged_attention",
-    "ragged_paged_attention_reference": "pallas_kernels.gpu.ragged_paged_attention",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pallas_kernels' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
 __all__ = [
     "paged_attention_reference",
     "ragged_paged_attention",
     "ragged_paged_attention_reference",
 ]
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module 'pallas_kernels' has no attribute {name!r}")
+    from pallas_kernels.gpu import ragged_paged_attention
+
+    value = getattr(ragged_paged_attention, name)
+    globals()[name] = value
+    return value

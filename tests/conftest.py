@@ -111,5 +111,7 @@ def fresh_executables(tmp_path, monkeypatch):
 
     monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path)
     monkeypatch.setattr(executable_store, "_PROCESS_EXECUTABLES", {})
+    monkeypatch.setattr(executable_store, "_PENDING", {})
+    monkeypatch.setattr(executable_store, "_JOB", None)
     jax.clear_caches()
     return tmp_path

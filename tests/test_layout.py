@@ -196,6 +196,37 @@ def test_importing_jaxgen_pulls_in_no_extra_and_no_server():
     assert _imported_by("jaxgen.cli", "jaxgen.cli.build_parser()") == "[]"
 
 
+def test_the_command_line_imports_no_pallas_kernel_and_no_benchmark_runner():
+    """``jaxgen generate`` on a CPU needs neither Pallas nor the kernels written in it, nor
+    what the bench and plan commands run: they load when used (about 0.4 s of a start-up)."""
+    lazy = (
+        "jax.experimental.pallas",
+        "pallas_kernels.gpu",
+        "pallas_kernels.tpu",
+        "jaxgen.backends.pallas_gpu",
+        "jaxgen.backends.pallas_tpu",
+        "jaxgen.bench.commands",
+        "jaxgen.planning.ahead_of_time",
+        "jaxgen.async_llm",
+    )
+    code = (
+        "import sys, jaxgen.cli\n"
+        "jaxgen.cli.build_parser()\n"
+        f"print(sorted(name for name in {lazy!r} if name in sys.modules))"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    import jaxgen.backends
+    import pallas_kernels
+
+    assert jaxgen.backends.PallasGPUBackend.__name__ == "PallasGPUBackend"  # on first use
+    assert callable(pallas_kernels.ragged_paged_attention)
+
+
 def test_the_default_models_tokenizer_imports_no_transformers():
     """``jaxgen generate --chat`` on the default GGUF: its tokenizer loads, encodes, renders the
     chat template and decodes without transformers or llguidance."""

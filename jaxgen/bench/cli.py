@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 
-from jaxgen.bench import results
 from jaxgen.bench.workloads import add_workload_args
 from jaxgen.config.knobs import add_engine_flags
 
@@ -136,24 +133,3 @@ def _subcommand(sub, name: str, summary: str, func, *, workload: bool = True, **
         add_workload_args(parser)
     parser.set_defaults(func=func, parser=parser)
     return parser
-
-
-def command_of(args: argparse.Namespace) -> str:
-    """The command line as typed, or rebuilt from ``args`` when called as a library."""
-    argv = sys.argv
-    if "bench" in argv[1:3]:
-        return results.command_line(argv)
-    parts = ["jaxgen", "bench", args.bench_command]
-    for action in args.parser._actions:
-        if not action.option_strings or action.dest in ("help",):
-            continue
-        value = getattr(args, action.dest, None)
-        if value == action.default:
-            continue
-        flag = (
-            action.option_strings[-1]
-            if len(action.option_strings[-1]) > 2
-            else action.option_strings[0]
-        )
-        parts += [flag] if action.nargs == 0 else [flag, str(value)]
-    return shlex.join(parts)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import shlex
+import sys
 
 import jax.numpy as jnp
 
 from jaxgen.async_llm import AsyncLLM
 from jaxgen.bench import clients, plots, results, roofline
-from jaxgen.bench.cli import command_of
 from jaxgen.bench.compare import MODES, run_compare, write_compare
 from jaxgen.bench.offline import OFFLINE_COLUMNS, run_offline
 from jaxgen.bench.peers_run import run_peers
@@ -19,6 +20,27 @@ from jaxgen.bench.workloads import tokenizer_for, workload_from_args
 from jaxgen.config.knobs import engine_kwargs
 from jaxgen.llm import LLM
 from jaxgen.loaders import load_model
+
+
+def command_of(args: argparse.Namespace) -> str:
+    """The command line as typed, or rebuilt from ``args`` when called as a library."""
+    argv = sys.argv
+    if "bench" in argv[1:3]:
+        return results.command_line(argv)
+    parts = ["jaxgen", "bench", args.bench_command]
+    for action in args.parser._actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        value = getattr(args, action.dest, None)
+        if value == action.default:
+            continue
+        flag = (
+            action.option_strings[-1]
+            if len(action.option_strings[-1]) > 2
+            else action.option_strings[0]
+        )
+        parts += [flag] if action.nargs == 0 else [flag, str(value)]
+    return shlex.join(parts)
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:

@@ -15,6 +15,11 @@ start-up this exists for; XLA:CPU's serialization is the one checked here, accel
 the compilation cache alone); an entry that cannot be read is compiled again, a directory that cannot be written runs without it.
 A loaded executable counts as a compilation answered by the cache (``compile_counter``).
 
+Reading an executable costs XLA:CPU ~0.2 s for a model's step (linking its code), most of it
+outside the GIL. ``prefetch(job)`` reads, on a thread, the files the last run of the same job
+(a text naming the model and the engine's configuration) used, in the order it used them,
+while the model loads; each run records its own list (``job-<key>.txt``) for the next.
+
 A process holds one executable per file name (``_PROCESS_EXECUTABLES``), shared by every
 ``StoredJit`` and kept for the life of the process: XLA:CPU reuses kernels a process has
 already compiled under the same names, so a second compile of one signature in one process
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import pickle
 import re
+import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import jax
@@ -37,16 +43,9 @@ import numpy as np
 
 from jaxgen.config.atomic_file import atomic_write
 from jaxgen.engine import compile_counter
+from jaxgen.engine.executable_context import process_context
 
-_FORMAT = 1  # bump when what a file holds changes
-_ENV_PREFIXES = ("JAX", "XLA", "JAXGEN")
 _UNIQUE_KERNEL_NAMES = {"xla_cpu_generate_unique_c_style_kernel_entry_points": True}
-_ENV_IGNORED = (
-    "JAXGEN_CACHE_DIR",
-    "JAXGEN_COMPILE_CACHE",
-    "JAX_COMPILATION_CACHE_DIR",
-    "JAX_LOG_COMPILES",
-)
 
 
 class StoredJit:
@@ -121,15 +120,19 @@ class StoredJit:
         single_cpu = jax.device_count() == 1 and jax.default_backend() == "cpu"
         if directory is None or not single_cpu or not self._stable_context():
             return None
-        text = "\n".join((_process_context(), self._name, self._context, _stable(signature)))
+        text = "\n".join((process_context(), self._name, self._context, _stable(signature)))
         if "<lambda>" in text or "<locals>" in text:
             return None
         key = hashlib.sha256(text.encode()).hexdigest()
         path = directory / f"{self._name}-{key[:40]}.bin"
+        _record_use(directory, path.name)
         compiled = _PROCESS_EXECUTABLES.get(path.name)
         if compiled is not None:  # compiled or loaded before in this process
             return compiled
-        compiled = _read(path)
+        prefetched = _PENDING.pop(path.name, None)
+        compiled = prefetched.result() if prefetched is not None else None
+        if compiled is None:
+            compiled = _read(path)
         if compiled is not None:
             compile_counter.record_loaded()
             _PROCESS_EXECUTABLES[path.name] = compiled
@@ -160,6 +163,68 @@ class StoredJit:
 
 # file name -> the process's one executable of it (see the module docstring); never emptied.
 _PROCESS_EXECUTABLES: dict[str, jax.stages.Compiled] = {}
+# file name -> its read on the prefetch thread (the executable, or None where that failed).
+_PENDING: dict[str, Future] = {}
+# The job ``prefetch`` last started: (its list's path, the list read, the files used since).
+_JOB: tuple[Path, list[str], list[str]] | None = None
+
+
+def prefetch(job: str, before: Callable[[], object] | None = None) -> threading.Thread | None:
+    """Starts reading the executables the last run of ``job`` used (see the module docstring)
+    on a thread, and records this run's from here on. ``before``: called on the thread first
+    (e.g. registering the native kernels the executables call). Returns the thread, or None
+    where the store is off or there is nothing to read. A file the thread cannot read is read
+    again where it is needed, as without prefetching."""
+    global _JOB
+    directory = store_directory()
+    if directory is None or jax.device_count() != 1 or jax.default_backend() != "cpu":
+        return None
+    key = hashlib.sha256(f"{process_context()}\n{_stable(job)}".encode()).hexdigest()
+    listing = directory / f"job-{key[:40]}.txt"
+    try:
+        previous = listing.read_text().split()
+    except OSError:
+        previous = []
+    _JOB = (listing, previous, [])
+    names = [n for n in previous if n not in _PROCESS_EXECUTABLES and n not in _PENDING]
+    if not names:
+        return None
+    futures = [_PENDING.setdefault(name, Future()) for name in names]
+
+    def read_all():
+        try:
+            if before is not None:
+                before()
+        except Exception:  # the reads below fail too, and are done again where needed
+            pass
+        for name, future in zip(names, futures, strict=True):
+            try:
+                future.set_result(_deserialize((directory / name).read_bytes()))
+            except Exception:
+                future.set_result(None)
+
+    thread = threading.Thread(target=read_all, name="jaxgen-executable-prefetch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _record_use(directory: Path, name: str) -> None:
+    """Adds file ``name`` (of ``directory``) to the current job's list: the executables this
+    process uses from the job's start (with a draft model, the target's and the draft's). The
+    list is written when it is no longer the one read (a run that uses the last run's
+    executables in the same order writes nothing)."""
+    if _JOB is None:
+        return
+    listing, previous, used = _JOB
+    if name in used or listing.parent != directory:
+        return
+    used.append(name)
+    if used != previous[: len(used)]:
+        try:
+            with atomic_write(listing) as handle:
+                handle.write("\n".join(used).encode())
+        except OSError:  # the store warns about its directory where it writes executables
+            pass
 
 
 class _Executables(dict):
@@ -255,20 +320,24 @@ def store_directory() -> Path | None:
 
 def _read(path: Path):
     """The executable stored at ``path``, or None (absent, or unreadable: then compiled)."""
-    from jax.experimental import serialize_executable
-
     try:
         data = path.read_bytes()
     except OSError:
         return None
     try:
-        serialized, in_tree, out_tree = pickle.loads(data)
-        return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+        return _deserialize(data)
     except Exception as error:  # a torn or foreign file: compile again, and replace it
         warnings.warn(
             f"executable store: {path.name} unreadable ({error!r}); recompiling", stacklevel=3
         )
         return None
+
+
+def _deserialize(data: bytes):
+    from jax.experimental import serialize_executable
+
+    serialized, in_tree, out_tree = pickle.loads(data)
+    return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
 
 
 def _write(path: Path, compiled) -> None:
@@ -287,67 +356,3 @@ def _write(path: Path, compiled) -> None:
         warnings.warn(
             f"executable store: cannot write {path} ({error.strerror or error})", stacklevel=3
         )
-
-
-@functools.lru_cache(maxsize=1)
-def _process_context() -> str:
-    """What every stored executable of this process depends on beyond its own function."""
-    import flax
-    import jaxlib
-
-    device = jax.devices()[0]
-    environment = sorted(
-        (k, v)
-        for k, v in os.environ.items()
-        if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED
-    )
-    settings = (
-        jax.config.jax_enable_x64,
-        jax.config.jax_default_matmul_precision,
-        jax.config.jax_default_prng_impl,
-    )
-    return "\n".join(
-        map(
-            str,
-            (
-                _FORMAT,
-                jax.__version__,
-                jaxlib.version.__version__,
-                flax.__version__,
-                device.platform,
-                device.device_kind,
-                jax.device_count(),
-                jax.process_count(),
-                settings,
-                environment,
-                _cpu_features() if device.platform == "cpu" else "",
-                source_hash(),
-            ),
-        )
-    )
-
-
-def _cpu_features() -> str:
-    """The host CPU's model and instruction-set flags (an XLA:CPU executable is compiled for
-    them: a cache directory shared with another machine must not hand it over)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return "\n".join(sorted({line for line in lines if line.startswith(wanted)}))
-
-
-@functools.lru_cache(maxsize=1)
-def source_hash() -> str:
-    """sha256 of the jaxgen and pallas_kernels sources (every ``.py`` and ``.cc`` file)."""
-    root = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256()
-    for package in ("jaxgen", "pallas_kernels"):
-        for path in sorted((root / package).rglob("*")):
-            if path.suffix in (".py", ".cc", ".h") and path.is_file():
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()

@@ -261,7 +261,7 @@ def test_sweep_over_http(tiny_model_dir, tmp_path):
 
 
 def test_command_line_rebuilt_from_args(monkeypatch):
-    from jaxgen.bench.cli import command_of
+    from jaxgen.bench.commands import command_of
     from jaxgen.cli import build_parser
 
     monkeypatch.setattr("sys.argv", ["pytest", "-q"])

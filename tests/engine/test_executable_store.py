@@ -92,6 +92,60 @@ def test_a_torn_file_is_recompiled(store):
     assert path.stat().st_size > 100  # replaced by the recompiled executable
 
 
+def _cumulative_product(x, pool, *, scale=None):
+    """As ``_cumulative`` with a cumulative product (this file's prefetch tests' own program)."""
+    product = jnp.cumprod(x * scale)  # [N]
+    return product + jnp.arange(x.shape[0]), pool + product.sum()
+
+
+def _as_a_new_process() -> None:
+    jax.clear_caches()
+    executable_store._PROCESS_EXECUTABLES.clear()
+
+
+def test_prefetch_reads_what_the_last_run_of_the_job_used(store):
+    assert executable_store.prefetch("job") is None  # no run of it recorded yet
+    expected = _call(_stored("prefetch", _cumulative_product))
+    (executable,) = store.glob("probe-*.bin")
+    (listing,) = store.glob("job-*.txt")
+    assert listing.read_text().split() == [executable.name]
+    written = listing.stat().st_mtime_ns
+
+    _as_a_new_process()
+    hits = compile_counter.cache_hit_count()
+    hooks = []
+    thread = executable_store.prefetch("job", before=lambda: hooks.append("registered"))
+    thread.join()
+    assert hooks == ["registered"]
+    assert executable_store._PENDING[executable.name].result() is not None  # read on the thread
+    again = _call(_stored("prefetch", _cumulative_product))
+    assert all(np.array_equal(a, b) for a, b in zip(again, expected, strict=True))
+    assert compile_counter.cache_hit_count() == hits + 1  # loaded once, from the prefetch
+    assert not executable_store._PENDING
+    assert listing.stat().st_mtime_ns == written  # the same executables: the list is kept
+
+    _as_a_new_process()  # another job's list is another file; this one's reads nothing new
+    assert executable_store.prefetch("another job") is None
+    assert len(list(store.glob("job-*.txt"))) == 1
+
+
+def test_a_prefetch_that_fails_reads_again_where_needed(store):
+    executable_store.prefetch("job")  # the job's first run: its list is recorded
+    expected = _call(_stored("prefetch-torn", _cumulative_product))
+    (executable,) = store.glob("probe-*.bin")
+    executable.write_bytes(b"torn")
+    _as_a_new_process()
+
+    def failing_hook():
+        raise RuntimeError("kernels unavailable")
+
+    executable_store.prefetch("job", before=failing_hook).join()  # no error on the thread
+    assert executable_store._PENDING[executable.name].result() is None
+    with pytest.warns(UserWarning, match="unreadable"):
+        again = _call(_stored("prefetch-torn", _cumulative_product))
+    assert all(np.array_equal(a, b) for a, b in zip(again, expected, strict=True))
+
+
 def test_closures_and_absent_store_run_the_jit(store, monkeypatch):
     closure = StoredJit(_program, "probe", lambda: f"{(lambda: 0)!r}", static_argnames=("scale",))
     _call(closure)
