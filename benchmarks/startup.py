@@ -226,7 +226,11 @@ def main() -> None:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
-    cli = [args.python, "-c", "import sys; from jaxgen.cli import main; sys.exit(main())"]
+    # The ``jaxgen`` program as installed (``run``; a checkout from before it: ``main``).
+    program = (
+        "import sys, jaxgen.cli as c; (getattr(c, 'run', None) or (lambda: sys.exit(c.main())))()"
+    )
+    cli = [args.python, "-c", program]
     child = [args.python, os.path.abspath(__file__), "--child"]
     code = subprocess.run(
         [args.python, "-c", "import jaxgen, os; print(os.path.dirname(jaxgen.__file__))"],

@@ -1,7 +1,5 @@
 """``python -m jaxgen`` runs the command line."""
 
-import sys
+from jaxgen.cli import run
 
-from jaxgen.cli import main
-
-sys.exit(main())
+run()

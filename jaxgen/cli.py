@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import logging
 import os
 import sys
 import time
@@ -170,5 +171,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The ``jaxgen`` program (``main`` on ``sys.argv``). ``generate`` then ends the process
+    without tearing the interpreter down: once its answer is printed and flushed nothing is
+    left to do (its caches are written before it returns), and unwinding jax's and the model's
+    objects took 0.3-0.6 s of a one-line answer on a 2-core CPU."""
+    code = main()
+    if sys.argv[1:2] != ["generate"]:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

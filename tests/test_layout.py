@@ -240,6 +240,32 @@ def test_the_default_models_tokenizer_imports_no_transformers():
     assert _imported_by("jaxgen.loaders.tokenizer", after) == "[]"
 
 
+def test_the_program_ends_generate_with_its_output_flushed_and_its_exit_code(tiny_model_dir):
+    """``jaxgen generate`` (``python -m jaxgen``: ``jaxgen.cli.run``) ends the process without
+    the interpreter's teardown: the answer still arrives whole through a pipe, and the exit
+    code is the command's (2 for bad input)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-m", "jaxgen", "generate", "--model", tiny_model_dir]
+    answered = subprocess.run(
+        [*base, "--max-tokens", "3", "Hello", "Bonjour"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert answered.returncode == 0, answered.stderr[-3000:]
+    assert answered.stdout.count("--- ") == 2  # both prompts' headers: nothing lost unflushed
+    missing = os.path.join(tiny_model_dir, "no-such-model")
+    refused = subprocess.run(
+        [*base[:4], "--model", missing, "Hello"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "jaxgen: error" in refused.stderr, refused.stderr[-3000:]
+
+
 def test_command_line_pauses_garbage_collection_only_while_it_sets_up():
     """Importing ``jaxgen.cli`` leaves the collector as it was; ``setting_up`` pauses it for
     its block and resumes it after (the start-up's objects frozen)."""
