@@ -92,12 +92,24 @@ def _abstract_model_and_quantisable(
     """``abstract_model`` and the quantisable paths, from one build and one split of the model
     (building it is most of a load's Python time on a CPU)."""
     model = CausalLM(config, dtype=dtype, rngs=ShapeOnlyKeys())
-    embeddings = {path for path, module in nnx.iter_modules(model) if isinstance(module, Embedding)}
     graphdef, state = nnx.split(model)
     state = jax.tree.map(_shape_of, state)
-    quantisable = {(*path, "embedding") for path in embeddings}
-    quantisable.update(path for path, _ in nnx.to_flat_state(state) if path[-1] == "kernel")
+    quantisable = set()
+    for path, _ in nnx.to_flat_state(state):
+        if path[-1] == "kernel" or (
+            path[-1] == "embedding" and isinstance(_module_at(model, path[:-1]), Embedding)
+        ):
+            quantisable.add(path)
     return graphdef, state, quantisable
+
+
+def _module_at(model: nnx.Module, path: tuple) -> object:
+    """The submodule at ``path`` (attribute names and list indices); a look-up per parameter is
+    cheaper than walking every module (``nnx.iter_modules``)."""
+    module = model
+    for part in path:
+        module = module[part] if isinstance(part, int) else getattr(module, part)
+    return module
 
 
 def hf_name(path: tuple) -> str | None:
