@@ -2,14 +2,17 @@
 
 ``gguf.GGUFReader`` makes one numpy view per value, so a vocabulary of 49k tokens and 49k merges
 costs ~150k Python objects and seconds; here scalars are unpacked with ``struct``, numeric arrays
-are one ``np.frombuffer`` view and string arrays one pass over the bytes. Tensors are views over
-the same memory map, shaped as ``gguf.GGUFReader`` shapes them (quantised types as bytes per row).
+are one ``np.frombuffer`` view and string arrays one pass over the bytes, decoded when first
+read (a run whose tokenizer comes from ``gguf_tokenizer_cache`` never decodes the vocabulary).
+Tensors are views over the same memory map, shaped as ``gguf.GGUFReader`` shapes them (quantised
+types as bytes per row).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -48,6 +51,33 @@ class TensorInfo(NamedTuple):
     data: np.ndarray  # a view of the memory map
 
 
+class _Strings(NamedTuple):
+    """A string array not decoded yet: where its first length is, and how many strings."""
+
+    offset: int
+    count: int
+
+
+class GGUFFields(Mapping):
+    """The metadata fields (key -> value); string arrays are decoded at their first read."""
+
+    def __init__(self, reader: GGUFReader):
+        self._reader = reader
+        self._values: dict[str, object] = {}
+
+    def __getitem__(self, key: str):
+        value = self._values[key]
+        if isinstance(value, _Strings):
+            value = self._values[key] = self._reader._decode_strings(*value)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
 class GGUFReader:
     """``fields`` (key -> Python value: str, int, float, bool or a list of them) and ``tensors``
     (``TensorInfo``s, in file order) of a little-endian GGUF v2/v3 file.
@@ -66,10 +96,10 @@ class GGUFReader:
         if version not in SUPPORTED_VERSIONS:
             raise ValueError(f"GGUF version {version} is not supported ({SUPPORTED_VERSIONS})")
         tensor_count, field_count = self._scalar(10), self._scalar(10)
-        self.fields: dict[str, object] = {}
+        self.fields = GGUFFields(self)
         for _ in range(field_count):
             key = self._string()
-            self.fields[key] = self._value(self._scalar(4))
+            self.fields._values[key] = self._value(self._scalar(4), top_level=True)
         infos = [self._tensor_info() for _ in range(tensor_count)]
         alignment = self.fields.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -94,34 +124,54 @@ class GGUFReader:
     def _string(self) -> str:
         return str(self._take(self._scalar(10)), "utf-8")
 
-    def _value(self, value_type: int):
+    def _value(self, value_type: int, *, top_level: bool = False):
         if value_type == STRING:
             return self._string()
         if value_type != ARRAY:
             return self._scalar(value_type)
         item_type, count = self._scalar(4), self._scalar(10)
         if item_type == STRING:
-            return self._strings(count)
+            if top_level:  # decoded when read (GGUFFields)
+                strings = _Strings(self._offset, count)
+                self._offset = self._skip_strings(self._offset, count)
+                return strings
+            return self._decode_strings(self._offset, count)
         if item_type == ARRAY:
             return [self._value(self._scalar(4)) for _ in range(count)]
         dtype = np.dtype(_ARRAY_DTYPES.get(item_type) or self._unknown(item_type))
         values = np.frombuffer(self._take(count * dtype.itemsize), dtype)
         return values.tolist()
 
-    def _strings(self, count: int) -> list[str]:
-        """``count`` strings (each a uint64 length, then UTF-8 bytes) in one pass."""
-        buffer, offset, end = self._buffer, self._offset, len(self._buffer)
+    def _skip_strings(self, offset: int, count: int) -> int:
+        """Where ``count`` strings (each a uint64 length, then UTF-8 bytes) from ``offset`` end."""
+        buffer, end = self._buffer, len(self._buffer)
+        unpack_length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if offset + 8 > end:
+                raise ValueError("GGUF file is truncated")
+            (length,) = unpack_length(buffer, offset)
+            offset += 8 + length
+            if offset > end:
+                raise ValueError("GGUF file is truncated")
+        return offset
+
+    def _decode_strings(self, offset: int, count: int) -> list[str]:
+        """``count`` strings from ``offset`` in one pass (the bounds were checked by a skip, or
+        are checked here: ``_offset`` moves past them)."""
+        buffer, end = self._buffer, len(self._buffer)
         unpack_length = struct.Struct("<Q").unpack_from
         strings = []
         append = strings.append
         for _ in range(count):
+            if offset + 8 > end:
+                raise ValueError("GGUF file is truncated")
             (length,) = unpack_length(buffer, offset)
             offset += 8
             if offset + length > end:
                 raise ValueError("GGUF file is truncated")
             append(str(buffer[offset : offset + length], "utf-8"))
             offset += length
-        self._offset = offset
+        self._offset = max(self._offset, offset)
         return strings
 
     @staticmethod

@@ -48,29 +48,28 @@ def path_name(path: Sequence) -> str:
 
 class ShapeOnlyKeys:
     """Stands in for ``nnx.Rngs`` when a model is built for its shapes alone: every draw is
-    the same key, and the layers' initialisers (``jaxgen.layers.linear.kernel_initializer``)
-    give ``jax.ShapeDtypeStruct``s instead of arrays, so the model is built without tracing
-    (``nnx.eval_shape`` traced every initialiser: 0.7 s and more for the 30-layer default
-    model on a CPU) and without allocating its weights."""
+    the same abstract key (no initialiser draws from it: making a real one costs a dispatch of
+    several primitives, ~0.05 s of a start-up), and the layers' initialisers
+    (``jaxgen.layers.linear.kernel_initializer``) give ``jax.ShapeDtypeStruct``s instead of
+    arrays, so the model is built without tracing (``nnx.eval_shape`` traced every
+    initialiser: 0.7 s and more for the 30-layer default model on a CPU) and without
+    allocating its weights."""
 
     shapes_only = True
+    _KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)  # a raw threefry key's shape
 
-    def __init__(self):
-        self._key = jax.random.key(0)
+    def params(self) -> jax.ShapeDtypeStruct:
+        return self._KEY
 
-    def params(self) -> jax.Array:
-        return self._key
-
-    def __call__(self) -> jax.Array:
-        return self._key
+    def __call__(self) -> jax.ShapeDtypeStruct:
+        return self._KEY
 
 
 def abstract_causal_lm(config: ModelConfig, dtype) -> CausalLM:
     """The model with abstract (``ShapeDtypeStruct``) parameters, built without allocating
     weights: the large ones are shapes from the start, the small ones a layer makes itself
     (norm scales, RoPE tables) are replaced by their shapes."""
-    graphdef, state = nnx.split(CausalLM(config, dtype=dtype, rngs=ShapeOnlyKeys()))
-    return nnx.merge(graphdef, jax.tree.map(_shape_of, state))
+    return nnx.merge(*abstract_model(config, dtype))
 
 
 def _shape_of(leaf) -> jax.ShapeDtypeStruct:
@@ -83,7 +82,34 @@ def _shape_of(leaf) -> jax.ShapeDtypeStruct:
 
 def abstract_model(config: ModelConfig, dtype) -> tuple[nnx.GraphDef, nnx.State]:
     """The model's graph and an abstract state (shapes only), without allocating weights."""
-    return nnx.split(abstract_causal_lm(config, dtype))
+    graphdef, state, _ = _abstract_model_and_quantisable(config, dtype)
+    return graphdef, state
+
+
+def _abstract_model_and_quantisable(
+    config: ModelConfig, dtype
+) -> tuple[nnx.GraphDef, nnx.State, set[tuple]]:
+    """``abstract_model`` and the quantisable paths, from one build and one split of the model
+    (building it is most of a load's Python time on a CPU)."""
+    model = CausalLM(config, dtype=dtype, rngs=ShapeOnlyKeys())
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(_shape_of, state)
+    quantisable = set()
+    for path, _ in nnx.to_flat_state(state):
+        if path[-1] == "kernel" or (
+            path[-1] == "embedding" and isinstance(_module_at(model, path[:-1]), Embedding)
+        ):
+            quantisable.add(path)
+    return graphdef, state, quantisable
+
+
+def _module_at(model: nnx.Module, path: tuple) -> object:
+    """The submodule at ``path`` (attribute names and list indices); a look-up per parameter is
+    cheaper than walking every module (``nnx.iter_modules``)."""
+    module = model
+    for part in path:
+        module = module[part] if isinstance(part, int) else getattr(module, part)
+    return module
 
 
 def hf_name(path: tuple) -> str | None:
@@ -195,7 +221,8 @@ def params_from_hf_tensors(
 ) -> tuple[nnx.GraphDef, nnx.State]:
     """Builds the parameter state by pulling each HF tensor through ``get_tensor(name)``.
 
-    ``place(path, array)`` puts each converted array on device (default: ``jnp.asarray``), so a
+    ``place(path, array)`` puts each converted array on device (default: one ``jax.device_put``
+    for all of them), so a
     sharded loader can place slices without materialising the whole tensor everywhere; a
     ``place`` with a ``place_quantized(path, weight)`` method (a ``ShardingPlan``) places the
     ``QuantizedWeight``s too, each leaf split as its float kernel would be.
@@ -205,27 +232,24 @@ def params_from_hf_tensors(
     ``quantization="auto"``), else quantised at load when ``quantization`` names a kind
     (``jaxgen.quantization.spec_for_path``).
     """
-    model = abstract_causal_lm(config, dtype)  # built once: graph, shapes, quantisable paths
-    graphdef, abstract = nnx.split(model)
-    place = place or (lambda path, arr: jnp.asarray(arr))
+    graphdef, abstract, quantisable = _abstract_model_and_quantisable(config, dtype)
+    place_quantized = getattr(place, "place_quantized", None)  # a sharding plan's
     buffers = rope_buffers(config)
-    quantisable = _quantisable_paths_of(model)
-    leaves = []
+    leaves = []  # [path, variable, value]
+    transfer = _BatchedTransfer(leaves)
     for path, var in nnx.to_flat_state(abstract):
         if len(path) == 1 and path[0] in buffers:
-            leaves.append((path, var.replace(jnp.asarray(buffers[path[0]]))))
+            leaves.append([path, var, jnp.asarray(buffers[path[0]])])
             continue
         expected = tuple(var.get_value().shape)
         if path in quantisable:
             kernel_shape = expected if path[-1] == "kernel" else expected[::-1]  # [in, out]
             weight = _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantized)
             if weight is not None:
-                place_quantized = getattr(place, "place_quantized", None)  # a sharding plan's
                 if place_quantized is not None:
-                    weight = place_quantized(path, weight)
-                else:  # one transfer for the leaves (a jnp.asarray each: 4x the time)
-                    weight = jax.device_put(weight)
-                leaves.append((path, var.replace(weight)))
+                    leaves.append([path, var, place_quantized(path, weight)])
+                else:
+                    transfer.add([path, var, weight])
                 continue
         arr = read_parameter(config, path, get_tensor)
         if tuple(arr.shape) != expected:
@@ -234,25 +258,53 @@ def params_from_hf_tensors(
                 f"{arr.shape}, expected {expected}"
             )
         arr = arr.astype(jnp.dtype(dtype))
-        leaves.append((path, var.replace(place(path, arr))))
-    return graphdef, nnx.from_flat_state(leaves)
+        if place is None:
+            transfer.add([path, var, arr])
+        else:
+            leaves.append([path, var, place(path, arr)])
+    transfer.flush()
+    return graphdef, nnx.from_flat_state(
+        [(path, var.replace(value)) for path, var, value in leaves]
+    )
+
+
+class _BatchedTransfer:
+    """Host values put on the device by one ``jax.device_put`` per ``BATCH_BYTES`` of host
+    copies (a call per array costs ~0.4 ms of dispatch; the default model has 211 of them), so
+    at most that much host memory waits for its transfer. Read-only values (memory-mapped
+    views of the GGUF weights cache) are held elsewhere anyway and do not count."""
+
+    BATCH_BYTES = 256 << 20
+
+    def __init__(self, leaves: list):
+        self._leaves = leaves
+        self._pending: list[int] = []  # indices into leaves
+        self._bytes = 0
+
+    def add(self, leaf: list) -> None:
+        """Appends ``leaf`` (``[path, variable, host value]``) to the leaves; its value is
+        replaced by the device value at the next flush."""
+        self._leaves.append(leaf)
+        self._pending.append(len(self._leaves) - 1)
+        self._bytes += sum(
+            array.nbytes
+            for array in jax.tree_util.tree_leaves(leaf[2])
+            if isinstance(array, np.ndarray) and array.flags.writeable
+        )
+        if self._bytes >= self.BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        values = jax.device_put([self._leaves[index][2] for index in self._pending])
+        for index, value in zip(self._pending, values, strict=True):
+            self._leaves[index][2] = value
+        self._pending, self._bytes = [], 0
 
 
 def quantisable_paths(config: ModelConfig, dtype=jnp.float32) -> set[tuple]:
     """State paths of the parameters a quantised load may quantise: ``Linear`` kernels and
     ``Embedding`` tables (whose lookup takes a quantised table)."""
-    return _quantisable_paths_of(abstract_causal_lm(config, dtype))
-
-
-def _quantisable_paths_of(model: CausalLM) -> set[tuple]:
-    paths = set()
-    for path, module in nnx.iter_modules(model):
-        if isinstance(module, Embedding):
-            paths.add((*path, "embedding"))
-    for path, _ in nnx.to_flat_state(nnx.state(model)):
-        if path[-1] == "kernel":
-            paths.add(path)
-    return paths
+    return _abstract_model_and_quantisable(config, dtype)[2]
 
 
 def _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantized):
