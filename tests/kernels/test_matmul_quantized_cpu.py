@@ -91,10 +91,28 @@ def test_one_int8_row_with_odd_depth():
     np.testing.assert_allclose(np.asarray(actual), _reference(x, weight), rtol=1e-5, atol=5e-4)
 
 
+@pytest.mark.parametrize("spec", ["int8-channel", "int8-g32"])
+def test_int8_row_tiles(spec):
+    """2-8 rows of int8 codes with float x (a verify step's draft rows on a Q8_0 LM head) take
+    tiles of up to 4 rows that scale once per group: every tile height and a ragged last one,
+    per-channel over an odd depth (a k left after the tile's pairs) and in groups of 32."""
+    depth = 250 if spec == "int8-channel" else 320
+    rng = np.random.default_rng(29)
+    weight = quantize_kernel(rng.standard_normal((depth, 40)), SPECS[spec])
+    packed = PackedQuantizedWeight.pack(weight)
+    run = jax.jit(lambda x, w: w.matmul(x))
+    for rows in range(2, 9):
+        x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
+        np.testing.assert_allclose(
+            np.asarray(run(x, packed)), _reference(x, weight), rtol=1e-5, atol=2e-6 * depth
+        )
+
+
 @pytest.mark.parametrize("spec", ["int8-channel", "int4-g32-min"])
 def test_every_slice_tile_height(spec):
-    """5-17 rows take the shared dequantised slice: full tiles and every ragged last tile
-    (1-8 rows with AVX-512, 1-6 without), over two k-blocks (256 + 64 deep)."""
+    """5-17 rows take the shared dequantised slice (int8: from 9 rows; up to 8, 4-row tiles):
+    full tiles and every ragged last tile (1-8 rows with AVX-512, 1-6 without), over two
+    k-blocks (256 + 64 deep)."""
     rng = np.random.default_rng(17)
     weight = quantize_kernel(rng.standard_normal((320, 48)), SPECS[spec])
     packed = PackedQuantizedWeight.pack(weight)

@@ -182,6 +182,9 @@ constexpr int64_t kSliceTileRows = 8;  // rows of a float tile over a dequantise
 #else
 constexpr int64_t kSliceTileRows = 6;
 #endif
+// int8 rows up to this many take Int8RowsTile's 4-row tiles, not a shared slice: 5-8 rows of
+// 1 x 576 x 1024 int8 (one thread, cache-resident) in 150 / 182 us against 155 / 224.
+constexpr int64_t kInt8TileRows = 8;
 
 // c[rows, 16] (+)= x[rows, :kc] @ slice[kc, 16] for rows <= R (FloatTile16Wide with AVX-512,
 // else FloatTile16).
@@ -229,15 +232,19 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
 // One 4-row tile dequantises in registers (one row: RowTileWide with AVX-512, else for int4
-// Int4RowTile; int4 rows scaled once into `scratch`); a block of more rows dequantises each
-// 256 x 16 slice once into an L1-resident buffer and runs float tiles over it (SIMD builds).
+// Int4RowTile; int4 rows scaled once into `scratch`; 2-8 int8 rows: Int8RowsTile's 4-row
+// tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
+// and runs float tiles over it (SIMD builds).
 template <bool kInt4>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
                           int64_t m1, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   const int64_t K = w.depth, N = w.columns;
   const int64_t groups = K / w.group;
   const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
-  const bool shared_slice = kQuantizedSimd && m1 - m0 > 4;
+  // int8 rows of 2 to kInt8TileRows: Int8RowsTile over 4-row tiles (no shared slice).
+  [[maybe_unused]] const bool int8_rows =
+      kQuantizedSimd && !kInt4 && m1 - m0 > 1 && m1 - m0 <= kInt8TileRows;
+  const bool shared_slice = kQuantizedSimd && m1 - m0 > 4 && !int8_rows;
   const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1;
   [[maybe_unused]] const bool one_row = kQuantizedSimd && m1 - m0 == 1;
 #if defined(JAXGEN_QUANTIZED_SIMD)
@@ -277,6 +284,19 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
       if (int4_row) {
         Int4RowTile(w, k0, k1, x + m0 * K, scratch.data(), values, scales, mins,
                     out + m0 * N + first, accumulate);
+        continue;
+      }
+      if (int8_rows) {
+        for (int64_t m = m0; m < m1; m += 4) {
+          const float* xs = x + m * K;
+          float* c = out + m * N + first;
+          switch (std::min<int64_t>(4, m1 - m)) {
+            case 4: Int8RowsTile<4>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;
+            case 3: Int8RowsTile<3>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;
+            case 2: Int8RowsTile<2>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;
+            default: QuantizedTile<1, false>(w, k0, k1, xs, K, values, scales, mins, c, N, accumulate); break;
+          }
+        }
         continue;
       }
 #endif
