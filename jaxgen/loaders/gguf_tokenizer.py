@@ -10,6 +10,9 @@ torch, and serves it as a ``PlainTokenizer`` (no transformers import at all).
 Two tokenizer kinds are supported, the ones llama.cpp writes for the architectures jaxgen loads:
 ``gpt2`` (byte-level BPE with merges; the pre-tokenizer split chosen by ``tokenizer.ggml.pre``)
 and ``llama`` (SentencePiece BPE with byte fallback; merges recovered from the scores).
+
+``load_tokenizer`` keeps what this builds in the cache directory (``gguf_tokenizer_cache``):
+a change here that changes the tokenizer built for a file bumps that module's ``FORMAT``.
 """
 
 from __future__ import annotations
