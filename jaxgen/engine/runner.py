@@ -147,14 +147,8 @@ class ModelRunner:
             extra["sampling_flags"] = flags
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
-        # Verify rows are sampled inside the step (one call fewer a step: on the 2-core CPU a
-        # sampler call cost ~1.8 ms), except with per-batch executables: there a step must keep
-        # the sampler's run-time conditionals out (see above), so they take the sampler.
-        sample_in_step = verify is not None and not self.per_batch_executables
         if verify is not None:
             extra |= {"verify_rows": verify.step_rows, "verify_live": verify.live}
-            if sample_in_step:
-                extra["verify_sampling"] = verify.sampling
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -167,14 +161,13 @@ class ModelRunner:
         )
         if num_steps > 1:
             return InFlight(result, None, None)
-        logits, prompt, *verify_out = result
+        logits, prompt, *verify_logits = result
         sampled, feed = self._sample(logits, sampling, flags=flags)
-        verified = verify_out[0] if sample_in_step else None
-        if verify is not None and not sample_in_step:
-            # up to the sequence cap, the step sampler's executables
+        verified = None
+        if verify is not None:  # up to the sequence cap, the step sampler's executables
             rows = verify.step_rows.shape[0]
             sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
-            verified, _ = sampler(verify_out[0], verify.sampling, flags=GENERAL_FLAGS)
+            verified, _ = sampler(verify_logits[0], verify.sampling, flags=GENERAL_FLAGS)
         return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:

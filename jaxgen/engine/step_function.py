@@ -38,8 +38,7 @@ def jitted_step(graphdef, backend: KernelBackend):
     ``sampling_flags`` (static; the runner's, see ``ModelRunner.dispatch``). With
     ``verify_rows`` [D] (speculative decoding's draft positions; ``verify_live`` [2, 2] the
     real ones' span, the rest padding the LM head may skip) it also returns those step rows'
-    logits [D, V], for the verify sampler, or with ``verify_sampling`` [D] those rows sampled
-    (``SamplerOutput``, every stage on): one call fewer per verify step."""
+    logits [D, V], for the verify sampler."""
 
     def step(
         params,
@@ -60,7 +59,6 @@ def jitted_step(graphdef, backend: KernelBackend):
         sampling=None,
         verify_rows=None,
         verify_live=None,
-        verify_sampling=None,
         sampling_flags=GENERAL_FLAGS,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
@@ -89,8 +87,6 @@ def jitted_step(graphdef, backend: KernelBackend):
         prompt = None  # None: known on the host that no row wants prompt logprobs
         if prompt_targets is not None:
             prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
-        if verify_sampling is not None:  # the draft positions sampled here, every stage on
-            verify_logits = [sample(verify_logits[0], verify_sampling, GENERAL_FLAGS)]
         return kv_cache, (logits, prompt, *verify_logits)
 
     return StoredJit(

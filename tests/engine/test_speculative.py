@@ -232,8 +232,8 @@ def test_async_scheduling_output_identical(tiny_loaded, knobs, plain, prompts):
 
 
 def test_per_batch_executables_output_identical(tiny_loaded, knobs, plain, prompts):
-    """With per-batch executables (a GPU's way) the draft positions take the verify sampler
-    instead of the step's own sampling (the CPU's shared executables): the same tokens."""
+    """With per-batch executables (a GPU's way: the step's sampler compiled for the batch's
+    flags, the verify sampler with every stage on) the tokens are the plain engine's."""
     llm = LLM(tiny_loaded, **knobs, speculative_config=NGRAM, sampler_executables="per-batch")
     params = [greedy(max_tokens=40), SamplingParams(temperature=0.8, seed=5, max_tokens=16)]
     expected = plain.generate(prompts[:2], params)
