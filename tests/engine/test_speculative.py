@@ -231,6 +231,7 @@ def test_async_scheduling_output_identical(tiny_loaded, knobs, plain, prompts):
     assert llm.engine.scheduler.allocator.num_used_pages == 0
 
 
+@pytest.mark.slow  # ~12 s: compiles the per-batch executables
 def test_per_batch_executables_output_identical(tiny_loaded, knobs, plain, prompts):
     """With per-batch executables (a GPU's way: the step's sampler compiled for the batch's
     flags, the verify sampler with every stage on) the tokens are the plain engine's."""
