@@ -231,6 +231,18 @@ def test_async_scheduling_output_identical(tiny_loaded, knobs, plain, prompts):
     assert llm.engine.scheduler.allocator.num_used_pages == 0
 
 
+@pytest.mark.slow  # ~12 s: compiles the per-batch executables
+def test_per_batch_executables_output_identical(tiny_loaded, knobs, plain, prompts):
+    """With per-batch executables (a GPU's way: the step's sampler compiled for the batch's
+    flags, the verify sampler with every stage on) the tokens are the plain engine's."""
+    llm = LLM(tiny_loaded, **knobs, speculative_config=NGRAM, sampler_executables="per-batch")
+    params = [greedy(max_tokens=40), SamplingParams(temperature=0.8, seed=5, max_tokens=16)]
+    expected = plain.generate(prompts[:2], params)
+    got = llm.generate(prompts[:2], params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+
+
 def test_config_defaults():
     config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
     assert (config.prompt_lookup_min, config.prompt_lookup_max) == (5, 5)
