@@ -9,55 +9,19 @@ with the Llama-3 split and a SentencePiece vocabulary with byte fallback and no 
 from __future__ import annotations
 
 import os
-import random
 
-import gguf
 import pytest
 
 from jaxgen.loaders.tokenizer import load_tokenizer
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+from tests.loaders.gguf_tokenizer_files import (
+    CORPUS,
+    PIECES,
+    random_strings,
+    special_texts,
+    write_byte_level_gguf,
+    write_sentencepiece_gguf,
+    write_tokenizer_gguf,
 )
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog. It's 12:45 and we'll see 3.14159 soon!",
-    "def main(argv):\n    for i in range(10):\n        print(f'{i:>4}', end='')\n    return 0\n",
-    "Tokenizers split text into pieces; pieces become ids. Ids become vectors, vectors logits.",
-    "日本語のテキスト、中文文本和한국어 텍스트. Ünïcödé àccents — “quotes” ½ … ñandú",
-    "Emoji 🚀🔥 and 👩‍👩‍👧‍👦 families; flags 🇫🇷🇯🇵. Numbers 1234567890 and 0x1F4A9.",
-    "   indented\n\n\ttabs\t\tand   runs   of    spaces     end.   \n",
-]
-PIECES = [
-    "hello", "world", " the", "The", "tokenizer", "don't", "we'll", "I'M", "ça", "naïve",
-    "東京", "中文", "한국어", "😀", "👍🏽", "👩‍💻", "🇯🇵", "e\u0301", "a\u0308\u0304", "ﬁ",
-    "   ", "\t", "\n", "\n\n", "\r\n", "  \n ", "0", "7", "42", "1234567", "3.14", "-1e9",
-    "def", "(x)", "{}", "[1, 2]", "==", "->", "//", "/*", "*/", "#include", "<b>", "</b>",
-    "&amp;", "\\n", "'", '"', "`", "~", "|", "\u00a0", "\u200b", "\u2581", "Ġ", "ÿ", "\x7f",
-]  # fmt: skip
-
-
-def random_strings(count: int, specials: list[str], seed: int = 0) -> list[str]:
-    """Strings mixing scripts, emoji, combining marks, whitespace runs, digits, code, and the
-    vocabulary's special and added tokens."""
-    rng = random.Random(seed)
-    out = [""] + [piece for piece in PIECES] + list(specials) + CORPUS
-    pool = PIECES + specials
-    while len(out) < count:
-        kind = rng.random()
-        if kind < 0.6:
-            parts = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
-            out.append("".join(p if rng.random() < 0.5 else " " + p for p in parts))
-        elif kind < 0.8:
-            text = rng.choice(CORPUS)
-            start = rng.randrange(len(text))
-            out.append(text[start : start + rng.randint(1, 40)])
-        elif kind < 0.9:
-            out.append(" " * rng.randint(1, 20) + rng.choice(pool) + "\n" * rng.randint(0, 3))
-        else:
-            out.append("".join(chr(rng.randint(0x20, 0x2FFF)) for _ in range(rng.randint(1, 8))))
-    return out
-
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -192,10 +156,6 @@ def transformers_gguf_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-def special_texts(tokenizer) -> list[str]:
-    return sorted(tokenizer.get_added_vocab())
-
-
 def test_default_model_matches_transformers(smollm2_gguf):
     ours = load_tokenizer(smollm2_gguf)
     reference = transformers_gguf_tokenizer(smollm2_gguf)
@@ -238,111 +198,16 @@ def test_default_model_llguidance_tokenizer_is_the_transformers_one(smollm2_toke
     assert [i for i in range(n_vocab) if ours.is_special_token(i)] == specials
 
 
-def write_tokenizer_gguf(path: str, *, model: str, tokens, token_types, **fields) -> str:
-    """A GGUF holding a tokenizer and the few ``llama.*`` keys transformers reads, no tensors."""
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_block_count(1)
-    writer.add_context_length(128)
-    writer.add_embedding_length(8)
-    writer.add_feed_forward_length(16)
-    writer.add_head_count(2)
-    writer.add_tokenizer_model(model)
-    writer.add_token_list(tokens)
-    writer.add_token_types(token_types)
-    if "pre" in fields:
-        writer.add_tokenizer_pre(fields["pre"])
-    if "merges" in fields:
-        writer.add_token_merges(fields["merges"])
-    if "scores" in fields:
-        writer.add_token_scores(fields["scores"])
-    writer.add_bos_token_id(fields["bos"])
-    writer.add_eos_token_id(fields["eos"])
-    if "unk" in fields:
-        writer.add_unk_token_id(fields["unk"])
-    if "add_bos" in fields:
-        writer.add_add_bos_token(fields["add_bos"])
-    writer.add_chat_template(CHAT_TEMPLATE)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def byte_level_gguf(tmp_path_factory) -> str:
     """A byte-level BPE vocabulary trained here, written as llama.cpp's ``gpt2`` kind."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=700,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(CORPUS * 20 + PIECES * 5, trainer)
-    state = bpe.model.__getstate__()
-    import json
-
-    model = json.loads(state)
-    vocab = sorted(model["vocab"].items(), key=lambda item: item[1])
-    tokens = [token for token, _ in vocab] + ["<think>"]
-    token_types = [3 if token in specials else 1 for token, _ in vocab] + [4]
-    merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model["merges"]]
-    path = str(tmp_path_factory.mktemp("gguf-bpe") / "bpe.gguf")
-    return write_tokenizer_gguf(
-        path,
-        model="gpt2",
-        pre="llama-bpe",
-        tokens=tokens,
-        token_types=token_types,
-        merges=merges,
-        bos=1,
-        eos=2,
-        add_bos=True,
-    )
+    return write_byte_level_gguf(tmp_path_factory.mktemp("gguf-bpe"))
 
 
 @pytest.fixture(scope="module")
 def sentencepiece_gguf(tmp_path_factory) -> str:
-    """A SentencePiece BPE vocabulary with byte fallback trained here, written as llama.cpp's
-    ``llama`` kind (tokens, scores, types; no merges)."""
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2
-
-    directory = tmp_path_factory.mktemp("gguf-spm")
-    prefix = str(directory / "spm")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS * 20 + PIECES * 5),
-        model_prefix=prefix,
-        model_type="bpe",
-        vocab_size=600,
-        byte_fallback=True,
-        character_coverage=1.0,
-        user_defined_symbols=["<think>"],
-        control_symbols=["<|im_start|>", "<|im_end|>"],
-        minloglevel=2,
-    )
-    proto = sentencepiece_model_pb2.ModelProto()
-    with open(prefix + ".model", "rb") as f:
-        proto.ParseFromString(f.read())
-    # sentencepiece piece types -> llama.cpp token types (NORMAL 1, UNKNOWN 2, CONTROL 3,
-    # USER_DEFINED 4, BYTE 6), as llama.cpp's converter maps them.
-    types = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}
-    tokens = [piece.piece for piece in proto.pieces]
-    return write_tokenizer_gguf(
-        str(directory / "spm.gguf"),
-        model="llama",
-        tokens=tokens,
-        token_types=[types[piece.type] for piece in proto.pieces],
-        scores=[piece.score for piece in proto.pieces],
-        bos=tokens.index("<s>"),
-        eos=tokens.index("</s>"),
-        unk=tokens.index("<unk>"),
-    )
+    """A SentencePiece BPE vocabulary with byte fallback, written as llama.cpp's ``llama`` kind."""
+    return write_sentencepiece_gguf(tmp_path_factory.mktemp("gguf-spm"))
 
 
 @pytest.mark.parametrize("kind", ["byte_level_gguf", "sentencepiece_gguf"])
@@ -367,103 +232,3 @@ def test_unsupported_tokenizer_kind_names_the_field(tmp_path):
     )
     with pytest.raises(ValueError, match="tokenizer.ggml.model 't5'"):
         load_tokenizer(path)
-
-
-# -- the tokenizer cache (jaxgen.loaders.gguf_tokenizer_cache) --------------------------------
-
-
-@pytest.fixture
-def tokenizer_cache_dir(tmp_path, monkeypatch):
-    """The cache in ``tmp_path``, for files of any size."""
-    from jaxgen.config import array_cache
-
-    monkeypatch.setenv("JAXGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(array_cache, "MIN_BYTES", 0)
-    return tmp_path / "cache" / "tokenizers"
-
-
-def assert_same_plain_tokenizer(ours, built) -> None:
-    assert ours.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
-    assert ours.special_tokens_map == built.special_tokens_map
-    assert (ours.add_bos_token, ours.add_eos_token) == (built.add_bos_token, built.add_eos_token)
-    assert ours.chat_template == built.chat_template
-    texts = random_strings(200, special_texts(built), seed=3)
-    assert [ours.encode(text) for text in texts] == [built.encode(text) for text in texts]
-
-
-def no_build(monkeypatch):
-    from jaxgen.loaders import gguf_tokenizer_cache
-
-    def fail(*args):
-        raise AssertionError("built, not read from the cache")
-
-    monkeypatch.setattr(gguf_tokenizer_cache, "gguf_tokenizer", fail)
-
-
-@pytest.mark.parametrize("kind", ["byte_level_gguf", "sentencepiece_gguf"])
-def test_second_load_reads_the_cached_tokenizer(kind, request, tokenizer_cache_dir, monkeypatch):
-    path = request.getfixturevalue(kind)
-    built = load_tokenizer(path)
-    assert len(list(tokenizer_cache_dir.glob("gguf-*.json"))) == 1
-    with monkeypatch.context() as patch:
-        no_build(patch)
-        assert_same_plain_tokenizer(load_tokenizer(path), built)
-
-
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "other key"])
-def test_corrupt_tokenizer_entry_warns_and_is_rebuilt(byte_level_gguf, tokenizer_cache_dir, damage):
-    built = load_tokenizer(byte_level_gguf)
-    (entry,) = tokenizer_cache_dir.glob("gguf-*.json")
-    data = entry.read_bytes()
-    body = data.split(b"\n", 1)[1]
-    entry.write_bytes(
-        {
-            "truncated": data[: len(data) // 2],
-            "garbage": os.urandom(300),
-            "empty": b"",
-            "other key": b'{"description": "another file", "options": {}}\n' + body,
-        }[damage]
-    )
-    with pytest.warns(UserWarning, match="unreadable"):
-        assert_same_plain_tokenizer(load_tokenizer(byte_level_gguf), built)
-    assert entry.read_bytes() == data  # rewritten whole
-
-
-def test_unwritable_tokenizer_cache_warns_and_loads(byte_level_gguf, tmp_path, monkeypatch):
-    from jaxgen.config import array_cache
-
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    monkeypatch.setenv("JAXGEN_CACHE_DIR", str(blocker / "cache"))  # a directory under a file
-    monkeypatch.setattr(array_cache, "MIN_BYTES", 0)
-    with pytest.warns(UserWarning, match="cannot write"):
-        tokenizer = load_tokenizer(byte_level_gguf)
-    assert tokenizer.encode("hello <|im_start|>", add_special_tokens=False)
-
-
-def test_tokenizer_cache_off_and_small_files(byte_level_gguf, tmp_path, monkeypatch):
-    from jaxgen.config import array_cache
-
-    monkeypatch.setenv("JAXGEN_CACHE_DIR", str(tmp_path / "cache"))
-    load_tokenizer(byte_level_gguf)  # under array_cache.MIN_BYTES: not cached
-    monkeypatch.setattr(array_cache, "MIN_BYTES", 0)
-    monkeypatch.setenv(array_cache.ENV_SWITCH, "0")
-    load_tokenizer(byte_level_gguf)
-    assert not (tmp_path / "cache").exists()
-
-
-def test_reader_string_arrays_match_gguf(byte_level_gguf, tmp_path):
-    """String arrays (decoded when read) hold what the ``gguf`` package reads; a file cut inside
-    one is refused when opened."""
-    from jaxgen.loaders.gguf_reader import GGUFReader
-
-    ours = GGUFReader(byte_level_gguf).fields
-    reference = gguf.GGUFReader(byte_level_gguf)
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        assert ours[key] == list(reference.fields[key].contents())
-    assert dict(ours)["tokenizer.ggml.model"] == "gpt2"
-    data = open(byte_level_gguf, "rb").read()
-    cut = data.index(b"tokenizer.ggml.merges") + 200  # inside the merges
-    (tmp_path / "cut.gguf").write_bytes(data[:cut])
-    with pytest.raises(ValueError, match="truncated"):
-        GGUFReader(tmp_path / "cut.gguf")
