@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 
+from jaxgen.backends.cpu_kernels import native_kernels_available
 from jaxgen.backends.cpu_kernels.build import build_in_background
 from jaxgen.config.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
@@ -31,7 +32,7 @@ def create_engine(model, *, dtype, config: EngineConfig):
         source = getattr(model, "source", model)
         executable_store.prefetch(
             repr((source, str(dtype), config)),
-            before=_register_native_kernels if native_kernels else None,
+            before=native_kernels_available if native_kernels else None,
         )
         loaded = (
             model
@@ -46,15 +47,3 @@ def create_engine(model, *, dtype, config: EngineConfig):
     for plan in placement.plans[1:]:
         engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))
     return engines[0] if replicas == 1 else ReplicatedEngine(engines)
-
-
-def _register_native_kernels() -> None:
-    """Registers the native CPU kernels (stored executables call them), built or not."""
-    from jaxgen.backends.cpu_kernels import (
-        cpu_kernel_available,
-        matmul_kernel_available,
-        quantized_matmul_available,
-    )
-
-    for available in (cpu_kernel_available, matmul_kernel_available, quantized_matmul_available):
-        available()

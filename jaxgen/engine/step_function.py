@@ -104,19 +104,9 @@ def native_kernels(backend: KernelBackend) -> tuple[bool, ...]:
     build or the CPU's instructions are missing); empty for other backends."""
     if backend.name != "cpu":
         return ()
-    from jaxgen.backends.cpu_kernels.matmul import matmul_kernel_available
-    from jaxgen.backends.cpu_kernels.matmul_quantized import (
-        quantized_matmul_available,
-        w8a8_kernel_available,
-    )
-    from jaxgen.backends.cpu_kernels.paged_attention import cpu_kernel_available
+    from jaxgen.backends.cpu_kernels import native_kernels_available
 
-    return (
-        cpu_kernel_available(),
-        matmul_kernel_available(),
-        quantized_matmul_available(),
-        w8a8_kernel_available(),
-    )
+    return native_kernels_available()
 
 
 def forward(

@@ -18,8 +18,6 @@ from tests.loaders.gguf_tokenizer_files import (
     PIECES,
     random_strings,
     special_texts,
-    write_byte_level_gguf,
-    write_sentencepiece_gguf,
     write_tokenizer_gguf,
 )
 
@@ -196,18 +194,6 @@ def test_default_model_llguidance_tokenizer_is_the_transformers_one(smollm2_toke
         assert ours.decode_bytes(ids) == reference.decode_bytes(ids)
     specials = [i for i in range(n_vocab) if reference.is_special_token(i)]
     assert [i for i in range(n_vocab) if ours.is_special_token(i)] == specials
-
-
-@pytest.fixture(scope="module")
-def byte_level_gguf(tmp_path_factory) -> str:
-    """A byte-level BPE vocabulary trained here, written as llama.cpp's ``gpt2`` kind."""
-    return write_byte_level_gguf(tmp_path_factory.mktemp("gguf-bpe"))
-
-
-@pytest.fixture(scope="module")
-def sentencepiece_gguf(tmp_path_factory) -> str:
-    """A SentencePiece BPE vocabulary with byte fallback, written as llama.cpp's ``llama`` kind."""
-    return write_sentencepiece_gguf(tmp_path_factory.mktemp("gguf-spm"))
 
 
 @pytest.mark.parametrize("kind", ["byte_level_gguf", "sentencepiece_gguf"])

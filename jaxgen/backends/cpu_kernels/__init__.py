@@ -30,6 +30,19 @@ from jaxgen.backends.cpu_kernels.paged_attention import (
     paged_attention_cpu,
 )
 
+
+def native_kernels_available() -> tuple[bool, ...]:
+    """Builds (once) and registers every native kernel; whether each one is usable here (the
+    paged attention, the float32 matmul, the quantised matmul, its int8-activation path). A
+    step's executable calls the registered ones, so this runs before one is compiled or read."""
+    return (
+        cpu_kernel_available(),
+        matmul_kernel_available(),
+        quantized_matmul_available(),
+        w8a8_kernel_available(),
+    )
+
+
 __all__ = [
     "PackedQuantizedWeight",
     "PackedWeight",
@@ -42,6 +55,7 @@ __all__ = [
     "matmul_cpu",
     "matmul_cpu_group",
     "matmul_kernel_available",
+    "native_kernels_available",
     "pack_weight",
     "paged_attention_cpu",
     "unpack_weight",
