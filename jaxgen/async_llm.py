@@ -193,11 +193,11 @@ class AsyncLLM:
                 except queue.Empty:
                     command = None
             if engine.has_unfinished():
-                outputs = self._step()
-                for out in outputs:
+                steps = engine.num_steps
+                for out in self._step():
                     self._deliver(out.request_id, out)
-                if not outputs and engine.has_unfinished():
-                    time.sleep(0.001)  # dynamic batching waiting for a batch to fill
+                if engine.num_steps == steps and engine.has_unfinished():
+                    time.sleep(0.001)  # no step ran: dynamic batching waiting for its batch
             self._stats = engine.stats()
         for request_id in list(engine.requests):
             engine.abort(request_id)

@@ -202,9 +202,12 @@ class LLM:
             bar = tqdm(total=len(order), desc="generate", unit="req")
         try:
             while pending:
+                steps = self.engine.num_steps
                 outputs = self.engine.step()
-                if not outputs and self.engine.has_unfinished():
-                    time.sleep(0.001)  # dynamic batching waiting for its batch to fill
+                if self.engine.num_steps == steps and self.engine.has_unfinished():
+                    # No step ran (dynamic batching waiting for its batch to fill). A step that
+                    # ran without outputs (FINAL_ONLY requests) goes straight on.
+                    time.sleep(0.001)
                 for out in outputs:
                     if out.finished and out.request_id in pending:
                         pending.discard(out.request_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import jaxgen.llm
 from jaxgen import LLM, RequestOutputKind, SamplingParams
 
 PROMPTS = [[5, 9, 14, 3, 7], [11, 12, 13]]
@@ -55,6 +56,18 @@ def test_final_only_reports_each_request_once_finished(llm):
         assert len(full) > 1 and len(once) == 1 and once[0].finished
         assert [o.token_ids for o in once[0].outputs] == [o.token_ids for o in full[-1].outputs]
         assert [o.text for o in once[0].outputs] == [o.text for o in full[-1].outputs]
+
+
+def test_generate_waits_only_when_no_step_ran(llm, monkeypatch):
+    """``LLM.generate`` asks for FINAL_ONLY outputs, so most steps return nothing: it must go
+    straight on to the next step, not wait as for a batch to fill (a millisecond a step)."""
+    waits = []
+    monkeypatch.setattr(jaxgen.llm.time, "sleep", waits.append)
+    steps = llm.engine.num_steps
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([PROMPTS[0]], params, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 12
+    assert llm.engine.num_steps - steps >= 12 and waits == []
 
 
 @pytest.mark.parametrize("kind", [3, -1, "delta", True])
