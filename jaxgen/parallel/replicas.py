@@ -168,6 +168,9 @@ class ReplicatedEngine(Engine):
                 total["spec_decode_num_draft_tokens"], 1
             )
             total["spec_decode_mean_acceptance_length"] = 1 + accepted / max(drafts, 1)
+            costs = [s["spec_decode_draft_token_cost"] for s in per_replica]
+            costs = [cost for cost in costs if cost is not None]  # each replica's own measure
+            total["spec_decode_draft_token_cost"] = sum(costs) / len(costs) if costs else None
             total["spec_decode_num_accepted_tokens_per_pos"] = [
                 sum(counts)
                 for counts in zip(

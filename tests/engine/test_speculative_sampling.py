@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 from jaxgen import LLM, SamplingParams
 from jaxgen.engine.sampler import sample
 from jaxgen.engine.sampling_tensors import SamplingRow, build_sampling_tensors
+from jaxgen.engine.speculative.draft_cost import DraftCost
 from jaxgen.engine.speculative.verify_sampling import accept
 from jaxgen.loaders import load_model
 from tests.family_models import save_tiny_model
@@ -228,7 +229,16 @@ def engines(small_vocab_dir):
         precompile=False,
     )
     speculative = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
-    return LLM(loaded, **knobs), LLM(loaded, **knobs, speculative_config=speculative)
+    speculating = LLM(loaded, **knobs, speculative_config=speculative)
+    # Whole drafts at every step, whatever they cost: these tests need rejections by the hundred.
+    speculating.engine.speculator.cost = _Unmeasured()
+    return LLM(loaded, **knobs), speculating
+
+
+class _Unmeasured(DraftCost):
+    """A drafted token's cost never known: drafts are not shortened to what pays."""
+
+    ratio = None
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sampling_tensors import is_greedy
 from jaxgen.engine.sequence import Sequence, SequenceStatus
+from jaxgen.engine.speculative.draft_cost import DraftCost, paying_length
 from jaxgen.engine.speculative.ngram import NgramProposer
 
 # After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
@@ -19,6 +20,14 @@ from jaxgen.engine.speculative.ngram import NgramProposer
 # longer than what was accepted, after a wholly accepted one twice as long (up to k), so a
 # sequence whose drafts mostly miss verifies short rows.
 FIRST_BACKOFF, MAX_BACKOFF = 2, 64
+# Once the engine has measured what a drafted token costs (``DraftCost``), a draft is only as
+# long as its tokens pay for themselves at the sequence's acceptance rate (counts decayed by
+# DECAY a draft, starting from PRIOR_TRIALS at the engine's rate), and a draft that does not
+# pay backs off as one with nothing accepted, but four times longer at each such draft in a
+# row (up to UNPAID_MAX_BACKOFF): where proposals mostly miss, speculation costs a one-token
+# probe now and then.
+DECAY, PRIOR_TRIALS = 0.8, 2.0
+UNPAID_GROWTH, UNPAID_MAX_BACKOFF = 4, 256
 
 
 @dataclasses.dataclass
@@ -51,7 +60,9 @@ class Candidate(NamedTuple):
 class _Backoff:
     length: int  # the next draft's length at most
     skip: int = 0  # steps left without drafting
-    misses: int = 0  # drafts in a row with nothing accepted
+    misses: int = 0  # drafts in a row with nothing accepted (or not paying)
+    accepted: float = 0.0  # draft tokens accepted, decayed
+    trials: float = 0.0  # draft tokens accepted or rejected (not those after a rejection)
 
 
 class Speculator:
@@ -87,7 +98,9 @@ class Speculator:
         self.num_drafts = 0  # drafts verified
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.num_trials = 0  # draft tokens accepted or rejected
         self.accepted_per_position = [0] * config.num_speculative_tokens
+        self.cost = DraftCost()
 
     def propose(
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
@@ -116,6 +129,8 @@ class Speculator:
                 spare_tokens,
             )
             if k >= 1:
+                # A draft that would not pay is still probed one token long now and then.
+                k = max(min(k, paying_length(self.acceptance(state), self.cost.ratio, k)), 1)
                 candidates.append(Candidate(seq, k, self._draw_seed(seq)))
         drafts = []
         proposals = self.proposer.propose(candidates, spare_tokens) if candidates else []
@@ -143,20 +158,38 @@ class Speculator:
     def record(self, draft: Draft, accepted: int) -> None:
         """Counts a verified draft of which ``accepted`` tokens were kept; sets the sequence's
         next draft length; backs off on none."""
+        trials = accepted + (accepted < len(draft.tokens))
         self.num_drafts += 1
         self.num_draft_tokens += len(draft.tokens)
         self.num_accepted_tokens += accepted
+        self.num_trials += trials
         for position in range(accepted):
             self.accepted_per_position[position] += 1
         state = self._state_of(draft.seq.seq_id)
+        state.accepted = DECAY * state.accepted + accepted
+        state.trials = DECAY * state.trials + trials
         if accepted == len(draft.tokens):
             state.length = min(2 * state.length, self.config.num_speculative_tokens)
         else:
             state.length = accepted + 1
-        if accepted:
+        cost = self.cost.ratio
+        if cost is not None and self.acceptance(state) <= cost:
+            _miss(state, UNPAID_GROWTH, UNPAID_MAX_BACKOFF)
+        elif accepted:
             state.misses = 0
         else:
             _miss(state)
+
+    def acceptance(self, state: _Backoff) -> float:
+        """A sequence's chance that a draft token is accepted after an accepted one: its own
+        decayed counts, with PRIOR_TRIALS at the engine's rate (1 before any draft)."""
+        engine_rate = self.num_accepted_tokens / self.num_trials if self.num_trials else 1.0
+        return (state.accepted + PRIOR_TRIALS * engine_rate) / (state.trials + PRIOR_TRIALS)
+
+    def observe_step(self, seconds: float, rows: int, drafted_tokens: int) -> None:
+        """A step of ``rows`` decode rows, ``drafted_tokens`` of its tokens drafts, took
+        ``seconds``: what a drafted token costs (``DraftCost``)."""
+        self.cost.observe(seconds, rows, drafted_tokens)
 
     def _state_of(self, seq_id: int) -> _Backoff:
         state = self.backoff.get(seq_id)
@@ -198,11 +231,13 @@ class Speculator:
             # tokens a verified sequence gained per step: accepted drafts plus the target's own
             "spec_decode_mean_acceptance_length": 1
             + self.num_accepted_tokens / max(self.num_drafts, 1),
+            # a drafted token's measured cost in steps without drafts (None: not yet known)
+            "spec_decode_draft_token_cost": self.cost.ratio,
         }
 
 
-def _miss(state: _Backoff) -> None:
-    state.skip = min(FIRST_BACKOFF << state.misses, MAX_BACKOFF)
+def _miss(state: _Backoff, growth: int = 2, longest: int = MAX_BACKOFF) -> None:
+    state.skip = min(FIRST_BACKOFF * growth**state.misses, longest)
     state.misses += 1
 
 

@@ -72,6 +72,7 @@ def speculative_step(engine) -> list[RequestOutput]:
     engine._last_read = now
     engine.num_steps += 1
     engine.last_batch_size = len(scheduled.scheduled)
+    _observe_cost(engine, scheduled, drafts, now - start)
     tokens, logprobs = unpack(batch, output)
     if batch.prompt is not None and batch.prompt.spans:
         for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
@@ -83,6 +84,19 @@ def speculative_step(engine) -> list[RequestOutput]:
     for draft in drafts:
         kept[draft.seq.seq_id] = _accept(engine, draft, verify, verified, tokens, logprobs)
     return _deliver(engine, got_token, logprobs, drafts, kept)
+
+
+def _observe_cost(engine, scheduled, drafts: list[Draft], seconds: float) -> None:
+    """Times a step of decode rows only (each one token, or its whole draft and one) for the
+    speculator's measure of a drafted token's cost; a step with a prefill chunk or a cut verify
+    row is not counted."""
+    items = scheduled.scheduled
+    drafted = sum(len(draft.tokens) for draft in drafts)
+    if (
+        all(item.completes for item in items)
+        and sum(item.num_new_tokens for item in items) == len(items) + drafted
+    ):
+        engine.speculator.observe_step(seconds, len(items), drafted)
 
 
 def _strip(drafts: list[Draft]) -> None:
