@@ -46,6 +46,11 @@ from jaxgen.planning.abstract_step import (
 )
 from jaxgen.planning.hardware import GB
 from jaxgen.planning.tpu_targets import resolve_target
+from jaxgen.planning.verify_compile import (
+    check_num_speculative_tokens,
+    compile_verify_step,
+    verify_report_lines,
+)
 from jaxgen.quantization.quantize import validate_quantization
 from pallas_kernels.gpu.abstract_device import abstract_gpu, abstract_gpu_mesh
 
@@ -166,6 +171,7 @@ def compile_decode_step(
     quantization: str = "none",
     kv_cache_dtype: str = "auto",
     num_scheduler_steps: int = 1,
+    num_speculative_tokens: int | None = None,
 ) -> dict:
     """Compiles one full decode step (``max_num_seqs`` sequences at ``max_model_len``) for
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning).
@@ -173,8 +179,14 @@ def compile_decode_step(
     step streams int8 / int4 codes and scales through the quantised Pallas matmul);
     ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 128);
     ``num_scheduler_steps`` > 1: the engine's multi-step call (that many decode steps in one
-    ``lax.scan``); XLA counts the scan's body once, so its counts are one step's."""
+    ``lax.scan``); XLA counts the scan's body once, so its counts are one step's;
+    ``num_speculative_tokens`` k: speculative decoding's verify step too (``verify_step``:
+    every sequence verifying k draft tokens, ``jaxgen.planning.verify_compile``)."""
     validate_quantization(quantization)
+    if num_speculative_tokens is not None:
+        check_num_speculative_tokens(num_speculative_tokens)
+        if num_scheduler_steps != 1:
+            raise ValueError("num_speculative_tokens needs num_scheduler_steps=1")
     if isinstance(num_scheduler_steps, bool) or not (
         isinstance(num_scheduler_steps, int) and num_scheduler_steps >= 1
     ):
@@ -244,7 +256,15 @@ def compile_decode_step(
             step_params, pool, *step_inputs, head=head, sample_rows=sample_rows, **steps
         ).lower()
         compiled = lowered.compile()
-    compile_seconds = time.perf_counter() - start
+        compile_seconds = time.perf_counter() - start
+        verify = None
+        if num_speculative_tokens is not None:
+            verify = compile_verify_step(
+                step, step_params, pool, head,
+                vocab_size=config.vocab_size, page_size=page_size, max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
+                sharding=NamedSharding(mesh, PartitionSpec()),
+            )  # fmt: skip
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
@@ -300,6 +320,7 @@ def compile_decode_step(
             "floor_ms": floor / tpu.chip.bandwidth_bytes_per_s * 1e3,
         },
         "compile_seconds": compile_seconds,
+        **({"verify_step": verify} if verify is not None else {}),
     }
 
 
@@ -359,4 +380,4 @@ def report_lines(result: dict) -> list[str]:
         f"  ratio to floor            {step['ratio']:8.3f}x",
         f"  flops                     {step['flops'] / 1e9:8.1f} GFLOP",
         f"compiled in {result['compile_seconds']:.1f} s",
-    ]  # fmt: skip
+    ] + (verify_report_lines(result, step, gb) if "verify_step" in result else [])  # fmt: skip

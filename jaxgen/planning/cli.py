@@ -119,6 +119,7 @@ def cmd_plan_target(args) -> int:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         num_scheduler_steps=args.num_scheduler_steps,
+        num_speculative_tokens=args.num_speculative_tokens,
     )
     if args.json:
         print(json.dumps(result))

@@ -1,0 +1,126 @@
+"""Speculative decoding's verify step compiled ahead of time beside the decode step (``jaxgen
+plan --target SLICE --compile --num-speculative-tokens k``): ``max_num_seqs`` sequences each
+verifying k draft tokens, so B (k + 1) token rows, and the logits of the B k draft positions
+returned for the verify sampler, as the engine runs it (``engine/speculative/verify_step.py``:
+the same jitted step, with ``verify_rows``). The figures are the compiler's counts, not
+measured times; the verify sampler (its own small executable) is not included."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxgen.engine.sampling_shapes import SamplingShapes
+from jaxgen.engine.sampling_tensors import build_sampling_tensors
+from jaxgen.engine.speculative.verify_sampling import VerifyShapes
+from jaxgen.engine.step_layout import StepLayout
+
+MAX_SPECULATIVE_TOKENS = 16  # SpeculativeConfig's bound
+
+
+def check_num_speculative_tokens(value) -> None:
+    """A ``ValueError`` naming ``num_speculative_tokens`` unless it is an integer in [1, 16]."""
+    if isinstance(value, bool) or not (
+        isinstance(value, int) and 1 <= value <= MAX_SPECULATIVE_TOKENS
+    ):
+        raise ValueError(
+            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+            f"got {value!r}"
+        )
+
+
+def verify_step_inputs(
+    vocab_size: int,
+    page_size: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    num_speculative_tokens: int,
+    sharding=None,
+):
+    """``ShapeDtypeStruct``s of a full verify step's array arguments after params and pool
+    (B (k + 1) token rows, no prompt logprobs), its ``sample_rows`` and its verify arguments
+    (``verify_rows`` [D], ``verify_live`` [2, 2]; D: the engine's row bucket for B k rows)."""
+    tokens = max_num_seqs * (num_speculative_tokens + 1)
+    layout = StepLayout(
+        page_size=page_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=tokens,
+        max_model_len=max_model_len,
+    )
+    inputs = layout.padding_step(tokens, -(-max_model_len // page_size))
+    targets = np.full(tokens, -1, np.int32)
+    tensors, _ = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+    shapes = VerifyShapes(
+        SamplingShapes(vocab_size=vocab_size, max_model_len=max_model_len, seq_cap=max_num_seqs),
+        tokens,
+        max_draft_rows=max_num_seqs * num_speculative_tokens,
+    )
+    widest = shapes.padding(tokens)[-1]  # the bucket of every sequence's whole draft
+
+    def abstract(tree):
+        return jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding),
+            tree,
+        )
+
+    verify = {"verify_rows": widest.step_rows, "verify_live": widest.live}
+    return abstract((*inputs.arrays, targets)), tensors.temperature.shape[0], abstract(verify)
+
+
+def compile_verify_step(
+    step,
+    step_params,
+    pool,
+    head,
+    *,
+    vocab_size: int,
+    page_size: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    num_speculative_tokens: int,
+    sharding=None,
+) -> dict:
+    """Compiles the verify step of ``step`` (the engine's jitted step, under the caller's
+    mesh) on the placed ``step_params`` / ``pool`` / ``head``; the compiler's per-chip
+    counts for it."""
+    check_num_speculative_tokens(num_speculative_tokens)
+    inputs, sample_rows, verify = verify_step_inputs(
+        vocab_size, page_size, max_num_seqs, max_model_len, num_speculative_tokens, sharding
+    )
+    start = time.perf_counter()
+    lowered = step.trace(
+        step_params, pool, *inputs, head=head, sample_rows=sample_rows, **verify
+    ).lower()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {
+        "num_speculative_tokens": num_speculative_tokens,
+        "token_rows": max_num_seqs * (num_speculative_tokens + 1),
+        "draft_rows": int(verify["verify_rows"].shape[0]),
+        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "flops": float(cost.get("flops", 0.0)),
+        "temp": int(compiled.memory_analysis().temp_size_in_bytes),
+        "compile_seconds": seconds,
+    }
+
+
+def verify_report_lines(result: dict, decode_step: dict, gb: float) -> list[str]:
+    """The verify step's counts beside the decode step's (``compile_decode_step``'s)."""
+    verify = result["verify_step"]
+    k = verify["num_speculative_tokens"]
+    return [
+        f"verify step, {result['max_num_seqs']} sequences x {k} draft tokens "
+        f"({verify['token_rows']} token rows, {verify['draft_rows']} draft logits rows; "
+        "compiler counts per chip):",
+        f"  bytes accessed            {verify['bytes_accessed'] / gb:8.3f} GB  "
+        f"({verify['bytes_accessed'] / decode_step['bytes_accessed']:.2f}x the decode step's)",
+        f"  flops                     {verify['flops'] / 1e9:8.1f} GFLOP  "
+        f"({verify['flops'] / max(decode_step['flops'], 1.0):.2f}x the decode step's)",
+        f"  compiler temporaries      {verify['temp'] / gb:8.3f} GB",
+        f"  tokens per weight read    up to {k + 1} (every draft accepted) against 1",
+        f"compiled in {verify['compile_seconds']:.1f} s",
+    ]
