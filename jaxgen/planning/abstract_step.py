@@ -85,14 +85,18 @@ def decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sh
     inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
     targets = np.full(np.shape(inputs.token_ids)[0], -1, np.int32)  # no prompt logprobs
     tensors, _ = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+    return (
+        abstract_arrays((*inputs.arrays, targets), sharding),
+        abstract_arrays(tensors, sharding),
+        tensors.temperature.shape[0],
+    )
 
-    def abstract(tree):
-        return jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding),
-            tree,
-        )
 
-    return abstract((*inputs.arrays, targets)), abstract(tensors), tensors.temperature.shape[0]
+def abstract_arrays(tree, sharding=None):
+    """``tree``'s arrays as ``ShapeDtypeStruct``s on ``sharding``."""
+    return jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding), tree
+    )
 
 
 def per_chip_bytes(tree) -> int:

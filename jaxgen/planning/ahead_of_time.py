@@ -50,6 +50,7 @@ from jaxgen.planning.verify_compile import (
     check_num_speculative_tokens,
     compile_verify_step,
     verify_report_lines,
+    verify_step_inputs,
 )
 from jaxgen.quantization.quantize import validate_quantization
 from pallas_kernels.gpu.abstract_device import abstract_gpu, abstract_gpu_mesh
@@ -259,12 +260,11 @@ def compile_decode_step(
         compile_seconds = time.perf_counter() - start
         verify = None
         if num_speculative_tokens is not None:
-            verify = compile_verify_step(
-                step, step_params, pool, head,
-                vocab_size=config.vocab_size, page_size=page_size, max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
-                sharding=NamedSharding(mesh, PartitionSpec()),
+            inputs = verify_step_inputs(
+                config.vocab_size, page_size, max_num_seqs, max_model_len,
+                num_speculative_tokens, NamedSharding(mesh, PartitionSpec()),
             )  # fmt: skip
+            verify = compile_verify_step(step, step_params, pool, head, inputs)
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

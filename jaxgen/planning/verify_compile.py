@@ -8,14 +8,15 @@ measured times; the verify sampler (its own small executable) is not included.""
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from jaxgen.engine.sampling_shapes import SamplingShapes
 from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.step_layout import StepLayout
+from jaxgen.planning.abstract_step import abstract_arrays
 
 MAX_SPECULATIVE_TOKENS = 16  # SpeculativeConfig's bound
 
@@ -31,6 +32,16 @@ def check_num_speculative_tokens(value) -> None:
         )
 
 
+class VerifyInputs(NamedTuple):
+    """A full verify step's abstract arguments after params and pool."""
+
+    arrays: tuple  # the step's inputs, then its prompt-logprob targets (none)
+    sample_rows: int
+    verify: dict  # verify_rows [D], verify_live [2, 2]
+    num_speculative_tokens: int
+    token_rows: int  # B (k + 1)
+
+
 def verify_step_inputs(
     vocab_size: int,
     page_size: int,
@@ -38,10 +49,11 @@ def verify_step_inputs(
     max_model_len: int,
     num_speculative_tokens: int,
     sharding=None,
-):
-    """``ShapeDtypeStruct``s of a full verify step's array arguments after params and pool
-    (B (k + 1) token rows, no prompt logprobs), its ``sample_rows`` and its verify arguments
-    (``verify_rows`` [D], ``verify_live`` [2, 2]; D: the engine's row bucket for B k rows)."""
+) -> VerifyInputs:
+    """``ShapeDtypeStruct``s of the step of ``max_num_seqs`` sequences each verifying its whole
+    draft: B (k + 1) token rows, no prompt logprobs, and the verify arguments (D: the
+    engine's row bucket for B k draft rows)."""
+    check_num_speculative_tokens(num_speculative_tokens)
     tokens = max_num_seqs * (num_speculative_tokens + 1)
     layout = StepLayout(
         page_size=page_size,
@@ -58,49 +70,33 @@ def verify_step_inputs(
         max_draft_rows=max_num_seqs * num_speculative_tokens,
     )
     widest = shapes.padding(tokens)[-1]  # the bucket of every sequence's whole draft
-
-    def abstract(tree):
-        return jax.tree_util.tree_map(
-            lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype, sharding=sharding),
-            tree,
-        )
-
     verify = {"verify_rows": widest.step_rows, "verify_live": widest.live}
-    return abstract((*inputs.arrays, targets)), tensors.temperature.shape[0], abstract(verify)
+    return VerifyInputs(
+        abstract_arrays((*inputs.arrays, targets), sharding),
+        tensors.temperature.shape[0],
+        abstract_arrays(verify, sharding),
+        num_speculative_tokens,
+        tokens,
+    )
 
 
-def compile_verify_step(
-    step,
-    step_params,
-    pool,
-    head,
-    *,
-    vocab_size: int,
-    page_size: int,
-    max_num_seqs: int,
-    max_model_len: int,
-    num_speculative_tokens: int,
-    sharding=None,
-) -> dict:
+def compile_verify_step(step, step_params, pool, head, inputs: VerifyInputs) -> dict:
     """Compiles the verify step of ``step`` (the engine's jitted step, under the caller's
     mesh) on the placed ``step_params`` / ``pool`` / ``head``; the compiler's per-chip
     counts for it."""
-    check_num_speculative_tokens(num_speculative_tokens)
-    inputs, sample_rows, verify = verify_step_inputs(
-        vocab_size, page_size, max_num_seqs, max_model_len, num_speculative_tokens, sharding
-    )
     start = time.perf_counter()
     lowered = step.trace(
-        step_params, pool, *inputs, head=head, sample_rows=sample_rows, **verify
-    ).lower()
+        step_params, pool, *inputs.arrays, head=head, sample_rows=inputs.sample_rows,
+        **inputs.verify,
+    ).lower()  # fmt: skip
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return {
-        "num_speculative_tokens": num_speculative_tokens,
-        "token_rows": max_num_seqs * (num_speculative_tokens + 1),
-        "draft_rows": int(verify["verify_rows"].shape[0]),
+        "num_speculative_tokens": inputs.num_speculative_tokens,
+        "token_rows": inputs.token_rows,
+        "draft_rows": int(inputs.verify["verify_rows"].shape[0]),
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
         "flops": float(cost.get("flops", 0.0)),
         "temp": int(compiled.memory_analysis().temp_size_in_bytes),

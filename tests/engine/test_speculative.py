@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import types
 
 import numpy as np
 import pytest
@@ -15,9 +14,6 @@ import pytest
 from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
-from jaxgen.engine.speculative.draft_cost import MIN_STEPS, DraftCost, paying_length
-from jaxgen.engine.speculative.ngram import propose_ngram
-from jaxgen.engine.speculative.speculator import Draft, Speculator
 from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
@@ -45,73 +41,6 @@ def prompts():
 
 def greedy(max_tokens=64, **fields):
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **fields)
-
-
-def test_propose_ngram():
-    tokens = [1, 2, 3, 4, 5, 1, 2, 3]
-    assert propose_ngram(tokens, 2, 1, 3) == [4, 5]  # the 3-gram [1, 2, 3] recurs
-    assert propose_ngram(tokens, 10, 1, 3) == [4, 5, 1, 2, 3]
-    assert propose_ngram([1, 2, 3], 2, 1, 3) == []  # nothing recurs
-    assert propose_ngram([5, 9, 5, 7, 5], 1, 1, 2) == [9]  # the earliest occurrence
-
-
-def test_draft_length_and_backoff_follow_acceptance():
-    """A draft cut at a rejection makes the next one accepted + 1 tokens long, a wholly
-    accepted one doubles it (up to k); one with nothing accepted backs off 2, then 4 steps."""
-    speculator = Speculator(SpeculativeConfig.from_dict({"num_speculative_tokens": 8}))
-    seq = types.SimpleNamespace(seq_id=1)
-    state = speculator._state_of(1)
-    for drafted, accepted, length, skip in [(8, 3, 4, 0), (4, 4, 8, 0), (8, 0, 1, 2), (1, 0, 1, 4)]:
-        speculator.record(Draft(seq, [5] * drafted, 10), accepted)
-        assert (state.length, state.skip) == (length, skip)
-    speculator.record(Draft(seq, [5], 10), 1)
-    assert (state.length, state.misses) == (2, 0)
-    assert speculator.stats()["spec_decode_num_accepted_tokens"] == 8
-    assert speculator.stats()["spec_decode_draft_token_cost"] is None  # no step timed
-
-
-def test_draft_cost_is_measured_from_decode_steps():
-    """A drafted token's cost: what it adds to a step of the same rows without drafts, in such
-    steps; unknown until MIN_STEPS of each kind ran."""
-    cost = DraftCost()
-    for _ in range(MIN_STEPS):
-        cost.observe(0.010, rows=1, drafted_tokens=2)  # not counted: no plain step to compare
-        cost.observe(0.005, rows=1, drafted_tokens=0)
-    assert cost.ratio is None
-    for _ in range(MIN_STEPS):
-        cost.observe(0.010, rows=1, drafted_tokens=2)
-    assert cost.ratio == pytest.approx(0.5)  # (10 - 5) ms / 2 tokens / 5 ms
-    cost.observe(0.5, rows=1, drafted_tokens=0)  # a paused step moves the plain mean little
-    assert cost.plain[1] < 0.0055
-
-
-def test_drafts_only_as_long_as_they_pay():
-    # Token j of a draft is kept with probability acceptance ** j and costs `cost` steps.
-    assert paying_length(0.77, 0.45, 4) == 3  # 0.77, 0.59, 0.46 > 0.45; 0.35 is not
-    assert paying_length(0.1, 0.45, 4) == 0
-    assert paying_length(0.99, 0.02, 8) == 8
-    assert paying_length(0.1, None, 4) == 4  # cost unknown: as long as the draft may be
-
-
-def test_unpaid_drafts_back_off_four_times_longer():
-    """Once a drafted token's cost is known, drafts whose sequence accepts less than that
-    share back off 2, 8, 32, ... steps (up to 256), even when a token was accepted; paying
-    drafts reset the back-off."""
-    speculator = Speculator(SpeculativeConfig.from_dict({"num_speculative_tokens": 4}))
-    for drafted, seconds in [(0, 0.005)] * MIN_STEPS + [(1, 0.008)] * MIN_STEPS:
-        speculator.observe_step(seconds, 1, drafted)
-    assert speculator.stats()["spec_decode_draft_token_cost"] == pytest.approx(0.6)
-    seq = types.SimpleNamespace(seq_id=1)
-    state = speculator._state_of(1)
-    skips = []
-    for accepted in [0, 0, 1, 0, 0, 0]:
-        speculator.record(Draft(seq, [5], 10), accepted)
-        skips.append(state.skip)
-    assert skips == [2, 8, 32, 128, 256, 256]
-    assert speculator.acceptance(state) < 0.6
-    for _ in range(6):  # a run of accepted drafts: the sequence pays again
-        speculator.record(Draft(seq, [5, 6], 10), 2)
-    assert speculator.acceptance(state) > 0.6 and (state.misses, state.skip) == (0, 256)
 
 
 def test_greedy_output_identical(plain, speculating, prompts):

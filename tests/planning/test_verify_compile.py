@@ -27,12 +27,13 @@ def small_llama() -> ModelConfig:
 
 
 def test_verify_step_inputs_are_every_sequence_with_its_whole_draft():
-    inputs, sample_rows, verify = verify_step_inputs(
+    inputs = verify_step_inputs(
         32000, page_size=16, max_num_seqs=16, max_model_len=1024, num_speculative_tokens=4
     )
-    token_ids = inputs[0]
-    assert token_ids.shape == (16 * 5,) and sample_rows >= 16
-    assert verify["verify_rows"].shape[0] >= 16 * 4 and verify["verify_live"].shape == (2, 2)
+    token_ids = inputs.arrays[0]
+    assert token_ids.shape == (16 * 5,) == (inputs.token_rows,) and inputs.sample_rows >= 16
+    assert inputs.verify["verify_rows"].shape[0] >= 16 * 4
+    assert inputs.verify["verify_live"].shape == (2, 2)
 
 
 @needs_libtpu
