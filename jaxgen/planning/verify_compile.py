@@ -12,13 +12,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxgen.config.speculative_config import MAX_SPECULATIVE_TOKENS
 from jaxgen.engine.sampling_shapes import SamplingShapes
 from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.planning.abstract_step import abstract_arrays
-
-MAX_SPECULATIVE_TOKENS = 16  # SpeculativeConfig's bound
 
 
 def check_num_speculative_tokens(value) -> None:

@@ -157,7 +157,7 @@ class Speculator:
 
     def record(self, draft: Draft, accepted: int) -> None:
         """Counts a verified draft of which ``accepted`` tokens were kept; sets the sequence's
-        next draft length; backs off on none."""
+        next draft length; backs off on none, or while the sequence's drafts do not pay."""
         trials = accepted + (accepted < len(draft.tokens))
         self.num_drafts += 1
         self.num_draft_tokens += len(draft.tokens)
