@@ -26,7 +26,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def dry_run(tmp_path_factory):
     """The dry run's output folder, JSON and stdout."""
     out = tmp_path_factory.mktemp("device_check")
-    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"}
+    # An empty cache of its own: the cold passes must compile, whatever ran before on this host.
+    cache = tmp_path_factory.mktemp("device_check_cache")
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO,
+        "PYTHONUNBUFFERED": "1",
+        "JAXGEN_CACHE_DIR": str(cache),
+    }
     done = subprocess.run(
         [sys.executable, "benchmarks/gpu/device_check.py", "--dry-run", "--out", str(out)],
         cwd=REPO,
