@@ -129,3 +129,15 @@ def _check_int(value, name: str, low: int, high: int | None) -> None:
     if not ok or (high is not None and value > high):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"speculative_config.{name} must be an integer {bound}, got {value!r}")
+
+
+def check_num_speculative_tokens(value) -> None:
+    """A ``ValueError`` naming ``num_speculative_tokens`` unless it is an integer in [1, 16]
+    (the capacity plan's and the ahead-of-time verify step's argument)."""
+    if isinstance(value, bool) or not (
+        isinstance(value, int) and 1 <= value <= MAX_SPECULATIVE_TOKENS
+    ):
+        raise ValueError(
+            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+            f"got {value!r}"
+        )

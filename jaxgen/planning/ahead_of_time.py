@@ -34,6 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
 from jaxgen.config import ModelConfig
+from jaxgen.config.speculative_config import check_num_speculative_tokens
 from jaxgen.engine.step_function import jitted_step
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
@@ -47,7 +48,6 @@ from jaxgen.planning.abstract_step import (
 from jaxgen.planning.hardware import GB
 from jaxgen.planning.tpu_targets import resolve_target
 from jaxgen.planning.verify_compile import (
-    check_num_speculative_tokens,
     compile_verify_step,
     verify_report_lines,
     verify_step_inputs,

@@ -12,23 +12,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxgen.config.speculative_config import MAX_SPECULATIVE_TOKENS
+from jaxgen.config.speculative_config import check_num_speculative_tokens
 from jaxgen.engine.sampling_shapes import SamplingShapes
 from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.step_layout import StepLayout
 from jaxgen.planning.abstract_step import abstract_arrays
-
-
-def check_num_speculative_tokens(value) -> None:
-    """A ``ValueError`` naming ``num_speculative_tokens`` unless it is an integer in [1, 16]."""
-    if isinstance(value, bool) or not (
-        isinstance(value, int) and 1 <= value <= MAX_SPECULATIVE_TOKENS
-    ):
-        raise ValueError(
-            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
-            f"got {value!r}"
-        )
 
 
 class VerifyInputs(NamedTuple):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxgen.config.speculative_config import MAX_SPECULATIVE_TOKENS
+from jaxgen.config.speculative_config import check_num_speculative_tokens
 
 ACCEPTANCE_RATES = (0.3, 0.5, 0.7, 0.9)  # per draft token, for the tokens-per-step table
 
@@ -55,11 +55,8 @@ def plan_verify(
     """The verify step's costs for ``max_num_seqs`` sequences drafting k tokens each, beside a
     pool of ``num_pages`` pages and a decode critical batch size (``planner.Plan``).
     ``ValueError`` naming ``num_speculative_tokens`` when it is outside 1-16."""
+    check_num_speculative_tokens(num_speculative_tokens)
     k = num_speculative_tokens
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise ValueError(
-            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
-        )
     extra_rows = max_num_seqs * k
     # A draft's k tokens start anywhere in a page: they reach at most ceil(k / page) pages more.
     extra_pages = -(-k // page_size)
