@@ -54,7 +54,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchmarks.gpu import profiles, report  # noqa: E402
+from benchmarks.gpu import device_memory, profiles, report  # noqa: E402
 from benchmarks.gpu.children import Child  # noqa: E402
 from benchmarks.gpu.report import Budget, Report, log, read_json, write_json  # noqa: E402
 
@@ -116,6 +116,16 @@ def parse_args(argv=None):
     )
     parser.add_argument("--peer-compile", choices=("off", "auto"), default="auto")
     parser.add_argument(
+        "--batches",
+        default=None,
+        help="end-to-end and torch-peer batch sizes, e.g. 256,64 (default: the profile's)",
+    )
+    parser.add_argument(
+        "--compare-modes",
+        default=None,
+        help="bench_compare's modes, e.g. dynamic (default: static,paged,continuous,dynamic)",
+    )
+    parser.add_argument(
         "--backend",
         choices=("pallas-gpu", "reference"),
         default="pallas-gpu",
@@ -147,7 +157,18 @@ def parse_args(argv=None):
             parser.error(f"--stage-budget takes STAGE=SECONDS, got {item!r}")
         budgets[name] = float(seconds)
     args.stage_budget = budgets
+    try:
+        profiles.select(dry_run=False, batches=args.batches, compare_modes=args.compare_modes)
+    except ValueError as error:
+        parser.error(str(error))
     return args
+
+
+def profile_of(args) -> profiles.Profile:
+    """The profile this run measures with (``--dry-run``, ``--batches``, ``--compare-modes``)."""
+    return profiles.select(
+        dry_run=args.dry_run, batches=args.batches, compare_modes=args.compare_modes
+    )
 
 
 def stage_budgets(args, profile) -> dict:
@@ -169,7 +190,7 @@ def setup_jax(args, profile):
 
 def child_main(args) -> int:
     """One stage in this process (started by the parent): results in ``<stage>.json``."""
-    profile = profiles.DRY_RUN if args.dry_run else profiles.GPU
+    profile = profile_of(args)
     path = os.path.join(args.out, f"{args.child}.json")
     compile_log = setup_jax(args, profile)
     compile_log.label = args.child
@@ -203,16 +224,24 @@ def run_child(ctx, name: str, budget: Budget) -> dict:
         os.remove(path)
     common = ["--out", args.out, "--deadline", str(budget.deadline)]
     common += ["--dry-run"] if args.dry_run else []
+    common += ["--batches", args.batches] if args.batches else []
     if name == "torch_peer":
         script = os.path.join(REPO, "benchmarks", "gpu", "torch_peer.py")
         command = [sys.executable, script, "--out", path, "--deadline", str(budget.deadline)]
         command += ["--dry-run"] if args.dry_run else []
+        command += ["--batches", args.batches] if args.batches else []
         command += ["--compile", args.peer_compile]
     else:
         machine = ctx.report_data["stages"].get("machine", {}).get("result", {})
         command = [sys.executable, os.path.abspath(__file__), "--child", name, *common]
-        command += ["--page-size", str(ctx.page_size), "--parent-bytes", str(parent_bytes())]
+        command += [
+            "--page-size",
+            str(ctx.page_size),
+            "--parent-bytes",
+            str(device_memory.parent_bytes()),
+        ]
         command += ["--backend", args.backend]
+        command += ["--compare-modes", args.compare_modes] if args.compare_modes else []
         for flag, value in (
             ("--copy-bandwidth", ctx.copy_bandwidth()),
             ("--matmul-rate", machine.get("matmul", {}).get("flops_per_s")),
@@ -241,14 +270,6 @@ def kernel_unusable(stage: dict) -> bool:
     return stage.get("status") == "error" or (bool(rows) and all("error" in r for r in rows))
 
 
-def parent_bytes() -> int:
-    """Device bytes this process's allocator may still hold (its peak), for a child to leave."""
-    import jax
-
-    stats = jax.devices()[0].memory_stats() or {}
-    return int(stats.get("peak_bytes_in_use", 0))
-
-
 def git_commit() -> str | None:
     try:
         done = subprocess.run(
@@ -263,11 +284,12 @@ def git_commit() -> str | None:
 
 
 def main(argv=None) -> int:
+    device_memory.reset()
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.child:
         return child_main(args)
-    profile = profiles.DRY_RUN if args.dry_run else profiles.GPU
+    profile = profile_of(args)
     log_path = os.path.join(args.out, "device_check.log")
     sys.stdout = report.Tee(sys.__stdout__, log_path)
     sys.stderr = report.Tee(sys.__stderr__, log_path)
@@ -310,6 +332,9 @@ def main(argv=None) -> int:
         )
         compiles = {}
         try:
+            if name in CHILD_STAGES and not device_memory.released():
+                out.data["meta"]["released"] = released = device_memory.release()
+                log(f"device memory handed back before the child stages: {released}")
             if name in CHILD_STAGES:
                 result = run_child(ctx, name, stage_budget)
                 compiles = {k: result.get(k) for k in ("compiles", "compile_s")}

@@ -201,3 +201,35 @@ DRY_RUN = dataclasses.replace(
     compare_outputs=(4, 8),
     compare_slots=2,
 )
+
+
+def parse_ints(text: str | None) -> tuple[int, ...] | None:
+    """``"256,64"`` -> ``(256, 64)``; None or empty -> None."""
+    if not text:
+        return None
+    values = tuple(int(v) for v in text.split(","))
+    if any(v < 1 for v in values):
+        raise ValueError(f"batch sizes must be >= 1, got {text!r}")
+    return values
+
+
+def select(*, dry_run: bool, batches: str | None = None, compare_modes: str | None = None):
+    """The GPU or dry-run profile, with the end-to-end / torch-peer batches and the compared
+    modes narrowed to rerun what a run left out (``--batches 256 --compare-modes dynamic``)."""
+    profile = DRY_RUN if dry_run else GPU
+    changes = {}
+    if parse_ints(batches):
+        changes["e2e_batches"] = parse_ints(batches)
+        changes["trace_batches"] = tuple(
+            b for b in profile.trace_batches if b in changes["e2e_batches"]
+        )
+        changes["knob_batches"] = tuple(
+            b for b in profile.knob_batches if b in changes["e2e_batches"]
+        )
+    if compare_modes:
+        modes = tuple(compare_modes.split(","))
+        known = ("static", "paged", "continuous", "dynamic")
+        if set(modes) - set(known):
+            raise ValueError(f"compare modes must be among {known}, got {compare_modes!r}")
+        changes["compare_modes"] = modes
+    return dataclasses.replace(profile, **changes) if changes else profile

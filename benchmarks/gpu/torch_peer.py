@@ -20,7 +20,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchmarks.gpu.profiles import DRY_RUN, GPU  # noqa: E402
+from benchmarks.gpu.profiles import select  # noqa: E402
 
 COMPILE_NEEDS_S = 150.0  # a torch.compile of the 8B decode step, then its timed run
 
@@ -114,8 +114,9 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--deadline", type=float, default=None)
     parser.add_argument("--compile", choices=("off", "auto"), default="auto")
+    parser.add_argument("--batches", default=None, help="e.g. 256,64 (default: the profile's)")
     args = parser.parse_args()
-    profile = DRY_RUN if args.dry_run else GPU
+    profile = select(dry_run=args.dry_run, batches=args.batches)
     deadline = args.deadline or time.time() + profile.budgets["torch_peer"].max_s
 
     import torch
