@@ -16,7 +16,7 @@ from benchmarks.gpu import floors
 from benchmarks.gpu.engine_parity import first_difference
 from benchmarks.gpu.kernel_bandwidth import loop_count
 from benchmarks.gpu.kernel_batches import tuning_variants
-from benchmarks.gpu.profiles import DRY_RUN, STAGES
+from benchmarks.gpu.profiles import DRY_RUN, GPU, STAGES, select
 from benchmarks.gpu.report import format_table, jsonable
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,6 +55,28 @@ def test_dry_run_finishes_every_stage(dry_run):
     # the device returns at most 8 files, none deeper than two folders
     assert len(os.listdir(out)) <= 8
     assert stdout.rstrip().splitlines()[-1].startswith("bench_compare")  # the table is last
+
+
+def test_dry_run_hands_device_memory_back_before_the_child_stages(dry_run):
+    _, data, stdout = dry_run
+    released = data["meta"]["released"]
+    assert set(released) == {"peak_bytes", "gpu_used_before", "gpu_used_after"}
+    log = stdout.index("device memory handed back")
+    assert stdout.index("stage engine_parity: ok") < log < stdout.index("[end_to_end]")
+
+
+def test_profile_narrowed_to_rerun_what_a_run_left_out():
+    assert select(dry_run=False) is GPU
+    profile = select(dry_run=False, batches="256,64", compare_modes="dynamic")
+    assert profile.e2e_batches == (256, 64)
+    assert profile.trace_batches == (64, 256)  # the GPU profile's, kept where batches has them
+    assert profile.knob_batches == (64,)
+    assert profile.compare_modes == ("dynamic",)
+    assert select(dry_run=True, batches="2").e2e_batches == (2,)
+    with pytest.raises(ValueError, match="batch sizes"):
+        select(dry_run=False, batches="0")
+    with pytest.raises(ValueError, match="compare modes"):
+        select(dry_run=False, compare_modes="greedy")
 
 
 def test_dry_run_kernel_stages(dry_run):
