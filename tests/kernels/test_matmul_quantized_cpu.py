@@ -108,11 +108,42 @@ def test_int8_row_tiles(spec):
         )
 
 
+def _cpu_flag(name: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(
+                line.startswith("flags") and name in line.split(":", 1)[1].split()
+                for line in cpuinfo
+            )
+    except OSError:
+        return False
+
+
+def test_int4_row_tiles_give_each_row_the_one_row_result():
+    """1-8 rows of int4 codes (decode's row, a verify step's draft rows) take tiles of up to 4
+    rows over one conversion of the codes: every tile height and split (5 rows: 3 + 2), over two
+    k-blocks' depth; each row's product equals that row's own one-row product bit for bit (with
+    AVX-512; within rounding on the portable and AVX2 paths), so a verify step scores a token as
+    the decode step would."""
+    rng = np.random.default_rng(31)
+    weight = quantize_kernel(rng.standard_normal((320, 48)), SPECS["int4-g32-min"])
+    packed = PackedQuantizedWeight.pack(weight)
+    run = jax.jit(lambda x, w: w.matmul(x))
+    x = jnp.asarray(rng.standard_normal((8, 320)), jnp.float32)
+    one_row = np.concatenate([np.asarray(run(x[i : i + 1], packed)) for i in range(8)])
+    wide = _cpu_flag("avx512f")  # -march=native builds the 512-bit tiles
+    for rows in range(1, 9):
+        actual = np.asarray(run(x[:rows], packed))
+        np.testing.assert_allclose(actual, _reference(x[:rows], weight), rtol=1e-5, atol=2e-6 * 320)
+        if wide:
+            np.testing.assert_array_equal(actual, one_row[:rows])
+
+
 @pytest.mark.parametrize("spec", ["int8-channel", "int4-g32-min"])
 def test_every_slice_tile_height(spec):
-    """5-17 rows take the shared dequantised slice (int8: from 9 rows; up to 8, 4-row tiles):
-    full tiles and every ragged last tile (1-8 rows with AVX-512, 1-6 without), over two
-    k-blocks (256 + 64 deep)."""
+    """5-17 rows take the shared dequantised slice (from 9 rows where 4-row tiles take fewer:
+    int8, and int4 with AVX-512): full tiles and every ragged last tile (1-8 rows with AVX-512,
+    1-6 without), over two k-blocks (256 + 64 deep)."""
     rng = np.random.default_rng(17)
     weight = quantize_kernel(rng.standard_normal((320, 48)), SPECS[spec])
     packed = PackedQuantizedWeight.pack(weight)

@@ -185,6 +185,8 @@ constexpr int64_t kSliceTileRows = 6;
 // int8 rows up to this many take Int8RowsTile's 4-row tiles, not a shared slice: 5-8 rows of
 // 1 x 576 x 1024 int8 (one thread, cache-resident) in 150 / 182 us against 155 / 224.
 constexpr int64_t kInt8TileRows = 8;
+// int4 rows up to this many take Int4RowsTileWide's 4-row tiles (AVX-512), not a shared slice.
+constexpr int64_t kInt4TileRows = 8;
 
 // c[rows, 16] (+)= x[rows, :kc] @ slice[kc, 16] for rows <= R (FloatTile16Wide with AVX-512,
 // else FloatTile16).
@@ -244,14 +246,32 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
   // int8 rows of 2 to kInt8TileRows: Int8RowsTile over 4-row tiles (no shared slice).
   [[maybe_unused]] const bool int8_rows =
       kQuantizedSimd && !kInt4 && m1 - m0 > 1 && m1 - m0 <= kInt8TileRows;
-  const bool shared_slice = kQuantizedSimd && m1 - m0 > 4 && !int8_rows;
-  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1;
+#if defined(__AVX512F__)
+  // int4 rows of 1 to kInt4TileRows: Int4RowsTileWide over tiles of up to 4 rows.
+  const bool int4_rows = kQuantizedSimd && kInt4 && m1 - m0 <= kInt4TileRows;
+#else
+  const bool int4_rows = false;
+#endif
+  const bool shared_slice = kQuantizedSimd && m1 - m0 > 4 && !int8_rows && !int4_rows;
+  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1 && !int4_rows;
   [[maybe_unused]] const bool one_row = kQuantizedSimd && m1 - m0 == 1;
 #if defined(JAXGEN_QUANTIZED_SIMD)
   if (int4_row) {
     scratch.resize(K);
     ScaleRowForInt4(x + m0 * K, K, scratch.data());
   }
+#if defined(__AVX512F__)
+  // Per row: K scaled floats, then the row's group sums.
+  const int64_t scratch_ld = K + groups;
+  if (int4_rows) {
+    scratch.resize((m1 - m0) * scratch_ld);
+    for (int64_t m = m0; m < m1; ++m) {
+      float* row = scratch.data() + (m - m0) * scratch_ld;
+      ScaleRowForInt4(x + m * K, K, row);
+      Int4GroupSums(x + m * K, K, w.group, row + K);
+    }
+  }
+#endif
 #endif
   alignas(64) float slice[kQuantBlockDepth * kQuantPanel];  // 64: FloatTile16Wide's loads
   // Tiles of at most 4 rows take a panel's whole depth at once (x's rows stay in L1 anyway), so
@@ -275,6 +295,24 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
         continue;
       }
 #if defined(__AVX512F__)
+      if (int4_rows) {
+        // Tiles as even as the rows allow (5 rows: 3 + 2, not 4 + 1).
+        const int64_t tiles = (m1 - m0 + 3) / 4;
+        for (int64_t t = 0, m = m0; t < tiles; ++t) {
+          const int64_t height = (m1 - m + (tiles - t) - 1) / (tiles - t);
+          const float* scaled = scratch.data() + (m - m0) * scratch_ld;
+          const float* sums = scaled + K;
+          float* c = out + m * N + first;
+          switch (height) {
+            case 4: Int4RowsTileWide<4>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
+            case 3: Int4RowsTileWide<3>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
+            case 2: Int4RowsTileWide<2>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
+            default: Int4RowsTileWide<1>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
+          }
+          m += height;
+        }
+        continue;
+      }
       if (one_row) {
         RowTileWide<kInt4>(w, k0, k1, x + m0 * K, scratch.data(), values, scales, mins,
                            out + m0 * N + first, accumulate);

@@ -190,6 +190,74 @@ __attribute__((noinline)) void RowTileWide(const QuantizedPanels& w, int64_t k0,
   const __m512 prior = accumulate ? _mm512_loadu_ps(c) : _mm512_setzero_ps();
   _mm512_storeu_ps(c, _mm512_add_ps(prior, acc));
 }
+
+// The group sums of x that the int4 tiles scale the minimums by, sums[g] over x[g * group:
+// (g + 1) * group], added as RowTileWide adds them (8 lanes, then across), once per call rather
+// than once per panel.
+inline void Int4GroupSums(const float* x, int64_t depth, int64_t group, float* sums) {
+  for (int64_t g = 0; g * group < depth; ++g) {
+    __m256 xs = _mm256_setzero_ps();
+    for (int64_t j = g * group; j < std::min(depth, (g + 1) * group); j += 8) {
+      xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
+    }
+    sums[g] = HorizontalSum8(xs);
+  }
+}
+
+// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 4 rows of int4 codes (decode's
+// row, a verify step's draft rows): RowTileWide's int4 scheme with each block row's codes masked
+// and converted once for all R rows, so every row adds one FMA per 16 weights, and the groups'
+// sums of x taken once per call; every row's sums run in the same order whatever R, so a row's
+// result does not depend on the rows beside it. `scaled` holds the rows through ScaleRowForInt4
+// and `sums` their Int4GroupSums, `ld` floats apart.
+template <int R>
+__attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
+                                                const float* scaled, const float* sums,
+                                                int64_t ld, const uint8_t* values,
+                                                const uint16_t* scales, const uint16_t* mins,
+                                                float* c, int64_t ldc, bool accumulate) {
+  static_assert(R >= 1 && R <= 4, "Int4RowsTileWide: 1 to 4 rows");
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m512 a[R][4];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+    for (; k < end; k += kInt4BlockRows) {
+      const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
+#define JAXGEN_INT4_ROWS_WIDE(J, CODE)                                                    \
+  {                                                                                       \
+    const __m512 code = _mm512_cvtepi32_ps(CODE);                                         \
+    for (int r = 0; r < R; ++r) {                                                         \
+      a[r][J % 4] = _mm512_fmadd_ps(_mm512_set1_ps(scaled[r * ld + k + J]), code, a[r][J % 4]); \
+    }                                                                                     \
+  }
+      JAXGEN_INT4_ROWS_WIDE(0, _mm512_and_si512(v, _mm512_set1_epi32(0xF)))
+      JAXGEN_INT4_ROWS_WIDE(1, _mm512_and_si512(v, _mm512_set1_epi32(0xF0)))
+      JAXGEN_INT4_ROWS_WIDE(2, _mm512_and_si512(v, _mm512_set1_epi32(0xF00)))
+      JAXGEN_INT4_ROWS_WIDE(3, _mm512_and_si512(v, _mm512_set1_epi32(0xF000)))
+      JAXGEN_INT4_ROWS_WIDE(4, _mm512_and_si512(v, _mm512_set1_epi32(0xF0000)))
+      JAXGEN_INT4_ROWS_WIDE(5, _mm512_and_si512(v, _mm512_set1_epi32(0xF00000)))
+      JAXGEN_INT4_ROWS_WIDE(6, _mm512_and_si512(v, _mm512_set1_epi32(0xF000000)))
+      JAXGEN_INT4_ROWS_WIDE(7, _mm512_srli_epi32(v, 28))
+#undef JAXGEN_INT4_ROWS_WIDE
+    }
+    const __m512 group_mins = LoadHalf16(mins + g * kQuantPanel);
+    const __m512 group_scales = LoadHalf16(scales + g * kQuantPanel);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * ld + g]), group_mins, acc[r]);
+      acc[r] = _mm512_fmadd_ps(
+          _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3])),
+          group_scales, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = c + r * ldc;
+    const __m512 prior = accumulate ? _mm512_loadu_ps(out) : _mm512_setzero_ps();
+    _mm512_storeu_ps(out, _mm512_add_ps(prior, acc[r]));
+  }
+}
 #endif
 #endif
 
