@@ -62,6 +62,7 @@ class Tally:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     stats: dict = dataclasses.field(default_factory=dict)
+    draft_token_cost: float | None = None  # the engine's measured cost at the end, in steps
 
 
 def run_one(llm, prompt: str, params, tally: Tally) -> None:
@@ -77,6 +78,7 @@ def run_one(llm, prompt: str, params, tally: Tally) -> None:
     for key in STAT_KEYS:
         if key in after:
             tally.stats[key] = tally.stats.get(key, 0) + after[key] - before.get(key, 0)
+    tally.draft_token_cost = after.get("spec_decode_draft_token_cost")
 
 
 def report(workload: str, tallies: dict[str, Tally]) -> None:
@@ -97,6 +99,8 @@ def report(workload: str, tallies: dict[str, Tally]) -> None:
                 f"  acceptance {stats['spec_decode_num_accepted_tokens'] / drafted:.2f}"
                 f"  drafts {stats['spec_decode_num_drafts']}"
             )
+            if tally.draft_token_cost is not None:
+                rate += f"  draft token cost {tally.draft_token_cost:.2f} steps"
         print(
             f"{workload:15s} {name:17s} {tally.tokens / tally.wall_s:7.1f} tok/s"
             f"  x{base.wall_s / tally.wall_s * tally.tokens / base.tokens:.2f} wall"

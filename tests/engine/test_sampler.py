@@ -55,6 +55,23 @@ def test_greedy_equals_argmax():
     np.testing.assert_array_equal(_run(logits, greedy).token_ids, logits.argmax(-1))
 
 
+def test_blocked_argmax_is_numpys_first_maximum():
+    """The greedy argmax in blocks: the first maximum, across and within blocks, as numpy's
+    (a NaN counts as the largest), for vocabularies a block divides, one with a padded last
+    block, and one smaller than a block."""
+    rng = np.random.default_rng(5)
+    for vocab in (49152, 1000, 100):
+        values = rng.standard_normal((7, vocab)).astype(np.float32)
+        values[1, [3, vocab - 1]] = 9.0  # a tie across blocks: the first
+        values[2, [vocab - 2, vocab - 1]] = 9.0  # a tie in the last (padded) block
+        values[3] = -np.inf  # nothing allowed: 0, as numpy
+        values[4, vocab // 2] = np.nan
+        values[5, :] = 1.0  # all equal: 0
+        values[6, vocab - 1] = 50.0
+        actual = np.asarray(jax.jit(sampler._argmax)(jnp.asarray(values)))
+        np.testing.assert_array_equal(actual, np.argmax(values, axis=-1))
+
+
 @FAST
 @given(temperature=st.floats(0.05, 100.0), seed=st.integers(0, 2**31))
 def test_top_k_one_equals_greedy(temperature, seed):
