@@ -5,12 +5,42 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 
 from jaxgen.config.speculative_config import SpeculativeConfig
+from jaxgen.engine.sequence import Sequence
 from jaxgen.engine.speculative.draft_cost import MIN_STEPS, DraftCost, paying_length
-from jaxgen.engine.speculative.ngram import propose_ngram
+from jaxgen.engine.speculative.ngram import NgramIndex, NgramProposer, propose_ngram
 from jaxgen.engine.speculative.speculator import Draft, Speculator
+
+
+def test_ngram_index_answers_as_the_search_step_after_step():
+    """The incremental index gives ``propose_ngram``'s draft at every length of a growing
+    sequence (few distinct tokens, so n-grams recur), for several n ranges and k; a sequence
+    whose tokens changed behind it (not append-only) is indexed again."""
+    rng = np.random.default_rng(11)
+    for min_n, max_n in ((1, 3), (2, 4), (1, 1)):
+        prompt = rng.integers(0, 4, 9).tolist()
+        seq = Sequence(prompt, max_tokens=200)
+        index = NgramIndex(min_n, max_n)
+        for _ in range(120):
+            k = int(rng.integers(1, 6))
+            assert index.propose(seq, k) == propose_ngram(seq.token_ids, k, min_n, max_n)
+            seq.output_token_ids.extend(rng.integers(0, 4, int(rng.integers(1, 4))).tolist())
+        seq.output_token_ids[-1] = 9  # rewritten: indexed again
+        assert index.propose(seq, 3) == propose_ngram(seq.token_ids, 3, min_n, max_n)
+        del seq.output_token_ids[-20:]  # shorter: indexed again
+        assert index.propose(seq, 3) == propose_ngram(seq.token_ids, 3, min_n, max_n)
+
+
+def test_ngram_proposer_keeps_an_index_per_live_sequence():
+    proposer = NgramProposer(1, 3)
+    seq = Sequence([1, 2, 3, 1, 2], max_tokens=8)
+    assert proposer.propose([(seq, 2, None)], 64) == [[3, 1]]
+    assert len(proposer._indexes) == 1
+    del seq
+    assert len(proposer._indexes) == 0  # gone with its sequence
 
 
 def test_propose_ngram():
