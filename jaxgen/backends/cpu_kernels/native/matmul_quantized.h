@@ -3,8 +3,9 @@
 // decoding: quantized_panels.h; the one-row tiles (decode's hot loop): quantized_row_tiles.h.
 // A tile of up to 4 rows x 16 columns keeps its 8 accumulators, the group's scales and minimums
 // (4 vectors) and the two dequantised weight vectors of a k in 15 of the 16 vector registers.
-// Where the compiler targets AVX-512 (-march=native), one-row tiles and the float tiles over a
-// dequantised slice use 512-bit vectors (a 16-column panel row is one vector).
+// Where the compiler targets AVX-512 (-march=native), one-row tiles, int4 tiles of up to 4 rows
+// (1-8 rows of int4: decode's row, a verify step's draft rows, small batches) and the float
+// tiles over a dequantised slice use 512-bit vectors (a 16-column panel row is one vector).
 // Without AVX2 + FMA + F16C a portable loop stands in (kQuantizedSimd is false; callers keep
 // the XLA path).
 
@@ -185,7 +186,9 @@ constexpr int64_t kSliceTileRows = 6;
 // int8 rows up to this many take Int8RowsTile's 4-row tiles, not a shared slice: 5-8 rows of
 // 1 x 576 x 1024 int8 (one thread, cache-resident) in 150 / 182 us against 155 / 224.
 constexpr int64_t kInt8TileRows = 8;
-// int4 rows up to this many take Int4RowsTileWide's 4-row tiles (AVX-512), not a shared slice.
+// int4 rows up to this many take Int4RowsTileWide's tiles (AVX-512), not a shared slice: rows
+// 2 / 3 / 4 / 5 / 8 of 576 x 1536 int4 (two threads, streamed) in about 15 / 18 / 20 / 42 / 57 us
+// against 29 / 31 / 37 / 65 / 73 (benchmarks/matmul_quantized_tile.cc).
 constexpr int64_t kInt4TileRows = 8;
 
 // c[rows, 16] (+)= x[rows, :kc] @ slice[kc, 16] for rows <= R (FloatTile16Wide with AVX-512,
@@ -233,7 +236,8 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 #endif
 
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
-// One 4-row tile dequantises in registers (one row: RowTileWide with AVX-512, else for int4
+// One 4-row tile dequantises in registers (1-8 int4 rows with AVX-512: Int4RowsTileWide, tiles
+// as even as the rows allow; one row otherwise: RowTileWide with AVX-512, else for int4
 // Int4RowTile; int4 rows scaled once into `scratch`; 2-8 int8 rows: Int8RowsTile's 4-row
 // tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
 // and runs float tiles over it (SIMD builds).
