@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -56,7 +55,14 @@ sys.path.insert(0, REPO)
 
 from benchmarks.gpu import device_memory, profiles, report  # noqa: E402
 from benchmarks.gpu.children import Child  # noqa: E402
-from benchmarks.gpu.report import Budget, Report, log, read_json, write_json  # noqa: E402
+from benchmarks.gpu.report import (  # noqa: E402
+    Budget,
+    Report,
+    command_output,
+    log,
+    read_json,
+    write_json,
+)
 
 CHILD_STAGES = ("end_to_end", "torch_peer", "bench_compare")
 DEFAULT_COMPILE_CACHE = "/tmp/jaxgen-device-check-xla-cache"
@@ -271,16 +277,7 @@ def kernel_unusable(stage: dict) -> bool:
 
 
 def git_commit() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
+    return command_output(["git", "-C", REPO, "rev-parse", "--short", "HEAD"])
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,7 @@ leave, and handing it back before the child stages."""
 
 from __future__ import annotations
 
-import subprocess
+from benchmarks.gpu.report import command_output
 
 _state = {"released": False}
 
@@ -29,16 +29,7 @@ def parent_bytes() -> int:
 
 def gpu_memory_used() -> str | None:
     """nvidia-smi's reading of the GPU's used memory (None without it)."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
+    return command_output(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"])
 
 
 def release() -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import subprocess
 import time
 
 import jax
@@ -13,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.gpu.floors import copy_bytes, matmul_flops, median
-from benchmarks.gpu.report import log
+from benchmarks.gpu.report import command_output, log
 
 DISTRIBUTIONS = (
     "jax",
@@ -67,16 +66,8 @@ def importable() -> dict:
 def nvidia_smi() -> str | None:
     """nvidia-smi's one-line view of the GPU (read only; None where there is none)."""
     query = "name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm,power.limit"
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or done.stderr.strip() or None
+    command = ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"]
+    return command_output(command, timeout=20, or_stderr=True)
 
 
 def timed_calls(fn, *args, repeats: int) -> list[float]:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -105,6 +106,16 @@ class Report:
     def write(self) -> None:
         self.data["meta"]["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         write_json(self.path, self.data)
+
+
+def command_output(command: list[str], timeout: float = 10.0, *, or_stderr: bool = False):
+    """A short command's stripped stdout (``or_stderr``: its stderr when stdout is empty); None
+    when it cannot run or says nothing."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or (or_stderr and done.stderr.strip()) or None
 
 
 def log(message: str) -> None:
