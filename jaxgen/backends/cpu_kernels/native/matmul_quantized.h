@@ -3,9 +3,10 @@
 // decoding: quantized_panels.h; the one-row tiles (decode's hot loop): quantized_row_tiles.h.
 // A tile of up to 4 rows x 16 columns keeps its 8 accumulators, the group's scales and minimums
 // (4 vectors) and the two dequantised weight vectors of a k in 15 of the 16 vector registers.
-// Where the compiler targets AVX-512 (-march=native), one-row tiles, int4 tiles of up to 4 rows
-// (1-8 rows of int4: decode's row, a verify step's draft rows, small batches) and the float
-// tiles over a dequantised slice use 512-bit vectors (a 16-column panel row is one vector).
+// Where the compiler targets AVX-512 (-march=native), one-row int8 tiles, int4 tiles of up to 4
+// rows (1-8 rows of int4: decode's row, a verify step's draft rows, small batches) and the
+// float tiles over a dequantised slice use 512-bit vectors (a 16-column panel row is one
+// vector).
 // Without AVX2 + FMA + F16C a portable loop stands in (kQuantizedSimd is false; callers keep
 // the XLA path).
 
@@ -237,8 +238,8 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
 // One 4-row tile dequantises in registers (1-8 int4 rows with AVX-512: Int4RowsTileWide, tiles
-// as even as the rows allow; one row otherwise: RowTileWide with AVX-512, else for int4
-// Int4RowTile; int4 rows scaled once into `scratch`; 2-8 int8 rows: Int8RowsTile's 4-row
+// as even as the rows allow, else one int4 row: Int4RowTile; int4 rows scaled once into
+// `scratch`; one int8 row with AVX-512: Int8RowTileWide; 2-8 int8 rows: Int8RowsTile's 4-row
 // tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
 // and runs float tiles over it (SIMD builds).
 template <bool kInt4>
@@ -317,10 +318,12 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
         }
         continue;
       }
-      if (one_row) {
-        RowTileWide<kInt4>(w, k0, k1, x + m0 * K, scratch.data(), values, scales, mins,
-                           out + m0 * N + first, accumulate);
-        continue;
+      if constexpr (!kInt4) {  // int4's one row took Int4RowsTileWide<1> above
+        if (one_row) {
+          Int8RowTileWide(w, k0, k1, x + m0 * K, values, scales, out + m0 * N + first,
+                          accumulate);
+          continue;
+        }
       }
 #endif
       if (int4_row) {

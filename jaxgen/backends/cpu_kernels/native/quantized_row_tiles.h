@@ -129,61 +129,35 @@ inline __m512 LoadHalf16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// One row with 512-bit vectors, c[16] (+)= x[k0:k1] @ dequant(panel)[k0:k1, 16], per group:
-// - int4 (Int4RowTile's scheme): one 64-byte load holds a block's 16 lanes, so each of its 8
-//   rows is one AND (or shift), one conversion and one FMA with scaled[k] (the row through
-//   ScaleRowForInt4) for all 16 columns; then the scale, and the minimum times the group's sum
-//   of x, once.
-// - int8 with float x (a kept GGUF's Q8_0 weights, its LM head among them; int8 quantised at
-//   load takes integer x on VNNI, matmul_w8a8.h): per k one sign-extending load of the 16
-//   codes, one conversion and one FMA with x[k]; then the scale once.
-// Four accumulator chains; x broadcast from memory into each FMA.
-template <bool kInt4>
-__attribute__((noinline)) void RowTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
-                                           const float* x, const float* scaled,
-                                           const uint8_t* values, const uint16_t* scales,
-                                           const uint16_t* mins, float* c, bool accumulate) {
+// One int8 row of float x with 512-bit vectors (a kept GGUF's Q8_0 weights, its LM head among
+// them; int8 quantised at load takes integer x on VNNI, matmul_w8a8.h), c[16] (+)= x[k0:k1] @
+// dequant(panel)[k0:k1, 16]: per k one sign-extending load of the 16 codes, one conversion and
+// one FMA with x[k] (broadcast from memory), four accumulator chains; the group's scale once.
+// int4 rows take Int4RowsTileWide below.
+__attribute__((noinline)) inline void Int8RowTileWide(const QuantizedPanels& w, int64_t k0,
+                                                      int64_t k1, const float* x,
+                                                      const uint8_t* values,
+                                                      const uint16_t* scales, float* c,
+                                                      bool accumulate) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    if constexpr (kInt4) {
-      __m256 xs = _mm256_setzero_ps();
-      for (int64_t j = k; j < end; j += 8) xs = _mm256_add_ps(xs, _mm256_loadu_ps(x + j));
-      for (; k < end; k += kInt4BlockRows) {
-        const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
-        const float* xk = scaled + k;
-#define JAXGEN_INT4_ROW_WIDE(J, A, CODE) \
-  A = _mm512_fmadd_ps(_mm512_set1_ps(xk[J]), _mm512_cvtepi32_ps(CODE), A);
-        JAXGEN_INT4_ROW_WIDE(0, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF)))
-        JAXGEN_INT4_ROW_WIDE(1, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF0)))
-        JAXGEN_INT4_ROW_WIDE(2, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF00)))
-        JAXGEN_INT4_ROW_WIDE(3, a3, _mm512_and_si512(v, _mm512_set1_epi32(0xF000)))
-        JAXGEN_INT4_ROW_WIDE(4, a0, _mm512_and_si512(v, _mm512_set1_epi32(0xF0000)))
-        JAXGEN_INT4_ROW_WIDE(5, a1, _mm512_and_si512(v, _mm512_set1_epi32(0xF00000)))
-        JAXGEN_INT4_ROW_WIDE(6, a2, _mm512_and_si512(v, _mm512_set1_epi32(0xF000000)))
-        JAXGEN_INT4_ROW_WIDE(7, a3, _mm512_srli_epi32(v, 28))
-#undef JAXGEN_INT4_ROW_WIDE
-      }
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(HorizontalSum8(xs)),
-                            LoadHalf16(mins + g * kQuantPanel), acc);
-    } else {
-      const uint8_t* codes = values + (k - k0) * kQuantPanel;
+    const uint8_t* codes = values + (k - k0) * kQuantPanel;
 #define JAXGEN_INT8_ROW_WIDE(J, A)                                                         \
   A = _mm512_fmadd_ps(_mm512_set1_ps(x[k + J]),                                           \
                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(            \
                           reinterpret_cast<const __m128i*>(codes + J * kQuantPanel)))), \
                       A);
-      for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
-        JAXGEN_INT8_ROW_WIDE(0, a0)
-        JAXGEN_INT8_ROW_WIDE(1, a1)
-        JAXGEN_INT8_ROW_WIDE(2, a2)
-        JAXGEN_INT8_ROW_WIDE(3, a3)
-      }
-      for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
-#undef JAXGEN_INT8_ROW_WIDE
+    for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
+      JAXGEN_INT8_ROW_WIDE(0, a0)
+      JAXGEN_INT8_ROW_WIDE(1, a1)
+      JAXGEN_INT8_ROW_WIDE(2, a2)
+      JAXGEN_INT8_ROW_WIDE(3, a3)
     }
+    for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
+#undef JAXGEN_INT8_ROW_WIDE
     acc = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                           LoadHalf16(scales + g * kQuantPanel), acc);
   }
@@ -192,8 +166,7 @@ __attribute__((noinline)) void RowTileWide(const QuantizedPanels& w, int64_t k0,
 }
 
 // The group sums of x that the int4 tiles scale the minimums by, sums[g] over x[g * group:
-// (g + 1) * group], added as RowTileWide adds them (8 lanes, then across), once per call rather
-// than once per panel.
+// (g + 1) * group] (8 lanes, then across), once per call rather than once per panel.
 inline void Int4GroupSums(const float* x, int64_t depth, int64_t group, float* sums) {
   for (int64_t g = 0; g * group < depth; ++g) {
     __m256 xs = _mm256_setzero_ps();
@@ -205,11 +178,13 @@ inline void Int4GroupSums(const float* x, int64_t depth, int64_t group, float* s
 }
 
 // c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 4 rows of int4 codes (decode's
-// row, a verify step's draft rows): RowTileWide's int4 scheme with each block row's codes masked
-// and converted once for all R rows, so every row adds one FMA per 16 weights, and the groups'
-// sums of x taken once per call; every row's sums run in the same order whatever R, so a row's
-// result does not depend on the rows beside it. `scaled` holds the rows through ScaleRowForInt4
-// and `sums` their Int4GroupSums, `ld` floats apart.
+// row, a verify step's draft rows) with 512-bit vectors, Int4RowTile's scheme: one 64-byte load
+// holds a block's 16 lanes, and each of its 8 block rows is one AND (or shift) and one
+// conversion, done once for all R rows, then one FMA per row with scaled[r, k] (the row through
+// ScaleRowForInt4) for all 16 columns; per group the scale, and the minimum times the group's sum
+// of x (Int4GroupSums, taken once per call), once. Four accumulator chains a row; every row's
+// sums run in the same order whatever R, so a row's result does not depend on the rows beside
+// it. `scaled` holds the rows and `sums` their group sums, `ld` floats apart.
 template <int R>
 __attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
                                                 const float* scaled, const float* sums,
