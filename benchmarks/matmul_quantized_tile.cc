@@ -35,7 +35,9 @@ int main(int argc, char** argv) {
   const int64_t group = 32;
   const int64_t panels = columns / kQuantPanel;
   const int64_t block =
-      jaxgen_cpu::ColumnBlockPanels({panels}, rows, jaxgen_cpu::NumThreads())[0] * kQuantPanel;
+      jaxgen_cpu::ColumnBlockPanels({panels}, rows, jaxgen_cpu::NumThreads(),
+                                    jaxgen_cpu::kQuantizedStreamRows)[0] *
+      kQuantPanel;
   const int64_t code_bytes = columns * depth * bits / 8;
   const int64_t scale_count = columns / kQuantPanel * (depth / group) * kQuantPanel;
   std::vector<float> x(rows * depth), out(rows * columns);

@@ -91,23 +91,6 @@ def test_one_int8_row_with_odd_depth():
     np.testing.assert_allclose(np.asarray(actual), _reference(x, weight), rtol=1e-5, atol=5e-4)
 
 
-@pytest.mark.parametrize("spec", ["int8-channel", "int8-g32"])
-def test_int8_row_tiles(spec):
-    """2-8 rows of int8 codes with float x (a verify step's draft rows on a Q8_0 LM head) take
-    tiles of up to 4 rows that scale once per group: every tile height and a ragged last one,
-    per-channel over an odd depth (a k left after the tile's pairs) and in groups of 32."""
-    depth = 250 if spec == "int8-channel" else 320
-    rng = np.random.default_rng(29)
-    weight = quantize_kernel(rng.standard_normal((depth, 40)), SPECS[spec])
-    packed = PackedQuantizedWeight.pack(weight)
-    run = jax.jit(lambda x, w: w.matmul(x))
-    for rows in range(2, 9):
-        x = jnp.asarray(rng.standard_normal((rows, depth)), jnp.float32)
-        np.testing.assert_allclose(
-            np.asarray(run(x, packed)), _reference(x, weight), rtol=1e-5, atol=2e-6 * depth
-        )
-
-
 def _cpu_flag(name: str) -> bool:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -117,6 +100,28 @@ def _cpu_flag(name: str) -> bool:
             )
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("spec", ["int8-channel", "int8-g32"])
+def test_int8_row_tiles(spec):
+    """2-8 rows of int8 codes with float x (a verify step's draft rows on a Q8_0 LM head) take
+    tiles of up to 4 rows that scale once per group: every tile height and a ragged last one,
+    per-channel over an odd depth (a k left after the tile's 4-k steps) and in groups of 32;
+    with AVX-512 each row's product is its one-row product bit for bit."""
+    depth = 250 if spec == "int8-channel" else 320
+    rng = np.random.default_rng(29)
+    weight = quantize_kernel(rng.standard_normal((depth, 40)), SPECS[spec])
+    packed = PackedQuantizedWeight.pack(weight)
+    run = jax.jit(lambda x, w: w.matmul(x))
+    x = jnp.asarray(rng.standard_normal((8, depth)), jnp.float32)
+    one_row = np.concatenate([np.asarray(run(x[i : i + 1], packed)) for i in range(8)])
+    for rows in range(2, 9):
+        actual = np.asarray(run(x[:rows], packed))
+        np.testing.assert_allclose(
+            actual, _reference(x[:rows], weight), rtol=1e-5, atol=2e-6 * depth
+        )
+        if _cpu_flag("avx512f"):
+            np.testing.assert_array_equal(actual, one_row[:rows])
 
 
 def test_int4_row_tiles_give_each_row_the_one_row_result():

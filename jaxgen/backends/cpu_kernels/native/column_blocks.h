@@ -1,7 +1,7 @@
 // How a matmul call cuts its weights' output columns into items for the worker pool.
 //
 // Items are (row block, weight, column block); the pool hands them out in order, one at a time.
-// - Few rows (at most 4: decode, memory-bound): the group's panels are cut into one stretch per
+// - Few rows (at most 4, or `stream_rows`: decode, memory-bound): the group's panels are cut into one stretch per
 //   thread (blocks of ceil(panels / threads), in weight order), so each thread streams one long
 //   run of weights. On the int4 kernel (benchmarks/matmul_quantized_tile.cc, one row, two
 //   threads) 1 x 1536 x 576 took 24.1-24.6 us in two blocks against 28.7-30.5 in 4-panel ones,
@@ -32,12 +32,14 @@ inline int64_t LiveRowCount(const int32_t* bounds, int spans, int64_t rows) {
 }
 
 // Panels per column block for each weight of a group of `panel_counts` panels, for a call
-// computing `rows` live rows on `threads` threads.
+// computing `rows` live rows on `threads` threads; up to `stream_rows` rows a call streams
+// (the quantised kernel's register tiles take 8 rows whole with AVX-512).
 inline std::vector<int64_t> ColumnBlockPanels(const std::vector<int64_t>& panel_counts,
-                                              int64_t rows, int64_t threads) {
+                                              int64_t rows, int64_t threads,
+                                              int64_t stream_rows = 4) {
   threads = std::max<int64_t>(threads, 1);
   std::vector<int64_t> widths(panel_counts.size());
-  if (rows <= 4) {
+  if (rows <= stream_rows) {
     int64_t total = 0;
     for (int64_t panels : panel_counts) total += panels;
     const int64_t stretch = std::max<int64_t>(1, (total + threads - 1) / threads);

@@ -91,7 +91,8 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   int64_t column_blocks = 0;
   const std::vector<int64_t> block_panels = jaxgen_cpu::ColumnBlockPanels(
       std::vector<int64_t>(panel_counts.begin(), panel_counts.end()),
-      jaxgen_cpu::LiveRowCount(live_rows.typed_data(), kSpans, rows), jaxgen_cpu::NumThreads());
+      jaxgen_cpu::LiveRowCount(live_rows.typed_data(), kSpans, rows), jaxgen_cpu::NumThreads(),
+      jaxgen_cpu::kQuantizedStreamRows);
   for (size_t i = 0; i < count; ++i) {
     auto values = args.get<ffi::AnyBuffer>(per_weight * i);
     auto scales = args.get<ffi::AnyBuffer>(per_weight * i + 1);

@@ -129,40 +129,54 @@ inline __m512 LoadHalf16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// One int8 row of float x with 512-bit vectors (a kept GGUF's Q8_0 weights, its LM head among
-// them; int8 quantised at load takes integer x on VNNI, matmul_w8a8.h), c[16] (+)= x[k0:k1] @
-// dequant(panel)[k0:k1, 16]: per k one sign-extending load of the 16 codes, one conversion and
-// one FMA with x[k] (broadcast from memory), four accumulator chains; the group's scale once.
-// int4 rows take Int4RowsTileWide below.
-__attribute__((noinline)) inline void Int8RowTileWide(const QuantizedPanels& w, int64_t k0,
-                                                      int64_t k1, const float* x,
-                                                      const uint8_t* values,
-                                                      const uint16_t* scales, float* c,
-                                                      bool accumulate) {
-  __m512 acc = _mm512_setzero_ps();
+// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 4 rows of int8 codes with
+// float x and 512-bit vectors (a kept GGUF's Q8_0 weights, its LM head among them: decode's row,
+// a verify step's draft rows; int8 quantised at load takes integer x on VNNI, matmul_w8a8.h):
+// per k one sign-extending load and one conversion of the 16 codes, shared by the R rows, and
+// one FMA per row with x[r, k] broadcast from memory; four accumulator chains a row (k mod 4),
+// the group's scale applied once. Every row's sums run in the same order whatever R.
+template <int R>
+__attribute__((noinline)) void Int8RowsTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
+                                                const float* x, int64_t ldx,
+                                                const uint8_t* values, const uint16_t* scales,
+                                                float* c, int64_t ldc, bool accumulate) {
+  static_assert(R >= 1 && R <= 4, "Int8RowsTileWide: 1 to 4 rows");
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a[R][4];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
     const uint8_t* codes = values + (k - k0) * kQuantPanel;
-#define JAXGEN_INT8_ROW_WIDE(J, A)                                                         \
-  A = _mm512_fmadd_ps(_mm512_set1_ps(x[k + J]),                                           \
-                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(            \
-                          reinterpret_cast<const __m128i*>(codes + J * kQuantPanel)))), \
-                      A);
-    for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
-      JAXGEN_INT8_ROW_WIDE(0, a0)
-      JAXGEN_INT8_ROW_WIDE(1, a1)
-      JAXGEN_INT8_ROW_WIDE(2, a2)
-      JAXGEN_INT8_ROW_WIDE(3, a3)
-    }
-    for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROW_WIDE(0, a0)
-#undef JAXGEN_INT8_ROW_WIDE
-    acc = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                          LoadHalf16(scales + g * kQuantPanel), acc);
+#define JAXGEN_INT8_ROWS_WIDE(J, CHAIN)                                                   \
+  {                                                                                       \
+    const __m512 code = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(                          \
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + J * kQuantPanel))));     \
+    for (int r = 0; r < R; ++r) {                                                         \
+      a[r][CHAIN] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + k + J]), code, a[r][CHAIN]); \
+    }                                                                                     \
   }
-  const __m512 prior = accumulate ? _mm512_loadu_ps(c) : _mm512_setzero_ps();
-  _mm512_storeu_ps(c, _mm512_add_ps(prior, acc));
+    for (; k + 4 <= end; k += 4, codes += 4 * kQuantPanel) {
+      JAXGEN_INT8_ROWS_WIDE(0, 0)
+      JAXGEN_INT8_ROWS_WIDE(1, 1)
+      JAXGEN_INT8_ROWS_WIDE(2, 2)
+      JAXGEN_INT8_ROWS_WIDE(3, 3)
+    }
+    for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROWS_WIDE(0, 0)
+#undef JAXGEN_INT8_ROWS_WIDE
+    const __m512 group_scales = LoadHalf16(scales + g * kQuantPanel);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(
+          _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3])),
+          group_scales, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = c + r * ldc;
+    const __m512 prior = accumulate ? _mm512_loadu_ps(out) : _mm512_setzero_ps();
+    _mm512_storeu_ps(out, _mm512_add_ps(prior, acc[r]));
+  }
 }
 
 // The group sums of x that the int4 tiles scale the minimums by, sums[g] over x[g * group:
