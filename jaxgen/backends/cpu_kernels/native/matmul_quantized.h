@@ -184,8 +184,9 @@ constexpr int64_t kSliceTileRows = 8;  // rows of a float tile over a dequantise
 #else
 constexpr int64_t kSliceTileRows = 6;
 #endif
-// int8 rows up to this many take Int8RowsTile's 4-row tiles, not a shared slice: 5-8 rows of
-// 1 x 576 x 1024 int8 (one thread, cache-resident) in 150 / 182 us against 155 / 224.
+// int8 rows up to this many take 4-row tiles (Int8RowsTileWide with AVX-512, else
+// Int8RowsTile), not a shared slice: 5-8 rows of 1 x 576 x 1024 int8 (one thread,
+// cache-resident) in 150 / 182 us against 155 / 224 with Int8RowsTile.
 constexpr int64_t kInt8TileRows = 8;
 // int4 rows up to this many take Int4RowsTileWide's tiles (AVX-512), not a shared slice: rows
 // 2 / 3 / 4 / 5 / 8 of 576 x 1536 int4 (two threads, streamed) in about 15 / 18 / 20 / 42 / 57 us
@@ -247,7 +248,7 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
 // One 4-row tile dequantises in registers (1-8 int4 rows with AVX-512: Int4RowsTileWide, tiles
 // as even as the rows allow, else one int4 row: Int4RowTile; int4 rows scaled once into
-// `scratch`; one int8 row with AVX-512: Int8RowTileWide; 2-8 int8 rows: Int8RowsTile's 4-row
+// `scratch`; 1-8 int8 rows with AVX-512: Int8RowsTileWide, else 2-8: Int8RowsTile's 4-row
 // tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
 // and runs float tiles over it (SIMD builds).
 template <bool kInt4>
@@ -256,7 +257,7 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
   const int64_t K = w.depth, N = w.columns;
   const int64_t groups = K / w.group;
   const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
-  // int8 rows of 2 to kInt8TileRows: Int8RowsTile over 4-row tiles (no shared slice).
+  // int8 rows of 2 to kInt8TileRows: 4-row tiles (no shared slice).
   [[maybe_unused]] const bool int8_rows =
       kQuantizedSimd && !kInt4 && m1 - m0 > 1 && m1 - m0 <= kInt8TileRows;
 #if defined(__AVX512F__)
