@@ -129,6 +129,34 @@ inline __m512 LoadHalf16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// (a0 + a1) + (a2 + a3): a row's four accumulator chains, summed as the one-row tiles sum them.
+inline __m512 SumChains(const __m512 (&a)[4]) {
+  return _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+}
+
+// The frame of the 512-bit row tiles below: per group of the panel's k0:k1, R rows' four
+// accumulator chains zeroed and `group(g, k, end, chains, acc)` run (it walks k to end and adds
+// the group into acc); then c[R, 16] (+)= acc.
+template <int R, typename Group>
+__attribute__((always_inline)) inline void RowTilesByGroup(const QuantizedPanels& w, int64_t k0, int64_t k1, float* c,
+                            int64_t ldc, bool accumulate, Group&& group) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m512 a[R][4];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+    group(g, k, end, a, acc);
+    k = end;
+  }
+  for (int r = 0; r < R; ++r) {
+    float* out = c + r * ldc;
+    const __m512 prior = accumulate ? _mm512_loadu_ps(out) : _mm512_setzero_ps();
+    _mm512_storeu_ps(out, _mm512_add_ps(prior, acc[r]));
+  }
+}
+
 // c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 4 rows of int8 codes with
 // float x and 512-bit vectors (a kept GGUF's Q8_0 weights, its LM head among them: decode's row,
 // a verify step's draft rows; int8 quantised at load takes integer x on VNNI, matmul_w8a8.h):
@@ -141,13 +169,9 @@ __attribute__((noinline)) void Int8RowsTileWide(const QuantizedPanels& w, int64_
                                                 const uint8_t* values, const uint16_t* scales,
                                                 float* c, int64_t ldc, bool accumulate) {
   static_assert(R >= 1 && R <= 4, "Int8RowsTileWide: 1 to 4 rows");
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m512 a[R][4];
-    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+  RowTilesByGroup<R>(w, k0, k1, c, ldc, accumulate, [&](int64_t g, int64_t k, int64_t end,
+                                                        __m512 (&a)[R][4], __m512 (&acc)[R])
+                                                        __attribute__((always_inline)) {
     const uint8_t* codes = values + (k - k0) * kQuantPanel;
 #define JAXGEN_INT8_ROWS_WIDE(J, CHAIN)                                                   \
   {                                                                                       \
@@ -166,17 +190,8 @@ __attribute__((noinline)) void Int8RowsTileWide(const QuantizedPanels& w, int64_
     for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROWS_WIDE(0, 0)
 #undef JAXGEN_INT8_ROWS_WIDE
     const __m512 group_scales = LoadHalf16(scales + g * kQuantPanel);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm512_fmadd_ps(
-          _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3])),
-          group_scales, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float* out = c + r * ldc;
-    const __m512 prior = accumulate ? _mm512_loadu_ps(out) : _mm512_setzero_ps();
-    _mm512_storeu_ps(out, _mm512_add_ps(prior, acc[r]));
-  }
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(SumChains(a[r]), group_scales, acc[r]);
+  });
 }
 
 // The group sums of x that the int4 tiles scale the minimums by, sums[g] over x[g * group:
@@ -206,13 +221,9 @@ __attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_
                                                 const uint16_t* scales, const uint16_t* mins,
                                                 float* c, int64_t ldc, bool accumulate) {
   static_assert(R >= 1 && R <= 4, "Int4RowsTileWide: 1 to 4 rows");
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1;) {
-    const int64_t g = k / w.group;
-    const int64_t end = std::min(k1, (g + 1) * w.group);
-    __m512 a[R][4];
-    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+  RowTilesByGroup<R>(w, k0, k1, c, ldc, accumulate, [&](int64_t g, int64_t k, int64_t end,
+                                                        __m512 (&a)[R][4], __m512 (&acc)[R])
+                                                        __attribute__((always_inline)) {
     for (; k < end; k += kInt4BlockRows) {
       const __m512i v = _mm512_loadu_si512(values + (k - k0) * (kQuantPanel / 2));
 #define JAXGEN_INT4_ROWS_WIDE(J, CODE)                                                    \
@@ -236,16 +247,9 @@ __attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_
     const __m512 group_scales = LoadHalf16(scales + g * kQuantPanel);
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * ld + g]), group_mins, acc[r]);
-      acc[r] = _mm512_fmadd_ps(
-          _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3])),
-          group_scales, acc[r]);
+      acc[r] = _mm512_fmadd_ps(SumChains(a[r]), group_scales, acc[r]);
     }
-  }
-  for (int r = 0; r < R; ++r) {
-    float* out = c + r * ldc;
-    const __m512 prior = accumulate ? _mm512_loadu_ps(out) : _mm512_setzero_ps();
-    _mm512_storeu_ps(out, _mm512_add_ps(prior, acc[r]));
-  }
+  });
 }
 #endif
 #endif
