@@ -11,8 +11,8 @@ import numpy as np
 def propose_ngram(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to ``k`` draft tokens for the sequence ``token_ids``: for n from ``max_n`` down to
     ``min_n``, the earliest earlier occurrence of its last n tokens, and the tokens after it
-    (vLLM's ``NgramProposer``); [] when no n-gram recurs. The reference ``NgramIndex`` answers
-    as, step after step, without searching the whole sequence again."""
+    (vLLM's ``NgramProposer``); [] when no n-gram recurs. The reference that ``NgramIndex``,
+    which the engine uses, is tested against."""
     if k < 1 or len(token_ids) < min_n + 1:
         return []
     tokens = np.asarray(token_ids, np.int64)

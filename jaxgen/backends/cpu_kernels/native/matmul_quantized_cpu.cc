@@ -89,10 +89,11 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   const int64_t code_rows = int4 ? depth / 2 : depth;
   std::vector<Weight> group;
   int64_t column_blocks = 0;
+  // The weight-only tiles take up to kQuantizedStreamRows rows whole; W8A8's blocks keep 4.
   const std::vector<int64_t> block_panels = jaxgen_cpu::ColumnBlockPanels(
       std::vector<int64_t>(panel_counts.begin(), panel_counts.end()),
       jaxgen_cpu::LiveRowCount(live_rows.typed_data(), kSpans, rows), jaxgen_cpu::NumThreads(),
-      jaxgen_cpu::kQuantizedStreamRows);
+      integer_activations ? 4 : jaxgen_cpu::kQuantizedStreamRows);
   for (size_t i = 0; i < count; ++i) {
     auto values = args.get<ffi::AnyBuffer>(per_weight * i);
     auto scales = args.get<ffi::AnyBuffer>(per_weight * i + 1);
