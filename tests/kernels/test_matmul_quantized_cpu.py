@@ -105,7 +105,7 @@ def _cpu_flag(name: str) -> bool:
 @pytest.mark.parametrize("spec", ["int8-channel", "int8-g32"])
 def test_int8_row_tiles(spec):
     """2-8 rows of int8 codes with float x (a verify step's draft rows on a Q8_0 LM head) take
-    tiles of up to 4 rows that scale once per group: every tile height and a ragged last one,
+    tiles of up to 5 rows (4 without AVX-512) that scale once per group: every tile height and a ragged last one,
     per-channel over an odd depth (a k left after the tile's 4-k steps) and in groups of 32;
     with AVX-512 each row's product is its one-row product bit for bit."""
     depth = 250 if spec == "int8-channel" else 320
@@ -125,8 +125,8 @@ def test_int8_row_tiles(spec):
 
 
 def test_int4_row_tiles_give_each_row_the_one_row_result():
-    """1-8 rows of int4 codes (decode's row, a verify step's draft rows) take tiles of up to 4
-    rows over one conversion of the codes: every tile height and split (5 rows: 3 + 2), over two
+    """1-8 rows of int4 codes (decode's row, a verify step's draft rows) take tiles of up to 5
+    rows over one conversion of the codes: every tile height and split (7 rows: 4 + 3), over two
     k-blocks' depth; each row's product equals that row's own one-row product bit for bit (with
     AVX-512; within rounding on the portable and AVX2 paths), so a verify step scores a token as
     the decode step would."""

@@ -192,13 +192,22 @@ constexpr int64_t kInt8TileRows = 8;
 // 2 / 3 / 4 / 5 / 8 of 576 x 1536 int4 (two threads, streamed) in about 15 / 18 / 20 / 42 / 57 us
 // against 29 / 31 / 37 / 65 / 73 (benchmarks/matmul_quantized_tile.cc).
 constexpr int64_t kInt4TileRows = 8;
+// The most rows one 512-bit row tile takes (more: tiles as even as the rows allow). Five rows
+// of 576 x 1536 int4 (two threads, streamed) in 28.8 us against 37.9 in two tiles, of the 576
+// x 49152 int8 LM head in 1.02 ms against 1.69; six in one tile (38.8 us) were no faster than
+// 4 + 2 rows (34.9: two rows cost what one does).
+constexpr int64_t kWideTileRows = 5;
 #if defined(__AVX512F__)
 // Rows up to this many stream the weights (ColumnBlockPanels' one stretch per thread): the
 // register tiles above take them whole. 5 / 8 rows of the 576 x 49152 int8 LM head (two
 // threads) in about 1.0 / 1.2 ms in stretches, against 1.7 / 2.2 ms in 8-panel blocks.
 constexpr int64_t kQuantizedStreamRows = 8;
+// Float rows up to this many are one row block of the engine's call (one tile, the weights
+// read once), not 4-row blocks the threads share.
+constexpr int64_t kWholeBlockRows = kWideTileRows;
 #else
 constexpr int64_t kQuantizedStreamRows = 4;
+constexpr int64_t kWholeBlockRows = 0;
 #endif
 
 // c[rows, 16] (+)= x[rows, :kc] @ slice[kc, 16] for rows <= R (FloatTile16Wide with AVX-512,
@@ -246,10 +255,10 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 #endif
 
 // out[m0:m1, n0:n1] = x[m0:m1, :] @ dequant(w)[:, n0:n1]; n0, n1 multiples of the panel width.
-// One 4-row tile dequantises in registers (1-8 int4 rows with AVX-512: Int4RowsTileWide, tiles
-// as even as the rows allow, else one int4 row: Int4RowTile; int4 rows scaled once into
-// `scratch`; 1-8 int8 rows with AVX-512: Int8RowsTileWide, else 2-8: Int8RowsTile's 4-row
-// tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
+// One 4-row tile dequantises in registers (1-8 int4 rows with AVX-512: Int4RowsTileWide, one
+// tile up to 5 rows, else tiles as even as the rows allow; else one int4 row: Int4RowTile;
+// int4 rows scaled once into `scratch`; 1-8 int8 rows with AVX-512: Int8RowsTileWide, the
+// same tiles, else 2-8: Int8RowsTile's 4-row tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
 // and runs float tiles over it (SIMD builds).
 template <bool kInt4>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
@@ -261,7 +270,7 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
   [[maybe_unused]] const bool int8_rows =
       kQuantizedSimd && !kInt4 && m1 - m0 > 1 && m1 - m0 <= kInt8TileRows;
 #if defined(__AVX512F__)
-  // int4 rows of 1 to kInt4TileRows: Int4RowsTileWide over tiles of up to 4 rows.
+  // int4 rows of 1 to kInt4TileRows: Int4RowsTileWide over tiles of up to kWideTileRows rows.
   const bool int4_rows = kQuantizedSimd && kInt4 && m1 - m0 <= kInt4TileRows;
 #else
   const bool int4_rows = false;
@@ -310,14 +319,15 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
       }
 #if defined(__AVX512F__)
       if (int4_rows) {
-        // Tiles as even as the rows allow (5 rows: 3 + 2, not 4 + 1).
-        const int64_t tiles = (m1 - m0 + 3) / 4;
+        // One tile up to 5 rows, else tiles as even as the rows allow (7 rows: 4 + 3).
+        const int64_t tiles = m1 - m0 <= kWideTileRows ? 1 : (m1 - m0 + 3) / 4;
         for (int64_t t = 0, m = m0; t < tiles; ++t) {
           const int64_t height = (m1 - m + (tiles - t) - 1) / (tiles - t);
           const float* scaled = scratch.data() + (m - m0) * scratch_ld;
           const float* sums = scaled + K;
           float* c = out + m * N + first;
           switch (height) {
+            case 5: Int4RowsTileWide<5>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
             case 4: Int4RowsTileWide<4>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
             case 3: Int4RowsTileWide<3>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
             case 2: Int4RowsTileWide<2>(w, k0, k1, scaled, sums, scratch_ld, values, scales, mins, c, N, accumulate); break;
@@ -328,13 +338,14 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
         continue;
       }
       if constexpr (!kInt4) {
-        if (one_row || int8_rows) {  // 1-8 int8 rows, tiles as even as the rows allow
-          const int64_t tiles = (m1 - m0 + 3) / 4;
+        if (one_row || int8_rows) {  // 1-8 int8 rows: one tile up to 5, else as even as can be
+          const int64_t tiles = m1 - m0 <= kWideTileRows ? 1 : (m1 - m0 + 3) / 4;
           for (int64_t t = 0, m = m0; t < tiles; ++t) {
             const int64_t height = (m1 - m + (tiles - t) - 1) / (tiles - t);
             const float* xs = x + m * K;
             float* c = out + m * N + first;
             switch (height) {
+              case 5: Int8RowsTileWide<5>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;
               case 4: Int8RowsTileWide<4>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;
               case 3: Int8RowsTileWide<3>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;
               case 2: Int8RowsTileWide<2>(w, k0, k1, xs, K, values, scales, c, N, accumulate); break;

@@ -41,8 +41,11 @@ struct Item {
   int64_t w, m0, m1, n0, n1;
 };
 
-// Rows per block: whole 4-row tiles, enough blocks to give every thread work, at most 64 rows.
-int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads) {
+// Rows per block: all of them up to `whole` (one tile takes them: the weights read once, the
+// threads sharing the columns), else whole 4-row tiles, enough blocks to give every thread
+// work, at most 64 rows.
+int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads, int64_t whole) {
+  if (rows <= whole) return rows;
   const int64_t tiles = (rows + 3) / 4;
   int64_t blocks = std::max<int64_t>((3 * threads + column_blocks - 1) / column_blocks,
                                      (rows + 63) / 64);
@@ -144,8 +147,10 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   for (int s = 0; s < kSpans; ++s) {
     const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
     const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
+    const int64_t whole = integer_activations ? 0 : jaxgen_cpu::kWholeBlockRows;
     spans[s] = {begin, end,
-                end > begin ? BlockRows(end - begin, column_blocks, jaxgen_cpu::NumThreads()) : 1};
+                end > begin ? BlockRows(end - begin, column_blocks, jaxgen_cpu::NumThreads(), whole)
+                            : 1};
   }
   for (const Weight& w : group) {
     const int64_t n = w.panels.columns;

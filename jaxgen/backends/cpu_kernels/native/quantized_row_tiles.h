@@ -157,7 +157,7 @@ __attribute__((always_inline)) inline void RowTilesByGroup(const QuantizedPanels
   }
 }
 
-// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 4 rows of int8 codes with
+// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 5 rows of int8 codes with
 // float x and 512-bit vectors (a kept GGUF's Q8_0 weights, its LM head among them: decode's row,
 // a verify step's draft rows; int8 quantised at load takes integer x on VNNI, matmul_w8a8.h):
 // per k one sign-extending load and one conversion of the 16 codes, shared by the R rows, and
@@ -168,7 +168,7 @@ __attribute__((noinline)) void Int8RowsTileWide(const QuantizedPanels& w, int64_
                                                 const float* x, int64_t ldx,
                                                 const uint8_t* values, const uint16_t* scales,
                                                 float* c, int64_t ldc, bool accumulate) {
-  static_assert(R >= 1 && R <= 4, "Int8RowsTileWide: 1 to 4 rows");
+  static_assert(R >= 1 && R <= 5, "Int8RowsTileWide: 1 to 5 rows");
   RowTilesByGroup<R>(w, k0, k1, c, ldc, accumulate, [&](int64_t g, int64_t k, int64_t end,
                                                         __m512 (&a)[R][4], __m512 (&acc)[R])
                                                         __attribute__((always_inline)) {
@@ -206,7 +206,7 @@ inline void Int4GroupSums(const float* x, int64_t depth, int64_t group, float* s
   }
 }
 
-// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 4 rows of int4 codes (decode's
+// c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16] for 1 to 5 rows of int4 codes (decode's
 // row, a verify step's draft rows) with 512-bit vectors, Int4RowTile's scheme: one 64-byte load
 // holds a block's 16 lanes, and each of its 8 block rows is one AND (or shift) and one
 // conversion, done once for all R rows, then one FMA per row with scaled[r, k] (the row through
@@ -220,7 +220,7 @@ __attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_
                                                 int64_t ld, const uint8_t* values,
                                                 const uint16_t* scales, const uint16_t* mins,
                                                 float* c, int64_t ldc, bool accumulate) {
-  static_assert(R >= 1 && R <= 4, "Int4RowsTileWide: 1 to 4 rows");
+  static_assert(R >= 1 && R <= 5, "Int4RowsTileWide: 1 to 5 rows");
   RowTilesByGroup<R>(w, k0, k1, c, ldc, accumulate, [&](int64_t g, int64_t k, int64_t end,
                                                         __m512 (&a)[R][4], __m512 (&acc)[R])
                                                         __attribute__((always_inline)) {
