@@ -10,7 +10,12 @@ import pytest
 
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sequence import Sequence
-from jaxgen.engine.speculative.draft_cost import MIN_STEPS, DraftCost, paying_length
+from jaxgen.engine.speculative.draft_cost import (
+    MIN_DRAFT_STEPS,
+    MIN_STEPS,
+    DraftCost,
+    best_length,
+)
 from jaxgen.engine.speculative.ngram import NgramIndex, NgramProposer, propose_ngram
 from jaxgen.engine.speculative.speculator import Draft, Speculator
 
@@ -67,26 +72,53 @@ def test_draft_length_and_backoff_follow_acceptance():
 
 
 def test_draft_cost_is_measured_from_decode_steps():
-    """A drafted token's cost: what it adds to a step of the same rows without drafts, in such
-    steps; unknown until MIN_STEPS of each kind ran."""
+    """A step with drafts in steps of the same rows without: unknown until MIN_STEPS plain
+    steps and MIN_DRAFT_STEPS of a drafted length ran; between measured lengths a line, past
+    the longest its mean cost a token, for other rows the mean cost a token of all."""
     cost = DraftCost()
     for _ in range(MIN_STEPS):
-        cost.observe(0.010, rows=1, drafted_tokens=2)  # not counted: no plain step to compare
+        cost.observe(0.010, rows=1, drafted_tokens=2)  # no plain step to compare yet
+    for _ in range(MIN_STEPS - 1):
         cost.observe(0.005, rows=1, drafted_tokens=0)
-    assert cost.ratio is None
-    for _ in range(MIN_STEPS):
-        cost.observe(0.010, rows=1, drafted_tokens=2)
-    assert cost.ratio == pytest.approx(0.5)  # (10 - 5) ms / 2 tokens / 5 ms
+    assert cost.relative(1, 2) is None and cost.ratio is None
+    cost.observe(0.005, rows=1, drafted_tokens=0)
+    assert cost.relative(1, 2) == pytest.approx(2.0)  # 10 ms / 5 ms
+    assert cost.relative(1, 1) == pytest.approx(1.5)  # between (0, 1) and (2, 2)
+    assert cost.relative(1, 4) == pytest.approx(3.0)  # 2 + 2 tokens at 0.5
+    assert cost.ratio == pytest.approx(0.5)
+    for _ in range(MIN_DRAFT_STEPS):
+        cost.observe(0.011, rows=1, drafted_tokens=3)
+    assert cost.relative(1, 3) == pytest.approx(2.2)
+    assert cost.relative(1, 4) == pytest.approx(2.6)  # 2.2 + 1.2 / 3
+    assert cost.ratio == pytest.approx(0.45)  # the mean of 1.0 / 2 and 1.2 / 3
+    assert cost.relative(2, 2) == pytest.approx(1.9)  # rows not measured: ratio a token
+    assert cost.relative(1, 0) == 1.0
     cost.observe(0.5, rows=1, drafted_tokens=0)  # a paused step moves the plain mean little
-    assert cost.plain[1] < 0.0055
+    assert cost.seconds[(1, 0)] < 0.0055
 
 
-def test_drafts_only_as_long_as_they_pay():
-    # Token j of a draft is kept with probability acceptance ** j and costs `cost` steps.
-    assert paying_length(0.77, 0.45, 4) == 3  # 0.77, 0.59, 0.46 > 0.45; 0.35 is not
-    assert paying_length(0.1, 0.45, 4) == 0
-    assert paying_length(0.99, 0.02, 8) == 8
-    assert paying_length(0.1, None, 4) == 4  # cost unknown: as long as the draft may be
+def _cpu_like() -> DraftCost:
+    """One row's steps as the default model's on the 2-core CPU: 4 tokens in one tile, a
+    fifth in a second one."""
+    cost = DraftCost()
+    for drafted, ms in [(0, 4.9), (1, 5.4), (2, 6.4), (3, 6.6), (4, 9.4)]:
+        for _ in range(MIN_STEPS):
+            cost.observe(ms / 1000, rows=1, drafted_tokens=drafted)
+    return cost
+
+
+def test_drafts_are_as_long_as_gives_most_tokens_per_second():
+    cost = _cpu_like()
+    # 0.9: 1.9 / 1.10, 2.71 / 1.31, 3.44 / 1.35 (the best), 4.10 / 1.92 tokens a step's time
+    assert best_length(0.9, cost, 1, 4) == 3
+    assert best_length(0.99, cost, 1, 2) == 2
+    assert best_length(0.1, cost, 1, 4) == 0  # 1.1 / 1.10 < 1: no length pays
+    flat = DraftCost()  # a GPU's: a verify row nearly free
+    for drafted in range(9):
+        for _ in range(MIN_STEPS):
+            flat.observe(0.0051 if drafted else 0.005, rows=1, drafted_tokens=drafted)
+    assert best_length(0.5, flat, 1, 8) == 8
+    assert best_length(0.1, DraftCost(), 1, 4) == 4  # cost unknown: as long as it may be
 
 
 def test_unpaid_drafts_back_off_four_times_longer():
@@ -108,3 +140,17 @@ def test_unpaid_drafts_back_off_four_times_longer():
     for _ in range(6):  # a run of accepted drafts: the sequence pays again
         speculator.record(Draft(seq, [5, 6], 10), 2)
     assert speculator.acceptance(state) > 0.6 and (state.misses, state.skip) == (0, 256)
+
+
+def test_measured_costs_set_the_length_and_a_miss_that_pays_does_not_back_off():
+    """Once drafts' costs are measured, a sequence whose acceptance pays drafts again at the
+    next step after a miss, as long as pays (here 3 of k = 4: a fifth token costs a tile)."""
+    speculator = Speculator(SpeculativeConfig.from_dict({"num_speculative_tokens": 4}))
+    speculator.cost = _cpu_like()
+    seq = types.SimpleNamespace(seq_id=1)
+    state = speculator._state_of(1)
+    for _ in range(8):
+        speculator.record(Draft(seq, [5, 6, 7], 10), 3)
+    speculator.record(Draft(seq, [5, 6, 7], 10), 0)  # a miss, at a high acceptance
+    assert (state.skip, state.misses, state.length) == (0, 0, 4)
+    assert best_length(speculator.acceptance(state), speculator.cost, 1, state.length) == 3

@@ -1,66 +1,104 @@
-"""What a drafted token costs on this machine, measured as the engine runs: the durations of
-all-decode steps without drafts and with them, as moving averages. On a GPU a verify row is
-nearly free (the step reads the weights once whatever its rows); on a CPU, where a step is
-compute-bound at a few rows, a drafted token can cost half a step, and a draft pays only where
-more than that share of its tokens is accepted. Plain Python: never imports jax."""
+"""What a draft costs on this machine, measured as the engine runs: the durations of all-decode
+steps by their rows and drafted tokens, as moving averages. On a GPU a verify row is nearly
+free (the step reads the weights once whatever its rows); on a CPU, where a step is
+compute-bound at a few rows, a drafted token can cost half a step, and not every token the
+same: the native kernels take token rows four at a time, so a verify row of 4 tokens costs
+little more than one of 3, and one of 5 much more than one of 4. A draft is cut to the length
+that gives the most tokens per second (``best_length``). Plain Python: never imports jax."""
 
 from __future__ import annotations
 
-# Weight of the newest step in the moving averages, and steps of each kind seen before the
-# ratio is trusted.
+# Weight of the newest step in the moving averages, steps without drafts seen before their
+# mean is trusted, and steps of one drafted length before theirs is.
 WEIGHT = 0.1
 MIN_STEPS = 4
+MIN_DRAFT_STEPS = 2
 OUTLIER = 1.5
 
 
 class DraftCost:
-    """Moving averages, per batch size, of a step without drafts and of what each drafted
-    token adds to it; ``ratio`` is the second over the first (None until both are known)."""
+    """Moving averages of a decode step's duration per (rows, drafted tokens); ``relative``
+    gives a step with drafts in steps of the same rows without (None until measured)."""
 
     def __init__(self):
-        self.plain: dict[int, float] = {}  # rows -> seconds of a step without drafts
-        self.plain_steps: dict[int, int] = {}
-        self.per_token: float | None = None  # what a drafted token adds, in plain steps
-        self.draft_steps = 0
+        self.seconds: dict[tuple[int, int], float] = {}  # (rows, drafted) -> mean seconds
+        self.counts: dict[tuple[int, int], int] = {}
 
     def observe(self, seconds: float, rows: int, drafted_tokens: int) -> None:
-        """A step of ``rows`` decode rows (no prefill chunk), ``drafted_tokens`` of them
+        """A step of ``rows`` decode rows (no prefill chunk), ``drafted_tokens`` of its tokens
         drafts, took ``seconds`` from its batch's build to its tokens on the host."""
-        if drafted_tokens == 0:
-            plain = self.plain.get(rows)
-            if plain is not None:  # a step the machine or the collector paused drags it less
-                seconds = min(seconds, OUTLIER * plain)
-            self.plain[rows] = _average(plain, seconds)
-            self.plain_steps[rows] = self.plain_steps.get(rows, 0) + 1
-            return
-        plain = self.plain.get(rows)
-        if plain is None or self.plain_steps[rows] < MIN_STEPS:
-            return
-        extra = max(seconds - plain, 0.0) / drafted_tokens / plain
-        self.per_token = _average(self.per_token, extra)
-        self.draft_steps += 1
+        key = (rows, drafted_tokens)
+        mean = self.seconds.get(key)
+        if mean is None or seconds * OUTLIER < mean:  # the first, or the mean began slow
+            self.seconds[key] = seconds
+        else:  # a step the machine or the collector paused drags the mean less
+            self.seconds[key] = mean + WEIGHT * (min(seconds, OUTLIER * mean) - mean)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _plain(self, rows: int) -> float | None:
+        if self.counts.get((rows, 0), 0) < MIN_STEPS:
+            return None
+        return self.seconds[(rows, 0)]
+
+    def _points(self, rows: int) -> list[tuple[int, float]]:
+        """(drafted, steps without drafts) of every measured drafted length of ``rows``."""
+        plain = self._plain(rows)
+        if plain is None:
+            return []
+        return sorted(
+            (drafted, mean / plain)
+            for (num_rows, drafted), mean in self.seconds.items()
+            if num_rows == rows and drafted and self.counts[(rows, drafted)] >= MIN_DRAFT_STEPS
+        )
 
     @property
     def ratio(self) -> float | None:
-        """A drafted token's cost in steps without drafts, once measured."""
-        return self.per_token if self.draft_steps >= MIN_STEPS else None
+        """What a drafted token adds to a step, in steps without drafts, averaged over the
+        measured lengths (None until one is): the figure ``stats`` reports."""
+        extras = [
+            (cost - 1.0) / drafted
+            for rows in {rows for rows, _ in self.seconds}
+            for drafted, cost in self._points(rows)
+        ]
+        return max(sum(extras) / len(extras), 0.0) if extras else None
+
+    def relative(self, rows: int, drafted: int) -> float | None:
+        """A step of ``rows`` decode rows and ``drafted`` draft tokens, in steps of those rows
+        without drafts: the measured mean, else a line through the measured lengths of these
+        rows (past the longest, its mean cost a token), else ``ratio`` a token; None while
+        nothing is measured."""
+        if drafted == 0:
+            return 1.0
+        points = self._points(rows)
+        if not points:
+            ratio = self.ratio
+            return None if ratio is None else 1.0 + drafted * ratio
+        below = (0, 1.0)
+        for point in points:
+            if point[0] == drafted:
+                return point[1]
+            if point[0] > drafted:  # between two measured lengths
+                (x0, y0), (x1, y1) = below, point
+                return y0 + (y1 - y0) * (drafted - x0) / (x1 - x0)
+            below = point
+        longest, cost = below
+        return cost + (drafted - longest) * max(cost - 1.0, 0.0) / longest
 
 
-def _average(mean: float | None, value: float) -> float:
-    return value if mean is None else mean + WEIGHT * (value - mean)
-
-
-def paying_length(acceptance: float, cost: float | None, length: int) -> int:
-    """The longest draft, up to ``length``, whose last token is still worth its cost: token j
-    of a draft is kept with probability ``acceptance`` ** j (each one after an accepted one)
-    and costs ``cost`` steps. ``length`` when the cost is unknown; 0 when not even the first
-    token pays."""
-    if cost is None:
-        return length
-    paying, kept = 0, 1.0
-    while paying < length:
+def best_length(acceptance: float, cost: DraftCost, rows: int, length: int) -> int:
+    """The draft length, up to ``length``, that gives a step of ``rows`` decode rows the most
+    tokens per second: token j of a draft is kept with probability ``acceptance`` ** j (each
+    one after an accepted one), and a step with L drafted tokens costs ``cost.relative(rows,
+    L)`` steps without. ``length`` while the cost is unknown; 0 when no draft pays."""
+    best, best_rate = 0, 1.0
+    gain, kept = 0.0, 1.0
+    for drafted in range(1, length + 1):
+        steps = cost.relative(rows, drafted)
+        if steps is None:
+            return length
         kept *= acceptance
-        if kept <= cost:
-            break
-        paying += 1
-    return paying
+        gain += kept
+        rate = (rows + gain) / (rows * steps)
+        if rate > best_rate:
+            best, best_rate = drafted, rate
+    return best

@@ -10,23 +10,22 @@ from typing import NamedTuple
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sampling_tensors import is_greedy
 from jaxgen.engine.sequence import Sequence, SequenceStatus
-from jaxgen.engine.speculative.draft_cost import DraftCost, paying_length
+from jaxgen.engine.speculative.draft_cost import DraftCost, best_length
 from jaxgen.engine.speculative.ngram import NgramProposer
 
-# After a draft of which nothing was accepted, a sequence drafts nothing for this many steps,
-# doubling with each such draft in a row (reset by an accepted token): proposals that keep
-# missing cost a verify row each, so speculation backs off where it does not pay. Its drafts'
-# length follows its acceptance too: after a draft cut at a rejection the next is one token
-# longer than what was accepted, after a wholly accepted one twice as long (up to k), so a
-# sequence whose drafts mostly miss verifies short rows.
+# Until the engine has measured what drafts cost: after a draft of which nothing was accepted,
+# a sequence drafts nothing for this many steps, doubling with each such draft in a row (reset
+# by an accepted token), and its drafts' length follows its acceptance: after a draft cut at a
+# rejection the next is one token longer than what was accepted, after a wholly accepted one
+# twice as long (up to k).
 FIRST_BACKOFF, MAX_BACKOFF = 2, 64
-# Once the engine has measured what a drafted token costs (``DraftCost``), a draft is only as
-# long as its tokens pay for themselves at the sequence's acceptance rate (counts decayed by
-# DECAY a draft, starting from PRIOR_TRIALS at the engine's rate), and a draft that does not
-# pay backs off as one with nothing accepted, but four times longer at each such draft in a
-# row (up to UNPAID_MAX_BACKOFF): where proposals mostly miss, speculation costs a one-token
-# probe now and then.
-DECAY, PRIOR_TRIALS = 0.8, 2.0
+# Once it has (``DraftCost``), a draft is as long as gives the most tokens per second at the
+# sequence's acceptance rate (``best_length``; counts decayed by DECAY a draft, starting from
+# PRIOR_TRIALS at the engine's rate), and a sequence backs off only where no length pays: as
+# after a draft with nothing accepted, but four times longer at each such draft in a row (up to
+# UNPAID_MAX_BACKOFF). Where proposals mostly miss, speculation costs a one-token probe now
+# and then.
+DECAY, PRIOR_TRIALS = 0.9, 0.5
 UNPAID_GROWTH, UNPAID_MAX_BACKOFF = 4, 256
 
 
@@ -101,6 +100,7 @@ class Speculator:
         self.num_trials = 0  # draft tokens accepted or rejected
         self.accepted_per_position = [0] * config.num_speculative_tokens
         self.cost = DraftCost()
+        self.rows = 1  # decode rows of the step the last drafts were proposed for
 
     def propose(
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
@@ -114,6 +114,7 @@ class Speculator:
             del self.backoff[seq_id]
         spare_tokens = token_budget - len(running)
         spare_pages = allocator.num_free_pages
+        self.rows = max(len(running), 1)
         candidates = []
         for seq in running:
             state = self._state_of(seq.seq_id)
@@ -130,7 +131,7 @@ class Speculator:
             )
             if k >= 1:
                 # A draft that would not pay is still probed one token long now and then.
-                k = max(min(k, paying_length(self.acceptance(state), self.cost.ratio, k)), 1)
+                k = max(best_length(self.acceptance(state), self.cost, self.rows, k), 1)
                 candidates.append(Candidate(seq, k, self._draw_seed(seq)))
         drafts = []
         proposals = self.proposer.propose(candidates, spare_tokens) if candidates else []
@@ -168,17 +169,28 @@ class Speculator:
         state = self._state_of(draft.seq.seq_id)
         state.accepted = DECAY * state.accepted + accepted
         state.trials = DECAY * state.trials + trials
+        if self.cost.relative(self.rows, 1) is not None:
+            # Costs measured: the next draft is as long as pays (``best_length``), and the
+            # sequence backs off only while no length does.
+            state.length = self.config.num_speculative_tokens
+            if self._unpaid(state):
+                _miss(state, UNPAID_GROWTH, UNPAID_MAX_BACKOFF)
+            else:
+                state.misses = 0
+            return
         if accepted == len(draft.tokens):
             state.length = min(2 * state.length, self.config.num_speculative_tokens)
         else:
             state.length = accepted + 1
-        cost = self.cost.ratio
-        if cost is not None and self.acceptance(state) <= cost:
-            _miss(state, UNPAID_GROWTH, UNPAID_MAX_BACKOFF)
-        elif accepted:
+        if accepted:
             state.misses = 0
         else:
             _miss(state)
+
+    def _unpaid(self, state: _Backoff) -> bool:
+        """Whether drafts are measured not to pay at the sequence's acceptance, at any length."""
+        length = self.config.num_speculative_tokens
+        return best_length(self.acceptance(state), self.cost, self.rows, length) == 0
 
     def acceptance(self, state: _Backoff) -> float:
         """A sequence's chance that a draft token is accepted after an accepted one: its own

@@ -23,6 +23,7 @@ import time
 
 import jax
 
+from jaxgen.engine.compile_counter import compile_count
 from jaxgen.engine.prompt_logprobs import unpack_prompt_logprobs
 from jaxgen.engine.speculative.grammar_drafts import constrain_drafts, with_bonus_masks
 from jaxgen.engine.speculative.speculator import Draft
@@ -56,7 +57,7 @@ def speculative_step(engine) -> list[RequestOutput]:
     if scheduled.is_empty:
         _strip(drafts)
         return []
-    start = time.perf_counter()
+    start, compiles = time.perf_counter(), compile_count()
     try:
         batch = with_bonus_masks(engine._build_batch(scheduled), masks)
         verify = _verify_rows(engine, batch, drafts, masks)
@@ -72,7 +73,8 @@ def speculative_step(engine) -> list[RequestOutput]:
     engine._last_read = now
     engine.num_steps += 1
     engine.last_batch_size = len(scheduled.scheduled)
-    _observe_cost(engine, scheduled, drafts, now - start)
+    if compile_count() == compiles:  # a step that compiled says nothing of its cost
+        _observe_cost(engine, scheduled, drafts, now - start)
     tokens, logprobs = unpack(batch, output)
     if batch.prompt is not None and batch.prompt.spans:
         for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
