@@ -1,20 +1,23 @@
 """Single-stream speed with n-gram speculative decoding against none, on the default model:
-an input-grounded workload (the answer repeats spans of the prompt) and plain chat.
+an input-grounded workload (editing code, extracting or restating a document: the answers
+repeat spans of the prompt) and plain chat.
 
     python benchmarks/speculative_ngram.py [--tokens 128] [--k 2 4] [--repeats 2]
 
-Each configuration is warmed up first (every shape it meets compiled), then each prompt runs
-alone, greedy, the configurations taking turns prompt by prompt; prints output tok/s, the ratio
-to no speculation by wall time and by the process's CPU time (steadier on a shared machine),
-the compiles during the measured runs (0 when warm) and the acceptance counters. No speculation
-runs in two engines, built first and last, and the ratios are to both together: on the CPU an
-engine built earlier in the process can run a few per cent faster than one built later.
+One engine per configuration (no speculation, then n-gram at each k), after an unmeasured
+first one (a process's first engine runs a few per cent faster than the later ones, which run
+alike). Each engine is warmed up (every shape it meets compiled), then each prompt runs alone,
+greedy, the engines taking turns prompt by prompt (this VM's speed drifts by 10-20% over
+minutes). Prints per workload the output tok/s, the ratio to no speculation by wall time and by
+the process's CPU time, the compiles during the measured runs (0 when warm) and the acceptance
+counters, and per prompt its tokens and ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 
 CODE = """def total_price(items, tax_rate):
@@ -30,21 +33,48 @@ def average_price(items):
         return 0
     return sum(item.price for item in items) / len(items)
 """
-
-GROUNDED = [
-    "Rename the variable `subtotal` to `net` in this code and give the whole code back:\n\n" + CODE,
-    "Add a docstring to each function of this code and give the whole code back:\n\n" + CODE,
-    "Copy this text exactly, then say how many sentences it has:\n\nThe lighthouse stood on "
-    "the rock for two hundred years. Ships passed it every night. The keeper lit the lamp at "
-    "dusk and put it out at dawn. Nobody remembered a night it had not been lit.",
-]
-CHAT = [
-    "Write a short story about a lighthouse keeper.",
-    "What are three good habits for staying healthy?",
-    "Explain how a bicycle stays upright.",
-]
-
-
+INVOICE = """Invoice number: 20931
+Date: 14 March 2024
+Customer: Maria Lopez
+Email: maria.lopez@example.com
+Address: 12 Harbour Street, Bristol BS1 4RD
+Items: 3 desk lamps at 24.99 each, 1 office chair at 149.00
+Total: 223.97
+"""
+LETTER = (
+    "Dear Mr Patel,\n\nThank you for your order of 12 March. Your parcel left our warehouse in "
+    "Leeds on 14 March and will be delivered to 8 Mill Lane, York YO1 7HH by 18 March. Your "
+    "tracking number is GB2291847. If you have questions, call us on 0113 496 0021.\n\nKind "
+    "regards,\nAnna Clarke\nCustomer Service"
+)
+LIGHTHOUSE = (
+    "The lighthouse stood on the rock for two hundred years. Ships passed it every night. The "
+    "keeper lit the lamp at dusk and put it out at dawn. Nobody remembered a night it had not "
+    "been lit."
+)
+MISSPELT = (
+    "The lighthouse stod on the rock for two hundred yeers. Ships pased it every night. The "
+    "keeper lit the lamp at dusk and put it out at dawn. Nobody rememberd a night it had not "
+    "been lit."
+)
+GROUNDED = {
+    "rename": "Rewrite this code with the variable `subtotal` renamed to `net`. Reply with the "
+    "code only.\n\n" + CODE,
+    "docstrings": "Add a docstring to each function of this code and give the whole code "
+    "back:\n\n" + CODE,
+    "fields": "List the invoice number, date, customer, email, address and total of this "
+    "invoice, one per line:\n\n" + INVOICE,
+    "spelling": "Fix the spelling mistakes in this paragraph and write it out in full:\n\n"
+    + MISSPELT,
+    "restate": "Rewrite this letter in formal English, keeping every fact:\n\n" + LETTER,
+    "copy": "Copy this text exactly, then say how many sentences it has:\n\n" + LIGHTHOUSE,
+}
+CHAT = {
+    "story": "Write a short story about a lighthouse keeper.",
+    "habits": "What are three good habits for staying healthy?",
+    "bicycle": "Explain how a bicycle stays upright.",
+}
+WORKLOADS = {"input-grounded": GROUNDED, "chat": CHAT}
 STAT_KEYS = (
     "spec_decode_num_drafts",
     "spec_decode_num_draft_tokens",
@@ -56,59 +86,87 @@ STAT_KEYS = (
 
 @dataclasses.dataclass
 class Tally:
-    """One engine's totals over the measured runs of one workload."""
+    """One configuration's totals over the measured runs of one prompt (or workload)."""
 
     tokens: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
     stats: dict = dataclasses.field(default_factory=dict)
-    draft_token_cost: float | None = None  # the engine's measured cost at the end, in steps
+
+    def add(self, other: Tally) -> None:
+        self.tokens += other.tokens
+        self.wall_s += other.wall_s
+        self.cpu_s += other.cpu_s
+        for key, value in other.stats.items():
+            self.stats[key] = self.stats.get(key, 0) + value
 
 
-def run_one(llm, prompt: str, params, tally: Tally) -> None:
-    """Runs ``prompt`` alone on ``llm``; adds its tokens, wall and process CPU time, and the
-    engine counters' change to ``tally``."""
+def run_one(llm, prompt: str, params) -> Tally:
+    """Runs ``prompt`` alone on ``llm``: its tokens, wall and process CPU time, and the
+    engine counters' change."""
     before = llm.stats()
     wall, cpu = time.perf_counter(), time.process_time()
     out = llm.chat([{"role": "user", "content": prompt}], params, use_tqdm=False)
-    tally.wall_s += time.perf_counter() - wall
-    tally.cpu_s += time.process_time() - cpu
-    tally.tokens += len(out[0].outputs[0].token_ids)
+    tally = Tally(wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu)
+    tally.tokens = len(out[0].outputs[0].token_ids)
     after = llm.stats()
-    for key in STAT_KEYS:
-        if key in after:
-            tally.stats[key] = tally.stats.get(key, 0) + after[key] - before.get(key, 0)
-    tally.draft_token_cost = after.get("spec_decode_draft_token_cost")
+    tally.stats = {key: after[key] - before.get(key, 0) for key in STAT_KEYS if key in after}
+    return tally
 
 
-def report(workload: str, tallies: dict[str, Tally]) -> None:
-    # The baseline: both engines without speculation, built first and last (an engine built
-    # earlier in the process can run a few per cent faster than one built later).
-    plain = [tally for name, tally in tallies.items() if name.startswith("none")]
-    base = Tally(
-        tokens=sum(t.tokens for t in plain),
-        wall_s=sum(t.wall_s for t in plain),
-        cpu_s=sum(t.cpu_s for t in plain),
-    )
-    for name, tally in tallies.items():
-        stats = tally.stats
-        rate = ""
-        if "spec_decode_num_draft_tokens" in stats:
-            drafted = max(stats["spec_decode_num_draft_tokens"], 1)
-            rate = (
-                f"  acceptance {stats['spec_decode_num_accepted_tokens'] / drafted:.2f}"
-                f"  drafts {stats['spec_decode_num_drafts']}"
+def build(loaded, k: int, args):
+    """An engine on ``loaded``: n-gram speculation with ``k`` tokens, or none (``k`` 0)."""
+    from jaxgen import LLM
+
+    knobs = dict(max_model_len=1024, max_rolling_batch_size=4, kv_cache_memory=64 << 20)
+    if k:
+        knobs["speculative_config"] = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": args.prompt_lookup_max,
+        }
+    return LLM(loaded, **knobs)
+
+
+def ratio(tally: Tally, base: Tally) -> tuple[float, float]:
+    """Output tokens per second against ``base``'s, by wall time and by CPU time."""
+    per_token = tally.tokens / base.tokens
+    return base.wall_s / tally.wall_s * per_token, base.cpu_s / tally.cpu_s * per_token
+
+
+def report(configs: list[int], tallies: dict, costs: dict) -> None:
+    for workload, group in WORKLOADS.items():
+        totals = {k: Tally() for k in configs}
+        for k in configs:
+            for name in group:
+                totals[k].add(tallies[k, workload, name])
+        for k in configs:
+            tally, stats = totals[k], totals[k].stats
+            wall, cpu = ratio(tally, totals[0])
+            line = (
+                f"{workload:15s} {'none' if not k else f'ngram k={k}':10s}"
+                f" {tally.tokens / tally.wall_s:7.1f} tok/s  x{wall:.2f} wall  x{cpu:.2f} cpu"
+                f"  tokens {tally.tokens}  steps {stats['steps']}"
+                f"  compiles {stats.get('compiles', 0)}"
             )
-            if tally.draft_token_cost is not None:
-                rate += f"  draft token cost {tally.draft_token_cost:.2f} steps"
-        print(
-            f"{workload:15s} {name:17s} {tally.tokens / tally.wall_s:7.1f} tok/s"
-            f"  x{base.wall_s / tally.wall_s * tally.tokens / base.tokens:.2f} wall"
-            f"  x{base.cpu_s / tally.cpu_s * tally.tokens / base.tokens:.2f} cpu"
-            f"  tokens {tally.tokens}  steps {stats['steps']}"
-            f"  compiles {stats.get('compiles', 0)}{rate}",
-            flush=True,
-        )
+            if k:
+                drafted = max(stats["spec_decode_num_draft_tokens"], 1)
+                line += (
+                    f"  acceptance {stats['spec_decode_num_accepted_tokens'] / drafted:.2f}"
+                    f"  drafts {stats['spec_decode_num_drafts']}"
+                )
+                if costs.get(k) is not None:
+                    line += f"  draft token cost {costs[k]:.2f} steps"
+            print(line)
+        for name in group:  # per prompt: tokens, and each k's wall / cpu ratio
+            base = tallies[0, workload, name]
+            cells = [f"{name:12s} {base.tokens:4d} tokens"]
+            for k in configs[1:]:
+                wall, cpu = ratio(tallies[k, workload, name], base)
+                cells.append(f"k={k} x{wall:.2f} / {cpu:.2f}")
+            print("    " + "  ".join(cells))
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -119,33 +177,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
-    from jaxgen import LLM, SamplingParams
+    from jaxgen import SamplingParams
     from jaxgen.loaders import load_model
 
     loaded = load_model(None, dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
-    knobs = dict(max_model_len=1024, max_rolling_batch_size=4, kv_cache_memory=64 << 20)
-    engines = {"none, built first": LLM(loaded, **knobs)}
-    for k in args.k:
-        config = {
-            "method": "ngram",
-            "num_speculative_tokens": k,
-            "prompt_lookup_min": 1,
-            "prompt_lookup_max": args.prompt_lookup_max,
-        }
-        engines[f"ngram k={k}"] = LLM(loaded, **knobs, speculative_config=config)
-    engines["none, built last"] = LLM(loaded, **knobs)
-    for llm in engines.values():  # warm-up: every shape both workloads meet, the second
-        for prompt in 2 * (GROUNDED + CHAT):  # time a prompt with its prefix cached
-            run_one(llm, prompt, params, Tally())
-    for workload, prompts in (("input-grounded", GROUNDED), ("chat", CHAT)):
-        # Engines take turns prompt by prompt, so a change in the machine's load falls on all.
-        tallies = {name: Tally() for name in engines}
-        for _ in range(args.repeats):
-            for prompt in prompts:
-                for name, llm in engines.items():
-                    run_one(llm, prompt, params, tallies[name])
-        report(workload, tallies)
+    configs = [0, *args.k]
+    # The first engine a process builds runs 4-6% faster than every later one (which run
+    # alike): it is built and warmed up, never measured.
+    unmeasured = build(loaded, 0, args)
+    engines = {k: build(loaded, k, args) for k in configs}
+    prompts = [(w, name, text) for w, group in WORKLOADS.items() for name, text in group.items()]
+    for llm in [unmeasured, *engines.values()]:  # every shape compiled, the second time with
+        for _ in range(2):  # the prompt's prefix cached
+            for _, _, text in prompts:
+                run_one(llm, text, params)
+    tallies = {(k, w, name): Tally() for k in configs for w, name, _ in prompts}
+    for _ in range(args.repeats):  # engines take turns prompt by prompt: a change in the
+        for workload, name, text in prompts:  # machine's load falls on all
+            for k, llm in engines.items():
+                tallies[k, workload, name].add(run_one(llm, text, params))
+    costs = {k: llm.stats().get("spec_decode_draft_token_cost") for k, llm in engines.items()}
+    report(configs, tallies, costs)
 
 
 if __name__ == "__main__":
