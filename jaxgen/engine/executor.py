@@ -90,16 +90,15 @@ class StepExecutor:
         num_steps: int = 1,
         *,
         after: DispatchedStep | None = None,
-        verify=None,
     ) -> DispatchedStep:
         """Dispatches ``batch`` (the step of ``scheduled``, ``num_steps`` decode steps) without
         waiting; with asynchronous scheduling its rows holding a pending token take it from
-        ``after``'s feed. ``verify``: speculative decoding's draft positions (``runner.dispatch``)."""
+        ``after``'s feed."""
         pending = ()  # asynchronous scheduling: (from_previous, previous_tokens)
         if self._empty_feed is not None:
             pending = self._pending_feed(batch, after)
         step = self.runner.dispatch(
-            batch.arrays, batch.prompt_targets, *pending, num_steps=num_steps, verify=verify
+            batch.arrays, batch.prompt_targets, *pending, num_steps=num_steps
         )
         return DispatchedStep(scheduled, batch, step, start, num_steps)
 
@@ -118,10 +117,10 @@ class StepExecutor:
             prompt = unpack_prompt_logprobs(step.batch.prompt, prompt_output)
         return StepResult([StepTokens(*unpack(step.batch, out)) for out in outputs], prompt)
 
-    def run_now(self, batch: StepBatch, num_steps: int = 1, verify=None):
+    def run_now(self, batch: StepBatch, num_steps: int = 1):
         """Runs ``batch`` and waits for it (precompiling): the sampler's output and the prompt
         logprobs; nothing is kept in flight."""
-        return self.runner.fetch(self.launch(batch, num_steps=num_steps, verify=verify).step)
+        return self.runner.fetch(self.launch(batch, num_steps=num_steps).step)
 
     def hold(self, step: DispatchedStep) -> None:
         """Keeps ``step`` in flight, to be read by a later engine step."""

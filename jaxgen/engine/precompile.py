@@ -27,8 +27,8 @@ def precompile_engine(engine) -> int:
         if multi_step > 1 and len(inputs.token_ids) <= layout.seq_cap:  # decode-only
             executor.run_now(batch, multi_step)
         if engine.verify_shapes is not None:
-            for verify in engine.verify_shapes.padding(len(inputs.token_ids)):
-                executor.run_now(batch, verify=verify)
+            for verify_batch in engine.verify_shapes.padding(batch):
+                executor.run_now(verify_batch)
     draft_engine = getattr(getattr(engine.speculator, "proposer", None), "engine", None)
     if draft_engine is not None:  # the draft model's engine (``speculative/draft_model.py``)
         draft_engine.precompile()

@@ -84,6 +84,9 @@ class ModelRunner:
             place=self._place,
         )
         self._sample = jitted_sampler(seq_cap)
+        # Row buckets past the sequence cap (speculative decoding's verify steps sample their
+        # draft positions too; set with a speculator, ``VerifyShapes.wide_shapes``).
+        self.wide_shapes: SamplingShapes | None = None
         self._empty_targets: dict[int, jax.Array] = {}
 
     def _allocate_pool(self):
@@ -123,20 +126,24 @@ class ModelRunner:
         from_previous=None,
         previous_tokens=None,
         num_steps: int = 1,
-        verify=None,
     ) -> InFlight:
         """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
         ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it.
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
         more): that many decode steps, each fed the last one's tokens; the sampler's output
-        is stacked ``[num_steps, R, ...]``. ``verify``: speculative decoding's draft positions
-        (``FittedVerify``): those rows' logits are sampled too (``InFlight.verify``)."""
+        is stacked ``[num_steps, R, ...]``. A speculative verify step's logits rows may
+        outnumber the sequence cap (its draft positions after its sequences' rows): they take
+        ``wide_shapes``' row buckets and a sampler of their own."""
         *inputs, sampling = arrays
         flags = GENERAL_FLAGS
         if self.per_batch_executables:
             flags = host_flags(sampling)
-        sampling = self.sampling_shapes.fit(sampling)
+        shapes, sampler = self.sampling_shapes, self._sample
+        if sampling.temperature.shape[0] > shapes.seq_cap:
+            shapes = self.wide_shapes
+            sampler = jitted_sampler(shapes.rows_for(sampling.temperature.shape[0]))
+        sampling = shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
         wants_prompt = prompt_targets is not None
         if not wants_prompt and not self.per_batch_executables:
@@ -147,8 +154,6 @@ class ModelRunner:
             extra["sampling_flags"] = flags
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
-        if verify is not None:
-            extra |= {"verify_rows": verify.step_rows, "verify_live": verify.live}
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -161,14 +166,9 @@ class ModelRunner:
         )
         if num_steps > 1:
             return InFlight(result, None, None)
-        logits, prompt, *verify_logits = result
-        sampled, feed = self._sample(logits, sampling, flags=flags)
-        verified = None
-        if verify is not None:  # up to the sequence cap, the step sampler's executables
-            rows = verify.step_rows.shape[0]
-            sampler = self._sample if rows <= self.sampling_shapes.seq_cap else jitted_sampler(rows)
-            verified, _ = sampler(verify_logits[0], verify.sampling, flags=GENERAL_FLAGS)
-        return InFlight(sampled, prompt if wants_prompt else None, feed, verified)
+        logits, prompt = result
+        sampled, feed = sampler(logits, sampling, flags=flags)
+        return InFlight(sampled, prompt if wants_prompt else None, feed)
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
@@ -200,7 +200,6 @@ class InFlight:
     result: object  # SamplerOutput ([num_steps, R, ...] for a multi-step call)
     prompt: PromptLogprobsOutput | None  # when the step computed prompt logprobs
     feed: jax.Array | None  # [seq_cap] int32: the tokens it sampled (async scheduling)
-    verify: SamplerOutput | None = None  # [D]: the draft positions' tokens (speculative)
 
 
 def _deleted(leaf) -> bool:

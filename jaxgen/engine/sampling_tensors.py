@@ -271,6 +271,34 @@ def _logit_bias_table(
     return ids, values
 
 
+# The fill of each [B, W] field's padding columns: no id, no bias, every token allowed.
+_WIDTH_FILLS = {"logit_bias_values": 0.0}
+
+
+def concat_rows(first: SamplingTensors, second: SamplingTensors) -> SamplingTensors:
+    """The rows of ``first`` then those of ``second`` (numpy, as ``build_sampling_tensors``
+    makes them); a [B, W] field of two widths is padded to the wider (-1: no id, every token
+    allowed; no bias)."""
+    fields = {}
+    for field in dataclasses.fields(SamplingTensors):
+        a, b = getattr(first, field.name), getattr(second, field.name)
+        if a.ndim == 2 and a.shape[1] != b.shape[1]:
+            width = max(a.shape[1], b.shape[1])
+            fill = _WIDTH_FILLS.get(field.name, -1)
+            a, b = (
+                np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=fill) for x in (a, b)
+            )
+        fields[field.name] = np.concatenate([a, b])
+    return SamplingTensors(**fields)
+
+
+def take_rows(tensors: SamplingTensors, count: int) -> SamplingTensors:
+    """The first ``count`` rows of ``tensors`` (numpy)."""
+    return SamplingTensors(
+        **{f.name: getattr(tensors, f.name)[:count] for f in dataclasses.fields(SamplingTensors)}
+    )
+
+
 def _pad_ids(id_lists: Sequence[Sequence[int]], batch_size: int, width: int) -> np.ndarray:
     """Stack id lists into a [batch_size, width] int32 array padded with -1."""
     out = np.full((batch_size, width), -1, np.int32)

@@ -35,10 +35,9 @@ def jitted_step(graphdef, backend: KernelBackend):
     prompt-logprobs branch): its executable depends on the step's shape alone, and the
     sampler (``jitted_sampler``) is one executable per row bucket for every sampling
     configuration. A multi-step call (``num_steps``) samples inside its decode loop, with
-    ``sampling_flags`` (static; the runner's, see ``ModelRunner.dispatch``). With
-    ``verify_rows`` [D] (speculative decoding's draft positions; ``verify_live`` [2, 2] the
-    real ones' span, the rest padding the LM head may skip) it also returns those step rows'
-    logits [D, V], for the verify sampler."""
+    ``sampling_flags`` (static; the runner's, see ``ModelRunner.dispatch``). A speculative
+    verify step is a step whose logits rows (``logits_indices``) hold its draft positions too,
+    after its sequences' own (``VerifyShapes.merged``)."""
 
     def step(
         params,
@@ -57,8 +56,6 @@ def jitted_step(graphdef, backend: KernelBackend):
         num_steps=None,
         page_size=None,
         sampling=None,
-        verify_rows=None,
-        verify_live=None,
         sampling_flags=GENERAL_FLAGS,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
@@ -80,14 +77,11 @@ def jitted_step(graphdef, backend: KernelBackend):
             )
         if from_previous is not None:
             token_ids = take_fed_tokens(token_ids, from_previous, previous_tokens)
-        verify = None if verify_rows is None else (verify_rows, verify_live)
-        model, hidden, kv_cache, logits, *verify_logits = run(
-            kv_cache, token_ids, positions, md, verify=verify
-        )
+        model, hidden, kv_cache, logits = run(kv_cache, token_ids, positions, md)
         prompt = None  # None: known on the host that no row wants prompt logprobs
         if prompt_targets is not None:
             prompt = with_prompt_logprobs(model, hidden, head, md, prompt_targets)
-        return kv_cache, (logits, prompt, *verify_logits)
+        return kv_cache, (logits, prompt)
 
     return StoredJit(
         step,
@@ -121,50 +115,16 @@ def forward(
     token_ids,
     positions,
     md,
-    verify=None,
 ):
     """The model over the step's tokens (``token_ids``, ``positions`` [T]); returns the model,
     its hidden states [T, E], the updated pool and the logits rows [sample_rows, V] (only the
-    rows that sample, ``logits_indices``, padded to the sampler's bucket). With ``verify``
-    (``(verify_rows [D], verify_live [2, 2])``, speculative decoding's draft positions) it
-    also returns those rows' logits [D, V], from the same LM head call (``packed_logits``)."""
+    rows that sample, ``logits_indices``, padded to the sampler's bucket; ``logits_live``: the
+    ``[begin, end)`` spans of the real ones, so a head that skips padding rows does)."""
     model = nnx.merge(graphdef, params)
     hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
-    groups = [(logits_indices, logits_live)] + ([] if verify is None else [verify])
-    logits, *verify_logits = packed_logits(model, hidden, head, groups)
+    logits = model.compute_logits(hidden[logits_indices], head_kernel=head, live_rows=logits_live)
     logits = jnp.pad(logits, ((0, sample_rows - logits.shape[0]), (0, 0)))
-    return model, hidden, kv_cache, logits, *verify_logits
-
-
-def packed_logits(model, hidden, head, groups) -> list:
-    """The LM head on several groups of rows of ``hidden`` [T, E], each ``(indices [N], live
-    [2, 2])`` (``live``: the ``[begin, end)`` spans of its real rows), as one call: the groups'
-    real rows are packed, in order, into one span at the front, so a head that skips padding
-    rows (the native CPU kernels) reads its weights once for all of them, not once per group
-    (on the default model's CPU step a second read of the 28 MB head cost more than its rows'
-    products). Returns each group's logits [N, V], zeros on its padding rows."""
-    if len(groups) == 1:
-        indices, live = groups[0]
-        return [model.compute_logits(hidden[indices], head_kernel=head, live_rows=live)]
-    total = sum(indices.shape[0] for indices, _ in groups)
-    sources = jnp.zeros(total, jnp.int32)
-    offset = jnp.int32(0)  # packed rows so far
-    placed = []  # per group: [N] its rows' packed positions, [N] whether real
-    for indices, live in groups:
-        begin = live[:, 0]
-        length = jnp.maximum(live[:, 1] - begin, 0)  # [2]
-        rows = jnp.arange(indices.shape[0], dtype=jnp.int32)
-        in_first = (rows >= begin[0]) & (rows < begin[0] + length[0])
-        in_second = (rows >= begin[1]) & (rows < begin[1] + length[1]) & ~in_first
-        rank = jnp.where(in_first, rows - begin[0], length[0] + rows - begin[1])
-        real = in_first | in_second
-        position = jnp.where(real, offset + rank, total)  # total: dropped
-        sources = sources.at[position].set(indices.astype(jnp.int32), mode="drop")
-        placed.append((jnp.minimum(position, total - 1), real))
-        offset = offset + length[0] + length[1]
-    packed_live = jnp.stack([jnp.stack([0, offset]), jnp.stack([offset, offset])]).astype(jnp.int32)
-    packed = model.compute_logits(hidden[sources], head_kernel=head, live_rows=packed_live)
-    return [jnp.where(real[:, None], packed[position], 0.0) for position, real in placed]
+    return model, hidden, kv_cache, logits
 
 
 def take_fed_tokens(token_ids, from_previous, previous_tokens):

@@ -1,12 +1,14 @@
 """Speculative decoding's verify step compiled ahead of time beside the decode step (``jaxgen
 plan --target SLICE --compile --num-speculative-tokens k``): ``max_num_seqs`` sequences each
-verifying k draft tokens, so B (k + 1) token rows, and the logits of the B k draft positions
-returned for the verify sampler, as the engine runs it (``engine/speculative/verify_step.py``:
-the same jitted step, with ``verify_rows``). The figures are the compiler's counts, not
-measured times; the verify sampler (its own small executable) is not included."""
+verifying k draft tokens, so B (k + 1) token rows, and the logits of every sampling row and
+draft position, B (k + 1) of them, for the step's sampler, as the engine runs it
+(``engine/speculative/verify_step.py``: the same jitted step, its logits rows the draft
+positions after the sequences' own). The figures are the compiler's counts, not measured
+times; the sampler (its own small executable) is not included."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import NamedTuple
 
@@ -14,9 +16,8 @@ import numpy as np
 
 from jaxgen.config.speculative_config import check_num_speculative_tokens
 from jaxgen.engine.sampling_shapes import SamplingShapes
-from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.speculative.verify_sampling import VerifyShapes
-from jaxgen.engine.step_layout import StepLayout
+from jaxgen.engine.step_layout import StepLayout, spans
 from jaxgen.planning.abstract_step import abstract_arrays
 
 
@@ -24,8 +25,7 @@ class VerifyInputs(NamedTuple):
     """A full verify step's abstract arguments after params and pool."""
 
     arrays: tuple  # the step's inputs, then its prompt-logprob targets (none)
-    sample_rows: int
-    verify: dict  # verify_rows [D], verify_live [2, 2]
+    sample_rows: int  # the logits rows: every sampling row and draft position, padded
     num_speculative_tokens: int
     token_rows: int  # B (k + 1)
 
@@ -39,8 +39,8 @@ def verify_step_inputs(
     sharding=None,
 ) -> VerifyInputs:
     """``ShapeDtypeStruct``s of the step of ``max_num_seqs`` sequences each verifying its whole
-    draft: B (k + 1) token rows, no prompt logprobs, and the verify arguments (D: the
-    engine's row bucket for B k draft rows)."""
+    draft: B (k + 1) token rows, no prompt logprobs, and as many logits rows (the B sampling
+    rows, then the B k draft positions), padded to the engine's row bucket."""
     check_num_speculative_tokens(num_speculative_tokens)
     tokens = max_num_seqs * (num_speculative_tokens + 1)
     layout = StepLayout(
@@ -50,19 +50,19 @@ def verify_step_inputs(
         max_model_len=max_model_len,
     )
     inputs = layout.padding_step(tokens, -(-max_model_len // page_size))
-    targets = np.full(tokens, -1, np.int32)
-    tensors, _ = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
     shapes = VerifyShapes(
         SamplingShapes(vocab_size=vocab_size, max_model_len=max_model_len, seq_cap=max_num_seqs),
         tokens,
         max_draft_rows=max_num_seqs * num_speculative_tokens,
     )
-    widest = shapes.padding(tokens)[-1]  # the bucket of every sequence's whole draft
-    verify = {"verify_rows": widest.step_rows, "verify_live": widest.live}
+    rows = shapes.rows_for(tokens)  # every sequence's sampling row and whole draft
+    inputs = dataclasses.replace(
+        inputs, logits_indices=np.zeros(rows, np.int32), logits_live=spans((0, 0), (rows, rows))
+    )
+    targets = np.full(tokens, -1, np.int32)
     return VerifyInputs(
         abstract_arrays((*inputs.arrays, targets), sharding),
-        tensors.temperature.shape[0],
-        abstract_arrays(verify, sharding),
+        rows,
         num_speculative_tokens,
         tokens,
     )
@@ -74,9 +74,8 @@ def compile_verify_step(step, step_params, pool, head, inputs: VerifyInputs) -> 
     counts for it."""
     start = time.perf_counter()
     lowered = step.trace(
-        step_params, pool, *inputs.arrays, head=head, sample_rows=inputs.sample_rows,
-        **inputs.verify,
-    ).lower()  # fmt: skip
+        step_params, pool, *inputs.arrays, head=head, sample_rows=inputs.sample_rows
+    ).lower()
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis()
@@ -84,7 +83,7 @@ def compile_verify_step(step, step_params, pool, head, inputs: VerifyInputs) -> 
     return {
         "num_speculative_tokens": inputs.num_speculative_tokens,
         "token_rows": inputs.token_rows,
-        "draft_rows": int(inputs.verify["verify_rows"].shape[0]),
+        "logits_rows": inputs.sample_rows,
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
         "flops": float(cost.get("flops", 0.0)),
         "temp": int(compiled.memory_analysis().temp_size_in_bytes),
@@ -98,7 +97,7 @@ def verify_report_lines(result: dict, decode_step: dict, gb: float) -> list[str]
     k = verify["num_speculative_tokens"]
     return [
         f"verify step, {result['max_num_seqs']} sequences x {k} draft tokens "
-        f"({verify['token_rows']} token rows, {verify['draft_rows']} draft logits rows; "
+        f"({verify['token_rows']} token rows, {verify['logits_rows']} logits rows; "
         "compiler counts per chip):",
         f"  bytes accessed            {verify['bytes_accessed'] / gb:8.3f} GB  "
         f"({verify['bytes_accessed'] / decode_step['bytes_accessed']:.2f}x the decode step's)",

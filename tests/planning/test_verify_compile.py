@@ -30,10 +30,11 @@ def test_verify_step_inputs_are_every_sequence_with_its_whole_draft():
     inputs = verify_step_inputs(
         32000, page_size=16, max_num_seqs=16, max_model_len=1024, num_speculative_tokens=4
     )
-    token_ids = inputs.arrays[0]
-    assert token_ids.shape == (16 * 5,) == (inputs.token_rows,) and inputs.sample_rows >= 16
-    assert inputs.verify["verify_rows"].shape[0] >= 16 * 4
-    assert inputs.verify["verify_live"].shape == (2, 2)
+    token_ids, logits_indices, logits_live = inputs.arrays[0], inputs.arrays[3], inputs.arrays[4]
+    assert token_ids.shape == (16 * 5,) == (inputs.token_rows,)
+    # the 16 sampling rows, then the 16 x 4 draft positions, padded to the row bucket
+    assert logits_indices.shape == (inputs.sample_rows,) and inputs.sample_rows >= 16 * 5
+    assert logits_live.shape == (2, 2)
 
 
 @needs_libtpu

@@ -39,20 +39,21 @@ step count.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import numpy as np
 
-from jaxgen.engine.buckets import next_power_of_two
 from jaxgen.engine.sampling_shapes import SamplingShapes
 from jaxgen.engine.sampling_tensors import (
     SamplerOutput,
     SamplingRow,
     SamplingTensors,
     build_sampling_tensors,
+    concat_rows,
     min_tokens_banned_ids,
+    take_rows,
 )
 from jaxgen.engine.speculative.speculator import Draft
+from jaxgen.engine.step_batch import StepBatch
 from jaxgen.engine.step_layout import spans
 
 
@@ -152,48 +153,59 @@ def position_logprobs(output: SamplerOutput, row: int, num_top: int | None) -> d
     return entry
 
 
-class FittedVerify(NamedTuple):
-    """Verify rows as the step takes them (``runner.dispatch``'s ``verify``)."""
-
-    step_rows: np.ndarray  # [D] int32: the step row of each draft position, padded
-    sampling: SamplingTensors  # [D]
-    live: np.ndarray  # [2, 2] int32: the real rows' span, so the LM head skips the padding
-
-
 class VerifyShapes:
-    """Fits verify rows to the sampler's fixed shapes: the step sampler's own row buckets
-    (its executables serve both) up to the sequence cap, powers of 4 beyond it up to the
-    token budget's bucket; ``runner.dispatch`` samples them with every stage on.
-    ``max_draft_rows``: the most draft positions one step can verify (sequences x k)."""
+    """A verify step's logits rows: its sequences' own sampling rows, then every draft position
+    (``merged``), sampled in the step's one sampler call. Row counts up to the sequence cap
+    take the step sampler's buckets (its executables serve both), beyond it powers of 4 and
+    the most a step can have: its sampling rows and draft positions never outnumber its
+    tokens (``max_rows``, the token budget's bucket) nor the sequence cap plus
+    ``max_draft_rows`` (sequences x k), and a step with every draft whole fills the last
+    bucket exactly."""
 
     def __init__(self, step_shapes: SamplingShapes, max_rows: int, max_draft_rows: int):
         self.step_shapes = step_shapes
-        self.wide_shapes = dataclasses.replace(
-            step_shapes, seq_cap=max(next_power_of_two(max_rows, 4), step_shapes.seq_cap)
-        )
+        most = min(max_rows, step_shapes.seq_cap + max_draft_rows)
+        self.wide_shapes = dataclasses.replace(step_shapes, seq_cap=max(most, step_shapes.seq_cap))
         self.max_draft_rows = max_draft_rows
 
-    def padding(self, num_tokens: int) -> list[tuple[np.ndarray, SamplingTensors]]:
-        """Greedy padding verify rows, fitted, for every row bucket a step of ``num_tokens``
-        token rows can verify (precompiling)."""
-        most = min(num_tokens, self.max_draft_rows)
-        sizes = {self._shapes(rows).rows_for(rows) for rows in range(1, most + 1)}
-        fitted = []
-        for size in sorted(sizes):
-            tensors, _ = build_sampling_tensors([], size, base_seed=0, step_counter=0)
-            rows = VerifyRows(np.zeros(size, np.int32), tensors, {})
-            fitted.append(self.fit(rows))
-        return fitted
-
-    def _shapes(self, num_rows: int) -> SamplingShapes:
+    def shapes(self, num_rows: int) -> SamplingShapes:
         """The step sampler's shapes up to the sequence cap, the wide ones beyond it."""
         return self.step_shapes if num_rows <= self.step_shapes.seq_cap else self.wide_shapes
 
-    def fit(self, rows: VerifyRows) -> FittedVerify:
-        """``rows``' step rows [D] and sampling tensors [D] padded to the row bucket D
-        (padding rows read step row 0 and sample greedily; nothing reads them back)."""
-        num_rows = rows.step_rows.shape[0]
-        sampling = self._shapes(num_rows).fit(rows.sampling)
-        step_rows = np.zeros(sampling.temperature.shape[0], np.int32)
-        step_rows[:num_rows] = rows.step_rows
-        return FittedVerify(step_rows, sampling, spans((0, num_rows), (num_rows, num_rows)))
+    def rows_for(self, num_rows: int) -> int:
+        """The logits rows (the sampler's row bucket) of ``num_rows`` sampled rows."""
+        return self.shapes(num_rows).rows_for(num_rows)
+
+    def merged(self, batch: StepBatch, rows: VerifyRows) -> tuple[StepBatch, int]:
+        """``batch`` with ``rows``' draft positions as logits rows after its sequences' own
+        (padding after them, to the row bucket); and the first draft position's row."""
+        inputs = batch.inputs
+        live = int(inputs.logits_live[1, 1])  # the sequences' rows: [0, live)
+        total = live + rows.step_rows.shape[0]
+        indices = np.zeros(self.rows_for(total), np.int32)
+        indices[:live] = inputs.logits_indices[:live]
+        indices[live:total] = rows.step_rows
+        merged_inputs = dataclasses.replace(
+            inputs, logits_indices=indices, logits_live=spans((0, total), (total, total))
+        )
+        sampling = concat_rows(take_rows(batch.sampling, live), rows.sampling)
+        seqs = batch.seqs[:live] + [None] * (indices.shape[0] - live)
+        return dataclasses.replace(batch, inputs=merged_inputs, sampling=sampling, seqs=seqs), live
+
+    def padding(self, batch: StepBatch) -> list[StepBatch]:
+        """All-padding verify batches of ``batch``'s shape (precompiling), one for every logits
+        row bucket a verify step of its tokens can reach."""
+        num_tokens = batch.inputs.token_ids.shape[0]
+        most = min(num_tokens, len(batch.seqs) + self.max_draft_rows)
+        batches = []
+        for size in sorted({self.rows_for(rows) for rows in range(2, most + 1)}):
+            tensors, _ = build_sampling_tensors([], size, base_seed=0, step_counter=0)
+            inputs = dataclasses.replace(
+                batch.inputs,
+                logits_indices=np.zeros(size, np.int32),
+                logits_live=spans((0, 0), (size, size)),
+            )
+            batches.append(
+                dataclasses.replace(batch, inputs=inputs, sampling=tensors, seqs=[None] * size)
+            )
+        return batches

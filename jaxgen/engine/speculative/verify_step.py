@@ -3,10 +3,10 @@ tokens are kept and the rejected ones' KV slots rolled back.
 
 A draft of k tokens turns its sequence's decode row into a prefill-like row of k + 1 tokens (the
 last accepted token, then the draft), scheduled, paged and bucketed like any chunk, so
-speculating and other rows share the step. The step also returns the logits of every draft
-position, which the request's own sampling parameters sample on the device
-(``verify_sampling``); the sampling row at the draft's end samples the token after a wholly
-accepted draft. Acceptance keeps the longest draft prefix equal to the sampled tokens, then the
+speculating and other rows share the step. Every draft position is one more logits row of
+the step, after its sequences' own, sampled with the request's own sampling parameters in the
+step's one sampler call (``verify_sampling``); the sequence's own row, at the draft's end,
+samples the token after a wholly accepted draft. Acceptance keeps the longest draft prefix equal to the sampled tokens, then the
 sampled token at the first mismatch: for greedy rows the longest prefix equal to the argmax
 (the output decoding without speculation gives), for sampled rows the target's own draws, so
 the target's distribution (exact rejection sampling of a point-mass draft; for a sampled draft
@@ -61,9 +61,11 @@ def speculative_step(engine) -> list[RequestOutput]:
     try:
         batch = with_bonus_masks(engine._build_batch(scheduled), masks)
         verify = _verify_rows(engine, batch, drafts, masks)
-        fitted = None if verify is None else engine.verify_shapes.fit(verify)
-        step = engine.executor.launch(batch, scheduled, start, verify=fitted).step
-        output, prompt_output, verified = jax.device_get((step.result, step.prompt, step.verify))
+        offset = 0  # the logits row of the first draft position
+        if verify is not None:
+            batch, offset = engine.verify_shapes.merged(batch, verify)
+        step = engine.executor.launch(batch, scheduled, start).step
+        output, prompt_output = jax.device_get((step.result, step.prompt))
     except Exception as error:
         _strip(drafts)
         raise engine._recover(scheduled, error) from error
@@ -84,7 +86,7 @@ def speculative_step(engine) -> list[RequestOutput]:
     got_token = scheduler.postprocess(scheduled, plain)
     kept = {}
     for draft in drafts:
-        kept[draft.seq.seq_id] = _accept(engine, draft, verify, verified, tokens, logprobs)
+        kept[draft.seq.seq_id] = _accept(engine, draft, verify, (output, offset), tokens, logprobs)
     return _deliver(engine, got_token, logprobs, drafts, kept)
 
 
@@ -147,6 +149,7 @@ def _draft_rows(batch: StepBatch, drafted: dict[int, Draft]) -> dict[int, int]:
 def _accept(engine, draft: Draft, verify, verified, tokens, logprobs) -> list[tuple[int, dict]]:
     """The tokens ``draft.seq`` keeps, with their logprobs entries (None when not asked): the
     accepted draft prefix, then the sampled token at the first mismatch or after the draft.
+    ``verified``: the step's sampler output and the row of its first draft position.
     Rolls its computed count and pages back to them. [] when its verify row was not run whole
     (preempted, or cut by the token budget): it decodes again next step."""
     seq = draft.seq
@@ -157,13 +160,14 @@ def _accept(engine, draft: Draft, verify, verified, tokens, logprobs) -> list[tu
         engine.scheduler.allocator.truncate(seq, seq.num_computed_tokens)
         engine.speculator.pause(seq)  # it decodes plainly next step: no row is cut twice
         return []
-    first, k = verify.first[seq_id], len(draft.tokens)
-    sampled = [int(token) for token in verified.token_ids[first : first + k]] + [tokens[seq_id]]
+    output, offset = verified
+    first, k = offset + verify.first[seq_id], len(draft.tokens)
+    sampled = [int(token) for token in output.token_ids[first : first + k]] + [tokens[seq_id]]
     new = accept(draft.tokens, sampled)
     accepted = len(new) - 1
     engine.speculator.record(draft, accepted)
     num_top = seq.params.logprobs
-    entries = [position_logprobs(verified, first + i, num_top) for i in range(min(len(new), k))]
+    entries = [position_logprobs(output, first + i, num_top) for i in range(min(len(new), k))]
     if accepted == k:
         entries.append(logprobs.get(seq_id))  # the bonus: the sequence's own sampling row
     # Computed: the tokens before the draft and the accepted ones; the last token decodes next.
