@@ -2,21 +2,27 @@
 an input-grounded workload (editing code, extracting or restating a document: the answers
 repeat spans of the prompt) and plain chat.
 
-    python benchmarks/speculative_ngram.py [--tokens 128] [--k 2 4] [--repeats 2]
+    python benchmarks/speculative_ngram.py [--tokens 128] [--k 2 4] [--rounds R] [--repeats 1]
+        [--prompt-lookup-min 2] [--prompt-lookup-max 5]
 
-One engine per configuration (no speculation, then n-gram at each k), after an unmeasured
-first one (a process's first engine runs a few per cent faster than the later ones, which run
-alike). Each engine is warmed up (every shape it meets compiled), then each prompt runs alone,
-greedy, the engines taking turns prompt by prompt (this VM's speed drifts by 10-20% over
-minutes). Prints per workload the output tok/s, the ratio to no speculation by wall time and by
-the process's CPU time, the compiles during the measured runs (0 when warm) and the acceptance
-counters, and per prompt its tokens and ratios.
+On this VM the engines of one process do not run alike: the first one built runs a few per
+cent faster than the later ones, and those drift with their build order by a few per cent too;
+one process against another differs by up to 10-20%. So each of ``--rounds`` processes builds
+an unmeasured first engine, then one engine per configuration (no speculation, then n-gram at
+each k) in an order rotated by one each round (by default a round per configuration: each
+takes each place once), warms them up (every shape they meet compiled), then runs each prompt
+alone, greedy, ``--repeats`` times, the engines taking turns prompt by prompt. Prints per
+workload the output tok/s over all rounds, the ratio to no speculation by wall time and by
+the process's CPU time, the compiles during the measured runs (0 when warm) and the
+acceptance counters, and per prompt its tokens and ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import subprocess
 import sys
 import time
 
@@ -123,7 +129,7 @@ def build(loaded, k: int, args):
         knobs["speculative_config"] = {
             "method": "ngram",
             "num_speculative_tokens": k,
-            "prompt_lookup_min": 1,
+            "prompt_lookup_min": args.prompt_lookup_min,
             "prompt_lookup_max": args.prompt_lookup_max,
         }
     return LLM(loaded, **knobs)
@@ -169,35 +175,77 @@ def report(configs: list[int], tallies: dict, costs: dict) -> None:
     sys.stdout.flush()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--k", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--prompt-lookup-max", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
-
+def worker(rotation: int, args) -> None:
+    """One process: an unmeasured first engine, then one per configuration in the order
+    rotated by ``rotation``, warmed up, then the prompts with the engines taking turns prompt
+    by prompt; prints each (configuration, prompt)'s tally as JSON, then the draft costs."""
     from jaxgen import SamplingParams
     from jaxgen.loaders import load_model
 
     loaded = load_model(None, dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
     configs = [0, *args.k]
-    # The first engine a process builds runs 4-6% faster than every later one (which run
-    # alike): it is built and warmed up, never measured.
+    configs = configs[rotation % len(configs) :] + configs[: rotation % len(configs)]
     unmeasured = build(loaded, 0, args)
     engines = {k: build(loaded, k, args) for k in configs}
     prompts = [(w, name, text) for w, group in WORKLOADS.items() for name, text in group.items()]
-    for llm in [unmeasured, *engines.values()]:  # every shape compiled, the second time with
-        for _ in range(2):  # the prompt's prefix cached
-            for _, _, text in prompts:
-                run_one(llm, text, params)
-    tallies = {(k, w, name): Tally() for k in configs for w, name, _ in prompts}
+    again = SamplingParams(temperature=0.0, max_tokens=2)
+    for llm in [unmeasured, *engines.values()]:  # every shape met compiled: the prompts, then
+        for _, _, text in prompts:  # their prefill again with the prefix cached (as measured)
+            run_one(llm, text, params)
+        for _, _, text in prompts:
+            run_one(llm, text, again)
     for _ in range(args.repeats):  # engines take turns prompt by prompt: a change in the
         for workload, name, text in prompts:  # machine's load falls on all
             for k, llm in engines.items():
-                tallies[k, workload, name].add(run_one(llm, text, params))
+                tally = dataclasses.asdict(run_one(llm, text, params))
+                print(json.dumps({"k": k, "workload": workload, "prompt": name, **tally}))
     costs = {k: llm.stats().get("spec_decode_draft_token_cost") for k, llm in engines.items()}
+    print(json.dumps({"costs": costs}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--prompt-lookup-min", type=int, default=2)
+    parser.add_argument("--prompt-lookup-max", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="processes (default: one per "
+        "configuration, each building the engines in another order)",
+    )
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args)
+        return
+
+    configs = [0, *args.k]
+    tallies = {
+        (k, workload, name): Tally()
+        for k in configs
+        for workload, group in WORKLOADS.items()
+        for name in group
+    }
+    costs = {}
+    options = ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
+    options += ["--prompt-lookup-min", str(args.prompt_lookup_min), "--k", *map(str, args.k)]
+    options += ["--prompt-lookup-max", str(args.prompt_lookup_max)]
+    for rotation in range(args.rounds or len(configs)):
+        command = [sys.executable, __file__, "--worker", str(rotation), *options]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if "costs" in record:
+                    costs = {int(k): cost for k, cost in record["costs"].items()}
+                    continue
+                key = (record.pop("k"), record.pop("workload"), record.pop("prompt"))
+                tallies[key].add(Tally(**record))
     report(configs, tallies, costs)
 
 
