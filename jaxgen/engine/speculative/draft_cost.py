@@ -23,6 +23,7 @@ class DraftCost:
     def __init__(self):
         self.seconds: dict[tuple[int, int], float] = {}  # (rows, drafted) -> mean seconds
         self.counts: dict[tuple[int, int], int] = {}
+        self._points_of: dict[int, list[tuple[int, float]]] = {}  # until the next step
 
     def observe(self, seconds: float, rows: int, drafted_tokens: int) -> None:
         """A step of ``rows`` decode rows (no prefill chunk), ``drafted_tokens`` of its tokens
@@ -34,6 +35,7 @@ class DraftCost:
         else:  # a step the machine or the collector paused drags the mean less
             self.seconds[key] = mean + WEIGHT * (min(seconds, OUTLIER * mean) - mean)
         self.counts[key] = self.counts.get(key, 0) + 1
+        self._points_of.clear()
 
     def _plain(self, rows: int) -> float | None:
         if self.counts.get((rows, 0), 0) < MIN_STEPS:
@@ -41,7 +43,14 @@ class DraftCost:
         return self.seconds[(rows, 0)]
 
     def _points(self, rows: int) -> list[tuple[int, float]]:
-        """(drafted, steps without drafts) of every measured drafted length of ``rows``."""
+        """(drafted, steps without drafts) of every measured drafted length of ``rows``
+        (kept until the next step is observed: every candidate of a step asks)."""
+        points = self._points_of.get(rows)
+        if points is None:
+            points = self._points_of[rows] = self._measure(rows)
+        return points
+
+    def _measure(self, rows: int) -> list[tuple[int, float]]:
         plain = self._plain(rows)
         if plain is None:
             return []
