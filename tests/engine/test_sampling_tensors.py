@@ -14,7 +14,9 @@ from jaxgen.engine.sampling_tensors import (
     SamplingRow,
     SamplingTensors,
     build_sampling_tensors,
+    concat_rows,
     min_tokens_banned_ids,
+    take_rows,
 )
 from jaxgen.sampling_params import SamplingParams
 from tests.engine.sampler_checks import _rows
@@ -99,3 +101,24 @@ def test_min_tokens_banned_ids():
     assert min_tokens_banned_ids(params, 3, [2]) == []
     ignore_eos = SamplingParams(min_tokens=3, stop_token_ids=[7], ignore_eos=True)
     assert min_tokens_banned_ids(ignore_eos, 1, [2]) == [7]
+
+
+def test_rows_of_two_batches_concatenate_at_the_wider_widths():
+    """A verify step's sampling rows: the step's own rows, then its draft positions' (their
+    penalty histories, bans and logit biases of other widths)."""
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.2, logit_bias={5: 2.0})
+    first, _ = build_sampling_tensors(
+        [SamplingRow(penalised, list(range(20)), [4, 5], [])], 2, base_seed=0, step_counter=0
+    )
+    second, _ = build_sampling_tensors(
+        [SamplingRow(SamplingParams(top_k=3), [1], [], [7])], 1, base_seed=0, step_counter=0
+    )
+    both = concat_rows(take_rows(first, 1), second)
+    assert both.temperature.tolist() == [0.0, second.temperature[0]]
+    assert both.top_k.tolist() == [0, 3]
+    for name, fill in [("prompt_token_ids", -1), ("logit_bias_values", 0.0)]:
+        wide, narrow = getattr(first, name), getattr(second, name)
+        assert getattr(both, name).shape == (2, max(wide.shape[1], narrow.shape[1]))
+        np.testing.assert_array_equal(getattr(both, name)[0, : wide.shape[1]], wide[0])
+        assert (getattr(both, name)[1, narrow.shape[1] :] == fill).all()
+    assert both.banned_token_ids[1, 0] == 7 and (both.banned_token_ids[0] == -1).all()
