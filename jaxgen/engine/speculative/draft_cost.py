@@ -2,9 +2,10 @@
 steps by their rows and drafted tokens, as moving averages. On a GPU a verify row is nearly
 free (the step reads the weights once whatever its rows); on a CPU, where a step is
 compute-bound at a few rows, a drafted token can cost half a step, and not every token the
-same: the native kernels take token rows four at a time, so a verify row of 4 tokens costs
-little more than one of 3, and one of 5 much more than one of 4. A draft is cut to the length
-that gives the most tokens per second (``best_length``). Plain Python: never imports jax."""
+same: the native kernels take token rows in register tiles of up to five, so a verify row's
+cost grows in steps (on the default model's CPU step 1.05 / 1.19 / 1.46 / 1.80 steps for 1-4
+drafted tokens, 3.9 for 8, whose 9 rows pass the tiles). A draft is cut to the length that
+gives the most tokens per second (``best_length``). Plain Python: never imports jax."""
 
 from __future__ import annotations
 

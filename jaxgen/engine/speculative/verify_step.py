@@ -6,15 +6,16 @@ last accepted token, then the draft), scheduled, paged and bucketed like any chu
 speculating and other rows share the step. Every draft position is one more logits row of
 the step, after its sequences' own, sampled with the request's own sampling parameters in the
 step's one sampler call (``verify_sampling``); the sequence's own row, at the draft's end,
-samples the token after a wholly accepted draft. Acceptance keeps the longest draft prefix equal to the sampled tokens, then the
-sampled token at the first mismatch: for greedy rows the longest prefix equal to the argmax
-(the output decoding without speculation gives), for sampled rows the target's own draws, so
-the target's distribution (exact rejection sampling of a point-mass draft; for a sampled draft
-a coupling through shared noise, ``verify_sampling``). A constrained sequence's draft is cut to what
-its grammar accepts, and each position sampled under the grammar's mask there
-(``grammar_drafts``). The rows' tokens then go through the engine's postprocessing one at a
-time (stop strings, stop tokens, the grammar, ``max_tokens``, logprobs), so nothing past a
-stop is kept. Everything comes back in one device-to-host transfer.
+samples the token after a wholly accepted draft. Acceptance keeps the longest draft prefix
+equal to the sampled tokens, then the sampled token at the first mismatch: for greedy rows
+the longest prefix equal to the argmax (the output decoding without speculation gives), for
+sampled rows the target's own draws, so the target's distribution (exact rejection sampling
+of a point-mass draft; for a sampled draft a coupling through shared noise,
+``verify_sampling``). A constrained sequence's draft is cut to what its grammar accepts, and
+each position sampled under the grammar's mask there (``grammar_drafts``). The rows' tokens
+then go through the engine's postprocessing one at a time (stop strings, stop tokens, the
+grammar, ``max_tokens``, logprobs), so nothing past a stop is kept. Everything comes back in
+one device-to-host transfer.
 """
 
 from __future__ import annotations

@@ -148,9 +148,10 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
     const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
     const int64_t whole = integer_activations ? 0 : jaxgen_cpu::kWholeBlockRows;
-    spans[s] = {begin, end,
-                end > begin ? BlockRows(end - begin, column_blocks, jaxgen_cpu::NumThreads(), whole)
-                            : 1};
+    const int64_t threads = jaxgen_cpu::NumThreads();
+    const int64_t block_rows =
+        end > begin ? BlockRows(end - begin, column_blocks, threads, whole) : 1;
+    spans[s] = {begin, end, block_rows};
   }
   for (const Weight& w : group) {
     const int64_t n = w.panels.columns;
