@@ -26,7 +26,8 @@ Stages (``--stages`` picks some, e.g. to rerun what failed; ``--stage-budget NAM
      transformers.
   5. end_to_end (child process): random 8B bf16 model, 1,024-token prompts, 128 tokens, batch
      1/64/256/16: tok/s, decode ms/step vs the floor, compiles in the timed pass, a profiler
-     trace at batch 1, 64 and 256, knobs as the budget allows.
+     trace at batch 1, 64 and 256; n-gram speculation at batch 1 and other knobs as the
+     budget allows.
   6. torch_peer (child process, torch_peer.py): transformers on torch, same shapes.
   7. bench_compare (child process): the batching strategies at the 8B shape.
 

@@ -27,6 +27,22 @@ from benchmarks.gpu.random_model import parameter_bytes, random_loaded_model
 from benchmarks.gpu.report import log
 from benchmarks.gpu.word_tokenizer import random_prompts
 
+# Speculation's prompts repeat a random run of this many ids (the random model's output need
+# not follow it: the drafts are verified, accepted or not, and the verify steps timed).
+PROMPT_PERIOD = 32
+# The engine counters a row keeps (speculative decoding's where it speculates).
+ENGINE_STATS = (
+    "steps",
+    "multi_step_calls",
+    "async_steps",
+    "preemptions",
+    "kv_pages_peak",
+    "spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
+    "spec_decode_mean_acceptance_length",
+    "spec_decode_draft_token_cost",
+)
 # Decode step within this many times its floor (issue 40's targets, Llama-3-8B, bf16).
 TARGET_X_FLOOR = {1: 1.25, 64: 1.4, 256: 1.6}
 # Activation bytes a prefill token may take, per hidden unit and per intermediate unit (about
@@ -91,6 +107,14 @@ def engine_for(ctx, loaded, batch: int, knobs: dict):
     return llm, sizes
 
 
+def periodic_prompts(rng, count: int, length: int, vocab_size: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` ids, each a random run of PROMPT_PERIOD ids (a quarter
+    of the prompt at most) repeated."""
+    period = max(min(PROMPT_PERIOD, length // 4), 1)
+    runs = random_prompts(rng, count, period, vocab_size)
+    return [(run * -(-length // period))[:length] for run in runs]
+
+
 def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> dict:
     """Cold pass, then the timed pass; the row of one batch size under ``knobs``."""
     from jaxgen import SamplingParams
@@ -101,13 +125,16 @@ def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> 
     rng = np.random.default_rng(seed)
     vocab = loaded.config.vocab_size
     row = {"batch": batch, "knobs": knobs, **sizes}
+    prompts_of = random_prompts
+    if "speculative_config" in knobs:  # prompts that repeat themselves: n-grams find drafts
+        prompts_of = periodic_prompts
     capture = DecodeCapture(llm.engine.runner)
     try:
         label = f"b{batch}" + "".join(f" {k}={v}" for k, v in knobs.items())
         ctx.compile_log.label = f"end_to_end {label} cold"
         before = ctx.compile_log.snapshot()
         cold = drive(
-            llm.engine, random_prompts(rng, batch, profile.prompt_len, vocab), params, tag="cold"
+            llm.engine, prompts_of(rng, batch, profile.prompt_len, vocab), params, tag="cold"
         )
         row["cold"] = {**cold, **ctx.compile_log.since(before)}
         log(f"e2e {label} cold: {cold['seconds']:.1f} s, {row['cold']['compiles']} compiles")
@@ -116,7 +143,7 @@ def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> 
         trace_to = os.path.join(ctx.out, f"e2e_trace_b{batch}.json.gz") if trace else None
         warm = drive(
             llm.engine,
-            random_prompts(rng, batch, profile.prompt_len, vocab),
+            prompts_of(rng, batch, profile.prompt_len, vocab),
             params,
             tag="timed",
             trace_to=trace_to,
@@ -128,14 +155,18 @@ def measure(ctx, loaded, batch: int, knobs: dict, *, trace: bool, seed: int) -> 
         if device_s is not None and warm["decode_ms_per_step"]:
             row["replay_device_ms_per_step"] = 1e3 * device_s
             row["host_ms_per_step"] = max(warm["decode_ms_per_step"] - 1e3 * device_s, 0.0)
-        row["engine_stats"] = {
-            k: v
-            for k, v in llm.stats().items()
-            if k in ("steps", "multi_step_calls", "async_steps", "preemptions", "kv_pages_peak")
-        }
+        row["engine_stats"] = {k: v for k, v in llm.stats().items() if k in ENGINE_STATS}
+        speculator = llm.engine.speculator
+        if speculator is not None:  # each (rows, drafted tokens)'s steps and mean ms
+            cost = speculator.cost
+            row["draft_step_ms"] = {
+                f"{rows}x{drafted}": [cost.counts[rows, drafted], 1e3 * seconds]
+                for (rows, drafted), seconds in sorted(cost.seconds.items())
+            }
         # On the first row whose capture kept a step (not an asynchronous row: at d2b7523 the
         # H200 run's first row was one, and no memory analysis came back).
-        if ctx.want_memory_analysis and capture.arrays is not None:
+        analysed = ctx.want_memory_analysis and "speculative_config" not in knobs
+        if analysed and capture.arrays is not None:
             ctx.want_memory_analysis = False
             ctx.compile_log.label = f"end_to_end {label} memory analysis"
             before = ctx.compile_log.snapshot()
@@ -218,6 +249,7 @@ def run(ctx, budget) -> dict:
     compile_s = FIRST_COMPILE_GUESS_S[profile.name]
     main = dict(profile.e2e_knobs)
     plan = [(b, main, b in profile.trace_batches, True) for b in profile.e2e_batches]
+    plan += [(b, profile.speculative_knobs, False, False) for b in profile.speculative_batches]
     plan += [
         (b, knobs, False, False) for knobs in profile.knob_settings for b in profile.knob_batches
     ]
@@ -265,7 +297,7 @@ def table_rows(result: dict) -> list[dict]:
         rows.append(
             {
                 "batch": row["batch"],
-                "knobs": ",".join(f"{k}={v}" for k, v in row.get("knobs", {}).items()) or "-",
+                "knobs": knob_label(row.get("knobs", {})),
                 "tok/s": timed.get("output_tok_s"),
                 "ms/step": timed.get("decode_ms_per_step"),
                 "floor ms": row.get("floor_ms"),
@@ -277,6 +309,17 @@ def table_rows(result: dict) -> list[dict]:
             }
         )
     return rows
+
+
+def knob_label(knobs: dict) -> str:
+    """A row's knobs in a table cell (speculation as its method and k)."""
+    parts = []
+    for key, value in knobs.items():
+        if key == "speculative_config":
+            parts.append(f"{value['method']} k={value['num_speculative_tokens']}")
+        elif key != "precompile":
+            parts.append(f"{key}={value}")
+    return ",".join(parts) or "-"
 
 
 def summary(result: dict) -> str:

@@ -89,6 +89,10 @@ class Profile:
     e2e_knobs: dict  # engine knobs of the main end-to-end rows
     knob_settings: tuple[dict, ...]  # engine knobs tried at knob_batches as the budget allows
     knob_batches: tuple[int, ...]
+    # speculative decoding's rows (before the knob rows, as the budget allows): its verify
+    # steps' cost per drafted length on the device, acceptance on the random model's output
+    speculative_knobs: dict
+    speculative_batches: tuple[int, ...]
     # bench compare
     compare_modes: tuple[str, ...]
     compare_num_prompts: int
@@ -96,6 +100,15 @@ class Profile:
     compare_outputs: tuple[int, ...]
     compare_slots: int
 
+
+# n-gram prompt lookup as vLLM users write it (a random model's greedy output soon repeats
+# itself, so drafts come from it).
+SPECULATIVE_CONFIG = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_min": 2,
+    "prompt_lookup_max": 5,
+}
 
 GPU = Profile(
     name="gpu",
@@ -152,6 +165,9 @@ GPU = Profile(
     e2e_knobs={"async_scheduling": True},
     knob_settings=({}, {"num_scheduler_steps": 8}),
     knob_batches=(1, 64),
+    # Shapes compile when met (a verify step's few buckets), not every one up front.
+    speculative_knobs={"speculative_config": SPECULATIVE_CONFIG, "precompile": False},
+    speculative_batches=(1,),
     compare_modes=("static", "paged", "continuous", "dynamic"),
     compare_num_prompts=32,
     compare_input_len=64,
@@ -195,6 +211,7 @@ DRY_RUN = dataclasses.replace(
     e2e_knobs={"async_scheduling": True},
     knob_settings=({"num_scheduler_steps": 2},),
     knob_batches=(2,),
+    speculative_batches=(2,),
     compare_modes=("paged",),
     compare_num_prompts=4,
     compare_input_len=8,
@@ -223,9 +240,10 @@ def select(*, dry_run: bool, batches: str | None = None, compare_modes: str | No
         changes["trace_batches"] = tuple(
             b for b in profile.trace_batches if b in changes["e2e_batches"]
         )
-        changes["knob_batches"] = tuple(
-            b for b in profile.knob_batches if b in changes["e2e_batches"]
-        )
+        for field in ("knob_batches", "speculative_batches"):
+            changes[field] = tuple(
+                b for b in getattr(profile, field) if b in changes["e2e_batches"]
+            )
     if compare_modes:
         modes = tuple(compare_modes.split(","))
         known = ("static", "paged", "continuous", "dynamic")

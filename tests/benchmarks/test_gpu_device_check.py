@@ -122,7 +122,12 @@ def test_dry_run_end_to_end_and_peer(dry_run):
     # row (multi-step, with single steps among them) is, and holds the memory analysis.
     assert row["knobs"] == DRY_RUN.e2e_knobs and row["engine_stats"]["async_steps"] > 0
     assert "replay_device_ms_per_step" not in row and "memory_analysis" not in row
-    (knob_row,) = e2e["knob_rows"]
+    spec_row, knob_row = e2e["knob_rows"]  # speculation first, then the knob settings
+    assert spec_row["knobs"] == DRY_RUN.speculative_knobs
+    assert spec_row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
+    # The prompts repeat themselves: n-gram lookup finds drafts, and their steps are timed.
+    assert spec_row["engine_stats"]["spec_decode_num_drafts"] >= 1
+    assert spec_row["draft_step_ms"] and "memory_analysis" not in spec_row
     assert knob_row["engine_stats"]["multi_step_calls"] > 0
     assert knob_row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
     assert knob_row["replay_device_ms_per_step"] > 0
