@@ -119,7 +119,7 @@ def build_engine_parts(
             layout.token_buckets[-1],
             max_draft_rows=layout.seq_cap * speculative.num_speculative_tokens,
         )
-        runner.wide_shapes = verify_shapes.wide_shapes
+        runner.verify_shapes = verify_shapes
     return EngineParts(
         max_model_len=max_model_len,
         batching=batching,

@@ -84,9 +84,9 @@ class ModelRunner:
             place=self._place,
         )
         self._sample = jitted_sampler(seq_cap)
-        # Row buckets past the sequence cap (speculative decoding's verify steps sample their
-        # draft positions too; set with a speculator, ``VerifyShapes.wide_shapes``).
-        self.wide_shapes: SamplingShapes | None = None
+        # Speculative decoding's ``VerifyShapes`` (set with a speculator): a verify step samples
+        # its draft positions too, so its rows may pass the sequence cap.
+        self.verify_shapes = None
         self._empty_targets: dict[int, jax.Array] = {}
 
     def _allocate_pool(self):
@@ -133,16 +133,18 @@ class ModelRunner:
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
         more): that many decode steps, each fed the last one's tokens; the sampler's output
         is stacked ``[num_steps, R, ...]``. A speculative verify step's logits rows may
-        outnumber the sequence cap (its draft positions after its sequences' rows): they take
-        ``wide_shapes``' row buckets and a sampler of their own."""
+        outnumber the sequence cap (its draft positions after its sequences' rows): past it
+        they take ``verify_shapes``' row buckets and a sampler of their own."""
         *inputs, sampling = arrays
         flags = GENERAL_FLAGS
         if self.per_batch_executables:
             flags = host_flags(sampling)
         shapes, sampler = self.sampling_shapes, self._sample
-        if sampling.temperature.shape[0] > shapes.seq_cap:
-            shapes = self.wide_shapes
-            sampler = jitted_sampler(shapes.rows_for(sampling.temperature.shape[0]))
+        if self.verify_shapes is not None:
+            rows = sampling.temperature.shape[0]
+            shapes = self.verify_shapes.shapes(rows)
+            if shapes is not self.sampling_shapes:
+                sampler = jitted_sampler(shapes.rows_for(rows))
         sampling = shapes.fit(sampling)
         sample_rows = sampling.temperature.shape[0]
         wants_prompt = prompt_targets is not None
