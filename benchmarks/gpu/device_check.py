@@ -101,6 +101,17 @@ class Context:
         return machine.get("copy", {}).get("bandwidth_Bps")
 
 
+def batch_contexts(text: str) -> tuple[tuple[int, int], ...]:
+    """``"1x32768,64x4096"`` as ``((1, 32768), (64, 4096))``."""
+    try:
+        pairs = tuple(tuple(int(n) for n in item.split("x")) for item in text.split(","))
+    except ValueError:
+        pairs = ()
+    if not pairs or any(len(pair) != 2 or min(pair) < 1 for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected BATCHxCONTEXT[,...], got {text!r}")
+    return pairs
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "device_check_out")
@@ -119,7 +130,15 @@ def parse_args(argv=None):
         "--kernel-tuning",
         type=json.loads,
         default=None,
-        help="kernel variants to time, e.g. '{\"num_splits\": [8, 32]}' (default: found)",
+        help="kernel variants to time: each value alone, e.g. '{\"num_splits\": [8, 32]}', or "
+        'variants of several arguments, e.g. \'[{"num_splits": 49, "decode_num_stages": 3}]\' '
+        "(default: found)",
+    )
+    parser.add_argument(
+        "--variant-configs",
+        type=batch_contexts,
+        default=None,
+        help="where the kernel variants are timed, e.g. 1x32768,64x4096 (default: the profile's)",
     )
     parser.add_argument("--peer-compile", choices=("off", "auto"), default="auto")
     parser.add_argument(

@@ -23,6 +23,7 @@ from benchmarks.gpu.kernel_batches import (
     decode_batch,
     decode_only_option,
     tuning_variants,
+    variant_tunings,
 )
 from benchmarks.gpu.report import log
 
@@ -82,10 +83,11 @@ def run(ctx, budget) -> dict:
         "rows": [],
     }
     plan = [(b, c, {}) for b, c in profile.bandwidth_configs]
-    for (batch, context), (name, values) in itertools.product(
-        profile.variant_configs, variants.items()
+    variant_configs = ctx.args.variant_configs or profile.variant_configs
+    for (batch, context), tuning in itertools.product(
+        variant_configs, variant_tunings(variants, profile.variant_values)
     ):
-        plan += [(batch, context, {name: value}) for value in values[: profile.variant_values]]
+        plan.append((batch, context, tuning))
     for batch, context, tuning in plan:
         if not budget.allows(4.0):
             result.setdefault("skipped", []).append([batch, context, tuning])

@@ -51,10 +51,13 @@ def attention_kernels() -> Kernels:
     raise ImportError(f"no ragged paged-attention kernel in {KERNEL_MODULES}")
 
 
-def tuning_variants(kernel, overrides: dict | None = None) -> dict[str, list]:
-    """Tuning arguments worth timing: ``overrides`` when given, else the kernel's keyword
-    arguments whose names say a decode variant (``*dot*``: on and off) or a split count
-    (``*split*``: 1, 4 and 16)."""
+def tuning_variants(kernel, overrides: dict | list | None = None) -> dict[str, list] | list[dict]:
+    """Tuning arguments worth timing: ``overrides`` when given (``{name: [values]}``, each value
+    timed alone, or ``[{name: value, ...}, ...]``, each dict one variant of several arguments),
+    else the kernel's keyword arguments whose names say a decode variant (``*dot*``: on and
+    off) or a split count (``*split*``: 1, 4 and 16)."""
+    if isinstance(overrides, list):
+        return [dict(variant) for variant in overrides]
     if overrides:
         return {name: list(values) for name, values in overrides.items()}
     try:
@@ -70,6 +73,14 @@ def tuning_variants(kernel, overrides: dict | None = None) -> dict[str, list]:
         elif "split" in name.lower():
             variants[name] = [1, 4, 16]
     return variants
+
+
+def variant_tunings(variants: dict[str, list] | list[dict], max_values: int | None) -> list[dict]:
+    """The tuning dicts to time: each listed variant, or each value of each argument alone (its
+    first ``max_values``)."""
+    if isinstance(variants, list):
+        return variants
+    return [{name: value} for name, values in variants.items() for value in values[:max_values]]
 
 
 @dataclasses.dataclass(frozen=True)
