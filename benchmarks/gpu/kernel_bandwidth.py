@@ -25,6 +25,7 @@ from benchmarks.gpu.kernel_batches import (
     tuning_variants,
     variant_tunings,
 )
+from benchmarks.gpu.kernel_trace import traced_kernel_times
 from benchmarks.gpu.report import log
 
 # Bandwidth assumed before the first timing, to size the loop of kernel calls per timed call.
@@ -39,9 +40,12 @@ def loop_count(num_bytes: int, seconds: float, max_loops: int) -> int:
     return int(min(max_loops, max(2, seconds * GUESS_BPS / max(num_bytes, 1))))
 
 
-def time_config(kernels, batch_args, *, loops: int, repeats: int, interpret: bool, tuning):
+def time_config(
+    kernels, batch_args, *, loops: int, repeats: int, interpret: bool, tuning, trace: bool = False
+):
     """Median seconds of one kernel call: ``loops`` calls per jitted call, block tables
-    rotating, the outputs summed so none is dropped."""
+    rotating, the outputs summed so none is dropped; with ``trace``, also one more jitted call
+    under the profiler (``traced_kernel_times``: the device's busy time per kernel call)."""
     q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs = batch_args
     # A decode step of the engine: one row per sequence slot, every row a decode row.
     options = decode_only_option(kernels.kernel)
@@ -64,7 +68,10 @@ def time_config(kernels, batch_args, *, loops: int, repeats: int, interpret: boo
         start = time.perf_counter()
         jax.block_until_ready(many(*batch_args))
         times.append(time.perf_counter() - start)
-    return median(times) / loops, first_s
+    traced = {}
+    if trace:
+        traced = traced_kernel_times(lambda: jax.block_until_ready(many(*batch_args)), loops)
+    return median(times) / loops, first_s, traced
 
 
 def run(ctx, budget) -> dict:
@@ -99,13 +106,14 @@ def run(ctx, budget) -> dict:
         try:
             args = decode_batch(shape, rotations=rotations)
             loops = loop_count(num_bytes, profile.seconds_per_call, profile.max_loops)
-            seconds, first_s = time_config(
+            seconds, first_s, traced = time_config(
                 kernels,
                 args,
                 loops=loops,
                 repeats=profile.repeats,
                 interpret=profile.interpret,
                 tuning=tuning,
+                trace=profile.trace_kernels,
             )
             del args
             achieved = num_bytes / seconds
@@ -117,13 +125,25 @@ def run(ctx, budget) -> dict:
                 "loops": loops,
                 "compile_and_first_s": first_s,
             }
+            row |= traced
+            device_us = traced.get("device_busy_us_per_call")
+            if device_us:
+                row["device_achieved_Bps"] = num_bytes / (device_us * 1e-6)
+                if copy_bw:
+                    row["device_fraction_of_copy"] = row["device_achieved_Bps"] / copy_bw
             if copy_bw and not tuning and (batch, context) in TARGET_CONFIGS:
                 row["meets_target"] = achieved / copy_bw >= TARGET_FRACTION
             fraction = f" ({achieved / copy_bw:.0%} of copy)" if copy_bw else ""
+            device = f"; device {device_us:.1f} us" if device_us else ""
             log(
                 f"attention b{batch} ctx{context} {tuning or 'default'}: "
-                f"{seconds * 1e6:.1f} us, {achieved / 1e12:.3f} TB/s{fraction}"
+                f"{seconds * 1e6:.1f} us, {achieved / 1e12:.3f} TB/s{fraction}{device}"
             )
+            for kernel in traced.get("kernels", [])[:4]:
+                log(
+                    f"  {kernel['us_per_call']:8.2f} us x{kernel['launches_per_call']:.2f} "
+                    f"{kernel['name'][:80]}"
+                )
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"
             log(f"attention b{batch} ctx{context} {tuning}: {row['error']}")
@@ -160,6 +180,8 @@ def table_rows(result: dict) -> list[dict]:
                 "us": row.get("us_per_call"),
                 "TB/s": row["achieved_Bps"] / 1e12 if "achieved_Bps" in row else None,
                 "of copy": row.get("fraction_of_copy"),
+                "device us": row.get("device_busy_us_per_call"),
+                "device of copy": row.get("device_fraction_of_copy"),
                 "error": row.get("error"),
             }
         )

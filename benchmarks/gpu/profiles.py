@@ -73,6 +73,7 @@ class Profile:
     rotation_bytes: int  # inputs rotated over at least this many bytes (several L2s)
     seconds_per_call: float  # kernel calls per timed jit call: about this long in all
     max_loops: int
+    trace_kernels: bool  # each row's device time per call from a profiler trace
     # engine parity
     parity_models: tuple[str, ...]
     parity_prompt_lens: tuple[int, ...]
@@ -149,6 +150,7 @@ GPU = Profile(
     rotation_bytes=512 << 20,
     seconds_per_call=0.02,
     max_loops=500,
+    trace_kernels=True,
     parity_models=("llama", "qwen3", "gemma3"),
     parity_prompt_lens=(5, 17, 16, 33),
     parity_max_tokens=16,
@@ -197,6 +199,7 @@ DRY_RUN = dataclasses.replace(
     rotation_bytes=64 << 10,
     seconds_per_call=0.0,
     max_loops=2,
+    trace_kernels=True,
     parity_models=("llama",),
     parity_prompt_lens=(5, 17),
     parity_max_tokens=6,

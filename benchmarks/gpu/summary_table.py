@@ -37,6 +37,8 @@ BANDWIDTH_COLUMNS = [
     ("us", "us/call"),
     ("TB/s", "TB/s"),
     ("of copy", "of copy bw"),
+    ("device us", "device us"),
+    ("device of copy", "device of copy"),
     ("error", "error"),
 ]
 
