@@ -1,5 +1,5 @@
-"""The GPU decode kernel's split merge (``merge_splits``, one variadic reduction) against the
-textbook log-sum-exp merge in float64: empty splits, maxima far apart, rows that saw no key."""
+"""The GPU decode kernel's split merge (``merge_splits``) against the textbook log-sum-exp merge
+in float64: empty splits, maxima far apart, rows that saw no key."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from pallas_kernels.gpu.ragged_paged_attention.kernel import PagedInputs, decode_call, prefill_call
 from pallas_kernels.gpu.ragged_paged_attention.sizes import (
@@ -62,28 +61,15 @@ def merge_splits(acc, row_max, row_sum) -> jax.Array:
     """Log-sum-exp merge of the decode splits: ``acc [N, ..., R, lanes]``, ``row_max`` and
     ``row_sum [N, ..., R]`` -> ``[..., R, lanes]`` float32 (rows that saw no key: zeros).
 
-    One variadic reduction over the splits, carrying ``(max, sum, acc)`` and rescaling both to
-    the larger max at each combine, so XLA emits one kernel; the three reductions of the
-    textbook form (the max first, then the weighted sums) were three small kernels a layer,
-    about 6 us of a 44 us batch-1 call over 32k keys (H200, 8710a75). A split that saw no key
-    (max ``MASK_VALUE``, sum 0, acc 0) adds nothing."""
-    shape = acc.shape
-    operands = (
-        jnp.broadcast_to(row_max[..., None], shape),
-        jnp.broadcast_to(row_sum[..., None], shape),
-        acc,
-    )
-
-    def combine(left, right):
-        (max_l, sum_l, acc_l), (max_r, sum_r, acc_r) = left, right
-        top = jnp.maximum(max_l, max_r)
-        scale_l, scale_r = jnp.exp(max_l - top), jnp.exp(max_r - top)
-        return top, sum_l * scale_l + sum_r * scale_r, acc_l * scale_l + acc_r * scale_r
-
-    init = (jnp.float32(MASK_VALUE), jnp.float32(0.0), jnp.float32(0.0))
-    _, total, out = lax.reduce(operands, init, combine, (0,))
+    XLA makes it three small reductions (the max, the sum, the weighted rows). One variadic
+    reduction carrying ``(max, sum, acc)`` was slower on the H200 (2211e4a): XLA materialised
+    the max and sum broadcast to ``acc``'s shape in two more kernels first."""
+    overall = jnp.max(row_max, axis=0)
+    weight = jnp.where(row_max > MASK_VALUE, jnp.exp(row_max - overall[None]), 0.0)
+    total = jnp.sum(row_sum * weight, axis=0)
+    out = jnp.sum(acc * weight[..., None], axis=0)
     safe = jnp.where(total > 0, total, 1.0)
-    return jnp.where(total > 0, out / safe, 0.0)
+    return jnp.where((total > 0)[..., None], out / safe[..., None], 0.0)
 
 
 def _validate(q, k_pages, v_pages, scales, kv_lens, block_tables, cu_q_lens, num_seqs, **options):
