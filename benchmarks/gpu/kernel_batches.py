@@ -54,8 +54,8 @@ def attention_kernels() -> Kernels:
 def tuning_variants(kernel, overrides: dict | list | None = None) -> dict[str, list] | list[dict]:
     """Tuning arguments worth timing: ``overrides`` when given (``{name: [values]}``, each value
     timed alone, or ``[{name: value, ...}, ...]``, each dict one variant of several arguments),
-    else the kernel's keyword arguments whose names say a decode variant (``*dot*``: on and
-    off) or a split count (``*split*``: 1, 4 and 16)."""
+    else the kernel's keyword arguments whose names say a decode variant (``*dot*``, or the
+    split merge's ``*merge*``: on and off) or a split count (``*split*``: 1, 4 and 16)."""
     if isinstance(overrides, list):
         return [dict(variant) for variant in overrides]
     if overrides:
@@ -68,7 +68,7 @@ def tuning_variants(kernel, overrides: dict | list | None = None) -> dict[str, l
     for name, parameter in parameters.items():
         if parameter.kind != parameter.KEYWORD_ONLY or name in STANDARD_OPTIONS:
             continue
-        if "dot" in name.lower():
+        if "dot" in name.lower() or "merge" in name.lower():
             variants[name] = [True, False]
         elif "split" in name.lower():
             variants[name] = [1, 4, 16]

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.gpu import floors
 from benchmarks.gpu.engine_parity import first_difference
 from benchmarks.gpu.kernel_bandwidth import loop_count
-from benchmarks.gpu.kernel_batches import tuning_variants
+from benchmarks.gpu.kernel_batches import tuning_variants, variant_tunings
 from benchmarks.gpu.profiles import DRY_RUN, GPU, STAGES, select
 from benchmarks.gpu.report import format_table, jsonable
 
@@ -197,11 +197,21 @@ def test_device_busy_time_is_the_union_of_device_events():
 
 
 def test_kernel_variants_found_from_the_signature():
-    def kernel(q, *, scale=None, interpret=False, decode_use_dot=None, num_splits=None, other=1):
+    def kernel(
+        q, *, scale=None, interpret=False, decode_use_dot=None, num_splits=None, merge=None, other=1
+    ):
         return q
 
-    assert tuning_variants(kernel) == {"decode_use_dot": [True, False], "num_splits": [1, 4, 16]}
+    assert tuning_variants(kernel) == {
+        "decode_use_dot": [True, False],
+        "num_splits": [1, 4, 16],
+        "merge": [True, False],
+    }
     assert tuning_variants(kernel, {"num_splits": [8]}) == {"num_splits": [8]}
+    joint = [{"num_splits": 33, "decode_block_k": 128}]
+    assert tuning_variants(kernel, joint) == joint
+    assert variant_tunings(joint, None) == joint
+    assert variant_tunings({"a": [1, 2], "b": [3]}, 1) == [{"a": 1}, {"b": 3}]
     assert tuning_variants(lambda q, *, block_q=None: q) == {}
     assert loop_count(10, 1.0, max_loops=50) == 50
     assert loop_count(10**12, 0.001, max_loops=50) == 2
@@ -214,3 +224,14 @@ def test_report_helpers():
     assert jsonable({"a": (1, float("nan")), 2: None}) == {"a": [1, "nan"], "2": None}
     table = format_table([{"x": 1.23456, "y": None}], [("x", "X"), ("y", "Y")])
     assert table.splitlines() == ["X     Y", "1.23  -"]
+
+
+def test_variant_configs_option():
+    from benchmarks.gpu.device_check import parse_args
+
+    args = parse_args(["--variant-configs", "1x32768,64x4096"])
+    assert args.variant_configs == ((1, 32768), (64, 4096))
+    assert parse_args([]).variant_configs is None
+    for bad in ("1x", "0x64", "ax4", "1x2x3"):
+        with pytest.raises(SystemExit):
+            parse_args(["--variant-configs", bad])

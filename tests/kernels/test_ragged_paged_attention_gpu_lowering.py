@@ -90,6 +90,20 @@ def test_batch1_decode_fills_the_gpu():
     assert "tensor<33x2x8x4x128xf32>" in lane_sum
 
 
+def test_pallas_merge_lowers_for_cuda():
+    """``pallas_merge=True``: the batch-1 step over 32k keys merges its 33 splits in one Triton
+    kernel, grid (2 slots, 8 KV heads, 4 lane chunks of 32: 64 splits padded x 4 rows x 32
+    lanes per program), and XLA has no reduction over the splits left."""
+    text = _lowered_for_cuda(
+        128, "bf16", num_tokens=2, max_seqs=2, width=2048, decode_only=True, pallas_merge=True
+    )
+    assert "ragged_paged_attention_merge" in text
+    assert "grid_x = 2 : i32, grid_y = 8 : i32, grid_z = 4 : i32" in text
+    assert "stablehlo.reduce" not in text
+    xla = _lowered_for_cuda(128, "bf16", num_tokens=2, max_seqs=2, width=2048, decode_only=True)
+    assert "ragged_paged_attention_merge" not in xla and "stablehlo.reduce" in xla
+
+
 def _triton_modules(text: str) -> dict[str, str]:
     """The Triton modules ``pallas_call(debug=True)`` printed, by kernel name."""
     modules = {}

@@ -1,13 +1,25 @@
-"""The GPU decode kernel's split merge (``merge_splits``) against the textbook log-sum-exp merge
-in float64: empty splits, maxima far apart, rows that saw no key."""
+"""The GPU decode kernel's split merges: XLA's (``merge_splits``) against the textbook log-sum-exp
+merge in float64 (empty splits, maxima far apart, rows that saw no key), the one-kernel Pallas
+merge (``merge.py``, interpreted off the GPU) against XLA's and inside the whole call."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from pallas_kernels.gpu.ragged_paged_attention.merge import merge_lane_chunk, merge_splits_kernel
 from pallas_kernels.gpu.ragged_paged_attention.wrapper import merge_splits
 from pallas_kernels.ragged_layout import MASK_VALUE
+from tests.kernels.test_ragged_paged_attention import make_batch
+from tests.kernels.test_ragged_paged_attention_gpu import (
+    PAGE,
+    TOLERANCE,
+    attend,
+    check,
+    mixed_batch,
+    reference,
+)
 
 
 def textbook_merge(acc, row_max, row_sum):
@@ -48,3 +60,56 @@ def test_one_split_is_its_own_normalised_state():
     row_max = rng.normal(size=(1, 2, 3)).astype(np.float32)
     merged = merge_splits(jnp.asarray(acc), jnp.asarray(row_max), jnp.asarray(row_sum))
     np.testing.assert_allclose(np.asarray(merged), acc[0] / row_sum[0][..., None], rtol=1e-6)
+
+
+def test_pallas_merge_matches_the_xla_merge():
+    """The one-kernel merge (interpreted here) on 33 splits (padded to 64), a group of 3 (4 rows
+    read of 16), 128 lanes in chunks: the XLA merge's rows."""
+    rng = np.random.default_rng(2)
+    splits, seqs, heads, rows, lanes, group = 33, 2, 3, 16, 128, 3
+    row_max = rng.normal(0, 20, (splits, seqs, heads, rows)).astype(np.float32)
+    row_sum = rng.uniform(0.5, 3.0, row_max.shape).astype(np.float32)
+    acc = rng.normal(size=(*row_max.shape, lanes)).astype(np.float32)
+    row_max[2:, 1, 2], row_sum[2:, 1, 2], acc[2:, 1, 2] = MASK_VALUE, 0.0, 0.0  # short row
+    row_max[:, 0, 1], row_sum[:, 0, 1], acc[:, 0, 1] = MASK_VALUE, 0.0, 0.0  # no key at all
+    args = [jnp.asarray(x) for x in (acc, row_max, row_sum)]
+    assert merge_lane_chunk(splits, 4, lanes) < lanes  # several lane chunks a (slot, head)
+    merged = merge_splits_kernel(*args, group=group, interpret=True)
+    assert merged.shape == (seqs, heads, 4, lanes)
+    expected = merge_splits(args[0][..., :group, :], args[1][..., :group], args[2][..., :group])
+    np.testing.assert_allclose(np.asarray(merged[:, :, :group]), expected, rtol=1e-5, atol=1e-6)
+    assert not np.asarray(merged[0, 1, :group]).any()
+
+
+@pytest.mark.parametrize("decode_only", [False, True])
+def test_kernel_with_the_pallas_merge_matches_reference(decode_only):
+    """The whole call with ``pallas_merge=True``: a mixed step (GQA 3, head_dim 96, three splits)
+    and a decode-only one (GQA 4, the default splits, most of them empty)."""
+    if decode_only:
+        args = make_batch(
+            np.random.default_rng(7),
+            [1] * 6,
+            [0, PAGE - 2, PAGE - 1, PAGE, 42, 99],
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=64,
+            page_size=PAGE,
+            dtype=jnp.float32,
+            padding_rows=2,
+            padding_seqs=2,
+        )
+        actual = attend(*args, decode_only=True, pallas_merge=True)
+        expected = reference(*args)
+        np.testing.assert_allclose(
+            np.asarray(actual), np.asarray(expected), **TOLERANCE[jnp.float32]
+        )
+        assert not np.asarray(actual[6:]).any()
+        return
+    args, reference_args = mixed_batch(3096, group=3, head_dim=96, dtype=jnp.float32)
+    check(
+        args,
+        reference_args,
+        dtype=jnp.float32,
+        options=dict(soft_cap=3.0, sliding_window=11),
+        tuning=dict(num_splits=3, decode_block_k=16, pallas_merge=True),
+    )

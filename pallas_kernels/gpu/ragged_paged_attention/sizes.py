@@ -60,6 +60,9 @@ DECODE_DOT_DEFAULT = True
 DECODE_BLOCK_K = 64  # keys per decode block on the dot path
 DECODE_PRODUCTS = 8192  # [rows, block_k, lanes] float32 products of one non-MMA score block
 MAX_HEAD_DIM = 256  # the largest head_dim whose accumulator and tiles fit a program
+# The decode splits merged by XLA's three reductions until the one-kernel Pallas merge
+# (merge.py) is timed on a GPU beside them (the device check times both).
+PALLAS_MERGE_DEFAULT = False
 
 
 def next_power_of_2(value: int) -> int:

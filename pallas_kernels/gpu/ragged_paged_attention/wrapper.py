@@ -10,8 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.gpu.ragged_paged_attention.kernel import PagedInputs, decode_call, prefill_call
+from pallas_kernels.gpu.ragged_paged_attention.merge import merge_splits_kernel
 from pallas_kernels.gpu.ragged_paged_attention.sizes import (
     MAX_HEAD_DIM,
+    PALLAS_MERGE_DEFAULT,
     decode_sizes,
     prefill_sizes,
 )
@@ -34,6 +36,7 @@ TUNING = (
     "prefill_block_k",
     "prefill_num_warps",
     "prefill_num_stages",
+    "pallas_merge",
 )
 
 
@@ -123,6 +126,7 @@ def ragged_paged_attention(
     prefill_block_k: int | None = None,
     prefill_num_warps: int | None = None,
     prefill_num_stages: int | None = None,
+    pallas_merge: bool | None = None,
 ) -> jax.Array:  # [T, Hq, D]
     """Causal attention of a ragged step's query rows over their sequences' paged K/V, on a GPU
     (Pallas Triton), or in Pallas's interpreter anywhere.
@@ -159,6 +163,8 @@ def ragged_paged_attention(
         runs). prefill_block_q: query tokens per prefill block (x the padded group >= 16 rows).
       decode_num_warps, decode_num_stages, prefill_num_warps, prefill_num_stages: Triton launch
         parameters of each kernel.
+      pallas_merge: merge the decode splits in one Pallas kernel (``merge.py``) instead of XLA's
+        three reductions; None: ``sizes.PALLAS_MERGE_DEFAULT``.
 
     Returns:
       ``[num_tokens, num_heads, head_dim]`` in ``q.dtype``.
@@ -210,10 +216,13 @@ def ragged_paged_attention(
         out = decode_call(pool, cu_q_lens, out, sizes=decode, decode_only=decode_only, **options)
     else:
         acc, row_max, row_sum = decode_call(pool, cu_q_lens, None, sizes=decode, **options)
-        # The group's real rows and the head's lanes only: the padding is never read.
-        merged = merge_splits(
-            acc[..., :group, :head_dim], row_max[..., :group], row_sum[..., :group]
-        )  # [S, Hkv, G, D]
+        if PALLAS_MERGE_DEFAULT if pallas_merge is None else pallas_merge:
+            merged = merge_splits_kernel(acc, row_max, row_sum, group=group, interpret=interpret)
+            merged = merged[:, :, :group, :head_dim]  # [S, Hkv, G, D]
+        else:  # the group's real rows and the head's lanes only: the padding is never read
+            merged = merge_splits(
+                acc[..., :group, :head_dim], row_max[..., :group], row_sum[..., :group]
+            )  # [S, Hkv, G, D]
         merged = merged.reshape(max_seqs, num_heads, head_dim).astype(q.dtype)
         if decode_only:  # one row per sequence slot: the merged rows are the output
             return merged
