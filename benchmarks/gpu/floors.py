@@ -98,10 +98,9 @@ def interval_union_seconds(intervals) -> float:
     return total
 
 
-def device_busy_seconds(trace_events: list[dict]) -> float | None:
-    """Time the accelerator was busy in a Chrome/Perfetto trace (``jax.profiler`` writes one):
-    the union of the complete ("X") events of every process named ``/device:...``, in seconds
-    (timestamps are microseconds). None when the trace holds no device process (CPU)."""
+def device_events(trace_events: list[dict]) -> list[dict] | None:
+    """The complete ("X") events of every process named ``/device:...`` in a Chrome/Perfetto
+    trace (``jax.profiler`` writes one); None when the trace holds no device process (CPU)."""
     devices = {
         event["pid"]
         for event in trace_events
@@ -111,11 +110,16 @@ def device_busy_seconds(trace_events: list[dict]) -> float | None:
     }
     if not devices:
         return None
-    spans = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-        for e in trace_events
-        if e.get("ph") == "X" and e.get("pid") in devices and "ts" in e
-    ]
+    return [e for e in trace_events if e.get("ph") == "X" and e.get("pid") in devices and "ts" in e]
+
+
+def device_busy_seconds(trace_events: list[dict]) -> float | None:
+    """Time the accelerator was busy in a trace: the union of its device events
+    (``device_events``), in seconds (timestamps are microseconds); None without a device."""
+    events = device_events(trace_events)
+    if events is None:
+        return None
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events]
     return interval_union_seconds(spans) / 1e6
 
 

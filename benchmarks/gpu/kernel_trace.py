@@ -15,26 +15,10 @@ import tempfile
 
 import jax
 
-from benchmarks.gpu.floors import interval_union_seconds
+from benchmarks.gpu.floors import device_events, interval_union_seconds
 
 # Kernels named in a row's breakdown: the largest by device time.
 TOP_KERNELS = 8
-
-
-def device_events(trace_events: list[dict]) -> list[dict]:
-    """The complete ("X") events of every process named ``/device:...``."""
-    devices = {
-        event["pid"]
-        for event in trace_events
-        if event.get("ph") == "M"
-        and event.get("name") == "process_name"
-        and str(event.get("args", {}).get("name", "")).startswith("/device:")
-    }
-    return [
-        event
-        for event in trace_events
-        if event.get("ph") == "X" and event.get("pid") in devices and "ts" in event
-    ]
 
 
 def kernel_times(trace_events: list[dict], calls: int) -> dict | None:

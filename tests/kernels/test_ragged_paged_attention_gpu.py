@@ -165,14 +165,10 @@ DECODE_ONLY_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", DECODE_ONLY_CASES)
-def test_decode_only_step_matches_reference(case):
-    """A decode-only step (one row per sequence slot: keys 1, page - 1, page, page + 1, 43, 100;
-    two empty slots): the decode kernel (and the split merge) alone give every row, the empty
-    slots' as zeros."""
-    case = dict(DECODE_ONLY_CASES[case])
-    dtype, pool = case["dtype"], case.get("pool", "float")
-    args = make_batch(
+def decode_only_batch(dtype):
+    """Six decode sequences (keys 1, page - 1, page, page + 1, 43, 100; GQA 4, head_dim 64) in
+    eight sequence slots, one row each: two empty slots, two padding rows."""
+    return make_batch(
         np.random.default_rng(7),
         [1] * 6,
         [0, PAGE - 2, PAGE - 1, PAGE, 42, 99],
@@ -180,10 +176,20 @@ def test_decode_only_step_matches_reference(case):
         num_kv_heads=2,
         head_dim=64,
         page_size=PAGE,
-        dtype=jnp.float32 if pool != "float" else dtype,
+        dtype=dtype,
         padding_rows=2,
         padding_seqs=2,
     )
+
+
+@pytest.mark.parametrize("case", DECODE_ONLY_CASES)
+def test_decode_only_step_matches_reference(case):
+    """A decode-only step (one row per sequence slot: keys 1, page - 1, page, page + 1, 43, 100;
+    two empty slots): the decode kernel (and the split merge) alone give every row, the empty
+    slots' as zeros."""
+    case = dict(DECODE_ONLY_CASES[case])
+    dtype, pool = case["dtype"], case.get("pool", "float")
+    args = decode_only_batch(jnp.float32 if pool != "float" else dtype)
     reference_args = args
     if pool != "float":
         q, k_pages, v_pages, *metadata = args

@@ -11,12 +11,11 @@ import pytest
 from pallas_kernels.gpu.ragged_paged_attention.merge import merge_lane_chunk, merge_splits_kernel
 from pallas_kernels.gpu.ragged_paged_attention.wrapper import merge_splits
 from pallas_kernels.ragged_layout import MASK_VALUE
-from tests.kernels.test_ragged_paged_attention import make_batch
 from tests.kernels.test_ragged_paged_attention_gpu import (
-    PAGE,
     TOLERANCE,
     attend,
     check,
+    decode_only_batch,
     mixed_batch,
     reference,
 )
@@ -86,18 +85,7 @@ def test_kernel_with_the_pallas_merge_matches_reference(decode_only):
     """The whole call with ``pallas_merge=True``: a mixed step (GQA 3, head_dim 96, three splits)
     and a decode-only one (GQA 4, the default splits, most of them empty)."""
     if decode_only:
-        args = make_batch(
-            np.random.default_rng(7),
-            [1] * 6,
-            [0, PAGE - 2, PAGE - 1, PAGE, 42, 99],
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=64,
-            page_size=PAGE,
-            dtype=jnp.float32,
-            padding_rows=2,
-            padding_seqs=2,
-        )
+        args = decode_only_batch(jnp.float32)
         actual = attend(*args, decode_only=True, pallas_merge=True)
         expected = reference(*args)
         np.testing.assert_allclose(

@@ -7,7 +7,8 @@ takes 38 and 6 us. Here one launch does it: grid ``(sequence slot, KV head, lane
 program loading every split of its rows at once (``[splits, group rows, lane chunk]``, the
 splits padded to a power of two and masked), so no program walks the splits one by one (the
 Pallas merge tried at 075a864, one program per slot and head looping over its splits, took 75 us
-at 1 x 32k). Only the group's real rows are read.
+at 1 x 32k). Only the group's rows are read (padded to a power of two: 4 of the 16 a program
+of the decode kernel stores for Llama-3's group of 4).
 """
 
 from __future__ import annotations
