@@ -89,6 +89,8 @@ class Profile:
     replay_steps: int
     e2e_knobs: dict  # engine knobs of the main end-to-end rows
     knob_settings: tuple[dict, ...]  # engine knobs tried at knob_batches as the budget allows
+    # pallas-gpu's kernel options against the main rows, at knob_batches, right after them
+    kernel_knob_settings: tuple[dict, ...]
     knob_batches: tuple[int, ...]
     # speculative decoding's rows (before the knob rows, as the budget allows): its verify
     # steps' cost per drafted length on the device, acceptance on the random model's output
@@ -104,6 +106,9 @@ class Profile:
 
 # n-gram prompt lookup as vLLM users write it (a random model's greedy output soon repeats
 # itself, so drafts come from it).
+# The main rows' knobs with the one-kernel split merge (pallas-gpu's ``pallas_merge``), until it
+# is the default: its share of a batch-1 step against XLA's three reductions.
+GPU_KERNEL_KNOBS = {"async_scheduling": True, "attention_kernel_options": {"pallas_merge": True}}
 SPECULATIVE_CONFIG = {
     "method": "ngram",
     "num_speculative_tokens": 4,
@@ -166,6 +171,7 @@ GPU = Profile(
     # num_scheduler_steps 8, 5.07 with async scheduling; batch 64 35.1 / 31.4 / 29.0.
     e2e_knobs={"async_scheduling": True},
     knob_settings=({}, {"num_scheduler_steps": 8}),
+    kernel_knob_settings=({**GPU_KERNEL_KNOBS},),
     knob_batches=(1, 64),
     # Shapes compile when met (a verify step's few buckets), not every one up front.
     speculative_knobs={"speculative_config": SPECULATIVE_CONFIG, "precompile": False},
@@ -213,6 +219,7 @@ DRY_RUN = dataclasses.replace(
     replay_steps=2,
     e2e_knobs={"async_scheduling": True},
     knob_settings=({"num_scheduler_steps": 2},),
+    kernel_knob_settings=({**GPU_KERNEL_KNOBS},),
     knob_batches=(2,),
     speculative_batches=(2,),
     compare_modes=("paged",),

@@ -60,15 +60,23 @@ def select_backend(
     kv_sharding=None,
     platform: str | None = None,
     kv_cache_dtype: str = "auto",
+    kernel_options: dict | None = None,
 ) -> KernelBackend:
     """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
     paired-layout pool sharding of a tensor-parallel engine, whose mesh and head axis every
     backend takes (the TPU backend for its own layout). ``kv_cache_dtype`` "int8" / "fp8" (an
     8-bit pool): every backend's kernels read it (reference, cpu and pallas-gpu:
-    ``QuantizedPages``; pallas-tpu: ``QuantizedKVPool``), under tensor parallelism too."""
+    ``QuantizedPages``; pallas-tpu: ``QuantizedKVPool``), under tensor parallelism too.
+    ``kernel_options``: the pallas-gpu kernels' tuning arguments (``attention_kernel_options``);
+    a ``ValueError`` for any other backend."""
     validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
+    if kernel_options and resolved != "pallas-gpu":
+        raise ValueError(
+            f"attention_kernel_options: only the pallas-gpu backend takes kernel options; "
+            f"attention_backend={name!r} runs {resolved!r}"
+        )
     if resolved == "pallas-tpu":
         from jaxgen.backends.pallas_tpu import PallasTPUBackend
 
@@ -93,7 +101,12 @@ def select_backend(
         interpret = platform == "cpu"
         from jaxgen.backends.pallas_gpu import PallasGPUBackend
 
-        return PallasGPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype, **split)
+        return PallasGPUBackend(
+            interpret=interpret,
+            kv_cache_dtype=kv_cache_dtype,
+            tuning=tuple(sorted((kernel_options or {}).items())),
+            **split,
+        )
     backend = {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]
     return backend(kv_cache_dtype=kv_cache_dtype, **split)
 

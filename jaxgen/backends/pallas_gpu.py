@@ -32,7 +32,9 @@ class PallasGPUBackend(PairedPoolBackend):
     def __post_init__(self):
         unknown = sorted({name for name, _ in self.tuning} - set(TUNING))
         if unknown:
-            raise ValueError(f"tuning: unknown kernel arguments {unknown}; known: {TUNING}")
+            raise ValueError(
+                f"attention_kernel_options: unknown kernel arguments {unknown}; known: {TUNING}"
+            )
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         return ragged_paged_attention(

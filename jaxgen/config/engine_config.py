@@ -149,6 +149,13 @@ class EngineConfig:
         "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
         choices=BACKENDS,
     )
+    attention_kernel_options: dict | None = knob(
+        None,
+        help="pallas-gpu only: the GPU attention kernels' tuning arguments (JSON on the command "
+        'line), e.g. {"num_splits": 16} or {"pallas_merge": true}; their names, meanings and '
+        "measured defaults in docs/gpu.md",
+        default_text="`None`: the kernels' defaults",
+    )
     sampler_executables: str = knob(
         "auto",
         help="shared (one sampler and one step executable per shape serve every request: a "
@@ -345,6 +352,15 @@ class EngineConfig:
             self.attention_backend in BACKENDS,
             "attention_backend",
             f"must be one of {', '.join(repr(name) for name in BACKENDS)}",
+        )
+        check(
+            self.attention_kernel_options is None
+            or (
+                isinstance(self.attention_kernel_options, dict)
+                and all(isinstance(name, str) for name in self.attention_kernel_options)
+            ),
+            "attention_kernel_options",
+            "must be a dict of kernel argument names to values, or None",
         )
 
 

@@ -46,6 +46,7 @@ def build_engine_parts(
         dtype=loaded.dtype,
         kv_sharding=kv_sharding,
         kv_cache_dtype=config.kv_cache_dtype,
+        kernel_options=config.attention_kernel_options,
     )
     batching = batching_plan(config, max_model_len)
     batching = dataclasses.replace(

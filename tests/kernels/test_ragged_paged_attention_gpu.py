@@ -354,8 +354,8 @@ def test_backend_refuses_a_platform_it_cannot_run_on():
 def test_engine_greedy_tokens_same_as_reference_backend(tiny_model_dir):
     """The tiny Llama (GQA 4/2) through the engine, prompts chunked 16 tokens a step beside the
     decode rows (mixed steps): the pallas-gpu backend's greedy tokens are the reference
-    backend's, with a float pool (one step a call, and 4 decode steps in one multi-step call)
-    and with an int8 pool."""
+    backend's, with a float pool (one step a call, 4 decode steps in one multi-step call, and the
+    one-kernel split merge through ``attention_kernel_options``) and with an int8 pool."""
     from jaxgen import LLM, SamplingParams
     from jaxgen.loaders import load_model
 
@@ -363,12 +363,14 @@ def test_engine_greedy_tokens_same_as_reference_backend(tiny_model_dir):
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outputs = {}
-    for backend, kv_cache_dtype, steps in (
-        ("reference", "auto", 1),
-        ("pallas-gpu", "auto", 1),
-        ("pallas-gpu", "auto", 4),
-        ("reference", "int8", 1),
-        ("pallas-gpu", "int8", 1),
+    merge = {"pallas_merge": True, "num_splits": 3}  # the one-kernel split merge
+    for backend, kv_cache_dtype, steps, options in (
+        ("reference", "auto", 1, None),
+        ("pallas-gpu", "auto", 1, None),
+        ("pallas-gpu", "auto", 4, None),
+        ("pallas-gpu", "auto", 1, merge),
+        ("reference", "int8", 1, None),
+        ("pallas-gpu", "int8", 1, None),
     ):
         llm = LLM(
             loaded,
@@ -380,10 +382,16 @@ def test_engine_greedy_tokens_same_as_reference_backend(tiny_model_dir):
             attention_backend=backend,
             kv_cache_dtype=kv_cache_dtype,
             num_scheduler_steps=steps,
+            attention_kernel_options=options,
         )
         assert llm.engine.runner.backend.name == backend
         result = llm.generate(prompts, params, use_tqdm=False)
-        outputs[backend, kv_cache_dtype, steps] = [o.token_ids for o in result]
-    assert outputs["pallas-gpu", "auto", 1] == outputs["reference", "auto", 1]
-    assert outputs["pallas-gpu", "auto", 4] == outputs["reference", "auto", 1]
-    assert outputs["pallas-gpu", "int8", 1] == outputs["reference", "int8", 1]
+        outputs[backend, kv_cache_dtype, steps, bool(options)] = [o.token_ids for o in result]
+    reference, reference_int8 = (
+        outputs["reference", "auto", 1, False],
+        outputs["reference", "int8", 1, False],
+    )
+    assert outputs["pallas-gpu", "auto", 1, False] == reference
+    assert outputs["pallas-gpu", "auto", 4, False] == reference
+    assert outputs["pallas-gpu", "auto", 1, True] == reference
+    assert outputs["pallas-gpu", "int8", 1, False] == reference_int8

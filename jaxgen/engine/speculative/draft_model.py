@@ -123,6 +123,7 @@ class DraftModelProposer:
             max_model_len=target.max_model_len,
             kv_cache_memory=pages * page_bytes,
             attention_backend=config.attention_backend,
+            attention_kernel_options=config.attention_kernel_options,
             enable_prefix_caching=True,
             seed=config.seed,
             precompile=False,  # the target's ``precompile`` compiles the draft's steps too

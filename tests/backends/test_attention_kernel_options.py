@@ -1,0 +1,45 @@
+"""``attention_kernel_options``: the pallas-gpu kernels' tuning arguments from the engine's
+configuration (and its command line) to the backend, and the ValueErrors that name it."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from jaxgen.backends import select_backend
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.knobs import add_engine_flags
+
+
+def test_the_pallas_gpu_backend_gets_the_options():
+    backend = select_backend(
+        "pallas-gpu", platform="cpu", kernel_options={"pallas_merge": True, "num_splits": 3}
+    )
+    assert backend.interpret
+    assert backend.tuning == (("num_splits", 3), ("pallas_merge", True))
+    assert select_backend("pallas-gpu", platform="cpu").tuning == ()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: select_backend("reference", kernel_options={"num_splits": 4}),
+        lambda: select_backend("pallas-gpu", platform="cpu", kernel_options={"block": 4}),
+        lambda: EngineConfig(attention_kernel_options=["num_splits"]),
+        lambda: EngineConfig(attention_kernel_options={1: 2}),
+    ],
+    ids=["other-backend", "unknown-argument", "not-a-dict", "non-string-name"],
+)
+def test_bad_options_name_the_field(call):
+    with pytest.raises(ValueError, match="attention_kernel_options"):
+        call()
+
+
+def test_command_line_takes_json():
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    args = parser.parse_args(["--attention-kernel-options", '{"pallas_merge": true}'])
+    assert args.attention_kernel_options == {"pallas_merge": True}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--attention-kernel-options", "[1]"])
