@@ -106,9 +106,16 @@ class Profile:
 
 # n-gram prompt lookup as vLLM users write it (a random model's greedy output soon repeats
 # itself, so drafts come from it).
-# The main rows' knobs with the one-kernel split merge (pallas-gpu's ``pallas_merge``), until it
-# is the default: its share of a batch-1 step against XLA's three reductions.
-GPU_KERNEL_KNOBS = {"async_scheduling": True, "attention_kernel_options": {"pallas_merge": True}}
+# The main rows' knobs with the one-kernel split merge (pallas-gpu's ``pallas_merge``), then with
+# the one-kernel K/V write too (``pallas_kv_write``), until they are the defaults: their share
+# of a batch-1 step against XLA's three reductions and two scatters.
+GPU_KERNEL_KNOBS = (
+    {"async_scheduling": True, "attention_kernel_options": {"pallas_merge": True}},
+    {
+        "async_scheduling": True,
+        "attention_kernel_options": {"pallas_merge": True, "pallas_kv_write": True},
+    },
+)
 SPECULATIVE_CONFIG = {
     "method": "ngram",
     "num_speculative_tokens": 4,
@@ -171,7 +178,7 @@ GPU = Profile(
     # num_scheduler_steps 8, 5.07 with async scheduling; batch 64 35.1 / 31.4 / 29.0.
     e2e_knobs={"async_scheduling": True},
     knob_settings=({}, {"num_scheduler_steps": 8}),
-    kernel_knob_settings=({**GPU_KERNEL_KNOBS},),
+    kernel_knob_settings=GPU_KERNEL_KNOBS,
     knob_batches=(1, 64),
     # Shapes compile when met (a verify step's few buckets), not every one up front.
     speculative_knobs={"speculative_config": SPECULATIVE_CONFIG, "precompile": False},
@@ -219,7 +226,7 @@ DRY_RUN = dataclasses.replace(
     replay_steps=2,
     e2e_knobs={"async_scheduling": True},
     knob_settings=({"num_scheduler_steps": 2},),
-    kernel_knob_settings=({**GPU_KERNEL_KNOBS},),
+    kernel_knob_settings=GPU_KERNEL_KNOBS,
     knob_batches=(2,),
     speculative_batches=(2,),
     compare_modes=("paged",),

@@ -88,7 +88,7 @@ class PairedPoolBackend(KernelBackend):
 
     def attention(self, q, k, v, kv_layer, md: AttentionMetadata, **opts):
         def local(q, k, v, kv_layer, md):
-            k_pages, v_pages = write_kv(*kv_layer, k, v, md.slot_mapping)
+            k_pages, v_pages = self.write_kv(*kv_layer, k, v, md.slot_mapping)
             return self.paged_attention(q, k_pages, v_pages, md, **opts), (k_pages, v_pages)
 
         if not self.shard_kernels or self.degree == 1:
@@ -104,6 +104,10 @@ class PairedPoolBackend(KernelBackend):
             out_specs=(heads, (pool, pool)),
             check_vma=False,
         )(q, k, v, kv_layer, md)
+
+    def write_kv(self, k_pages, v_pages, k, v, slot_mapping):
+        """The step's new K/V into the layer's pools (XLA's scatter, :func:`write_kv`)."""
+        return write_kv(k_pages, v_pages, k, v, slot_mapping)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):  # [T, Hq, D]
         raise NotImplementedError

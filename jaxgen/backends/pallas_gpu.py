@@ -14,6 +14,11 @@ from jaxgen.backends.paired_pool import PairedPoolBackend
 from pallas_kernels import ragged_paged_attention
 from pallas_kernels.gpu.ragged_paged_attention import TUNING
 
+# The backend's own options beside the attention kernel's tuning arguments: ``pallas_kv_write``
+# writes the step's K/V with one Pallas kernel (``pallas_kernels/gpu/kv_write``) instead of
+# XLA's two scatters (float pools only; off until timed on a GPU).
+BACKEND_OPTIONS = ("pallas_kv_write",)
+
 
 @dataclasses.dataclass(frozen=True)
 class PallasGPUBackend(PairedPoolBackend):
@@ -21,7 +26,8 @@ class PallasGPUBackend(PairedPoolBackend):
     ``select_backend`` from the platform, so lowering for CUDA from a CPU host emits the
     kernels themselves. ``tuning``: the kernel's tuning arguments as ``(name, value)`` pairs
     (hashable, so the backend stays a static argument of the step), e.g.
-    ``(("decode_dot", True), ("num_splits", 8))``; empty: the kernel's defaults."""
+    ``(("decode_dot", True), ("num_splits", 8))``, and ``BACKEND_OPTIONS``; empty: the
+    defaults."""
 
     name = "pallas-gpu"
     interpret: bool = False
@@ -30,11 +36,28 @@ class PallasGPUBackend(PairedPoolBackend):
     marks_decode_only_steps = True  # decode-only steps run without the prefill kernel
 
     def __post_init__(self):
-        unknown = sorted({name for name, _ in self.tuning} - set(TUNING))
+        known = (*TUNING, *BACKEND_OPTIONS)
+        unknown = sorted({name for name, _ in self.tuning} - set(known))
         if unknown:
             raise ValueError(
-                f"attention_kernel_options: unknown kernel arguments {unknown}; known: {TUNING}"
+                f"attention_kernel_options: unknown kernel arguments {unknown}; known: {known}"
             )
+        if self._option("pallas_kv_write") and self.kv_cache_dtype != "auto":
+            raise ValueError(
+                "attention_kernel_options: pallas_kv_write writes float pools only, not "
+                f"kv_cache_dtype={self.kv_cache_dtype!r}"
+            )
+
+    def _option(self, name: str):
+        return dict(self.tuning).get(name)
+
+    def write_kv(self, k_pages, v_pages, k, v, slot_mapping):
+        """XLA's two scatters, or one Pallas kernel with ``pallas_kv_write``."""
+        if not self._option("pallas_kv_write"):
+            return super().write_kv(k_pages, v_pages, k, v, slot_mapping)
+        from pallas_kernels.gpu.kv_write import write_kv
+
+        return write_kv(k_pages, v_pages, k, v, slot_mapping, interpret=self.interpret)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
         return ragged_paged_attention(
@@ -47,6 +70,6 @@ class PallasGPUBackend(PairedPoolBackend):
             md.num_seqs,
             decode_only=md.decode_only,
             interpret=self.interpret,
-            **dict(self.tuning),
+            **{name: value for name, value in self.tuning if name not in BACKEND_OPTIONS},
             **opts,
         )

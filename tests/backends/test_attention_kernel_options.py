@@ -19,6 +19,8 @@ def test_the_pallas_gpu_backend_gets_the_options():
     assert backend.interpret
     assert backend.tuning == (("num_splits", 3), ("pallas_merge", True))
     assert select_backend("pallas-gpu", platform="cpu").tuning == ()
+    writer = select_backend("pallas-gpu", platform="cpu", kernel_options={"pallas_kv_write": True})
+    assert writer.tuning == (("pallas_kv_write", True),)
 
 
 @pytest.mark.parametrize(
@@ -26,10 +28,16 @@ def test_the_pallas_gpu_backend_gets_the_options():
     [
         lambda: select_backend("reference", kernel_options={"num_splits": 4}),
         lambda: select_backend("pallas-gpu", platform="cpu", kernel_options={"block": 4}),
+        lambda: select_backend(
+            "pallas-gpu",
+            platform="cpu",
+            kv_cache_dtype="int8",
+            kernel_options={"pallas_kv_write": True},
+        ),
         lambda: EngineConfig(attention_kernel_options=["num_splits"]),
         lambda: EngineConfig(attention_kernel_options={1: 2}),
     ],
-    ids=["other-backend", "unknown-argument", "not-a-dict", "non-string-name"],
+    ids=["other-backend", "unknown-argument", "kv-write-8-bit", "not-a-dict", "non-string-name"],
 )
 def test_bad_options_name_the_field(call):
     with pytest.raises(ValueError, match="attention_kernel_options"):
