@@ -249,10 +249,10 @@ def run(ctx, budget) -> dict:
     compile_s = FIRST_COMPILE_GUESS_S[profile.name]
     main = dict(profile.e2e_knobs)
     plan = [(b, main, b in profile.trace_batches, True) for b in profile.e2e_batches]
+    plan += [(b, profile.speculative_knobs, False, False) for b in profile.speculative_batches]
     if ctx.backend == "pallas-gpu":  # kernel options are pallas-gpu's only
         kernel_knobs = profile.kernel_knob_settings
         plan += [(b, knobs, False, False) for knobs in kernel_knobs for b in profile.knob_batches]
-    plan += [(b, profile.speculative_knobs, False, False) for b in profile.speculative_batches]
     plan += [
         (b, knobs, False, False) for knobs in profile.knob_settings for b in profile.knob_batches
     ]

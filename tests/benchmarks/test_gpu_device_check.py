@@ -122,7 +122,13 @@ def test_dry_run_end_to_end_and_peer(dry_run):
     # row (multi-step, with single steps among them) is, and holds the memory analysis.
     assert row["knobs"] == DRY_RUN.e2e_knobs and row["engine_stats"]["async_steps"] > 0
     assert "replay_device_ms_per_step" not in row and "memory_analysis" not in row
-    spec_row, knob_row = e2e["knob_rows"]  # speculation first, then the knob settings
+    # Speculation first, then the kernel options' rows (pallas-gpu: the one-kernel merge, then
+    # the K/V write too), then the knob settings.
+    spec_row, *kernel_rows, knob_row = e2e["knob_rows"]
+    assert [r["knobs"] for r in kernel_rows] == list(DRY_RUN.kernel_knob_settings)
+    for kernel_row in kernel_rows:
+        assert kernel_row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
+        assert kernel_row["timed"]["compiles"] == 0 and kernel_row["cold"]["compiles"] > 0
     assert spec_row["knobs"] == DRY_RUN.speculative_knobs
     assert spec_row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
     # The prompts repeat themselves: n-gram lookup finds drafts, and their steps are timed.
