@@ -6,9 +6,6 @@ its compiled memory analysis."""
 
 from __future__ import annotations
 
-import glob
-import gzip
-import json
 import os
 import shutil
 import tempfile
@@ -16,7 +13,7 @@ import time
 
 import jax
 
-from benchmarks.gpu.floors import device_busy_seconds, median
+from benchmarks.gpu.floors import device_busy_seconds, median, trace_file_events
 
 
 class DecodeCapture:
@@ -154,15 +151,11 @@ class StepTrace:
         return out
 
     def _copy(self) -> dict:
-        pattern = os.path.join(self.directory, "**", "{}")
-        found = glob.glob(pattern.format("perfetto_trace.json.gz"), recursive=True)
-        found = found or glob.glob(pattern.format("*.trace.json.gz"), recursive=True)
-        if not found:
+        trace = trace_file_events(self.directory)
+        if trace is None:
             return {"trace_error": "the profiler wrote no trace file"}
-        shutil.copyfile(found[0], self.destination)
-        with gzip.open(found[0], "rt") as f:
-            data = json.load(f)
-        events = data["traceEvents"] if isinstance(data, dict) else data
+        path, events = trace
+        shutil.copyfile(path, self.destination)
         return {
             "trace_file": os.path.basename(self.destination),
             "device_busy_s": device_busy_seconds(events),

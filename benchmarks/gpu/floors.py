@@ -4,6 +4,10 @@ busy time read from a trace. Pure functions (no jax), unit-tested on CPU."""
 from __future__ import annotations
 
 import dataclasses
+import glob
+import gzip
+import json
+import os
 import statistics
 
 
@@ -96,6 +100,19 @@ def interval_union_seconds(intervals) -> float:
     if current_end is not None:
         total += current_end - current_start
     return total
+
+
+def trace_file_events(directory: str) -> tuple[str, list[dict]] | None:
+    """The Perfetto trace ``jax.profiler`` wrote under ``directory`` and its events, or None
+    when it wrote none."""
+    pattern = os.path.join(directory, "**", "{}")
+    found = glob.glob(pattern.format("perfetto_trace.json.gz"), recursive=True)
+    found = found or glob.glob(pattern.format("*.trace.json.gz"), recursive=True)
+    if not found:
+        return None
+    with gzip.open(found[0], "rt") as f:
+        data = json.load(f)
+    return found[0], data["traceEvents"] if isinstance(data, dict) else data
 
 
 def device_events(trace_events: list[dict]) -> list[dict] | None:

@@ -6,16 +6,12 @@ kernel of the body apart, so a small call's wall time is mostly the loop)."""
 from __future__ import annotations
 
 import collections
-import glob
-import gzip
-import json
-import os
 import shutil
 import tempfile
 
 import jax
 
-from benchmarks.gpu.floors import device_events, interval_union_seconds
+from benchmarks.gpu.floors import device_events, interval_union_seconds, trace_file_events
 
 # Kernels named in a row's breakdown: the largest by device time.
 TOP_KERNELS = 8
@@ -54,15 +50,10 @@ def traced_kernel_times(run, calls: int) -> dict:
             run()
         finally:
             jax.profiler.stop_trace()
-        pattern = os.path.join(directory, "**", "{}")
-        found = glob.glob(pattern.format("perfetto_trace.json.gz"), recursive=True)
-        found = found or glob.glob(pattern.format("*.trace.json.gz"), recursive=True)
-        if not found:
+        trace = trace_file_events(directory)
+        if trace is None:
             return {"trace_error": "the profiler wrote no trace file"}
-        with gzip.open(found[0], "rt") as f:
-            data = json.load(f)
-        events = data["traceEvents"] if isinstance(data, dict) else data
-        times = kernel_times(events, calls)
+        times = kernel_times(trace[1], calls)
         return times if times is not None else {"trace_error": "no device events (CPU)"}
     except Exception as error:
         return {"trace_error": f"{type(error).__name__}: {error}"}

@@ -28,14 +28,12 @@ MERGE_NUM_WARPS = 4
 
 
 def merge_lane_chunk(num_splits: int, group_rows: int, lanes: int) -> int:
-    """Lanes one merge program takes: a power of two dividing ``lanes`` with at most
-    ``MERGE_ELEMENTS`` elements in its block (at least 1)."""
+    """Lanes one merge program takes: ``lanes`` (a power of two) halved until its block
+    ``[splits padded, group_rows, chunk]`` holds at most ``MERGE_ELEMENTS`` elements."""
     per_lane = next_power_of_2(num_splits) * group_rows
-    chunk = 1
-    while (
-        chunk * 2 <= lanes and lanes % (chunk * 2) == 0 and chunk * 2 * per_lane <= MERGE_ELEMENTS
-    ):
-        chunk *= 2
+    chunk = lanes
+    while chunk > 1 and chunk * per_lane > MERGE_ELEMENTS:
+        chunk //= 2
     return chunk
 
 
