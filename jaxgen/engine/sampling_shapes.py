@@ -83,18 +83,19 @@ _ROW_FIELDS = {
     "has_seed": (False, np.bool_),
     "steps": (0, np.int32),
     "constrained": (False, np.bool_),
-    "num_logprobs": (0, np.int32),
+    "num_logprobs": (-1, np.int32),
 }
 
 
-def row_buckets(seq_cap: int) -> tuple[int, ...]:
-    """Sampler row counts: powers of 4 below ``seq_cap``, then ``seq_cap`` (every step's row
-    count, ``min(T, seq_cap)`` with ``T`` a power of two, fits one)."""
+def row_buckets(seq_cap: int, growth: int = 4) -> tuple[int, ...]:
+    """Sampler row counts: 4 and its multiples by ``growth`` below ``seq_cap``, then
+    ``seq_cap`` (every step's row count, ``min(T, seq_cap)`` with ``T`` a power of two, fits
+    one)."""
     buckets = []
     rows = 4
     while rows < seq_cap:
         buckets.append(rows)
-        rows *= 4
+        rows *= growth
     return (*buckets, seq_cap)
 
 
@@ -108,17 +109,19 @@ class SamplingShapes:
         seq_cap: the most logits rows a step has.
         place: puts a numpy array on the device (the runner's placement); used once per
             all-padding input.
+        growth: the ratio of one row bucket to the next (``row_buckets``).
     """
 
     vocab_size: int
     max_model_len: int
     seq_cap: int
     place: Callable[[np.ndarray], object] = np.asarray
+    growth: int = 4
     _constants: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        return row_buckets(self.seq_cap)
+        return row_buckets(self.seq_cap, self.growth)
 
     @property
     def history_width(self) -> int:

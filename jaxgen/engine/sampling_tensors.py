@@ -48,7 +48,8 @@ class SamplingTensors:
     constrained: jax.Array  # [B] bool
     logit_bias_ids: jax.Array  # [B, K] i32, padded with -1; K = 0 when no row has a logit_bias
     logit_bias_values: jax.Array  # [B, K] f32, added to those tokens' logits
-    num_logprobs: jax.Array  # [B] i32; top logprobs the row returns (0: none)
+    # [B] i32; top logprobs the row returns (0: the sampled token's alone; -1: no logprobs)
+    num_logprobs: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +198,9 @@ def build_sampling_tensors(
         logit_bias_ids=bias_ids,
         logit_bias_values=bias_values,
         num_logprobs=np.array(
-            [row.params.logprobs or 0 for row in rows] + [0] * (batch_size - len(rows)), np.int32
+            [-1 if row.params.logprobs is None else row.params.logprobs for row in rows]
+            + [-1] * (batch_size - len(rows)),
+            np.int32,
         ),
     )
     return tensors, flags

@@ -68,6 +68,7 @@ def test_blocked_argmax_is_numpys_first_maximum():
         values[4, vocab // 2] = np.nan
         values[5, :] = 1.0  # all equal: 0
         values[6, vocab - 1] = 50.0
+        values[0, [5, 6]] = [-np.inf, np.inf]  # a block whose sum is NaN without a NaN
         actual = np.asarray(jax.jit(sampler._argmax)(jnp.asarray(values)))
         np.testing.assert_array_equal(actual, np.argmax(values, axis=-1))
 
@@ -347,9 +348,14 @@ def test_logprobs_are_raw_log_softmax():
     )
     assert (np.diff(out.top_logprobs, axis=-1) <= 0).all()
 
+    sampled_only = _rows([SamplingParams(temperature=0.0, logprobs=0)] * ROWS)
+    sampled_only = _run_alone(logits, sampled_only, ROWS)
+    assert sampled_only.top_token_ids.shape == sampled_only.top_logprobs.shape == (ROWS, 0)
+    np.testing.assert_allclose(sampled_only.logprobs, reference.max(-1), atol=1e-4, rtol=0)
+    # No row asks for logprobs: the normaliser is skipped, the (unread) logprobs are zeros.
     no_logprobs = _run_alone(logits, _rows([SamplingParams(temperature=0.0)] * ROWS), ROWS)
-    assert no_logprobs.top_token_ids.shape == no_logprobs.top_logprobs.shape == (ROWS, 0)
-    np.testing.assert_allclose(no_logprobs.logprobs, reference.max(-1), atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(no_logprobs.token_ids, sampled_only.token_ids)
+    np.testing.assert_array_equal(no_logprobs.logprobs, np.zeros(ROWS, np.float32))
 
 
 # --------------------------------------------------------------------------------------------

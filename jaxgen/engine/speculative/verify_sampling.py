@@ -156,8 +156,9 @@ def position_logprobs(output: SamplerOutput, row: int, num_top: int | None) -> d
 class VerifyShapes:
     """A verify step's logits rows: its sequences' own sampling rows, then every draft position
     (``merged``), sampled in the step's one sampler call. Row counts up to the sequence cap
-    take the step sampler's buckets (its executables serve both), beyond it powers of 4 and
-    the most a step can have: its sampling rows and draft positions never outnumber its
+    take the step sampler's buckets (its executables serve both), beyond it powers of 2 (a
+    single stream's 5-row verify step samples 8 rows, not 16: each padding row costs a row of
+    the LM head's output and of the sampler) and the most a step can have: its sampling rows and draft positions never outnumber its
     tokens (``max_rows``, the token budget's bucket) nor the sequence cap plus
     ``max_draft_rows`` (sequences x k), and a step with every draft whole fills the last
     bucket exactly."""
@@ -165,7 +166,9 @@ class VerifyShapes:
     def __init__(self, step_shapes: SamplingShapes, max_rows: int, max_draft_rows: int):
         self.step_shapes = step_shapes
         most = min(max_rows, step_shapes.seq_cap + max_draft_rows)
-        self.wide_shapes = dataclasses.replace(step_shapes, seq_cap=max(most, step_shapes.seq_cap))
+        self.wide_shapes = dataclasses.replace(
+            step_shapes, seq_cap=max(most, step_shapes.seq_cap), growth=2
+        )
         self.max_draft_rows = max_draft_rows
 
     def shapes(self, num_rows: int) -> SamplingShapes:
