@@ -17,7 +17,7 @@ from jaxgen.engine.speculative.draft_cost import (
     best_length,
 )
 from jaxgen.engine.speculative.ngram import NgramIndex, NgramProposer, propose_ngram
-from jaxgen.engine.speculative.speculator import Draft, Speculator
+from jaxgen.engine.speculative.speculator import EXPLORE_EVERY, Draft, Speculator
 
 
 def test_ngram_index_answers_as_the_search_step_after_step():
@@ -119,6 +119,41 @@ def test_drafts_are_as_long_as_gives_most_tokens_per_second():
             flat.observe(0.0051 if drafted else 0.005, rows=1, drafted_tokens=drafted)
     assert best_length(0.5, flat, 1, 8) == 8
     assert best_length(0.1, DraftCost(), 1, 4) == 4  # cost unknown: as long as it may be
+
+
+def test_optimistic_costs_price_little_measured_lengths_at_the_cheapest_token():
+    """``optimistic``: a length measured fewer than ``below`` times costs at most the cheapest
+    per-token cost measured over the well-measured lengths; the others keep theirs."""
+    cost = _cpu_like()  # lengths 1-4 measured MIN_STEPS times
+    for _ in range(MIN_DRAFT_STEPS):
+        cost.observe(0.040, rows=1, drafted_tokens=8)  # an 8-long draft's slow first runs
+    optimistic = cost.optimistic(1, MIN_STEPS)
+    cheapest = 5.4 / 4.9 - 1.0  # 1 drafted token: the least a token
+    assert optimistic.relative(1, 8) == pytest.approx(1.0 + 8 * cheapest)
+    assert optimistic.relative(1, 6) == pytest.approx(1.0 + 6 * cheapest)  # a line priced it higher
+    assert optimistic.relative(1, 4) == pytest.approx(cost.relative(1, 4))  # well measured
+    assert best_length(0.95, cost, 1, 8) == 3  # 8 looks dear: never tried again
+    assert best_length(0.95, optimistic, 1, 8) == 8
+    assert DraftCost().optimistic(1, MIN_STEPS).relative(1, 2) is None  # nothing measured
+
+
+def test_every_few_proposals_try_the_length_optimistic_costs_pick():
+    """Every EXPLORE_EVERY-th length the speculator gives a sequence is the optimistic one: a
+    length whose first runs were slow is drafted again, and its faster steps re-measure it."""
+    speculator = Speculator(SpeculativeConfig.from_dict({"num_speculative_tokens": 8}))
+    for drafted, ms in [(0, 4.9), (1, 5.4), (2, 6.4), (3, 6.6), (4, 9.4)]:
+        for _ in range(MIN_STEPS):
+            speculator.observe_step(ms / 1000, 1, drafted)
+    for _ in range(MIN_DRAFT_STEPS):
+        speculator.observe_step(0.040, 1, 8)
+    state = speculator._state_of(1)
+    state.accepted, state.trials = 50.0, 51.0  # a sequence that copies: nearly all accepted
+    lengths = [speculator._length(state, 8) for _ in range(2 * EXPLORE_EVERY)]
+    assert lengths.count(8) == 2 and lengths[EXPLORE_EVERY - 1] == 8
+    assert set(lengths) == {3, 8}
+    speculator.observe_step(0.0095, 1, 8)  # tried again: far faster, the mean resets
+    assert speculator.cost.relative(1, 8) < 2.0
+    assert best_length(speculator.acceptance(state), speculator.cost, 1, 8) == 8
 
 
 def test_unpaid_drafts_back_off_four_times_longer():

@@ -72,6 +72,17 @@ class DraftCost:
         ]
         return max(sum(extras) / len(extras), 0.0) if extras else None
 
+    def optimistic(self, rows: int, below: int) -> _Optimistic:
+        """These costs with every drafted length of ``rows`` measured fewer than ``below``
+        times no dearer than the cheapest per-token cost measured (``best_length`` takes it as
+        its cost): what picks a length to try again (``Speculator``'s exploration)."""
+        marginals = [
+            (cost - 1.0) / drafted
+            for drafted, cost in self._points(rows)
+            if self.counts[(rows, drafted)] >= below
+        ]
+        return _Optimistic(self, below, max(min(marginals), 0.0) if marginals else None)
+
     def relative(self, rows: int, drafted: int) -> float | None:
         """A step of ``rows`` decode rows and ``drafted`` draft tokens, in steps of those rows
         without drafts: the measured mean, else a line through the measured lengths of these
@@ -93,6 +104,21 @@ class DraftCost:
             below = point
         longest, cost = below
         return cost + (drafted - longest) * max(cost - 1.0, 0.0) / longest
+
+
+class _Optimistic:
+    """``DraftCost.optimistic``: ``relative`` with the lengths measured fewer than ``below``
+    times at most ``1 + drafted * marginal`` (unchanged without a trusted marginal)."""
+
+    def __init__(self, cost: DraftCost, below: int, marginal: float | None):
+        self.cost, self.below, self.marginal = cost, below, marginal
+
+    def relative(self, rows: int, drafted: int) -> float | None:
+        measured = self.cost.relative(rows, drafted)
+        if self.marginal is None or self.cost.counts.get((rows, drafted), 0) >= self.below:
+            return measured
+        bound = 1.0 + drafted * self.marginal
+        return bound if measured is None else min(measured, bound)
 
 
 def best_length(acceptance: float, cost: DraftCost, rows: int, length: int) -> int:

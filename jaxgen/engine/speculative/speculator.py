@@ -27,6 +27,14 @@ FIRST_BACKOFF, MAX_BACKOFF = 2, 64
 # and then.
 DECAY, PRIOR_TRIALS = 0.9, 0.5
 UNPAID_GROWTH, UNPAID_MAX_BACKOFF = 4, 256
+# Measured costs are only as good as the lengths drafted: a length whose first steps ran slow
+# (a shape's first runs) or that a line through two others priced high would never be drafted,
+# so never measured again (at k = 8 every draft stayed 2 long, its 8-long ones having cost 7
+# steps in their first two runs against 4 after). So every EXPLORE_EVERY-th proposal takes the
+# length that pays best when each length measured fewer than EXPLORE_STEPS times costs no more
+# than the cheapest per-token cost measured (``DraftCost.optimistic``): a few dear drafts in an
+# engine's life, each re-measuring the length it tried.
+EXPLORE_EVERY, EXPLORE_STEPS = 8, 4
 
 
 @dataclasses.dataclass
@@ -101,6 +109,7 @@ class Speculator:
         self.accepted_per_position = [0] * config.num_speculative_tokens
         self.cost = DraftCost()
         self.rows = 1  # decode rows of the step the last drafts were proposed for
+        self.num_proposals = 0  # candidates given a length since costs were measured
 
     def propose(
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
@@ -131,7 +140,7 @@ class Speculator:
             )
             if k >= 1:
                 # A draft that would not pay is still probed one token long now and then.
-                k = max(best_length(self.acceptance(state), self.cost, self.rows, k), 1)
+                k = max(self._length(state, k), 1)
                 candidates.append(Candidate(seq, k, self._draw_seed(seq)))
         drafts = []
         proposals = self.proposer.propose(candidates, spare_tokens) if candidates else []
@@ -148,6 +157,20 @@ class Speculator:
             spare_tokens -= len(tokens)
             drafts.append(Draft(seq, tokens, seq.num_tokens, seed))
         return drafts
+
+    def _length(self, state: _Backoff, k: int) -> int:
+        """The draft length, up to ``k``, that pays best at the sequence's acceptance
+        (``best_length``); every EXPLORE_EVERY-th time, with little-measured lengths priced
+        optimistically."""
+        acceptance = self.acceptance(state)
+        length = best_length(acceptance, self.cost, self.rows, k)
+        if self.cost.relative(self.rows, 1) is None:  # nothing measured yet
+            return length
+        self.num_proposals += 1
+        if self.num_proposals % EXPLORE_EVERY:
+            return length
+        optimistic = self.cost.optimistic(self.rows, EXPLORE_STEPS)
+        return best_length(acceptance, optimistic, self.rows, k)
 
     def _draw_seed(self, seq: Sequence) -> int | None:
         """A fresh seed for an unseeded sampled row's draft (``Candidate.seed``), else None."""
