@@ -269,7 +269,11 @@ def _filter_cutoff(
 
     if flags.any_top_k or flags.any_top_p:
         num_candidates = min(MAX_CANDIDATES, vocab_size)
-        values, _ = jax.lax.top_k(scaled, num_candidates)  # [B, C], descending
+        # [B, C], descending. The values read back through the indices: with the indices
+        # unused XLA:CPU turned the top-k into a sort of the whole vocabulary (27 ms for
+        # [4, 49152] inside the sampler, against 0.6 ms as a top-k).
+        _, candidate_ids = jax.lax.top_k(scaled, num_candidates)
+        values = jnp.take_along_axis(scaled, candidate_ids, axis=-1)
         row_max = values[:, 0]
 
         top_k_on = (top_k > 0) & (top_k < vocab_size) & ~greedy_rows
