@@ -2,6 +2,9 @@
 memory-bandwidth floor: each decode step must read every weight once.
 
     python benchmarks/single_stream.py [--model M] [--tokens 128] [--kv-cache-dtype auto|int8|fp8]
+        [--temperature 0.0] [--top-p 1.0]
+
+Greedy by default; ``--temperature`` > 0 samples (seeded), through the sampler's filter stage.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8"))
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
 
     from jaxgen import LLM, SamplingParams
@@ -47,7 +52,13 @@ def main() -> None:
     )
     load_s = time.perf_counter() - start
     prompt = "Write a long story about a lighthouse keeper and the ships she guides home."
-    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=args.tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=0,
+        ignore_eos=True,
+    )
     llm.generate(prompt, params, use_tqdm=False)  # warm-up: compiles every shape used below
     steps0, time0 = llm.stats()["steps"], time.perf_counter()
     llm.generate(prompt, params, use_tqdm=False)
@@ -59,7 +70,8 @@ def main() -> None:
     floor_ms = weight_bytes / bandwidth * 1e3
     print(
         f"device: {jax.devices()[0].device_kind}  devices: {jax.device_count()}  dtype: {args.dtype}"
-        f"  kv_cache_dtype: {args.kv_cache_dtype}"
+        f"  kv_cache_dtype: {args.kv_cache_dtype}  temperature: {args.temperature}"
+        f"  top_p: {args.top_p}"
     )
     print(f"load time                 {load_s:.1f} s")
     print(
