@@ -5,7 +5,8 @@ The host turns every running sequence into a row of ``SamplingTensors`` plus sta
 stages its flags and array widths ask for; the engine fits every batch to one shape and calls
 it with every flag on (``sampling_shapes``), and each stage then runs only when a row of the
 batch needs it (``lax.cond`` on the batch's values), so one executable per row bucket serves
-every sampling configuration.
+every sampling configuration; a batch of greedy rows that needs no stage goes straight to the
+argmax of the raw logits, and the sampled tokens' logprobs are computed when a row asks.
 
 Per row, in vLLM's order: ``logit_bias`` added; banned tokens -> -inf; repetition, frequency and
 presence penalties (these logit processors live in ``logit_processors``); greedy rows
