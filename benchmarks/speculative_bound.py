@@ -30,15 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from speculative_ngram import WORKLOADS  # noqa: E402
+from speculative_ngram import WORKLOADS, build  # noqa: E402
 
 
 def greedy_streams(loaded, tokens: int) -> dict:
     """Each prompt's chat-templated token ids and greedy answer, and the answer's first-token
     time in seconds (prefix cached), from a plain engine."""
-    from jaxgen import LLM, SamplingParams
+    from jaxgen import SamplingParams
 
-    llm = LLM(loaded, max_model_len=1024, max_rolling_batch_size=4, kv_cache_memory=64 << 20)
+    llm = build(loaded, 0, None)  # the benchmark's engine, without speculation
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
     first = SamplingParams(temperature=0.0, max_tokens=1)
     streams = {}
@@ -63,7 +63,7 @@ def greedy_streams(loaded, tokens: int) -> dict:
 def step_costs(loaded, max_k: int, args) -> tuple[dict[int, float], float]:
     """Verify-step cost per drafted length 1..max_k in steps without drafts, and the median
     step without drafts in seconds."""
-    from jaxgen import LLM, SamplingParams
+    from jaxgen import SamplingParams
     from jaxgen.engine.speculative import speculator as speculator_module
     from jaxgen.engine.speculative.ngram import NgramProposer
 
@@ -82,23 +82,14 @@ def step_costs(loaded, max_k: int, args) -> tuple[dict[int, float], float]:
     try:
         params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
         prompts = list(WORKLOADS["input-grounded"].values())
+        # 1-gram lookups too, so that nearly every step drafts its pinned length
+        lookup = argparse.Namespace(prompt_lookup_min=1, prompt_lookup_max=args.prompt_lookup_max)
         for k in range(max_k + 1):
             # k = 0: steps without drafts at the same positions (nothing is proposed)
             NgramProposer.propose = (
                 propose if k else lambda self, candidates, budget: [[] for _ in candidates]
             )
-            llm = LLM(
-                loaded,
-                max_model_len=1024,
-                max_rolling_batch_size=4,
-                kv_cache_memory=64 << 20,
-                speculative_config={
-                    "method": "ngram",
-                    "num_speculative_tokens": max(k, 1),
-                    "prompt_lookup_min": 1,
-                    "prompt_lookup_max": args.prompt_lookup_max,
-                },
-            )
+            llm = build(loaded, max(k, 1), lookup)
             for text in prompts:  # warm: every shape compiled and run once
                 llm.chat([{"role": "user", "content": text}], params, use_tqdm=False)
             measuring[0] = True
@@ -118,24 +109,16 @@ def step_costs(loaded, max_k: int, args) -> tuple[dict[int, float], float]:
 def proposals(prompt: list[int], answer: list[int], k: int, min_n: int, max_n: int):
     """At each answer position g >= 1: how many of the n-gram proposal's (up to k) tokens the
     target accepts there (the engine's lookup: ``NgramIndex``)."""
+    from jaxgen.engine.sequence import Sequence
     from jaxgen.engine.speculative.ngram import NgramIndex
 
-    class Prefix:
-        def __init__(self, tokens):
-            self.tokens = tokens
-
-        @property
-        def num_tokens(self):
-            return len(self.tokens)
-
-        def token_at(self, position):
-            return self.tokens[position]
-
     index = NgramIndex(min_n, max_n)
+    seq = Sequence(list(prompt), max_tokens=len(answer))
     accepted = [0] * len(answer)
     for g in range(1, len(answer)):
+        seq.output_token_ids.append(answer[g - 1])  # the answer up to position g
         room = min(k, len(answer) - g - 1)
-        draft = index.propose(Prefix(prompt + answer[:g]), room) if room >= 1 else []
+        draft = index.propose(seq, room) if room >= 1 else []
         a = 0
         while a < len(draft) and draft[a] == answer[g + a]:
             a += 1

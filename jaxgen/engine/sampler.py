@@ -76,16 +76,16 @@ def sample(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) ->
     logits = logits.astype(jnp.float32)  # [B, V]
     batch_size, vocab_size = logits.shape
     if flags.host_checked:  # the host has read the batch: its stages are static
-        token_ids = _select(logits, tensors, flags)
+        token_ids = _select(logits, _stages(tensors, flags), tensors, flags)
     else:
-        # A batch of greedy rows with nothing to apply (the common one) takes the argmax of
-        # the raw logits, without the stages' conditionals, whose no-op branches each copy
-        # [B, V] (the greedy sampler on the default model, 2-core CPU: 0.33 -> 0.18 ms at 4
-        # rows, 7.8 -> 0.7 ms at 64; benchmarks/sampler_step.py).
+        # Greedy rows with nothing to apply (the common batch): the raw logits' argmax, not the
+        # stages' conditionals, whose no-op branches copy [B, V] (2-core CPU, default model:
+        # 0.33 -> 0.18 ms at 4 rows, 7.8 -> 0.7 ms at 64; benchmarks/sampler_step.py).
+        stages = _stages(tensors, flags)
         token_ids = jax.lax.cond(
-            _plain_greedy(tensors, flags),
+            _plain_greedy(stages, tensors, flags),
             lambda: _argmax(logits),
-            lambda: _select(logits, tensors, flags),
+            lambda: _select(logits, stages, tensors, flags),
         )
 
     def sampled_logprobs():
@@ -176,23 +176,22 @@ def _greedy_rows(tensors: SamplingTensors) -> jax.Array:
     return (tensors.temperature < GREEDY_TEMPERATURE) | (tensors.top_k == 1)
 
 
-def _plain_greedy(tensors: SamplingTensors, flags: SamplingFlags) -> jax.Array:
-    """[] bool: every row greedy and no stage needed by any."""
+def _plain_greedy(stages: list, tensors: SamplingTensors, flags: SamplingFlags) -> jax.Array:
+    """[] bool: every row greedy and none of ``stages`` (``_stages``) needed by any."""
     plain = jnp.all(_greedy_rows(tensors)) if not flags.all_greedy else jnp.array(True)
-    for needed, _ in _stages(tensors, flags):
+    for needed, _ in stages:
         plain = plain & ~needed
     return plain
 
 
-def _select(logits: jax.Array, tensors: SamplingTensors, flags: SamplingFlags) -> jax.Array:
-    """The token of every row [B] i32: the stages a row of the batch needs (each skipped at
-    run time, ``_only_if``, when none does), then the argmax or the seeded draw.
-
-    Args:
-        logits: [B, V] float32 raw logits.
-    """
+def _select(
+    logits: jax.Array, stages: list, tensors: SamplingTensors, flags: SamplingFlags
+) -> jax.Array:
+    """The token of every row [B] i32: the ``stages`` a row of the batch needs (each skipped
+    at run time, ``_only_if``, when none does), then the argmax or the seeded draw; ``logits``
+    [B, V] float32 raw."""
     processed = logits
-    for needed, transform in _stages(tensors, flags):
+    for needed, transform in stages:
         processed = _only_if(needed, transform, processed)
     greedy_ids = _argmax(processed)
     if flags.all_greedy:
