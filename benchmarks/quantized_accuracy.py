@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--cases", default="all", help="all, int4-variants, or w8a8")
+    parser.add_argument("--cases", default="all", help="all, int4-variants, w8a8 or w4a8")
     args = parser.parse_args()
 
     from jaxgen import LLM
@@ -47,7 +47,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     cases = [("int8 weights", "int8", "auto"), ("int8 weights + activations (w8a8)", "w8a8", "auto"),
              ("int4 g32 weights", "int4", "auto"),
-             ("int4 GGUF kept (Q4_1)", "auto", "auto"), ("int8 KV", None, "int8"),
+             ("int4 GGUF kept (Q4_1)", "auto", "auto"),
+             ("int4 GGUF kept + int8 activations (w4a8)", "w4a8", "auto"), ("int8 KV", None, "int8"),
              ("fp8 KV", None, "fp8")]  # fmt: skip
     variants = {
         "int4 g32 symmetric weights": QuantizationSpec(kind="int4", group_size=32),
@@ -59,6 +60,8 @@ def main() -> None:
         cases = [(name, spec, "auto") for name, spec in variants.items()]
     elif args.cases == "w8a8":
         cases = cases[:2]
+    elif args.cases == "w4a8":
+        cases = cases[3:5]
     for name, quantization, kv in cases:
         if isinstance(quantization, QuantizationSpec):
             candidate = requantised(reference, quantization)

@@ -8,8 +8,9 @@ single streams) when a binary is found.
 
 Variants: ``float32`` (the GGUF dequantised, ``quantization="none"``), ``int8`` (quantised at
 load from it: int8 groups of 32, as Q8_0), ``w8a8`` (the same int8 weights, and every matmul
-quantises its input to int8: ``quantization="w8a8"``) and ``int4-gguf`` (the file's Q4_1 / Q8_0
-kept, ``quantization="auto"``). Single-stream and batched runs are interleaved across variants, best
+quantises its input to int8: ``quantization="w8a8"``), ``int4-gguf`` (the file's Q4_1 / Q8_0
+kept, ``quantization="auto"``) and ``int4-gguf-w4a8`` (kept, with int8 activations as llama.cpp
+computes them: ``quantization="w4a8"``). Single-stream and batched runs are interleaved across variants, best
 of ``--repeats``, all warm, so load from other processes hits each variant alike.
 """
 
@@ -23,7 +24,13 @@ import platform
 import subprocess
 import time
 
-VARIANTS = {"float32": "none", "int8": "int8", "w8a8": "w8a8", "int4-gguf": "auto"}
+VARIANTS = {
+    "float32": "none",
+    "int8": "int8",
+    "w8a8": "w8a8",
+    "int4-gguf": "auto",
+    "int4-gguf-w4a8": "w4a8",
+}
 
 
 def chat_prompts(count: int) -> list[list[dict]]:

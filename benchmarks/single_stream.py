@@ -2,7 +2,7 @@
 memory-bandwidth floor: each decode step must read every weight once.
 
     python benchmarks/single_stream.py [--model M] [--tokens 128] [--kv-cache-dtype auto|int8|fp8]
-        [--temperature 0.0] [--top-p 1.0]
+        [--temperature 0.0] [--top-p 1.0] [--quantization auto|w4a8|...]
 
 Greedy by default; ``--temperature`` > 0 samples (seeded), through the sampler's filter stage.
 """
@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "int8", "fp8"))
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--quantization", default="auto", help="EngineConfig.quantization")
     args = parser.parse_args()
 
     from jaxgen import LLM, SamplingParams
@@ -49,6 +50,7 @@ def main() -> None:
         batching="none",
         max_model_len=1024,
         kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
     )
     load_s = time.perf_counter() - start
     prompt = "Write a long story about a lighthouse keeper and the ships she guides home."
@@ -71,7 +73,7 @@ def main() -> None:
     print(
         f"device: {jax.devices()[0].device_kind}  devices: {jax.device_count()}  dtype: {args.dtype}"
         f"  kv_cache_dtype: {args.kv_cache_dtype}  temperature: {args.temperature}"
-        f"  top_p: {args.top_p}"
+        f"  top_p: {args.top_p}  quantization: {args.quantization}"
     )
     print(f"load time                 {load_s:.1f} s")
     print(

@@ -5,7 +5,7 @@ the tokens of the n-gram proposal that the target will accept (known in hindsigh
 priced by this engine's measured verify-step cost per drafted length.
 
     python benchmarks/speculative_bound.py [--tokens 128] [--k 3 4 8] [--prompt-lookup-min 2]
-        [--prompt-lookup-max 5] [--passes 3]
+        [--prompt-lookup-max 5] [--passes 3] [--quantization auto|w4a8]
 
 Costs: one engine per drafted length L (1 to max k) whose drafts are pinned to their full
 length (the benchmark replaces ``best_length``; the engine itself cuts them to what pays), and
@@ -145,11 +145,12 @@ def main() -> None:
     parser.add_argument("--prompt-lookup-min", type=int, default=2)
     parser.add_argument("--prompt-lookup-max", type=int, default=5)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--quantization", default="auto", help="as speculative_ngram.py's")
     args = parser.parse_args()
 
     from jaxgen.loaders import load_model
 
-    loaded = load_model(None, dtype="float32")
+    loaded = load_model(None, dtype="float32", quantization=args.quantization)
     streams = greedy_streams(loaded, args.tokens)
     costs, plain = step_costs(loaded, max(args.k), args)
     line = "  ".join(f"{d}: {cost:.2f}" for d, cost in costs.items())

@@ -2,9 +2,10 @@
 prompts decoding together through chunked prefill, preemption and the prefix cache.
 
     python benchmarks/speculative_identity.py [--prompts 64] [--tokens 128] [--backends cpu]
-        [--methods ngram draft_model] [--draft-quantization int8]
+        [--methods ngram draft_model] [--draft-quantization int8] [--quantization none]
 
-The target is the default checkpoint dequantised to float32; "draft_model" drafts with the same
+The target is the default checkpoint dequantised to float32 (``--quantization``: the target's
+weights as loaded, e.g. w4a8: the GGUF's kept with int8 activations); "draft_model" drafts with the same
 checkpoint quantised at load (``--draft-quantization``). Every prompt shares a system prompt
 (prefix-cache hits), the token budget is small (prompts are prefilled in chunks) and the KV pool
 holds fewer tokens than the running sequences need (preemptions). Prints, per backend and
@@ -60,13 +61,14 @@ def main() -> None:
     parser.add_argument("--draft-quantization", default="int8")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--kv-cache-mib", type=int, default=96)
+    parser.add_argument("--quantization", default="none")
     args = parser.parse_args()
 
     from jaxgen import LLM, SamplingParams
     from jaxgen.loaders import load_model
     from jaxgen.loaders.default_model import default_model_path
 
-    target = load_model(None, dtype="float32", quantization="none")
+    target = load_model(None, dtype="float32", quantization=args.quantization)
     conversations = prompts(args.prompts)
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
     knobs = dict(
@@ -93,7 +95,7 @@ def main() -> None:
             "num_speculative_tokens": args.k,
         }
     print(
-        f"{args.prompts} prompts x {args.tokens} greedy tokens, target float32, "
+        f"{args.prompts} prompts x {args.tokens} greedy tokens, target float32 ({args.quantization}), "
         f"{args.max_num_seqs} sequences at once, 64-token budget, {args.kv_cache_mib} MiB pool",
         flush=True,
     )

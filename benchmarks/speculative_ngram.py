@@ -3,7 +3,7 @@ an input-grounded workload (editing code, extracting or restating a document: th
 repeat spans of the prompt) and plain chat.
 
     python benchmarks/speculative_ngram.py [--tokens 128] [--k 2 4] [--rounds R] [--repeats 1]
-        [--prompt-lookup-min 2] [--prompt-lookup-max 5]
+        [--prompt-lookup-min 2] [--prompt-lookup-max 5] [--quantization auto|w4a8]
 
 On this VM the engines of one process do not run alike: the first one built runs a few per
 cent faster than the later ones, and those drift with their build order by a few per cent too;
@@ -182,7 +182,7 @@ def worker(rotation: int, args) -> None:
     from jaxgen import SamplingParams
     from jaxgen.loaders import load_model
 
-    loaded = load_model(None, dtype="float32")
+    loaded = load_model(None, dtype="float32", quantization=args.quantization)
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
     configs = [0, *args.k]
     configs = configs[rotation % len(configs) :] + configs[: rotation % len(configs)]
@@ -212,6 +212,12 @@ def main() -> None:
     parser.add_argument("--prompt-lookup-max", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
+        "--quantization",
+        default="auto",
+        help="the default model's weights as loaded (EngineConfig.quantization): auto keeps the "
+        "GGUF's Q4_1 / Q8_0 with float activations, w4a8 gives them int8 activations",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=None,
@@ -235,6 +241,7 @@ def main() -> None:
     options = ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
     options += ["--prompt-lookup-min", str(args.prompt_lookup_min), "--k", *map(str, args.k)]
     options += ["--prompt-lookup-max", str(args.prompt_lookup_max)]
+    options += ["--quantization", args.quantization]
     for rotation in range(args.rounds or len(configs)):
         command = [sys.executable, __file__, "--worker", str(rotation), *options]
         done = subprocess.run(command, capture_output=True, text=True, check=True)

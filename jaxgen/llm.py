@@ -32,7 +32,8 @@ class LLM:
             tensor_parallel_degree, data_parallel_size (see docs/sharding.md), precompile,
             quantization ("auto": a GGUF stays quantised, a float checkpoint float; "none";
             "int8" / "int4" / "fp8": quantise at load; "w8a8": int8 weights and int8
-            activations; see ``jaxgen.quantization``),
+            activations; "w4a8": int4 weights (a GGUF's kept) and int8 activations, llama.cpp's
+            CPU numbers; see ``jaxgen.quantization``),
             kv_cache_dtype ("auto", "int8", "fp8").
     """
 

@@ -232,7 +232,9 @@ class EngineConfig:
         "stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load "
         "(int8: integer CPU kernels may take x as 16-bit codes); w8a8: int8 weights whose "
         "matmuls quantise their input to int8 too, per row and 32 columns "
-        "(jaxgen.quantization); TGI's eetq and bitsandbytes mean int8",
+        "(jaxgen.quantization); w4a8: int4 weights whose matmuls do the same, llama.cpp's "
+        "CPU numbers (a GGUF keeps its types; a float checkpoint is quantised to int4); TGI's "
+        "eetq and bitsandbytes mean int8",
         choices=QUANTIZATION_CHOICES,
         env=("QUANTIZE",),
         properties=("option.quantize",),

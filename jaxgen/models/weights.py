@@ -21,6 +21,7 @@ from jaxgen.layers.linear import Embedding
 from jaxgen.layers.rope import rope_buffers
 from jaxgen.models.causal_lm import CausalLM
 from jaxgen.quantization import QuantizedWeight, quantize_kernel, spec_for_path
+from jaxgen.quantization.quantize import with_int8_activations
 
 ArrayPlacer = Callable[[tuple, np.ndarray], jax.Array]
 TensorGetter = Callable[[str], np.ndarray]
@@ -229,7 +230,7 @@ def params_from_hf_tensors(
     Quantisable parameters (every ``Linear`` kernel, and an ``Embedding`` table, held then as
     its ``[hidden, vocab]`` head kernel) become ``QuantizedWeight``s: as the checkpoint stores
     them when ``get_quantized(name)`` returns one (a GGUF's Q8_0/Q4_0/Q4_1 under
-    ``quantization="auto"``), else quantised at load when ``quantization`` names a kind
+    ``quantization="auto"``, or ``"w4a8"`` with int8 activations), else quantised at load when ``quantization`` names a kind
     (``jaxgen.quantization.spec_for_path``).
     """
     graphdef, abstract, quantisable = _abstract_model_and_quantisable(config, dtype)
@@ -313,8 +314,10 @@ def _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantiz
     float array when ``quantization`` names a kind."""
     weight = None
     name = _direct_name(config, path)
-    if quantization == "auto" and get_quantized is not None and name is not None:
-        weight = get_quantized(name)
+    if quantization in ("auto", "w4a8") and get_quantized is not None and name is not None:
+        weight = get_quantized(name)  # kept as the checkpoint stores it
+        if weight is not None and quantization == "w4a8":
+            weight = with_int8_activations(weight)
     spec = spec_for_path(quantization, path)
     if weight is None and spec is not None:
         array = np.asarray(read_parameter(config, path, get_tensor), np.float32)

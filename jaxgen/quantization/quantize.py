@@ -23,17 +23,19 @@ from jaxgen.quantization.quantized_weight import QuantizedWeight, pack_int4, val
 # What users pass: ``auto`` keeps a GGUF's quantised types and a float checkpoint float; ``none``
 # dequantises everything; the others quantise a float checkpoint at load ("w8a8": int8 as "int8",
 # and every matmul quantises its input to int8 too, per row and 32 columns; "int8" lets integer
-# kernels take the input as 16-bit codes: QuantizedWeight).
-QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "fp8", "w8a8")
+# kernels take the input as 16-bit codes: QuantizedWeight). "w4a8" is llama.cpp's CPU numbers:
+# a GGUF keeps its tensors (as "auto") and a float checkpoint is quantised to int4 (embedding
+# and LM head int8), and their matmuls quantise the input to int8 as "w8a8" does.
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4", "fp8", "w8a8", "w4a8")
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantizationSpec:
     """One weight's quantisation: ``kind`` with ``group_size`` (None: per output channel) and,
-    for int4, a per-group minimum (``asymmetric``); an int8 weight's ``activations``: "int8"
-    quantises its input too, "int16" lets integer kernels take it as 16-bit codes
-    (``QuantizedWeight``)."""
+    for int4, a per-group minimum (``asymmetric``); ``activations``: "int8" quantises the input
+    too (int8 / int4), "int16" lets integer kernels take it as 16-bit codes (int8;
+    ``QuantizedWeight``)."""
 
     kind: str
     group_size: int | None = None
@@ -56,13 +58,25 @@ def spec_for_path(quantization: str, path: tuple) -> QuantizationSpec | None:
     if quantization in ("auto", "none"):
         return None
     head = path[-1] == "embedding" or path[0] == "lm_head"
-    if quantization == "w8a8":
+    if quantization == "w8a8" or (quantization == "w4a8" and head):
         return QuantizationSpec(kind="int8", group_size=32, activations="int8")
+    if quantization == "w4a8":
+        return QuantizationSpec(kind="int4", group_size=32, asymmetric=True, activations="int8")
     if quantization == "int8" or (quantization == "int4" and head):
         return QuantizationSpec(kind="int8", group_size=32, activations="int16")
     if quantization == "int4":
         return QuantizationSpec(kind="int4", group_size=32, asymmetric=True)
     return QuantizationSpec(kind="fp8")
+
+
+def with_int8_activations(weight: QuantizedWeight) -> QuantizedWeight:
+    """``weight`` taking int8 activations ("w4a8" on a kept GGUF tensor) where its kind and
+    layout allow it (int8 / int4, K and group size multiples of 32), else as it is."""
+    try:
+        validate_layout(weight.kind, weight.group_size, weight.shape, "int8")
+    except ValueError:
+        return weight
+    return dataclasses.replace(weight, activations="int8")
 
 
 def quantize_kernel(w, spec: QuantizationSpec) -> QuantizedWeight:
@@ -103,7 +117,7 @@ def quantize_kernel(w, spec: QuantizationSpec) -> QuantizedWeight:
     values = pack_int4(unsigned.reshape(depth, columns))
     return QuantizedWeight(
         jnp.asarray(values), jnp.asarray(scales), None if mins is None else jnp.asarray(mins),
-        kind="int4", group_size=group, shape=(depth, columns),
+        kind="int4", group_size=group, shape=(depth, columns), activations=spec.activations,
     )  # fmt: skip
 
 

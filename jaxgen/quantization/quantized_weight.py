@@ -9,15 +9,16 @@ A ``[K, N]`` kernel (``Linear``'s orientation: input features first) stored as i
 | ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]`` |
 | ``fp8`` | float8_e4m3fn ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
 
-An int8 weight may also quantise its input (``activations="int8"``, W8A8; ``quantization=
-"w8a8"``): x is taken per row and 32 columns as ``s * q`` with ``s = max|x| / 127`` and
-``q = round_half_even(x * 127 / max|x|)`` (:func:`quantize_activations`), so a kernel can sum
-``q * value`` in integers. :meth:`matmul` computes ``fake_quantize_activations(x) @ dequantize()``,
-the reference the native W8A8 kernel is held to. ``activations="int16"`` (an int8 weight
-quantised at load, ``quantization="int8"``) lets a kernel that sums in integers take x as 16-bit
-codes the same way (``L = 32767`` in place of 127: within ``max|x| / 65534`` of x per group,
-finer than float16); every other path, the reference included, uses x as it is. A GGUF's
-weights keep ``"float"``, so a kept file computes its dequantised model's numbers.
+An int8 or int4 weight may also quantise its input (``activations="int8"``: W8A8,
+``quantization="w8a8"``; W4A8, ``quantization="w4a8"``): x is taken per row and 32 columns as
+``s * q`` with ``s = max|x| / 127`` and ``q = round_half_even(x * 127 / max|x|)``
+(:func:`quantize_activations`), so a kernel can sum ``q * value`` in integers. :meth:`matmul`
+computes ``fake_quantize_activations(x) @ dequantize()``, the reference the native W8A8 and
+W4A8 kernels are held to. ``activations="int16"`` (an int8 weight quantised at load,
+``quantization="int8"``) lets a kernel that sums in integers take x as 16-bit codes the same way
+(``L = 32767`` in place of 127: within ``max|x| / 65534`` of x per group, finer than float16);
+every other path, the reference included, uses x as it is. A GGUF's weights keep ``"float"``
+(a kept file computes its dequantised model's numbers) unless loaded with ``"w4a8"``.
 
 Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
 one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
@@ -43,6 +44,8 @@ import numpy as np
 KINDS = ("int8", "int4", "fp8")
 ACTIVATIONS = ("float", "int16", "int8")  # what an int8 weight does with its input
 ACTIVATION_GROUP = 32  # columns of x per activation scale (int8 / int16 activations)
+# The weight kinds each integer activation type applies to (W8A8 / W4A8; W8A16).
+INTEGER_ACTIVATION_KINDS = {"int8": ("int8", "int4"), "int16": ("int8",)}
 VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
 
 
@@ -116,7 +119,8 @@ def validate_layout(
     kind: str, group_size: int, shape: tuple[int, int], activations: str = "float"
 ) -> None:
     """``ValueError`` for an unknown kind or a group size that does not divide K; int8
-    or int16 activations need an int8 weight whose K and group size are multiples of 32."""
+    activations need an int8 or int4 weight (int16 ones an int8 weight) whose K and group size
+    are multiples of 32."""
     if kind not in KINDS:
         raise ValueError(f"quantization kind must be one of {KINDS}, got {kind!r}")
     if activations not in ACTIVATIONS:
@@ -129,10 +133,13 @@ def validate_layout(
     if kind == "int4" and group_size % 2:
         raise ValueError(f"int4 group_size must be even, got {group_size}")
     if activations != "float" and (
-        kind != "int8" or depth % ACTIVATION_GROUP or group_size % ACTIVATION_GROUP
+        kind not in INTEGER_ACTIVATION_KINDS[activations]
+        or depth % ACTIVATION_GROUP
+        or group_size % ACTIVATION_GROUP
     ):
+        kinds = " or ".join(INTEGER_ACTIVATION_KINDS[activations])
         raise ValueError(
-            f"{activations} activations need an int8 weight whose input width and group size "
+            f"{activations} activations need an {kinds} weight whose input width and group size "
             f"are multiples of {ACTIVATION_GROUP}, got {kind} {shape} in groups of {group_size}"
         )
 

@@ -68,6 +68,7 @@ QUANTIZATION_ALIASES = {
     "int4": "int4",
     "fp8": "fp8",
     "w8a8": "w8a8",
+    "w4a8": "w4a8",
     "eetq": "int8",
     "bitsandbytes": "int8",
     "bitsandbytes8": "int8",

@@ -295,6 +295,23 @@ def test_default_model_identical_on_reference_backend(smollm2_loaded):
         assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
 
 
+def test_w4a8_greedy_output_identical(tiny_model_dir, knobs, prompts):
+    """int4 weights with int8 activations (``quantization="w4a8"``, the native CPU kernel's
+    integer products): a verify step's rows get the tokens decoding without speculation does."""
+    from jaxgen.loaders import load_model
+
+    loaded = load_model(tiny_model_dir, quantization="w4a8")
+    plain = LLM(loaded, **knobs)
+    assert any(name.startswith("int4") and name.endswith("/a8") for name in
+               plain.stats()["weight_dtypes"])  # fmt: skip
+    params = [greedy(), greedy(stop=["zz"]), greedy(max_tokens=45), greedy()]
+    expected = plain.generate(prompts, params)
+    speculating = LLM(loaded, **knobs, speculative_config=NGRAM)
+    got = speculating.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert speculating.stats()["spec_decode_num_accepted_tokens"] > 0
+
+
 def test_server_setting_is_json():
     from serving.settings.resolve import SettingsError, resolve_settings
 

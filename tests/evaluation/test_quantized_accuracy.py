@@ -134,8 +134,11 @@ def float_model_sequences():
 
 
 @pytest.mark.slow
-# w8a8: no bar in the issue; 0.966 measured (cpu kernels) at the commit that added it.
-@pytest.mark.parametrize("kind, threshold", [("int8", 0.98), ("int4", 0.90), ("w8a8", 0.95)])
+# w8a8: no bar in the issue; 0.966 measured (cpu kernels) at the commit that added it. w4a8
+# (the GGUF's Q4_1 / Q8_0 kept, int8 activations): 0.969 at the commit that added it.
+@pytest.mark.parametrize(
+    "kind, threshold", [("int8", 0.98), ("int4", 0.90), ("w8a8", 0.95), ("w4a8", 0.95)]
+)
 def test_quantised_at_load_agrees_with_float(float_model_sequences, kind, threshold):
     reference, llm = float_model_sequences
     sequences, first = greedy_sequences(llm, PROMPTS, 64)

@@ -95,15 +95,34 @@ def test_w8a8_weights_quantise_their_input():
     np.testing.assert_allclose(np.asarray(matmul(x, w)), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_w4a8_quantises_kernels_to_int4_and_the_head_to_int8_with_int8_activations():
+    """``quantization="w4a8"`` on a float checkpoint: asymmetric int4 groups of 32 (the head
+    and embedding int8), every one taking int8 activations; matmul as w8a8's reference."""
+    spec = spec_for_path("w4a8", ("layers", 0, "mlp", "down_proj", "kernel"))
+    assert spec == QuantizationSpec(kind="int4", group_size=32, asymmetric=True, activations="int8")
+    head = QuantizationSpec(kind="int8", group_size=32, activations="int8")
+    assert spec_for_path("w4a8", ("lm_head", "kernel")) == head
+    assert spec_for_path("w4a8", ("embed_tokens", "embedding")) == head
+    w = quantize_kernel(_weight(), spec)
+    assert (w.kind, w.activations) == ("int4", "int8")
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 256)), jnp.float32)
+    expected = np.asarray(fake_quantize_activations(x), np.float64) @ np.asarray(
+        w.dequantize(), np.float64
+    )
+    np.testing.assert_allclose(np.asarray(matmul(x, w)), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "kind, shape, group, activations, message",
     [
-        ("int4", (64, 8), 32, "int8", "int8 activations need an int8 weight"),
+        ("fp8", (64, 8), 32, "int8", "int8 activations need an int8 or int4 weight"),
+        ("int4", (64, 8), 32, "int16", "int16 activations need an int8 weight"),
+        ("int4", (48, 8), 16, "int8", "multiples of 32"),
         ("int8", (48, 8), 16, "int8", "multiples of 32"),
         ("int8", (64, 8), 32, "int4", "activations must be one of"),
     ],
 )
-def test_int8_activations_need_int8_weights_in_groups_of_32(
+def test_integer_activations_need_integer_weights_in_groups_of_32(
     kind, shape, group, activations, message
 ):
     with pytest.raises(ValueError, match=message):
@@ -229,10 +248,13 @@ def test_serve_kv_cache_dtype_setting():
         resolve_settings({"kv_cache_dtype": "int4"}, {})
 
 
-def test_w8a8_engine_gives_each_request_the_same_tokens_alone_and_batched(tiny_model_dir):
-    """``quantization="w8a8"`` through the engine on both CPU paths (the native kernels and
-    XLA's reference): x is quantised per row, so a request's greedy tokens do not depend on the
-    batch it shares a step with."""
+@pytest.mark.parametrize("quantization, kind", [("w8a8", "int8"), ("w4a8", "int4")])
+def test_integer_activation_engine_gives_each_request_the_same_tokens_alone_and_batched(
+    tiny_model_dir, quantization, kind
+):
+    """``quantization="w8a8"`` / ``"w4a8"`` through the engine on both CPU paths (the native
+    kernels and XLA's reference): x is quantised per row, so a request's greedy tokens do not
+    depend on the batch it shares a step with."""
     from jaxgen import LLM, SamplingParams
 
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
@@ -240,14 +262,14 @@ def test_w8a8_engine_gives_each_request_the_same_tokens_alone_and_batched(tiny_m
     for backend in ("auto", "reference"):
         llm = LLM(
             tiny_model_dir,
-            quantization="w8a8",
+            quantization=quantization,
             max_model_len=128,
             kv_cache_memory=4 << 20,
             attention_backend=backend,
         )
         kinds = llm.stats()["weight_dtypes"]
-        int8 = [kind for kind in kinds if kind.startswith("int8")]
-        assert int8 and all(kind.endswith("/a8") for kind in int8), kinds
+        quantized = [name for name in kinds if name.startswith(kind)]
+        assert quantized and all(name.endswith("/a8") for name in quantized), kinds
         batched = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         alone = [llm.generate([p], params, use_tqdm=False)[0].token_ids for p in prompts]
         assert batched == alone and all(len(tokens) == 8 for tokens in batched)

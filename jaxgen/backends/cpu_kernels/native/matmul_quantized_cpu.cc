@@ -10,8 +10,9 @@
 // column block) items on the kernels' worker pool (column_blocks.h). With a non-empty
 // `norm_weight` [K], x is an RMSNorm's input: the live rows are normed first (rms_norm.h;
 // epsilon `eps`) and the products read the normed rows. With `activation_bits` 8 or 16 (int8
-// weights only; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live rows are quantised per row and 32
-// columns and the products summed in integers (matmul_w8a8.h). Reference:
+// weights; int4 ones take 8; needs AVX-512 VNNI, JaxgenW8A8HasVnni) the live rows are quantised
+// per row and 32 columns and the products summed in integers (matmul_w8a8.h, matmul_w4a8.h).
+// Reference:
 // QuantizedWeight.matmul (tests/test_matmul_quantized_cpu.py).
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "column_blocks.h"
 #include "matmul_quantized.h"
+#include "matmul_w4a8.h"
 #include "matmul_w8a8.h"
 #include "parallel_for.h"
 #include "rms_norm.h"
@@ -71,11 +73,11 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32, 16 or 8");
   }
   if (integer_activations &&
-      (!jaxgen_cpu::kW8A8Vnni || bits != 8 || xd.size() != 2 ||
+      (!jaxgen_cpu::kW8A8Vnni || (bits == 4 && activation_bits != 8) || xd.size() != 2 ||
        xd[1] % jaxgen_cpu::kActivationGroup != 0)) {
     return ffi::Error::InvalidArgument(
-        "matmul_quantized_cpu: integer activations need int8 weights, K a multiple of 32 and "
-        "AVX-512 VNNI");
+        "matmul_quantized_cpu: integer activations need int8 weights (int4 ones: 8-bit "
+        "activations), K a multiple of 32 and AVX-512 VNNI");
   }
   const bool int4 = bits == 4;
   const size_t per_weight = int4 ? 3 : 2;
@@ -92,11 +94,16 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   const int64_t code_rows = int4 ? depth / 2 : depth;
   std::vector<Weight> group;
   int64_t column_blocks = 0;
-  // The weight-only tiles take up to kQuantizedStreamRows rows whole; W8A8's blocks keep 4.
+  // The weight-only tiles take up to kQuantizedStreamRows rows whole, W4A8's 8; W8A8's blocks
+  // keep 4.
+  const bool w4a8 = integer_activations && int4;
+  const int64_t whole_rows = w4a8                  ? 8
+                             : integer_activations ? 0
+                                                   : jaxgen_cpu::kWholeBlockRows;
   const std::vector<int64_t> block_panels = jaxgen_cpu::ColumnBlockPanels(
       std::vector<int64_t>(panel_counts.begin(), panel_counts.end()),
       jaxgen_cpu::LiveRowCount(live_rows.typed_data(), kSpans, rows), jaxgen_cpu::NumThreads(),
-      integer_activations ? 4 : jaxgen_cpu::kQuantizedStreamRows);
+      w4a8 ? 8 : integer_activations ? 4 : jaxgen_cpu::kQuantizedStreamRows);
   for (size_t i = 0; i < count; ++i) {
     auto values = args.get<ffi::AnyBuffer>(per_weight * i);
     auto scales = args.get<ffi::AnyBuffer>(per_weight * i + 1);
@@ -147,10 +154,9 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   for (int s = 0; s < kSpans; ++s) {
     const int64_t begin = std::clamp<int64_t>(bounds[2 * s], 0, rows);
     const int64_t end = std::clamp<int64_t>(bounds[2 * s + 1], begin, rows);
-    const int64_t whole = integer_activations ? 0 : jaxgen_cpu::kWholeBlockRows;
     const int64_t threads = jaxgen_cpu::NumThreads();
     const int64_t block_rows =
-        end > begin ? BlockRows(end - begin, column_blocks, threads, whole) : 1;
+        end > begin ? BlockRows(end - begin, column_blocks, threads, whole_rows) : 1;
     spans[s] = {begin, end, block_rows};
   }
   for (const Weight& w : group) {
@@ -184,6 +190,28 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     xs = normed_rows.data();
   }
 #if defined(JAXGEN_W8A8_VNNI)
+  if (w4a8) {  // x's signed codes in the int4 lanes' order, then integer products
+    thread_local std::vector<int8_t> codes;
+    thread_local std::vector<float> scales, minimum_factors;
+    const int64_t activation_groups = depth / jaxgen_cpu::kActivationGroup;
+    codes.resize(rows * depth);
+    scales.resize(rows * activation_groups);
+    minimum_factors.resize(rows * activation_groups);
+    for (const auto& span : spans) {
+      jaxgen_cpu::QuantizeRowsInt4Order(xs, depth, span.begin, span.end, codes.data(),
+                                        scales.data(), minimum_factors.data());
+    }
+    const int8_t* code_data = codes.data();
+    const float* scale_data = scales.data();
+    const float* factor_data = minimum_factors.data();
+    jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>&) {
+      const Item& item = items[i];
+      jaxgen_cpu::W4A8Block(group[item.w].panels, code_data, scale_data, factor_data,
+                            group[item.w].out, item.m0, item.m1,
+                            item.n0 / jaxgen_cpu::kQuantPanel, item.n1 / jaxgen_cpu::kQuantPanel);
+    });
+    return ffi::Error::Success();
+  }
   if (integer_activations) {  // x's codes and scales for the live rows, then integer products
     thread_local std::vector<uint8_t> codes;
     thread_local std::vector<float> scales;
