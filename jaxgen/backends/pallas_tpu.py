@@ -79,7 +79,7 @@ class PallasTPUBackend(KernelBackend):
         def wrap(kernel, transposed=False):
             if is_quantized(kernel):
                 if kernel.kind not in ("int8", "int4") or kernel.activations == "int8":
-                    return None  # fp8, W8A8: XLA's dot (QuantizedWeight.matmul)
+                    return None  # fp8, W8A8 / W4A8: XLA's dot (QuantizedWeight.matmul)
                 return StreamedQuantizedWeight.wrap(kernel, **placement)
             if not _streamable(kernel):
                 return None
