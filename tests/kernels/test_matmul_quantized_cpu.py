@@ -2,7 +2,7 @@
 ``x @ QuantizedWeight.dequantize()`` in float64: every kind and group size, one row (registers)
 and many (the shared dequantised slice), ragged rows and columns, live-row spans, groups of
 weights in one call, weights in shared buffers, the RMSNorm prologue (a ``NormedInput``), int8
-activations (W8A8: the VNNI path and the XLA fallback, against ``QuantizedWeight.matmul``), and
+activations (W8A8, W4A8: the VNNI path and the XLA fallback, against ``QuantizedWeight.matmul``), and
 the "cpu" backend packing a quantised model's kernels."""
 
 from __future__ import annotations
@@ -241,19 +241,26 @@ def test_norm_prologue_falls_back_to_xla_for_other_weights():
 
 
 W8A8 = QuantizationSpec(kind="int8", group_size=32, activations="int8")
+INTEGER_ACTIVATIONS = {  # W4A8: a GGUF's Q4_1 / Q4_0 under quantization="w4a8"
+    "w8a8": W8A8,
+    "w8a16": dataclasses.replace(W8A8, activations="int16"),
+    "w4a8-min": QuantizationSpec(kind="int4", group_size=32, asymmetric=True, activations="int8"),
+    "w4a8": QuantizationSpec(kind="int4", group_size=32, activations="int8"),
+}
 
 
-@pytest.mark.parametrize("activations", ["int8", "int16"])
+@pytest.mark.parametrize("spec", INTEGER_ACTIVATIONS.values(), ids=INTEGER_ACTIVATIONS.keys())
 @pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "xla-fallback"])
 @pytest.mark.parametrize(
     "rows, depth, live",
     [(1, 576, None), (5, 576, None), (67, 1536, [[0, 9], [20, 67]]), (16, 64, [[2, 3], [0, 0]])],
 )
-def test_integer_activations_match_the_reference(monkeypatch, activations, vnni, rows, depth, live):
-    """int8 / int16 activations: x's live rows quantised per row and 32 columns, integer
-    products, for q/k/v-like groups in one call, with and without the norm prologue. int8:
-    equal to ``QuantizedWeight.matmul`` (fake-quantised x) up to float rounding; int16: to the
-    float x's product within its 16-bit rounding (the reference takes x as it is)."""
+def test_integer_activations_match_the_reference(monkeypatch, spec, vnni, rows, depth, live):
+    """int8 / int16 activations (int8 weights; int4 ones take int8): x's live rows quantised
+    per row and 32 columns, integer products, for q/k/v-like groups in one call, with and
+    without the norm prologue. int8: equal to ``QuantizedWeight.matmul`` (fake-quantised x) up
+    to float rounding; int16: to the float x's product within its 16-bit rounding (the
+    reference takes x as it is)."""
     if vnni and not w8a8_kernel_available():
         pytest.skip("this CPU has no AVX-512 VNNI + VBMI")
     if not vnni:
@@ -262,7 +269,7 @@ def test_integer_activations_match_the_reference(monkeypatch, activations, vnni,
     x = jnp.asarray(
         rng.standard_normal((rows, depth)) * rng.uniform(0.1, 10, (rows, 1)), jnp.float32
     )
-    spec = dataclasses.replace(W8A8, activations=activations)
+    activations = spec.activations
     weights = [quantize_kernel(rng.standard_normal((depth, n)), spec) for n in (576, 192, 40)]
     packed = [PackedQuantizedWeight.pack(w) for w in weights]
     assert {p.activations for p in packed} == {activations}
