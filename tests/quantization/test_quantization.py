@@ -216,6 +216,7 @@ def test_serve_quantization_from_flags_env_and_properties(tmp_path):
     assert resolve_settings({"quantization": "int4"}, {}).engine["quantization"] == "int4"
     assert resolve_settings({}, {"QUANTIZE": "eetq"}).engine["quantization"] == "int8"  # TGI
     assert resolve_settings({}, {"QUANTIZE": "fp8"}).engine["quantization"] == "fp8"
+    assert resolve_settings({"quantization": "w4a8"}, {}).engine["quantization"] == "w4a8"
     properties = tmp_path / "serving.properties"
     properties.write_text("option.quantize=bitsandbytes8\n")  # LMI
     assert resolve_settings({}, {}, str(properties)).engine["quantization"] == "int8"
