@@ -230,8 +230,8 @@ def params_from_hf_tensors(
     Quantisable parameters (every ``Linear`` kernel, and an ``Embedding`` table, held then as
     its ``[hidden, vocab]`` head kernel) become ``QuantizedWeight``s: as the checkpoint stores
     them when ``get_quantized(name)`` returns one (a GGUF's Q8_0/Q4_0/Q4_1 under
-    ``quantization="auto"``, or ``"w4a8"`` with int8 activations), else quantised at load when ``quantization`` names a kind
-    (``jaxgen.quantization.spec_for_path``).
+    ``quantization="auto"``, or ``"w4a8"`` with int8 activations), else quantised at load when
+    ``quantization`` names a kind (``jaxgen.quantization.spec_for_path``).
     """
     graphdef, abstract, quantisable = _abstract_model_and_quantisable(config, dtype)
     place_quantized = getattr(place, "place_quantized", None)  # a sharding plan's

@@ -42,14 +42,8 @@ inline void QuantizeRowsInt4Order(const float* x, int64_t depth, int64_t m0, int
   const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
   for (int64_t m = m0; m < m1; ++m) {
     for (int64_t g = 0; g < groups; ++g) {
-      const float* in = x + m * depth + g * kActivationGroup;
-      const __m512 a = _mm512_loadu_ps(in), b = _mm512_loadu_ps(in + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      const float scale = amax / 127.0f;
-      // Round to nearest even (the default mode), as jnp.round; an all-zero group has codes 0.
-      const __m512 inverse = _mm512_set1_ps(amax == 0.0f ? 0.0f : 127.0f / amax);
-      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse));
-      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
+      __m512i qa, qb;
+      const float scale = QuantizeGroup(x + m * depth + g * kActivationGroup, 127.0f, &qa, &qb);
       int8_t* out = codes + m * depth + g * kActivationGroup;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
                        _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qa), order));

@@ -39,6 +39,19 @@ constexpr int64_t kActivationGroup = 32;  // columns of x per activation scale
 #if defined(JAXGEN_W8A8_VNNI)
 constexpr bool kW8A8Vnni = true;
 
+// One 32-column group of x (at `in`) as signed codes q = round_half_even(x * (levels / max|x|))
+// in [-levels, levels] (16 in each of *low and *high); returns its scale max|x| / levels. The
+// rounding of quantize_activations (jaxgen.quantization): the default mode rounds to nearest
+// even, as jnp.round; an all-zero group has codes 0.
+inline float QuantizeGroup(const float* in, float levels, __m512i* low, __m512i* high) {
+  const __m512 a = _mm512_loadu_ps(in), b = _mm512_loadu_ps(in + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const __m512 inverse = _mm512_set1_ps(amax == 0.0f ? 0.0f : levels / amax);
+  *low = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse));
+  *high = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
+  return amax / levels;
+}
+
 // Rows [m0, m1) of x [M, K] (K a multiple of 32) as kBits-bit codes per row and 32 columns:
 // q = round_half_even(x * (L / max|x|)) with L = 2^(kBits - 1) - 1, scale max|x| / L, stored
 // unsigned as u = q + L + 1 (vpdpbusd takes unsigned x): kBits 8, one byte plane [M, K]; kBits
@@ -54,14 +67,10 @@ inline void QuantizeRows(const float* x, int64_t depth, int64_t m0, int64_t m1, 
   for (int64_t m = m0; m < m1; ++m) {
     uint8_t* row = codes + m * depth * kPlanes;
     for (int64_t g = 0; g < groups; ++g) {
-      const float* in = x + m * depth + g * kActivationGroup;
-      const __m512 a = _mm512_loadu_ps(in), b = _mm512_loadu_ps(in + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      scales[m * groups + g] = amax / kLevels;
-      // Round to nearest even (the default mode), as jnp.round; an all-zero group has codes 0.
-      const __m512 inverse = _mm512_set1_ps(amax == 0.0f ? 0.0f : kLevels / amax);
-      const __m512i ua = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, inverse)), bias);
-      const __m512i ub = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, inverse)), bias);
+      __m512i qa, qb;
+      scales[m * groups + g] =
+          QuantizeGroup(x + m * depth + g * kActivationGroup, kLevels, &qa, &qb);
+      const __m512i ua = _mm512_add_epi32(qa, bias), ub = _mm512_add_epi32(qb, bias);
       uint8_t* out = row + g * kActivationGroup;
       if constexpr (kBits == 8) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(ua));
