@@ -2,10 +2,11 @@
 query heads, 8 KV heads, head_dim 128, bf16, the engine's page size): batch x context as the
 profile lists, against the copy bandwidth stage 1 measured. Each timed call runs the kernel
 many times back to back inside one jitted loop (no host dispatch between them), each time over
-a different set of pages, so neither launch overhead nor the L2 cache flatters it. The calls
-are the engine's decode steps (``decode_only``: the decode kernel and its split merge, no
-prefill kernel). The kernel's
-decode variants and split counts (``tuning_variants``) are timed at a few pairs."""
+a different set of pages, so neither launch overhead nor the L2 cache flatters it, and each
+call's output is the next one's queries, so the loop adds no kernels of its own to the calls
+(``chained_calls``). The calls are the engine's decode steps (``decode_only``: the decode
+kernel and its split merge, no prefill kernel). The kernel's decode variants and split counts
+(``tuning_variants``) are timed at a few pairs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import itertools
 import time
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.gpu.floors import DecodeAttention, median
@@ -40,38 +40,55 @@ def loop_count(num_bytes: int, seconds: float, max_loops: int) -> int:
     return int(min(max_loops, max(2, seconds * GUESS_BPS / max(num_bytes, 1))))
 
 
+def chained_calls(call, rounds: int):
+    """A jitted function of ``(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs)``,
+    ``tables`` a tuple of R block tables: ``rounds`` times over, one call per table in turn,
+    each call's output the next call's query rows (the same shape and dtype), so no output is
+    dropped and nothing but the attention calls runs: no per-call slicing of the tables (the R
+    calls of a round are unrolled), no reduction of the outputs, and the loop's counter and its
+    test once per round."""
+
+    @jax.jit
+    def many(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs):
+        def one_round(_, q):
+            for table in tables:
+                q = call(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs)
+            return q
+
+        return lax.fori_loop(0, rounds, one_round, q)
+
+    return many
+
+
 def time_config(
     kernels, batch_args, *, loops: int, repeats: int, interpret: bool, tuning, trace: bool = False
 ):
-    """Median seconds of one kernel call: ``loops`` calls per jitted call, block tables
-    rotating, the outputs summed so none is dropped; with ``trace``, also one more jitted call
+    """``(median seconds of one kernel call, seconds of the first (compiling) call, the traced
+    times, kernel calls per timed call)``: at least ``loops`` calls per jitted call
+    (``chained_calls``, the block tables rotating); with ``trace``, also one more jitted call
     under the profiler (``traced_kernel_times``: the device's busy time per kernel call)."""
     q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs = batch_args
     # A decode step of the engine: one row per sequence slot, every row a decode row.
     options = decode_only_option(kernels.kernel)
     call = functools.partial(kernels.kernel, interpret=interpret, **options, **tuning)
-
-    @jax.jit
-    def many(q, k_pages, v_pages, kv_lens, tables, cu_q_lens, num_seqs):
-        def body(i, total):
-            table = tables[i % tables.shape[0]]
-            out = call(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs)
-            return total + jnp.sum(out.astype(jnp.float32))
-
-        return lax.fori_loop(0, loops, body, jnp.float32(0))
+    rotations = tables.shape[0]
+    rounds = max(1, -(-loops // rotations))
+    many = chained_calls(call, rounds)
+    args = (q, k_pages, v_pages, kv_lens, tuple(tables), cu_q_lens, num_seqs)
+    calls = rounds * rotations
 
     start = time.perf_counter()
-    jax.block_until_ready(many(*batch_args))
+    jax.block_until_ready(many(*args))
     first_s = time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(many(*batch_args))
+        jax.block_until_ready(many(*args))
         times.append(time.perf_counter() - start)
     traced = {}
     if trace:
-        traced = traced_kernel_times(lambda: jax.block_until_ready(many(*batch_args)), loops)
-    return median(times) / loops, first_s, traced
+        traced = traced_kernel_times(lambda: jax.block_until_ready(many(*args)), calls)
+    return median(times) / calls, first_s, traced, calls
 
 
 def run(ctx, budget) -> dict:
@@ -106,7 +123,7 @@ def run(ctx, budget) -> dict:
         try:
             args = decode_batch(shape, rotations=rotations)
             loops = loop_count(num_bytes, profile.seconds_per_call, profile.max_loops)
-            seconds, first_s, traced = time_config(
+            seconds, first_s, traced, calls = time_config(
                 kernels,
                 args,
                 loops=loops,
@@ -122,7 +139,7 @@ def run(ctx, budget) -> dict:
                 "achieved_Bps": achieved,
                 "fraction_of_copy": achieved / copy_bw if copy_bw else None,
                 "rotations": rotations,
-                "loops": loops,
+                "loops": calls,
                 "compile_and_first_s": first_s,
             }
             row |= traced

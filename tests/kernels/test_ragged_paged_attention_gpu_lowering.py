@@ -93,13 +93,16 @@ def test_batch1_decode_fills_the_gpu():
 def test_pallas_merge_lowers_for_cuda():
     """``pallas_merge=True``: the batch-1 step over 32k keys merges its 33 splits in one Triton
     kernel, grid (2 slots, 8 KV heads, 4 lane chunks of 32: 64 splits padded x 4 rows x 32
-    lanes per program), and XLA has no reduction over the splits left."""
+    lanes per program), and XLA has no reduction over the splits left; the merge writes the
+    step's bfloat16 output itself (its result is the call's: no slice, cast or scatter after)."""
     text = _lowered_for_cuda(
         128, "bf16", num_tokens=2, max_seqs=2, width=2048, decode_only=True, pallas_merge=True
     )
     assert "ragged_paged_attention_merge" in text
     assert "grid_x = 2 : i32, grid_y = 8 : i32, grid_z = 4 : i32" in text
     assert "stablehlo.reduce" not in text
+    merge = re.search(r"(%\w+) = stablehlo.custom_call[^\n]*ragged_paged_attention_merge", text)
+    assert f"return {merge.group(1)} : tensor<2x32x128xbf16>" in text
     xla = _lowered_for_cuda(128, "bf16", num_tokens=2, max_seqs=2, width=2048, decode_only=True)
     assert "ragged_paged_attention_merge" not in xla and "stablehlo.reduce" in xla
 

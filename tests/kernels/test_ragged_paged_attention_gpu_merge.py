@@ -4,6 +4,7 @@ merge (``merge.py``, interpreted off the GPU) against XLA's and inside the whole
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,23 +62,44 @@ def test_one_split_is_its_own_normalised_state():
     np.testing.assert_allclose(np.asarray(merged), acc[0] / row_sum[0][..., None], rtol=1e-6)
 
 
-def test_pallas_merge_matches_the_xla_merge():
+@pytest.mark.parametrize("decode_only", [True, False])
+def test_pallas_merge_matches_the_xla_merge(decode_only):
     """The one-kernel merge (interpreted here) on 33 splits (padded to 64), a group of 3 (4 rows
-    read of 16), 128 lanes in chunks: the XLA merge's rows."""
+    read of 16), head_dim 96 of 128 lanes in chunks: the XLA merge's rows, written straight into
+    the step's bfloat16 output (a decode-only step: row s is slot s; a mixed step: the decode
+    sequences' rows, every other row kept)."""
     rng = np.random.default_rng(2)
-    splits, seqs, heads, rows, lanes, group = 33, 2, 3, 16, 128, 3
+    splits, seqs, heads, rows, lanes, group, head_dim = 33, 3, 3, 16, 128, 3, 96
     row_max = rng.normal(0, 20, (splits, seqs, heads, rows)).astype(np.float32)
     row_sum = rng.uniform(0.5, 3.0, row_max.shape).astype(np.float32)
     acc = rng.normal(size=(*row_max.shape, lanes)).astype(np.float32)
     row_max[2:, 1, 2], row_sum[2:, 1, 2], acc[2:, 1, 2] = MASK_VALUE, 0.0, 0.0  # short row
     row_max[:, 0, 1], row_sum[:, 0, 1], acc[:, 0, 1] = MASK_VALUE, 0.0, 0.0  # no key at all
     args = [jnp.asarray(x) for x in (acc, row_max, row_sum)]
-    assert merge_lane_chunk(splits, 4, lanes) < lanes  # several lane chunks a (slot, head)
-    merged = merge_splits_kernel(*args, group=group, interpret=True)
-    assert merged.shape == (seqs, heads, 4, lanes)
-    expected = merge_splits(args[0][..., :group, :], args[1][..., :group], args[2][..., :group])
-    np.testing.assert_allclose(np.asarray(merged[:, :, :group]), expected, rtol=1e-5, atol=1e-6)
-    assert not np.asarray(merged[0, 1, :group]).any()
+    assert merge_lane_chunk(splits, 4, lanes) < head_dim  # several lane chunks a (slot, head)
+    expected = merge_splits(
+        args[0][..., :group, :head_dim], args[1][..., :group], args[2][..., :group]
+    ).reshape(seqs, heads * group, head_dim)
+    if decode_only:
+        cu_q_lens = jnp.arange(seqs + 1, dtype=jnp.int32)
+        out = jax.ShapeDtypeStruct((seqs, heads * group, head_dim), jnp.bfloat16)
+        rows_of = {0: 0, 1: 1, 2: 2}
+    else:  # slot 0: one query at row 4; slot 1: three queries (not the merge's); slot 2: row 0
+        cu_q_lens = jnp.asarray([4, 5, 8, 9], jnp.int32)  # sanitised: slot 2 is row 8
+        out = jnp.full((10, heads * group, head_dim), 7.0, jnp.bfloat16)
+        rows_of = {0: 4, 2: 8}
+    merged = merge_splits_kernel(
+        *args, cu_q_lens, out, group=group, decode_only=decode_only, interpret=True
+    )
+    assert merged.shape == out.shape and merged.dtype == jnp.bfloat16
+    merged = np.asarray(merged.astype(jnp.float32))
+    for slot, row in rows_of.items():
+        want = np.asarray(expected[slot].astype(jnp.bfloat16).astype(jnp.float32))
+        np.testing.assert_array_equal(merged[row], want)
+    assert not merged[rows_of[0], 3:6].any()  # slot 0's KV head 1 saw no key: zeros
+    if not decode_only:  # every row the merge does not own is as it was
+        untouched = [r for r in range(out.shape[0]) if r not in rows_of.values()]
+        assert (merged[untouched] == 7.0).all()
 
 
 @pytest.mark.parametrize("decode_only", [False, True])

@@ -56,12 +56,16 @@ def load_rows(q_ref, tokens, heads, row_ok, *, head_dim: int, lanes: int) -> jax
     )
 
 
-def store_rows(out_ref, values, tokens, heads, row_ok, *, head_dim: int) -> None:
-    """``out_ref[tokens[r], heads[r], :head_dim] = values[r]`` for rows where ``row_ok``."""
+def store_rows(
+    out_ref, values, tokens, heads, row_ok, *, head_dim: int, first_lane=0, lane_mask=None
+) -> None:
+    """``out_ref[tokens[r], heads[r], first_lane + l] = values[r, l]`` for rows where
+    ``row_ok`` (and, with ``lane_mask``, lanes below ``head_dim``; None: masked where the
+    values have more lanes than ``head_dim``). Unmasked lanes stay contiguous stores."""
     num_tokens, num_heads, _ = out_ref.shape
     rows, lanes = values.shape
-    lane = jnp.arange(lanes, dtype=jnp.int32)
-    lane_ok = None if head_dim == lanes else lane < head_dim
+    lane = first_lane + jnp.arange(lanes, dtype=jnp.int32)
+    lane_ok = lane < head_dim if (head_dim != lanes if lane_mask is None else lane_mask) else None
     # Masked elements go past the array (dropped by the interpreter, untouched on the GPU), so no
     # two stores the interpreter makes share an index.
     tokens = jnp.where(row_ok, tokens, num_tokens)

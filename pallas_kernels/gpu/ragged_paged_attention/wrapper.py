@@ -217,21 +217,31 @@ def ragged_paged_attention(
     else:
         acc, row_max, row_sum = decode_call(pool, cu_q_lens, None, sizes=decode, **options)
         if PALLAS_MERGE_DEFAULT if pallas_merge is None else pallas_merge:
-            merged = merge_splits_kernel(acc, row_max, row_sum, group=group, interpret=interpret)
-            merged = merged[:, :, :group, :head_dim]  # [S, Hkv, G, D]
+            # The merged rows go straight into the output, in its dtype: no slice, cast or
+            # scatter after the kernel.
+            out = merge_splits_kernel(
+                acc,
+                row_max,
+                row_sum,
+                cu_q_lens,
+                jax.ShapeDtypeStruct(q.shape, q.dtype) if decode_only else out,
+                group=group,
+                decode_only=decode_only,
+                interpret=interpret,
+            )
         else:  # the group's real rows and the head's lanes only: the padding is never read
             merged = merge_splits(
                 acc[..., :group, :head_dim], row_max[..., :group], row_sum[..., :group]
             )  # [S, Hkv, G, D]
-        merged = merged.reshape(max_seqs, num_heads, head_dim).astype(q.dtype)
-        if decode_only:  # one row per sequence slot: the merged rows are the output
-            return merged
-        # XLA's reductions spread the splits over the whole GPU: a Pallas merge with one
-        # program per (slot, KV head) walking its splits in turn made a batch-1 call over 32k
-        # keys 75 us (H200, 075a864), where the whole wrapper had taken 54 (d2b7523).
-        is_decode = cu_q_lens[1:] - cu_q_lens[:-1] == 1
-        rows = jnp.where(is_decode, cu_q_lens[:-1], num_tokens)
-        out = out.at[rows].set(merged, mode="drop")
+            merged = merged.reshape(max_seqs, num_heads, head_dim).astype(q.dtype)
+            if decode_only:  # one row per sequence slot: the merged rows are the output
+                return merged
+            # XLA's reductions spread the splits over the whole GPU: a Pallas merge with one
+            # program per (slot, KV head) walking its splits in turn made a batch-1 call over
+            # 32k keys 75 us (H200, 075a864), where the whole wrapper had taken 54 (d2b7523).
+            is_decode = cu_q_lens[1:] - cu_q_lens[:-1] == 1
+            rows = jnp.where(is_decode, cu_q_lens[:-1], num_tokens)
+            out = out.at[rows].set(merged, mode="drop")
     if decode_only:
         return out
 
