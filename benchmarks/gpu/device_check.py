@@ -1,4 +1,4 @@
-"""jaxgen on a real GPU in one command: seven stages, each with its own time budget, the JSON
+"""jaxgen on a real GPU in one command: eight stages, each with its own time budget, the JSON
 rewritten after every stage (and every step of a long one) so a timeout still returns what
 finished, a log of everything, and a table printed last. benchmarks/gpu/README.md has the
 details.
@@ -22,14 +22,15 @@ Stages (``--stages`` picks some, e.g. to rerun what failed; ``--stage-budget NAM
   1. machine: device, versions, importable modules, copy bandwidth, bf16 matmul rate.
   2. kernel_correctness: the ragged paged-attention kernel vs its float32 reference.
   3. kernel_bandwidth: the kernel's bytes/s on 8B-shaped decode steps vs the copy bandwidth.
-  4. engine_parity: tiny Llama / Qwen3 / Gemma 3 greedy tokens, pallas-gpu = reference =
+  4. gemm_bandwidth: the 8B's decode matmuls, weights cold, XLA's Triton GEMMs vs cuBLAS.
+  5. engine_parity: tiny Llama / Qwen3 / Gemma 3 greedy tokens, pallas-gpu = reference =
      transformers.
-  5. end_to_end (child process): random 8B bf16 model, 1,024-token prompts, 128 tokens, batch
+  6. end_to_end (child process): random 8B bf16 model, 1,024-token prompts, 128 tokens, batch
      1/64/256/16: tok/s, decode ms/step vs the floor, compiles in the timed pass, a profiler
      trace at batch 1, 64 and 256; n-gram speculation at batch 1 and other knobs as the
      budget allows.
-  6. torch_peer (child process, torch_peer.py): transformers on torch, same shapes.
-  7. bench_compare (child process): the batching strategies at the 8B shape.
+  7. torch_peer (child process, torch_peer.py): transformers on torch, same shapes.
+  8. bench_compare (child process): the batching strategies at the 8B shape.
 
 Out (at most 8 files come back from the device): device_check.json (everything),
 device_check.log, end_to_end.json, torch_peer.json, bench_compare.json (the children's own

@@ -248,15 +248,25 @@ def run(ctx, budget) -> dict:
     floor_args = dict(weight_bytes=weight_bytes, kv_per_token=kv_per_token, context=context)
     compile_s = FIRST_COMPILE_GUESS_S[profile.name]
     main = dict(profile.e2e_knobs)
-    plan = [(b, main, b in profile.trace_batches, True) for b in profile.e2e_batches]
-    plan += [(b, profile.speculative_knobs, False, False) for b in profile.speculative_batches]
+    main_rows = [(b, main, b in profile.trace_batches, True) for b in profile.e2e_batches]
+    speculative = [
+        (b, profile.speculative_knobs, False, False) for b in profile.speculative_batches
+    ]
+    kernel = []
     if ctx.backend == "pallas-gpu":  # kernel options are pallas-gpu's only
         kernel_knobs = profile.kernel_knob_settings
-        plan += [(b, knobs, False, False) for knobs in kernel_knobs for b in profile.knob_batches]
-    plan += [
-        (b, knobs, False, False) for knobs in profile.knob_settings for b in profile.knob_batches
-    ]
-    for index, (batch, knobs, trace, is_main) in enumerate(plan):
+        kernel = [(b, k, False, False) for k in kernel_knobs for b in profile.knob_batches]
+    others = [(b, k, False, False) for k in profile.knob_settings for b in profile.knob_batches]
+    # Each row's prompts are seeded by its place in this order (the dry run's random model
+    # drafts from the speculative row's); the kernel options run before speculation
+    # (candidates for the defaults).
+    seeded, seed = [], 1000
+    for group in (main_rows, speculative, kernel, others):
+        seeded.append([(row, seed + i) for i, row in enumerate(group)])
+        seed += len(group)
+    main_part, spec_part, kernel_part, other_part = seeded
+    plan = main_part + kernel_part + spec_part + other_part
+    for (batch, knobs, trace, is_main), seed in plan:
         rows = result["rows"] if is_main else result["knob_rows"]
         needed = estimate_seconds(ctx, config, batch, compile_s, floor_args)
         if not budget.allows(needed):
@@ -270,7 +280,7 @@ def run(ctx, budget) -> dict:
             ctx.partial(result)
             continue
         try:
-            row = measure(ctx, loaded, batch, knobs, trace=trace, seed=1000 + index)
+            row = measure(ctx, loaded, batch, knobs, trace=trace, seed=seed)
         except Exception as error:
             row = {"batch": batch, "knobs": knobs, "error": f"{type(error).__name__}: {error}"}
             log(f"e2e b{batch} {knobs}: {row['error']}")

@@ -29,6 +29,7 @@ STAGES = (
     "machine",
     "kernel_correctness",
     "kernel_bandwidth",
+    "gemm_bandwidth",
     "engine_parity",
     "end_to_end",
     "torch_peer",
@@ -74,6 +75,9 @@ class Profile:
     seconds_per_call: float  # kernel calls per timed jit call: about this long in all
     max_loops: int
     trace_kernels: bool  # each row's device time per call from a profiler trace
+    # decode matmuls: the rows (a step's tokens) timed, and about how long a timed call runs
+    gemm_rows: tuple[int, ...]
+    gemm_seconds: float
     # engine parity
     parity_models: tuple[str, ...]
     parity_prompt_lens: tuple[int, ...]
@@ -108,12 +112,21 @@ class Profile:
 # itself, so drafts come from it).
 # The main rows' knobs with the one-kernel split merge (pallas-gpu's ``pallas_merge``), then with
 # the one-kernel K/V write too (``pallas_kv_write``), until they are the defaults: their share
-# of a batch-1 step against XLA's three reductions and two scatters.
+# of a batch-1 step against XLA's three reductions and two scatters; then with cuBLAS's matmuls
+# as well (``xla_gemm``) against XLA's Triton GEMMs.
 GPU_KERNEL_KNOBS = (
     {"async_scheduling": True, "attention_kernel_options": {"pallas_merge": True}},
     {
         "async_scheduling": True,
         "attention_kernel_options": {"pallas_merge": True, "pallas_kv_write": True},
+    },
+    {
+        "async_scheduling": True,
+        "attention_kernel_options": {
+            "pallas_merge": True,
+            "pallas_kv_write": True,
+            "xla_gemm": "cublas",
+        },
     },
 )
 SPECULATIVE_CONFIG = {
@@ -130,6 +143,7 @@ GPU = Profile(
         "machine": StageBudget(20, 5),
         "kernel_correctness": StageBudget(45, 15),  # 7-8 of 10 cases fitted 35 s (ea5bc0b)
         "kernel_bandwidth": StageBudget(60, 15),
+        "gemm_bandwidth": StageBudget(60, 10),
         "engine_parity": StageBudget(45, 25),  # 30 s at 13f1313 left Gemma 3's reference out
         "end_to_end": StageBudget(145, 60),
         "torch_peer": StageBudget(80, 30),
@@ -163,6 +177,8 @@ GPU = Profile(
     seconds_per_call=0.02,
     max_loops=500,
     trace_kernels=True,
+    gemm_rows=(2, 64),  # a batch-1 decode step's rows (two sequence slots) and batch 64's
+    gemm_seconds=0.005,
     parity_models=("llama", "qwen3", "gemma3"),
     parity_prompt_lens=(5, 17, 16, 33),
     parity_max_tokens=16,
@@ -213,6 +229,8 @@ DRY_RUN = dataclasses.replace(
     seconds_per_call=0.0,
     max_loops=2,
     trace_kernels=True,
+    gemm_rows=(2,),
+    gemm_seconds=0.0,
     parity_models=("llama",),
     parity_prompt_lens=(5, 17),
     parity_max_tokens=6,

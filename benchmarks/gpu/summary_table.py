@@ -1,5 +1,6 @@
 """The tables the device check prints last (the device returns the end of the output): one line
-per stage, then end to end beside the torch peer, then the kernel's bandwidth."""
+per stage, then end to end beside the torch peer, then the kernel's bandwidth and the decode
+matmuls'."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ BANDWIDTH_COLUMNS = [
     ("of copy", "of copy bw"),
     ("device us", "device us"),
     ("device of copy", "device of copy"),
+    ("error", "error"),
+]
+
+GEMM_COLUMNS = [
+    ("matmul", "matmul (M x K x N)"),
+    ("variant", "xla_gemm"),
+    ("us", "us/call"),
+    ("of copy", "of copy bw"),
+    ("device us", "device us"),
+    ("device of copy", "device of copy"),
+    ("kernel", "largest kernel"),
     ("error", "error"),
 ]
 
@@ -105,6 +117,11 @@ def print_tables(data: dict) -> None:
         print_block(
             "attention kernel bandwidth", format_table(table_rows(bandwidth), BANDWIDTH_COLUMNS)
         )
+    gemms = stages.get("gemm_bandwidth", {}).get("result", {})
+    if gemms.get("rows"):
+        from benchmarks.gpu.gemm_bandwidth import table_rows as gemm_rows
+
+        print_block("decode matmuls, weights cold", format_table(gemm_rows(gemms), GEMM_COLUMNS))
     title = (
         f"device check on {device} ({meta.get('profile')}, commit {meta.get('commit')}): "
         f"{meta.get('seconds', 0):.0f} s, {meta.get('compiles')} compiles in the main process"

@@ -16,8 +16,13 @@ from pallas_kernels.gpu.ragged_paged_attention import TUNING
 
 # The backend's own options beside the attention kernel's tuning arguments: ``pallas_kv_write``
 # writes the step's K/V with one Pallas kernel (``pallas_kernels/gpu/kv_write``) instead of
-# XLA's two scatters (float pools only; off until timed on a GPU).
-BACKEND_OPTIONS = ("pallas_kv_write",)
+# XLA's two scatters (float pools only; off until timed on a GPU); ``xla_gemm`` picks how XLA
+# runs the step's matmuls: "triton" (XLA's default, its autotuned Triton GEMM fusions) or
+# "cublas" (cuBLAS's kernels, ``xla_gpu_enable_triton_gemm`` off). The H200's batch-1 and
+# batch-64 traces show the QKV and output projections' Triton GEMMs at 2.2-3.4 TB/s of a
+# 4.3 TB/s ceiling (docs/gpu.md); the device check times both.
+BACKEND_OPTIONS = ("pallas_kv_write", "xla_gemm")
+XLA_GEMMS = {"triton": None, "cublas": {"xla_gpu_enable_triton_gemm": False}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +47,12 @@ class PallasGPUBackend(PairedPoolBackend):
             raise ValueError(
                 f"attention_kernel_options: unknown kernel arguments {unknown}; known: {known}"
             )
+        gemm = self._option("xla_gemm")
+        if gemm is not None and gemm not in XLA_GEMMS:
+            raise ValueError(
+                f"attention_kernel_options: xla_gemm must be one of {sorted(XLA_GEMMS)}, "
+                f"got {gemm!r}"
+            )
         if self._option("pallas_kv_write") and self.kv_cache_dtype != "auto":
             raise ValueError(
                 "attention_kernel_options: pallas_kv_write writes float pools only, not "
@@ -50,6 +61,11 @@ class PallasGPUBackend(PairedPoolBackend):
 
     def _option(self, name: str):
         return dict(self.tuning).get(name)
+
+    @property
+    def compiler_options(self) -> dict | None:
+        """``xla_gemm``'s XLA options (None: XLA's defaults)."""
+        return XLA_GEMMS[self._option("xla_gemm") or "triton"]
 
     def write_kv(self, k_pages, v_pages, k, v, slot_mapping):
         """XLA's two scatters, or one Pallas kernel with ``pallas_kv_write``."""

@@ -151,9 +151,9 @@ class EngineConfig:
     )
     attention_kernel_options: dict | None = knob(
         None,
-        help="pallas-gpu only: the GPU attention kernels' tuning arguments (JSON on the command "
-        'line), e.g. {"num_splits": 16} or {"pallas_merge": true}; their names, meanings and '
-        "measured defaults in docs/gpu.md",
+        help="pallas-gpu only: the GPU attention kernels' tuning arguments and the backend's "
+        'options (JSON on the command line), e.g. {"num_splits": 16}, {"pallas_merge": true} '
+        'or {"xla_gemm": "cublas"}; their names, meanings and measured defaults in docs/gpu.md',
         default_text="`None`: the kernels' defaults",
     )
     sampler_executables: str = knob(

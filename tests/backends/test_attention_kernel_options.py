@@ -23,6 +23,21 @@ def test_the_pallas_gpu_backend_gets_the_options():
     assert writer.tuning == (("pallas_kv_write", True),)
 
 
+def test_xla_gemm_picks_the_steps_compiler_options():
+    """``xla_gemm``: XLA's Triton GEMMs (its default: no options) or cuBLAS's; the option
+    compiles on CPU as well (XLA:CPU ignores it), so interpreted tests run the same step."""
+    import jax
+    import jax.numpy as jnp
+
+    assert select_backend("pallas-gpu", platform="cpu").compiler_options is None
+    triton = select_backend("pallas-gpu", platform="cpu", kernel_options={"xla_gemm": "triton"})
+    assert triton.compiler_options is None
+    cublas = select_backend("pallas-gpu", platform="cpu", kernel_options={"xla_gemm": "cublas"})
+    assert cublas.compiler_options == {"xla_gpu_enable_triton_gemm": False}
+    matmul = jax.jit(jnp.matmul, compiler_options=cublas.compiler_options)
+    assert float(matmul(jnp.ones((2, 3)), jnp.ones((3, 4)))[1, 2]) == 3.0
+
+
 @pytest.mark.parametrize(
     "call",
     [
@@ -34,10 +49,18 @@ def test_the_pallas_gpu_backend_gets_the_options():
             kv_cache_dtype="int8",
             kernel_options={"pallas_kv_write": True},
         ),
+        lambda: select_backend("pallas-gpu", platform="cpu", kernel_options={"xla_gemm": "tf"}),
         lambda: EngineConfig(attention_kernel_options=["num_splits"]),
         lambda: EngineConfig(attention_kernel_options={1: 2}),
     ],
-    ids=["other-backend", "unknown-argument", "kv-write-8-bit", "not-a-dict", "non-string-name"],
+    ids=[
+        "other-backend",
+        "unknown-argument",
+        "kv-write-8-bit",
+        "unknown-gemm",
+        "not-a-dict",
+        "non-string-name",
+    ],
 )
 def test_bad_options_name_the_field(call):
     with pytest.raises(ValueError, match="attention_kernel_options"):

@@ -122,9 +122,9 @@ def test_dry_run_end_to_end_and_peer(dry_run):
     # row (multi-step, with single steps among them) is, and holds the memory analysis.
     assert row["knobs"] == DRY_RUN.e2e_knobs and row["engine_stats"]["async_steps"] > 0
     assert "replay_device_ms_per_step" not in row and "memory_analysis" not in row
-    # Speculation first, then the kernel options' rows (pallas-gpu: the one-kernel merge, then
-    # the K/V write too), then the knob settings.
-    spec_row, *kernel_rows, knob_row = e2e["knob_rows"]
+    # The kernel options' rows first (pallas-gpu: the one-kernel merge, then the K/V write too,
+    # then cuBLAS's matmuls too), then speculation, then the knob settings.
+    *kernel_rows, spec_row, knob_row = e2e["knob_rows"]
     assert [r["knobs"] for r in kernel_rows] == list(DRY_RUN.kernel_knob_settings)
     for kernel_row in kernel_rows:
         assert kernel_row["timed"]["output_tokens"] == batch * DRY_RUN.output_len
@@ -139,12 +139,43 @@ def test_dry_run_end_to_end_and_peer(dry_run):
     assert knob_row["replay_device_ms_per_step"] > 0
     analysis = knob_row["memory_analysis"]
     assert analysis["kv_pool_bytes"] > 0 and analysis["compiles"] == 0  # the step's own exe
+    gemms = data["stages"]["gemm_bandwidth"]["result"]["rows"]
+    assert [(r["name"], r["rows"], r["variant"]) for r in gemms] == [
+        (name, rows, variant)
+        for name in ("qkv", "o", "gate_up", "down")
+        for rows in DRY_RUN.gemm_rows
+        for variant in ("triton", "cublas")
+    ]
+    assert all(r["achieved_Bps"] > 0 and "error" not in r for r in gemms)
     peer = data["stages"]["torch_peer"]["result"]
     assert [r["batch"] for r in peer["rows"]] == list(DRY_RUN.e2e_batches)
     assert all(r["new_tokens_per_sequence"] == DRY_RUN.output_len for r in peer["rows"])
     compare = data["stages"]["bench_compare"]["result"]
     assert [r["mode"] for r in compare["rows"]] == list(DRY_RUN.compare_modes)
     assert all(r["output_tok_s"] > 0 and r["compiles"] == 0 for r in compare["rows"])
+
+
+def test_decode_matmul_shapes_and_their_device_time():
+    """The 8B's projections as the gemm stage times them, and the products' device time: the
+    trace's busy time less XLA's helper kernels (the chaining adds), cuBLAS's kernels kept."""
+    from benchmarks.gpu.gemm_bandwidth import gemm_device_us, linear_shapes
+
+    assert linear_shapes(GPU.model) == [
+        ("qkv", 4096, 6144),
+        ("o", 4096, 4096),
+        ("gate_up", 4096, 14336),
+        ("down", 14336, 4096),
+    ]
+    traced = {
+        "device_busy_us_per_call": 14.0,
+        "kernels": [
+            {"name": "sm90_xmma_gemm_bf16bf16_bf16f32", "us_per_call": 11.5},
+            {"name": "loop_add_fusion", "us_per_call": 1.5},
+            {"name": "input_slice_fusion", "us_per_call": 1.0},
+        ],
+    }
+    assert gemm_device_us(traced) == 11.5
+    assert gemm_device_us({"trace_error": "no device events (CPU)"}) is None
 
 
 def test_attention_bytes_and_decode_floor():

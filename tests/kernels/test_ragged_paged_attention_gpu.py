@@ -355,8 +355,8 @@ def test_engine_greedy_tokens_same_as_reference_backend(tiny_model_dir):
     """The tiny Llama (GQA 4/2) through the engine, prompts chunked 16 tokens a step beside the
     decode rows (mixed steps): the pallas-gpu backend's greedy tokens are the reference
     backend's, with a float pool (one step a call, 4 decode steps in one multi-step call, and the
-    one-kernel split merge and K/V write through ``attention_kernel_options``) and with an int8
-    pool."""
+    one-kernel split merge and K/V write and cuBLAS's matmuls through
+    ``attention_kernel_options``) and with an int8 pool."""
     from jaxgen import LLM, SamplingParams
     from jaxgen.loaders import load_model
 
@@ -364,8 +364,8 @@ def test_engine_greedy_tokens_same_as_reference_backend(tiny_model_dir):
     prompts = [list(range(100, 140)), list(range(7, 30)), list(range(300, 303))]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outputs = {}
-    # the one-kernel split merge and K/V write
-    merge = {"pallas_merge": True, "num_splits": 3, "pallas_kv_write": True}
+    # the one-kernel split merge and K/V write, cuBLAS's matmuls (XLA's option, on CPU too)
+    merge = dict(pallas_merge=True, num_splits=3, pallas_kv_write=True, xla_gemm="cublas")
     for backend, kv_cache_dtype, steps, options in (
         ("reference", "auto", 1, None),
         ("pallas-gpu", "auto", 1, None),
