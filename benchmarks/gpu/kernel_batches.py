@@ -99,10 +99,22 @@ class CaseSpec:
     # Every row a decode row and one row per sequence slot: the kernel's decode-only path (the
     # engine's decode steps), where a kernel has one.
     decode_only: bool = False
+    # The kernel's own arguments (its tuning: e.g. the one-kernel split merge), which the
+    # reference does not take; a kernel without one of them runs without it.
+    tuning: tuple[tuple[str, object], ...] = ()
 
     @property
     def options(self) -> dict:
         return {"soft_cap": self.soft_cap, "sliding_window": self.sliding_window}
+
+
+def kernel_tuning(kernel, tuning) -> dict:
+    """The ``(name, value)`` pairs of ``tuning`` that ``kernel`` takes, as keyword arguments."""
+    try:
+        parameters = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: value for name, value in tuning if name in parameters}
 
 
 def decode_only_option(kernel) -> dict:

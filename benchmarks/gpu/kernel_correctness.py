@@ -1,8 +1,9 @@
 """Stage 2, the kernel against its float32 reference on fresh random ragged batches: shuffled
 page tables; keys 1, page-1, page, page+1 and long; decode and prefill rows mixed; GQA groups 1
 to 8 (3 and 7 too); head_dim 64, 96, 128, 256; bf16, float32, int8 and fp8 pools; soft cap and
-sliding window. Device memory is filled with NaN before each call, so a row the kernel never
-writes shows; padding rows must come back zero."""
+sliding window; and the one-kernel split merge (``pallas_merge``), decode-only and mixed.
+Device memory is filled with NaN before each call, so a row the kernel never writes shows;
+padding rows must come back zero."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from benchmarks.gpu.kernel_batches import (
     CaseSpec,
     attention_kernels,
     decode_only_option,
+    kernel_tuning,
     make_batch,
     poison_free_memory,
 )
@@ -36,6 +38,29 @@ def cases(page_size: int, long: int, very_long: int, decode_batch: int, seed: in
     mixed_q = (1, 1, 1, 1, 1, 37, 0, 130, 64)
     mixed_context = (*edges, 5, 20, 0, min(1000, long // 2))
     return [
+        # The one-kernel split merge (pallas_merge), not yet the default: a decode-only step
+        # over a long context (many splits) and a mixed step (its rows written in place).
+        CaseSpec(
+            "gqa4 d128 bf16 decode very long, merge kernel",
+            32,
+            8,
+            128,
+            "bfloat16",
+            (1, 1, 1),
+            (very_long - 1, p + 1, 0),
+            decode_only=True,
+            tuning=(("pallas_merge", True),),
+        ),
+        CaseSpec(
+            "phi3 gqa3 d96 bf16 mixed, merge kernel",
+            12,
+            4,
+            96,
+            "bfloat16",
+            mixed_q,
+            mixed_context,
+            tuning=(("pallas_merge", True), ("num_splits", 4)),
+        ),
         CaseSpec("llama3 gqa4 d128 bf16 mixed", 32, 8, 128, "bfloat16", mixed_q, mixed_context),
         CaseSpec(
             "mha gqa1 d64 bf16 decode",
@@ -92,6 +117,7 @@ def check(kernels, spec: CaseSpec, *, page_size: int, seed: int, interpret: bool
     start = time.perf_counter()
     poison_free_memory(q.shape, q.dtype)
     options = spec.options | (decode_only_option(kernels.kernel) if spec.decode_only else {})
+    options |= kernel_tuning(kernels.kernel, spec.tuning)
     out = jax.block_until_ready(kernels.kernel(*batch.args, interpret=interpret, **options))
     kernel_s = time.perf_counter() - start
     reference = jax.jit(kernels.reference, static_argnames=("soft_cap", "sliding_window"))
@@ -110,6 +136,7 @@ def check(kernels, spec: CaseSpec, *, page_size: int, seed: int, interpret: bool
         "heads": f"{spec.num_heads}/{spec.num_kv_heads}",
         "head_dim": spec.head_dim,
         "decode_only": "decode_only" in options,
+        "tuning": dict(spec.tuning),
         "q_lens": list(spec.q_lens),
         "kv_lens": [q + c for q, c in zip(spec.q_lens, spec.context_lens, strict=True)],
         "relative_error": error,

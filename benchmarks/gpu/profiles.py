@@ -220,7 +220,11 @@ DRY_RUN = dataclasses.replace(
     long_context=70,
     very_long_context=150,
     decode_batch=5,
-    correctness_cases=("llama3 gqa4 d128 bf16 mixed", "gqa4 d64 int8 decode window"),
+    correctness_cases=(
+        "phi3 gqa3 d96 bf16 mixed, merge kernel",
+        "llama3 gqa4 d128 bf16 mixed",
+        "gqa4 d64 int8 decode window",
+    ),
     bandwidth_heads=(4, 2, 64),
     bandwidth_configs=((2, 64),),
     variant_configs=((2, 64),),

@@ -82,7 +82,9 @@ def test_profile_narrowed_to_rerun_what_a_run_left_out():
 def test_dry_run_kernel_stages(dry_run):
     _, data, _ = dry_run
     correctness = data["stages"]["kernel_correctness"]["result"]
-    assert correctness["all_pass"] and len(correctness["cases"]) == 2
+    assert correctness["all_pass"] and len(correctness["cases"]) == 3
+    # the one-kernel split merge's case reached the kernel with its tuning
+    assert correctness["cases"][0]["tuning"] == {"pallas_merge": True, "num_splits": 4}
     for case in correctness["cases"]:
         assert case["non_finite_real"] == 0 and case["padding_max_abs"] == 0.0
         assert case["relative_error"] < case["tolerance"]
@@ -105,6 +107,8 @@ def test_dry_run_parity_is_identical(dry_run):
     tokens = parity["models"]["llama"]
     assert len(tokens["transformers"]) == len(DRY_RUN.parity_prompt_lens)
     assert all(len(t) == DRY_RUN.parity_max_tokens for t in tokens["pallas-gpu"])
+    # the options not yet defaults (one-kernel merge and K/V write, cuBLAS) on the first model
+    assert tokens["pallas-gpu options"] == tokens["reference"] == tokens["transformers"]
 
 
 def test_dry_run_end_to_end_and_peer(dry_run):
