@@ -117,7 +117,7 @@ def merge_splits_kernel(
     rows written, the rest kept) or, ``decode_only`` (``out`` a ``ShapeDtypeStruct``), a new
     array whose row s is slot s's (zeros for a slot without keys)."""
     num_splits, max_seqs, num_kv_heads, rows, lanes = acc.shape
-    num_tokens, _, head_dim = out.shape
+    head_dim = out.shape[2]
     group_rows = min(rows, next_power_of_2(group))
     chunk = merge_lane_chunk(num_splits, group_rows, lanes)
     kernel = functools.partial(

@@ -64,8 +64,10 @@ def store_rows(
     values have more lanes than ``head_dim``). Unmasked lanes stay contiguous stores."""
     num_tokens, num_heads, _ = out_ref.shape
     rows, lanes = values.shape
+    if lane_mask is None:
+        lane_mask = head_dim != lanes
     lane = first_lane + jnp.arange(lanes, dtype=jnp.int32)
-    lane_ok = lane < head_dim if (head_dim != lanes if lane_mask is None else lane_mask) else None
+    lane_ok = lane < head_dim if lane_mask else None
     # Masked elements go past the array (dropped by the interpreter, untouched on the GPU), so no
     # two stores the interpreter makes share an index.
     tokens = jnp.where(row_ok, tokens, num_tokens)
