@@ -119,12 +119,7 @@ def kernel_tuning(kernel, tuning) -> dict:
 
 def decode_only_option(kernel) -> dict:
     """``{"decode_only": True}`` for a kernel that takes it, else nothing."""
-    try:
-        return (
-            {"decode_only": True} if "decode_only" in inspect.signature(kernel).parameters else {}
-        )
-    except (TypeError, ValueError):
-        return {}
+    return kernel_tuning(kernel, (("decode_only", True),))
 
 
 @dataclasses.dataclass
