@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# The suite runs on the CPU (Pallas kernels interpreted). With jax's CUDA plugin installed (the
+# gpu-compile extra: GPU compiles without a GPU) jax would look for a GPU at start-up first.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from tests.family_models import save_tiny_model
+import pytest  # noqa: E402
+
+from tests.family_models import save_tiny_model  # noqa: E402
 
 # Tests compile for TPU with libtpu (no chip): let test processes load it side by side.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -20,9 +20,16 @@ from pallas_kernels.gpu.ragged_paged_attention import TUNING
 # runs the step's matmuls: "triton" (XLA's default, its autotuned Triton GEMM fusions) or
 # "cublas" (cuBLAS's kernels, ``xla_gpu_enable_triton_gemm`` off). The H200's batch-1 and
 # batch-64 traces show the QKV and output projections' Triton GEMMs at 2.2-3.4 TB/s of a
-# 4.3 TB/s ceiling (docs/gpu.md); the device check times both.
+# 4.3 TB/s ceiling (docs/gpu.md); the device check times both. With cuBLAS, XLA's dot merger
+# is off too: it merges the Q, K and V projections (they share their input) into one dot, which
+# a Triton GEMM reads from the three weights but a cuBLAS call needs as one matrix, so XLA
+# concatenated the weights every step (50 MB written and read again per 8B layer, seen in the
+# step compiled for an H200 here: ``jaxgen plan --target h200``).
 BACKEND_OPTIONS = ("pallas_kv_write", "xla_gemm")
-XLA_GEMMS = {"triton": None, "cublas": {"xla_gpu_enable_triton_gemm": False}}
+XLA_GEMMS = {
+    "triton": None,
+    "cublas": {"xla_gpu_enable_triton_gemm": False, "xla_gpu_dot_merger_threshold_mb": 0},
+}
 
 
 @dataclasses.dataclass(frozen=True)

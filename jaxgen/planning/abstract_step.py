@@ -72,19 +72,27 @@ def abstract_quantized_weight(shape: tuple[int, int], spec) -> QuantizedWeight:
     )  # fmt: skip
 
 
-def decode_step_inputs(page_size: int, max_num_seqs: int, max_model_len: int, sharding=None):
+def decode_step_inputs(
+    page_size: int, max_num_seqs: int, max_model_len: int, sharding=None, *, decode_only=False
+):
     """``ShapeDtypeStruct``s of a full-width decode step's array arguments after params and pool
     (the step's inputs, then its prompt-logprob targets: none), of its rows' sampling tensors
-    (a multi-step decode samples inside the step), and its ``sample_rows``."""
+    (a multi-step decode samples inside the step), and its ``sample_rows``. ``decode_only``:
+    the step as an engine whose backend marks decode-only steps runs it (the row bucket of
+    ``max_num_seqs`` sequences, ``AttentionMetadata.decode_only`` set)."""
     layout = StepLayout(
         page_size=page_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(max_num_seqs, 16),
         max_model_len=max_model_len,
+        mark_decode_only=decode_only,
     )
-    inputs = layout.padding_step(max_num_seqs, -(-max_model_len // page_size))
+    num_tokens = layout.seq_cap if decode_only else max_num_seqs
+    inputs = layout.padding_step(num_tokens, -(-max_model_len // page_size))
     targets = np.full(np.shape(inputs.token_ids)[0], -1, np.int32)  # no prompt logprobs
-    tensors, _ = build_sampling_tensors([], max_num_seqs, base_seed=0, step_counter=0)
+    tensors, _ = build_sampling_tensors(
+        [], layout.num_seq_slots(num_tokens), base_seed=0, step_counter=0
+    )
     return (
         abstract_arrays((*inputs.arrays, targets), sharding),
         abstract_arrays(tensors, sharding),

@@ -6,11 +6,13 @@ import dataclasses
 import json
 import sys
 
+import jax
 import jax.numpy as jnp
 
 from jaxgen.engine.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
 from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
+from jaxgen.planning.gpu_targets import GPU_TARGETS
 from jaxgen.planning.hardware import DEVICES
 from jaxgen.planning.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
 from jaxgen.quantization import kv_cache
@@ -18,7 +20,7 @@ from jaxgen.quantization import kv_cache
 
 def cmd_plan(args) -> int:
     if args.sweep_tp:
-        if args.target is None or args.target == "cuda":
+        if args.target is None or args.target == "cuda" or args.target in GPU_TARGETS:
             raise ValueError("--sweep-tp needs --target (a TPU slice such as v5e-8)")
         return cmd_sweep_tp(args)
     if args.target is not None:
@@ -67,7 +69,12 @@ def cmd_plan(args) -> int:
 
 
 def cmd_plan_target(args) -> int:
-    """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU."""
+    """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU
+    (or for an H100 / H200: ``--target h100``)."""
+    if args.attention_kernel_options is not None and args.target not in GPU_TARGETS:
+        raise ValueError("--attention-kernel-options is for a GPU --target (h100, h200)")
+    if args.target in GPU_TARGETS:
+        return cmd_plan_gpu(args)
     # Ahead-of-time compiling imports the Pallas backends: here, not when the parser is built.
     from jaxgen.planning.ahead_of_time import (
         compile_decode_step,
@@ -126,6 +133,50 @@ def cmd_plan_target(args) -> int:
     else:
         print(f"model: {args.model or 'smollm2 (default)'}")
         print("\n".join(report_lines(result)))
+    return 0
+
+
+def cmd_plan_gpu(args) -> int:
+    """``jaxgen plan --target h100``: the decode step compiled for the GPU by XLA's GPU compiler,
+    on this host (``jaxgen.planning.gpu_compile``)."""
+    # On a host without a GPU, jax's CUDA plugin registers only if jax does not look for one.
+    if not jax.config.jax_platforms:
+        jax.config.update("jax_platforms", "cpu")
+    from jaxgen.planning.ahead_of_time import config_from_path
+    from jaxgen.planning.gpu_compile import compile_decode_step_for_gpu, gpu_report_lines
+
+    if args.num_scheduler_steps != 1 or args.num_speculative_tokens is not None:
+        raise ValueError(
+            "--num-scheduler-steps and --num-speculative-tokens are for a TPU --target"
+        )
+    if (args.tensor_parallel_degree or 1) != 1 or args.quantization != "none":
+        raise ValueError(
+            f"--target {args.target} compiles one GPU's bfloat16 / float16 step: "
+            "--tensor-parallel-degree and --quantization are for a TPU --target"
+        )
+    options = args.attention_kernel_options
+    try:
+        options = None if options is None else json.loads(options)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--attention-kernel-options must be a JSON object: {error}") from None
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"--attention-kernel-options must be a JSON object, got {options!r}")
+    result = compile_decode_step_for_gpu(
+        config_from_path(args.model),
+        args.target,
+        dtype=jnp.dtype(args.dtype),
+        max_model_len=args.max_model_len or args.context,
+        max_num_seqs=args.max_num_seqs,
+        page_size=args.page_size,
+        kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
+        attention_kernel_options=options,
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print("\n".join(gpu_report_lines(result)))
     return 0
 
 
@@ -197,7 +248,8 @@ def add_parser(subparsers) -> None:
     target.add_argument(
         "--target",
         default=None,
-        help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8, v5e:2x2, or cuda (lowered only)",
+        help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8, v5e:2x2; h100 or h200 (compiled "
+        "by XLA's GPU compiler here: needs the gpu-compile extra, no GPU); cuda (lowered only)",
     )
     target.add_argument("--compile", action="store_true", help="AOT-compile the decode step")
     target.add_argument("--max-model-len", type=int, default=None, help="default: --context")
@@ -210,6 +262,12 @@ def add_parser(subparsers) -> None:
         type=int,
         default=1,
         help="--compile: the multi-step call of that many decode steps (counts: one step)",
+    )
+    target.add_argument(
+        "--attention-kernel-options",
+        default=None,
+        help="a GPU --target: the pallas-gpu backend's options as a JSON object, as the engine's "
+        "attention_kernel_options",
     )
     target.add_argument("--json", action="store_true", help="one JSON object")
     target.add_argument(

@@ -33,7 +33,10 @@ def test_xla_gemm_picks_the_steps_compiler_options():
     triton = select_backend("pallas-gpu", platform="cpu", kernel_options={"xla_gemm": "triton"})
     assert triton.compiler_options is None
     cublas = select_backend("pallas-gpu", platform="cpu", kernel_options={"xla_gemm": "cublas"})
-    assert cublas.compiler_options == {"xla_gpu_enable_triton_gemm": False}
+    assert cublas.compiler_options == {
+        "xla_gpu_enable_triton_gemm": False,
+        "xla_gpu_dot_merger_threshold_mb": 0,
+    }
     matmul = jax.jit(jnp.matmul, compiler_options=cublas.compiler_options)
     assert float(matmul(jnp.ones((2, 3)), jnp.ones((3, 4)))[1, 2]) == 3.0
 

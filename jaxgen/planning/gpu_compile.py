@@ -1,0 +1,238 @@
+"""The engine's decode step compiled for an NVIDIA GPU on a host without one.
+
+The step is the engine's own (``jitted_step`` with the ``pallas-gpu`` backend and its
+``attention_kernel_options``), traced with ``jax.ShapeDtypeStruct``s on a compile-only H100 or
+H200 (``jaxgen.planning.gpu_targets``) and compiled by XLA's GPU pipeline: its fusions, its Triton
+GEMMs (or cuBLAS calls), the Pallas kernels through Triton to sm_90 code. What comes back is the
+compiler's: the bytes it holds per GPU (``memory_analysis``), and the kernels one step launches,
+read from the compiled module's entry computation. On a GPU each launch costs a microsecond or
+two beside its work (docs/gpu.md: the H200's small kernels), so the count is what a change to the
+step's fusions is judged by before a GPU measures it. Nothing is autotuned without a GPU: the
+GEMMs' tilings (and split-K) are XLA's defaults, which a device replaces by measured choices.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxgen.backends import select_backend
+from jaxgen.config import ModelConfig
+from jaxgen.engine.step_function import jitted_step
+from jaxgen.engine.step_layout import StepLayout
+from jaxgen.parallel.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
+from jaxgen.planning.abstract_step import (
+    abstract_params,
+    decode_step_inputs,
+    per_chip_bytes,
+    placed,
+)
+from jaxgen.planning.gpu_targets import resolve_gpu_target
+from jaxgen.planning.hardware import GB
+
+# jax's GPU allocator takes this share of the GPU's memory (``XLA_PYTHON_CLIENT_MEM_FRACTION``);
+# the engine sizes its pool from what is left of it after the weights.
+JAX_GPU_MEMORY_FRACTION = 0.75
+
+# Instructions of a compiled entry computation that launch nothing.
+_NOT_LAUNCHED = {"parameter", "get-tuple-element", "bitcast", "tuple", "constant"}
+_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%(\S+) = .+? ([a-z][\w-]*)\((.*)$")
+
+
+def compile_decode_step_for_gpu(
+    config: ModelConfig,
+    target: str,
+    *,
+    dtype=jnp.bfloat16,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 64,
+    page_size: int = 16,
+    kv_cache_memory: float = 0.9,
+    kv_cache_dtype: str = "auto",
+    attention_kernel_options: dict | None = None,
+) -> dict:
+    """Compiles one decode-only step of ``max_num_seqs`` sequences (the engine's row bucket for
+    them) for GPU ``target`` ("h100", "h200"); the pool is what ``kv_cache_memory`` of the
+    memory jax's allocator leaves after the weights holds, as the engine sizes it. Returns the figures
+    :func:`gpu_report_lines` prints. ``ValueError`` for arguments the step cannot take."""
+    if max_model_len < 1 or max_num_seqs < 1:
+        raise ValueError("max_model_len and max_num_seqs must be >= 1")
+    if not 0 < kv_cache_memory <= 1:
+        raise ValueError(f"kv_cache_memory must be a fraction in (0, 1], got {kv_cache_memory}")
+    gpu = resolve_gpu_target(target)
+    mesh = Mesh(np.array([gpu.device], dtype=object).reshape(1, 1), (DATA_AXIS, MODEL_AXIS))
+    backend = select_backend(
+        "pallas-gpu",
+        dtype=dtype,
+        platform="cuda",
+        kv_cache_dtype=kv_cache_dtype,
+        kernel_options=attention_kernel_options,
+    )
+    _, params = abstract_params(config, dtype, ShardingPlan.create(config, mesh))
+    weight_bytes = per_chip_bytes(params)
+    memory = gpu.gpu.chip.memory_bytes
+    limit = memory * float(
+        os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_GPU_MEMORY_FRACTION)
+    )
+    page_bytes = backend.kv_bytes_per_page(config, page_size, dtype)
+    num_pages = int(kv_cache_memory * (limit - weight_bytes) // page_bytes)
+    pages_per_seq = -(-max_model_len // page_size)
+    if num_pages < pages_per_seq + 1:
+        raise ValueError(
+            f"{num_pages} pages of {page_size} tokens fit after {weight_bytes / GB:.1f} GB of "
+            f"weights on a {gpu.gpu.chip.name}, fewer than one sequence of max_model_len="
+            f"{max_model_len} needs ({pages_per_seq + 1})"
+        )
+    start = time.perf_counter()
+    compiled = _compile_step(
+        config, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len
+    )
+    compile_seconds = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    rows = StepLayout(
+        page_size=page_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs,
+        max_model_len=max_model_len,
+    ).seq_cap  # fmt: skip
+    live_kv = min(max_num_seqs * max_model_len, num_pages * page_size) * (page_bytes // page_size)
+    # An untied embedding table is not read by a step, only its rows for the step's tokens.
+    unread = 0 if config.tie_word_embeddings else per_chip_bytes(params["embed_tokens"])
+    floor = weight_bytes - unread + live_kv
+    launches = kernel_launches(compiled.as_text())
+    # Per layer: this step's launches less those of the same step over one layer, shared out.
+    outside = launches["total"]
+    if config.num_layers > 1:
+        one_layer = dataclasses.replace(config, num_layers=1, layer_types=config.layer_types[:1])
+        single = _compile_step(
+            one_layer, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len
+        )
+        single_total = kernel_launches(single.as_text())["total"]
+        outside = single_total - (launches["total"] - single_total) / (config.num_layers - 1)
+    return {
+        "target": target,
+        "gpu": gpu.gpu.chip.name,
+        "attention_backend": backend.name,
+        "attention_kernel_options": dict(attention_kernel_options or {}),
+        "compiler_options": backend.compiler_options or {},
+        "dtype": jnp.dtype(dtype).name,
+        "kv_cache_dtype": kv_cache_dtype,
+        "max_num_seqs": max_num_seqs,
+        "rows": rows,
+        "max_model_len": max_model_len,
+        "page_size": page_size,
+        "num_pages": num_pages,
+        "num_layers": config.num_layers,
+        "per_gpu_bytes": {
+            "weights": weight_bytes,
+            "kv_pool": num_pages * page_bytes,
+            "temp": int(analysis.temp_size_in_bytes),
+            "memory": memory,
+            "allocator_limit": int(limit),
+        },
+        "decode_step": {
+            "floor_bytes": floor,
+            "floor_ms": floor / gpu.gpu.chip.bandwidth_bytes_per_s * 1e3,
+        },
+        "launches": {
+            **launches,
+            "per_layer": (launches["total"] - outside) / config.num_layers,
+            "outside_layers": outside,
+        },
+        "autotuned": False,
+        "compile_seconds": compile_seconds,
+    }
+
+
+def _compile_step(config, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len):
+    """The decode-only step of ``max_num_seqs`` sequences over a pool of ``num_pages`` pages,
+    compiled for ``mesh``'s GPU."""
+    graphdef, params = abstract_params(config, dtype, ShardingPlan.create(config, mesh))
+    step_params, head = backend.prepare_params(params, config)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    pool = [
+        placed(layer, jax.tree_util.tree_map(lambda _: replicated, layer))
+        for layer in backend.kv_pool_shapes(config, num_pages, page_size, dtype)
+    ]
+    step_inputs, _, sample_rows = decode_step_inputs(
+        page_size, max_num_seqs, max_model_len, replicated, decode_only=True
+    )
+    *arrays, _targets = step_inputs  # a decode step asks for no prompt logprobs
+    with jax.set_mesh(mesh):
+        lowered = (
+            jitted_step(graphdef, backend)
+            .trace(step_params, pool, *arrays, None, head=head, sample_rows=sample_rows)
+            .lower()
+        )
+        return lowered.compile(compiler_options=backend.compiler_options)
+
+
+def kernel_launches(hlo_text: str) -> dict:
+    """The kernels a compiled GPU module's entry computation launches, by kind: ``gemm`` (XLA's
+    Triton GEMM fusions and cuBLAS calls), ``pallas`` (each Pallas kernel's name and count),
+    ``fusions`` (XLA's other fusions: elementwise, reductions, scatters, copies into place),
+    ``other`` (copies, control flow and any other custom call, by opcode)."""
+    entry = hlo_text[hlo_text.find("\nENTRY") :].split("\n")[1:]
+    gemm, fusions, total = 0, 0, 0
+    pallas, other = collections.Counter(), collections.Counter()
+    for line in entry:
+        match = _INSTRUCTION.match(line)
+        if match is None or match.group(2) in _NOT_LAUNCHED:
+            continue
+        _, opcode, rest = match.groups()
+        total += 1
+        target = re.search(r'custom_call_target="([^"]+)"', rest)
+        if opcode == "custom-call" and target and target.group(1).startswith("__cublas"):
+            gemm += 1
+        elif opcode == "custom-call" and target and target.group(1) == "__gpu$xla.gpu.triton":
+            name = re.search(r'op_name="[^"]*?([\w.]+)/pallas_call"', rest)
+            pallas[name.group(1) if name else "pallas_call"] += 1
+        elif opcode == "fusion" and re.search(r'"kind":"__triton_(?:nested_)?gemm', rest):
+            gemm += 1
+        elif opcode == "fusion":
+            fusions += 1
+        else:
+            other[opcode if target is None else target.group(1)] += 1
+    return {
+        "total": total,
+        "gemm": gemm,
+        "pallas": dict(pallas),
+        "fusions": fusions,
+        "other": dict(other),
+    }
+
+
+def gpu_report_lines(result: dict) -> list[str]:
+    chip = result["per_gpu_bytes"]
+    step = result["decode_step"]
+    launches = result["launches"]
+    used = chip["weights"] + chip["kv_pool"] + chip["temp"]
+    options = result["attention_kernel_options"]
+    pallas = ", ".join(f"{name} x {count}" for name, count in sorted(launches["pallas"].items()))
+    other = ", ".join(f"{name} x {count}" for name, count in sorted(launches["other"].items()))
+    return [
+        f"target {result['target']}: {result['gpu']}, {result['dtype']}, KV "
+        f"{result['kv_cache_dtype']}, attention {result['attention_backend']}"
+        + (f" {options}" if options else ""),
+        "per GPU (compiler and datasheet counts, not measured on hardware):",
+        f"  weights                   {chip['weights'] / GB:8.3f} GB",
+        f"  KV pool                   {chip['kv_pool'] / GB:8.3f} GB  ({result['num_pages']:,} pages of {result['page_size']})",
+        f"  compiler temporaries      {chip['temp'] / GB:8.3f} GB",
+        f"  total                     {used / GB:8.3f} GB  of {chip['allocator_limit'] / GB:.1f} GB jax's allocator takes of {chip['memory'] / GB:.0f} GB",
+        f"decode step, {result['max_num_seqs']} sequences ({result['rows']} rows) x "
+        f"{result['max_model_len']} tokens:",
+        f"  floor                     {step['floor_bytes'] / GB:8.3f} GB  (weights read + live KV) -> {step['floor_ms']:.2f} ms at datasheet bandwidth",
+        f"  kernel launches           {launches['total']:8d}  ({launches['per_layer']:.1f} per layer of {result['num_layers']})",
+        f"    GEMMs                   {launches['gemm']:8d}",
+        f"    Pallas kernels          {sum(launches['pallas'].values()):8d}  ({pallas or 'none'})",
+        f"    XLA fusions             {launches['fusions']:8d}",
+        f"    other                   {sum(launches['other'].values()):8d}" + (f"  ({other})" if other else ""),
+        f"compiled in {result['compile_seconds']:.1f} s by XLA's GPU compiler without a GPU "
+        "(not autotuned: GEMM tilings are XLA's defaults)",
+    ]  # fmt: skip

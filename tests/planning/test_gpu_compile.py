@@ -1,0 +1,172 @@
+"""The decode step compiled for an H100 / H200 by XLA's GPU compiler on this host (``jaxgen plan
+--target h100``; jax's CUDA plugin, the gpu-compile extra, no GPU): every pallas-gpu option and
+pool the device check runs compiles to GPU code, and the launch counts docs/gpu.md quotes hold."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxgen.backends.pallas_gpu import XLA_GEMMS
+from jaxgen.cli import main
+from jaxgen.config import ModelConfig
+from jaxgen.planning import gpu_targets
+from jaxgen.planning.gpu_compile import compile_decode_step_for_gpu, kernel_launches
+from jaxgen.planning.gpu_targets import cuda_plugin_installed, resolve_gpu_target
+
+needs_plugin = pytest.mark.skipif(
+    not cuda_plugin_installed(), reason="needs the gpu-compile extra (jax's CUDA plugin)"
+)
+
+SMALL_LLAMA = dict(
+    model_type="llama", vocab_size=4096, hidden_size=512, intermediate_size=1024,
+    num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+    max_position_embeddings=4096, rope_theta=500000.0, tie_word_embeddings=False,
+)  # fmt: skip
+
+ENTRY = """HloModule jit_step
+
+%fused_add (p0: f32[2], p1: f32[2]) -> f32[2] {
+  %inner = f32[2]{0} fusion(%p0, %p1), kind=kLoop, calls=%other
+}
+
+ENTRY %main.1 (p0: bf16[2,64], p1: bf16[64,128]) -> bf16[2,64] {
+  %p0 = bf16[2,64]{1,0} parameter(0)
+  %gemm_fusion_dot.2 = f32[4,2,128]{2,1,0} fusion(%p0, %p1), kind=kCustom, calls=%g, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+  %custom-call.1 = (bf16[8,128]{1,0}, s8[4]{0}) custom-call(%a, %b), custom_call_target="__cublas$lt$matmul"
+  %get-tuple-element.1 = bf16[8,128]{1,0} get-tuple-element(%custom-call.1), index=0
+  %pallas_call.3 = bf16[2,4,64]{2,1,0} custom-call(%q), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(step)/jit(ragged_paged_attention)/ragged_paged_attention_decode/pallas_call" scheduling_name="pallas_call.3"}
+  %loop_add_fusion = bf16[2,64]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused_add
+  %copy.1 = s32[] copy(%c)
+  %bitcast.1 = bf16[2,64]{1,0} bitcast(%loop_add_fusion)
+  ROOT %tuple = (bf16[2,64]{1,0}) tuple(%bitcast.1)
+}
+"""
+
+
+def test_kernel_launches_reads_the_entry_computations_launches():
+    assert kernel_launches(ENTRY) == {
+        "total": 5,
+        "gemm": 2,
+        "pallas": {"ragged_paged_attention_decode": 1},
+        "fusions": 1,
+        "other": {"copy": 1},
+    }
+
+
+def test_gpu_targets_name_what_is_missing(monkeypatch):
+    with pytest.raises(ValueError, match="choose one of h100, h200"):
+        resolve_gpu_target("a100")
+    monkeypatch.setattr(gpu_targets, "cuda_plugin_installed", lambda: False)
+    with pytest.raises(ValueError, match=r"jaxgen\[gpu-compile\]"):
+        resolve_gpu_target("h100")
+    config = gpu_targets.GPU_TARGETS["h200"].target_config()
+    assert "core_count: 132" in config and "device_memory_size: 141000000000" in config
+
+
+@needs_plugin
+def test_the_decode_step_compiles_for_an_h100_with_every_option():
+    """The options the device check times (the split merge kernel, the K/V write kernel,
+    cuBLAS) compile to GPU code; the merge kernel replaces XLA's merge (three reductions and a
+    cast per layer) with one launch."""
+    config = ModelConfig.from_hf_dict(SMALL_LLAMA)
+    runs = {
+        name: compile_decode_step_for_gpu(
+            config, "h100", max_num_seqs=1, max_model_len=4096, attention_kernel_options=options
+        )
+        for name, options in {
+            "default": None,
+            "merge": {"pallas_merge": True},
+            "kv_write": {"pallas_merge": True, "pallas_kv_write": True},
+            "cublas": {"xla_gemm": "cublas"},
+        }.items()
+    }
+    layers = config.num_layers
+    default, merge = runs["default"]["launches"], runs["merge"]["launches"]
+    assert runs["default"]["rows"] == 2  # the engine's smallest row bucket
+    assert default["pallas"] == {"ragged_paged_attention_decode": layers}
+    assert merge["pallas"] == {
+        "ragged_paged_attention_decode": layers,
+        "ragged_paged_attention_merge": layers,
+    }
+    assert default["per_layer"] - merge["per_layer"] == 3
+    assert runs["kv_write"]["launches"]["pallas"]["kv_write"] == layers
+    # cuBLAS: one call per projection (seven a layer) and the LM head's, none merged; XLA's
+    # Triton GEMMs read merged dots' weights where they lie (Q, K and V as one launch).
+    assert runs["cublas"]["launches"]["gemm"] == 7 * layers + 1
+    assert default["gemm"] < runs["cublas"]["launches"]["gemm"]
+
+
+@needs_plugin
+@pytest.mark.parametrize(
+    "overrides, kv_cache_dtype",
+    [
+        ({}, "int8"),
+        ({}, "fp8"),
+        ({"head_dim": 96, "hidden_size": 768}, "auto"),  # Phi-3's head_dim: padded in-kernel
+        ({"head_dim": 256, "num_attention_heads": 4}, "auto"),
+        ({"num_key_value_heads": 8}, "auto"),  # no GQA
+    ],
+    ids=["int8-pool", "fp8-pool", "head-dim-96", "head-dim-256", "gqa-1"],
+)
+def test_pools_and_head_dims_compile_for_an_h200(overrides, kv_cache_dtype):
+    config = ModelConfig.from_hf_dict({**SMALL_LLAMA, **overrides, "num_hidden_layers": 1})
+    result = compile_decode_step_for_gpu(
+        config, "h200", max_num_seqs=16, max_model_len=2048, kv_cache_dtype=kv_cache_dtype
+    )
+    assert result["launches"]["pallas"]["ragged_paged_attention_decode"] == 1
+    assert result["per_gpu_bytes"]["kv_pool"] > 0 and result["rows"] == 16
+
+
+@needs_plugin
+def test_cublas_gemms_do_not_concatenate_the_weights_every_step():
+    """XLA's dot merger joins dots that share an input; a cuBLAS call then needs the joined
+    weights as one matrix, which XLA builds every step. ``xla_gemm="cublas"`` turns it off."""
+    device = resolve_gpu_target("h100").device
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    x = jax.ShapeDtypeStruct((2, 1024), jnp.bfloat16, sharding=sharding)
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=sharding)
+
+    def projections(x, wq, wk, wv):
+        return x @ wq, x @ wk, x @ wv
+
+    def compiled(options):
+        return jax.jit(projections).trace(x, w, w, w).lower().compile(compiler_options=options)
+
+    merged = compiled({"xla_gpu_enable_triton_gemm": False}).as_text()
+    assert "bf16[1024,3072]{1,0} concatenate(" in merged  # the weights, joined every call
+    separate = compiled(XLA_GEMMS["cublas"]).as_text()
+    assert "concatenate(" not in separate and separate.count("__cublas$lt$matmul") == 3
+
+
+@needs_plugin
+def test_plan_prints_the_gpu_compile(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    args = ["plan", "--target", "h100", "--model", str(config), "--max-num-seqs", "4"]
+    assert main([*args, "--json", "--attention-kernel-options", '{"pallas_merge": true}']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["attention_kernel_options"] == {"pallas_merge": True}
+    assert result["rows"] == 4 and result["launches"]["total"] > 0
+    assert main(args) == 0
+    assert "kernel launches" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--target", "h100", "--attention-kernel-options", "[1]"], "must be a JSON object"),
+        (["--target", "v5e-4", "--attention-kernel-options", "{}"], "GPU --target"),
+        (["--target", "h100", "--tensor-parallel-degree", "2"], "one GPU's"),
+        (["--target", "h100", "--sweep-tp"], "--sweep-tp needs"),
+    ],
+    ids=["options-not-an-object", "options-for-a-tpu", "tensor-parallel", "sweep"],
+)
+def test_plan_gpu_target_bad_arguments(tmp_path, capsys, extra, message):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_LLAMA))
+    assert main(["plan", "--model", str(config), *extra]) == 2
+    assert message in capsys.readouterr().err
