@@ -149,10 +149,10 @@ def cmd_plan_gpu(args) -> int:
         raise ValueError(
             "--num-scheduler-steps and --num-speculative-tokens are for a TPU --target"
         )
-    if (args.tensor_parallel_degree or 1) != 1 or args.quantization != "none":
+    if args.quantization != "none":
         raise ValueError(
-            f"--target {args.target} compiles one GPU's bfloat16 / float16 step: "
-            "--tensor-parallel-degree and --quantization are for a TPU --target"
+            f"--target {args.target} compiles the float (bfloat16 / float16) step: "
+            "--quantization is for a TPU --target"
         )
     options = args.attention_kernel_options
     try:
@@ -171,6 +171,7 @@ def cmd_plan_gpu(args) -> int:
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
         attention_kernel_options=options,
+        tensor_parallel_degree=args.tensor_parallel_degree or 1,
     )
     if args.json:
         print(json.dumps(result))

@@ -58,31 +58,46 @@ def compile_decode_step_for_gpu(
     kv_cache_memory: float = 0.9,
     kv_cache_dtype: str = "auto",
     attention_kernel_options: dict | None = None,
+    tensor_parallel_degree: int = 1,
 ) -> dict:
     """Compiles one decode-only step of ``max_num_seqs`` sequences (the engine's row bucket for
     them) for GPU ``target`` ("h100", "h200"); the pool is what ``kv_cache_memory`` of the
-    memory jax's allocator leaves after the weights holds, as the engine sizes it. Returns the figures
+    memory jax's allocator leaves after the weights holds, as the engine sizes it.
+    ``tensor_parallel_degree`` n > 1: over n such GPUs (NVLink all-reduces), weights and pool
+    placed as the engine places them, every figure per GPU. Returns the figures
     :func:`gpu_report_lines` prints. ``ValueError`` for arguments the step cannot take."""
     if max_model_len < 1 or max_num_seqs < 1:
         raise ValueError("max_model_len and max_num_seqs must be >= 1")
     if not 0 < kv_cache_memory <= 1:
         raise ValueError(f"kv_cache_memory must be a fraction in (0, 1], got {kv_cache_memory}")
-    gpu = resolve_gpu_target(target)
-    mesh = Mesh(np.array([gpu.device], dtype=object).reshape(1, 1), (DATA_AXIS, MODEL_AXIS))
+    if isinstance(tensor_parallel_degree, bool) or not (
+        isinstance(tensor_parallel_degree, int) and tensor_parallel_degree >= 1
+    ):
+        raise ValueError(
+            f"tensor_parallel_degree must be an integer >= 1, got {tensor_parallel_degree!r}"
+        )
+    gpu = resolve_gpu_target(target, tensor_parallel_degree)
+    mesh = Mesh(
+        np.array(gpu.devices, dtype=object).reshape(1, tensor_parallel_degree),
+        (DATA_AXIS, MODEL_AXIS),
+    )
+    plan = ShardingPlan.create(config, mesh)  # ValueError when the degree does not split heads
     backend = select_backend(
         "pallas-gpu",
         dtype=dtype,
+        kv_sharding=plan.kv_sharding if tensor_parallel_degree > 1 else None,
         platform="cuda",
         kv_cache_dtype=kv_cache_dtype,
         kernel_options=attention_kernel_options,
     )
-    _, params = abstract_params(config, dtype, ShardingPlan.create(config, mesh))
+    _, params = abstract_params(config, dtype, plan)
     weight_bytes = per_chip_bytes(params)
     memory = gpu.gpu.chip.memory_bytes
     limit = memory * float(
         os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_GPU_MEMORY_FRACTION)
     )
-    page_bytes = backend.kv_bytes_per_page(config, page_size, dtype)
+    shares = backend.kv_pool_shares(config, page_size, dtype, plan.kv_sharding)
+    page_bytes = backend.kv_bytes_per_page(config, page_size, dtype) // shares  # per GPU
     num_pages = int(kv_cache_memory * (limit - weight_bytes) // page_bytes)
     pages_per_seq = -(-max_model_len // page_size)
     if num_pages < pages_per_seq + 1:
@@ -118,6 +133,7 @@ def compile_decode_step_for_gpu(
     return {
         "target": target,
         "gpu": gpu.gpu.chip.name,
+        "tensor_parallel_degree": tensor_parallel_degree,
         "attention_backend": backend.name,
         "attention_kernel_options": dict(attention_kernel_options or {}),
         "compiler_options": backend.compiler_options or {},
@@ -156,10 +172,14 @@ def _compile_step(config, mesh, backend, dtype, num_pages, page_size, max_num_se
     graphdef, params = abstract_params(config, dtype, ShardingPlan.create(config, mesh))
     step_params, head = backend.prepare_params(params, config)
     replicated = NamedSharding(mesh, PartitionSpec())
-    pool = [
-        placed(layer, jax.tree_util.tree_map(lambda _: replicated, layer))
-        for layer in backend.kv_pool_shapes(config, num_pages, page_size, dtype)
-    ]
+    # One sharding for every leaf, or (an 8-bit pool under tensor parallelism) one per leaf.
+    sharding = backend.kv_pool_sharding() or replicated
+    pool = []
+    for layer in backend.kv_pool_shapes(config, num_pages, page_size, dtype):
+        if isinstance(sharding, NamedSharding):
+            pool.append(placed(layer, jax.tree_util.tree_map(lambda _: sharding, layer)))
+        else:
+            pool.append(placed(layer, (sharding, sharding)))
     step_inputs, _, sample_rows = decode_step_inputs(
         page_size, max_num_seqs, max_model_len, replicated, decode_only=True
     )
@@ -177,7 +197,7 @@ def kernel_launches(hlo_text: str) -> dict:
     """The kernels a compiled GPU module's entry computation launches, by kind: ``gemm`` (XLA's
     Triton GEMM fusions and cuBLAS calls), ``pallas`` (each Pallas kernel's name and count),
     ``fusions`` (XLA's other fusions: elementwise, reductions, scatters, copies into place),
-    ``other`` (copies, control flow and any other custom call, by opcode)."""
+    ``other`` (collectives, copies, control flow and any other custom call, by opcode)."""
     entry = hlo_text[hlo_text.find("\nENTRY") :].split("\n")[1:]
     gemm, fusions, total = 0, 0, 0
     pallas, other = collections.Counter(), collections.Counter()
@@ -186,6 +206,9 @@ def kernel_launches(hlo_text: str) -> dict:
         if match is None or match.group(2) in _NOT_LAUNCHED:
             continue
         _, opcode, rest = match.groups()
+        if opcode.endswith("-done"):  # an asynchronous op's wait: its start launched it
+            continue
+        opcode = opcode.removesuffix("-start")
         total += 1
         target = re.search(r'custom_call_target="([^"]+)"', rest)
         if opcode == "custom-call" and target and target.group(1).startswith("__cublas"):
@@ -217,7 +240,8 @@ def gpu_report_lines(result: dict) -> list[str]:
     pallas = ", ".join(f"{name} x {count}" for name, count in sorted(launches["pallas"].items()))
     other = ", ".join(f"{name} x {count}" for name, count in sorted(launches["other"].items()))
     return [
-        f"target {result['target']}: {result['gpu']}, {result['dtype']}, KV "
+        f"target {result['target']}: {result['tensor_parallel_degree']} x {result['gpu']}, "
+        f"{result['dtype']}, KV "
         f"{result['kv_cache_dtype']}, attention {result['attention_backend']}"
         + (f" {options}" if options else ""),
         "per GPU (compiler and datasheet counts, not measured on hardware):",

@@ -84,7 +84,7 @@ GPU_TARGETS = {"h100": _hopper("h100"), "h200": _hopper("h200")}
 class GpuTarget:
     target: str
     gpu: GpuDescription
-    device: object  # the compile-only jax device
+    devices: tuple  # the compile-only jax devices
 
 
 def cuda_plugin_installed() -> bool:
@@ -97,9 +97,10 @@ def cuda_plugin_installed() -> bool:
     )
 
 
-def resolve_gpu_target(target: str) -> GpuTarget:
-    """The compile-only device of GPU ``target`` ("h100", "h200"); ``ValueError`` naming what is
-    missing (an unknown name, the plugin, or the plugin not registered)."""
+def resolve_gpu_target(target: str, num_gpus: int = 1) -> GpuTarget:
+    """``num_gpus`` compile-only devices of GPU ``target`` ("h100", "h200") in one host;
+    ``ValueError`` naming what is missing (an unknown name, the plugin, or the plugin not
+    registered)."""
     if target not in GPU_TARGETS:
         raise ValueError(f"unknown GPU target {target!r}; choose one of {', '.join(GPU_TARGETS)}")
     if not cuda_plugin_installed():
@@ -112,7 +113,7 @@ def resolve_gpu_target(target: str) -> GpuTarget:
     gpu = GPU_TARGETS[target]
     try:
         desc = topologies.get_topology_desc(
-            platform="cuda", target_config=gpu.target_config(), topology="1x1x1"
+            platform="cuda", target_config=gpu.target_config(), topology=f"1x1x{num_gpus}"
         )
     except NotImplementedError:  # the plugin did not register: it looked for a GPU and found none
         raise ValueError(
@@ -120,4 +121,4 @@ def resolve_gpu_target(target: str) -> GpuTarget:
             "compile; on a host without a GPU start with JAX_PLATFORMS=cpu (or "
             "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1)"
         ) from None
-    return GpuTarget(target, gpu, desc.devices[0])
+    return GpuTarget(target, gpu, tuple(desc.devices))

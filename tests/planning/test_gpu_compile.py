@@ -41,6 +41,8 @@ ENTRY %main.1 (p0: bf16[2,64], p1: bf16[64,128]) -> bf16[2,64] {
   %pallas_call.3 = bf16[2,4,64]{2,1,0} custom-call(%q), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(step)/jit(ragged_paged_attention)/ragged_paged_attention_decode/pallas_call" scheduling_name="pallas_call.3"}
   %loop_add_fusion = bf16[2,64]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused_add
   %copy.1 = s32[] copy(%c)
+  %all-reduce-start = bf16[2,64]{1,0} all-reduce-start(%a), replica_groups={{0,1}}, to_apply=%sum
+  %all-reduce-done = bf16[2,64]{1,0} all-reduce-done(%all-reduce-start)
   %bitcast.1 = bf16[2,64]{1,0} bitcast(%loop_add_fusion)
   ROOT %tuple = (bf16[2,64]{1,0}) tuple(%bitcast.1)
 }
@@ -49,11 +51,11 @@ ENTRY %main.1 (p0: bf16[2,64], p1: bf16[64,128]) -> bf16[2,64] {
 
 def test_kernel_launches_reads_the_entry_computations_launches():
     assert kernel_launches(ENTRY) == {
-        "total": 5,
+        "total": 6,
         "gemm": 2,
         "pallas": {"ragged_paged_attention_decode": 1},
         "fusions": 1,
-        "other": {"copy": 1},
+        "other": {"copy": 1, "all-reduce": 1},
     }
 
 
@@ -122,10 +124,29 @@ def test_pools_and_head_dims_compile_for_an_h200(overrides, kv_cache_dtype):
 
 
 @needs_plugin
+def test_tensor_parallel_steps_compile_for_two_gpus():
+    """Degree 2 over two compile-only H100s: each runs the Triton kernels on its share of the
+    heads (inside ``shard_map``) and the layers' partial sums meet in NCCL all-reduces; an int8
+    pool's codes and scales are split the same way."""
+    config = ModelConfig.from_hf_dict(SMALL_LLAMA)
+    one = compile_decode_step_for_gpu(config, "h100", max_num_seqs=4)
+    two = compile_decode_step_for_gpu(
+        config, "h100", max_num_seqs=4, tensor_parallel_degree=2, kv_cache_dtype="int8"
+    )
+    layers = config.num_layers
+    assert two["launches"]["pallas"]["ragged_paged_attention_decode"] == layers
+    assert two["launches"]["other"]["all-reduce"] >= 2 * layers  # attention's and the MLP's
+    assert "all-reduce" not in one["launches"]["other"]
+    assert two["per_gpu_bytes"]["weights"] < 0.6 * one["per_gpu_bytes"]["weights"]
+    with pytest.raises(ValueError, match="tensor_parallel_degree must be"):
+        compile_decode_step_for_gpu(config, "h100", tensor_parallel_degree=0)
+
+
+@needs_plugin
 def test_cublas_gemms_do_not_concatenate_the_weights_every_step():
     """XLA's dot merger joins dots that share an input; a cuBLAS call then needs the joined
     weights as one matrix, which XLA builds every step. ``xla_gemm="cublas"`` turns it off."""
-    device = resolve_gpu_target("h100").device
+    device = resolve_gpu_target("h100").devices[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
     x = jax.ShapeDtypeStruct((2, 1024), jnp.bfloat16, sharding=sharding)
     w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=sharding)
@@ -160,10 +181,10 @@ def test_plan_prints_the_gpu_compile(tmp_path, capsys):
     [
         (["--target", "h100", "--attention-kernel-options", "[1]"], "must be a JSON object"),
         (["--target", "v5e-4", "--attention-kernel-options", "{}"], "GPU --target"),
-        (["--target", "h100", "--tensor-parallel-degree", "2"], "one GPU's"),
+        (["--target", "h100", "--quantization", "int8"], "--quantization is for a TPU"),
         (["--target", "h100", "--sweep-tp"], "--sweep-tp needs"),
     ],
-    ids=["options-not-an-object", "options-for-a-tpu", "tensor-parallel", "sweep"],
+    ids=["options-not-an-object", "options-for-a-tpu", "quantization", "sweep"],
 )
 def test_plan_gpu_target_bad_arguments(tmp_path, capsys, extra, message):
     config = tmp_path / "config.json"
