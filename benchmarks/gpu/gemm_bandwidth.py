@@ -7,7 +7,10 @@ configuration is timed with the weights cold: a timed call runs many products ba
 one jitted loop, rotating over copies of the weight that together exceed the L2 several times,
 each product's input the previous one's (its first column added back in), so no product is
 hoisted, merged or dropped. The profiler trace of one more call parts the products' kernels
-from those adds."""
+from those adds. And QKV as the engine's step has it (``qkv_3``): three weights sharing their
+input, which XLA's dot merger joins into one Triton GEMM reading the three where they lie,
+against the same three products unmerged (three GEMMs): beside the ``qkv`` rows (one
+[4096, 6144] matrix), whether the merged GEMM or a weight stored fused would read faster."""
 
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ MAX_COPIES = 16
 # The next input is the last one plus this times the product's first column: small enough that
 # the values stay finite over thousands of products.
 CHAIN_SCALE = 1e-3
+# The QKV products as the step runs them: XLA's default (the dot merger joins them) and unmerged.
+MERGED_QKV_VARIANTS = {"triton": None, "triton-unmerged": {"xla_gpu_dot_merger_threshold_mb": 0}}
 
 
 def linear_shapes(model: dict) -> list[tuple[str, int, int]]:
@@ -49,16 +54,29 @@ def linear_shapes(model: dict) -> list[tuple[str, int, int]]:
     ]
 
 
+def timed_products(model: dict) -> list[tuple[str, int, tuple[int, ...], dict]]:
+    """``(name, in features, each weight's out features, variants)``: every matmul of
+    :func:`linear_shapes` alone under ``XLA_GEMMS``, and after QKV as one matrix, QKV as three
+    weights sharing their input (``MERGED_QKV_VARIANTS``)."""
+    hidden = model["hidden_size"]
+    heads, kv_heads = model["num_attention_heads"], model["num_key_value_heads"]
+    head_dim = model.get("head_dim") or hidden // heads
+    products = [(name, k, (n,), XLA_GEMMS) for name, k, n in linear_shapes(model)]
+    split = ("qkv_3", hidden, (heads * head_dim, kv_heads * head_dim, kv_heads * head_dim))
+    return [products[0], (*split, MERGED_QKV_VARIANTS), *products[1:]]
+
+
 def chained_products(rounds: int, compiler_options: dict | None):
-    """A jitted ``(x [M, K], weights: tuple of [K, N]) -> x``: ``rounds`` times over, one
-    product per weight in turn, each next input ``x + CHAIN_SCALE * (x @ w)[:, :1]``."""
+    """A jitted ``(x [M, K], groups: tuple of tuples of [K, N]) -> x``: ``rounds`` times over,
+    one group in turn, each of its weights multiplying the same input, and the next input
+    ``x + CHAIN_SCALE * (the products' first columns summed)``."""
 
     @functools.partial(jax.jit, compiler_options=compiler_options)
-    def many(x, weights):
+    def many(x, groups):
         def one_round(_, x):
-            for weight in weights:
-                out = x @ weight  # [M, N]
-                x = x + (CHAIN_SCALE * out[:, :1]).astype(x.dtype)  # [M, K]
+            for group in groups:
+                column = sum(((x @ weight)[:, :1] for weight in group[1:]), (x @ group[0])[:, :1])
+                x = x + (CHAIN_SCALE * column).astype(x.dtype)  # [M, K]
             return x
 
         return lax.fori_loop(0, rounds, one_round, x)
@@ -80,8 +98,8 @@ def gemm_device_us(traced: dict) -> float | None:
 
 
 def time_products(x, weights, *, rounds: int, options, repeats: int, trace: bool) -> dict:
-    """Wall seconds per product (median of ``repeats`` timed calls), the first call's seconds,
-    and (with ``trace``) the traced device times per product."""
+    """Wall seconds per product group (median of ``repeats`` timed calls), the first call's
+    seconds, and (with ``trace``) the traced device times per group."""
     many = chained_products(rounds, options)
     calls = rounds * len(weights)
     start = time.perf_counter()
@@ -98,33 +116,43 @@ def time_products(x, weights, *, rounds: int, options, repeats: int, trace: bool
     return {"seconds": median(times) / calls, "first_s": first_s, "calls": calls, **traced}
 
 
-def random_weights(key, count: int, shape: tuple[int, int]) -> tuple:
-    """``count`` bf16 weights ``[K, N]`` of variance 1 / K."""
-    scale = shape[0] ** -0.5
+def random_weights(key, count: int, k: int, widths: tuple[int, ...]) -> tuple:
+    """``count`` groups of bf16 weights ``[k, n]`` (one per ``widths``) of variance 1 / k."""
+    keys = jax.random.split(key, count * len(widths)).reshape(count, len(widths))
     return tuple(
-        (jax.random.normal(k, shape, jnp.float32) * scale).astype(jnp.bfloat16)
-        for k in jax.random.split(key, count)
+        tuple(
+            (jax.random.normal(key, (k, n), jnp.float32) * k**-0.5).astype(jnp.bfloat16)
+            for key, n in zip(group, widths, strict=True)
+        )
+        for group in keys
     )
 
 
 def run(ctx, budget) -> dict:
     profile = ctx.profile
     copy_bw = ctx.copy_bandwidth()
-    result = {"copy_bandwidth_Bps": copy_bw, "variants": dict(XLA_GEMMS), "rows": []}
+    result = {
+        "copy_bandwidth_Bps": copy_bw,
+        "variants": {**XLA_GEMMS, **MERGED_QKV_VARIANTS},
+        "rows": [],
+    }
     key = jax.random.key(0)
-    for name, k, n in linear_shapes(profile.model):
+    for name, k, widths, variants in timed_products(profile.model):
+        n = sum(widths)
         weight_bytes = k * n * 2
         copies = int(min(MAX_COPIES, max(1, -(-profile.rotation_bytes // weight_bytes))))
         weights = None
-        for rows, variant in itertools.product(profile.gemm_rows, XLA_GEMMS):
+        for rows, variant in itertools.product(profile.gemm_rows, variants):
             row = {"name": name, "rows": rows, "k": k, "n": n, "variant": variant}
+            if len(widths) > 1:
+                row["widths"] = list(widths)
             if not budget.allows(3.0):
                 result.setdefault("skipped", []).append(row)
                 continue
             try:
                 if weights is None:
                     key, weights_key = jax.random.split(key)
-                    weights = random_weights(weights_key, copies, (k, n))
+                    weights = random_weights(weights_key, copies, k, widths)
                 x = jax.random.normal(jax.random.fold_in(key, rows), (rows, k), jnp.bfloat16)
                 num_bytes = weight_bytes + 2 * rows * (k + n)
                 calls = loop_count(num_bytes, profile.gemm_seconds, profile.max_loops)
@@ -132,7 +160,7 @@ def run(ctx, budget) -> dict:
                     x,
                     weights,
                     rounds=max(1, -(-calls // copies)),
-                    options=XLA_GEMMS[variant],
+                    options=variants[variant],
                     repeats=profile.repeats,
                     trace=profile.trace_kernels,
                 )

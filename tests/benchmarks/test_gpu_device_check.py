@@ -146,9 +146,15 @@ def test_dry_run_end_to_end_and_peer(dry_run):
     gemms = data["stages"]["gemm_bandwidth"]["result"]["rows"]
     assert [(r["name"], r["rows"], r["variant"]) for r in gemms] == [
         (name, rows, variant)
-        for name in ("qkv", "o", "gate_up", "down")
+        for name, variants in (
+            ("qkv", ("triton", "cublas")),
+            ("qkv_3", ("triton", "triton-unmerged")),
+            ("o", ("triton", "cublas")),
+            ("gate_up", ("triton", "cublas")),
+            ("down", ("triton", "cublas")),
+        )
         for rows in DRY_RUN.gemm_rows
-        for variant in ("triton", "cublas")
+        for variant in variants
     ]
     assert all(r["achieved_Bps"] > 0 and "error" not in r for r in gemms)
     peer = data["stages"]["torch_peer"]["result"]
@@ -160,15 +166,27 @@ def test_dry_run_end_to_end_and_peer(dry_run):
 
 
 def test_decode_matmul_shapes_and_their_device_time():
-    """The 8B's projections as the gemm stage times them, and the products' device time: the
-    trace's busy time less XLA's helper kernels (the chaining adds), cuBLAS's kernels kept."""
-    from benchmarks.gpu.gemm_bandwidth import gemm_device_us, linear_shapes
+    """The 8B's projections as the gemm stage times them (QKV also as three weights), and the
+    products' device time: the trace's busy time less XLA's helper kernels (the chaining adds),
+    cuBLAS's kernels kept."""
+    from benchmarks.gpu.gemm_bandwidth import (
+        MERGED_QKV_VARIANTS,
+        XLA_GEMMS,
+        gemm_device_us,
+        linear_shapes,
+        timed_products,
+    )
 
     assert linear_shapes(GPU.model) == [
         ("qkv", 4096, 6144),
         ("o", 4096, 4096),
         ("gate_up", 4096, 14336),
         ("down", 14336, 4096),
+    ]
+    assert timed_products(GPU.model)[:3] == [
+        ("qkv", 4096, (6144,), XLA_GEMMS),
+        ("qkv_3", 4096, (4096, 1024, 1024), MERGED_QKV_VARIANTS),
+        ("o", 4096, (4096,), XLA_GEMMS),
     ]
     traced = {
         "device_busy_us_per_call": 14.0,
