@@ -114,3 +114,47 @@ def per_chip_bytes(tree) -> int:
         shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
         total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
     return total
+
+
+def check_step_sizes(max_model_len: int, max_num_seqs: int, kv_cache_memory: float) -> None:
+    """``ValueError`` for sizes no compiled step takes."""
+    if max_model_len < 1 or max_num_seqs < 1:
+        raise ValueError("max_model_len and max_num_seqs must be >= 1")
+    if not 0 < kv_cache_memory <= 1:
+        raise ValueError(f"kv_cache_memory must be a fraction in (0, 1], got {kv_cache_memory}")
+
+
+def pool_pages(
+    budget: float, page_bytes: int, page_size: int, max_model_len: int, where: str
+) -> int:
+    """Pages of ``page_bytes`` that ``budget`` bytes hold; ``ValueError`` when fewer than one
+    sequence of ``max_model_len`` needs (``where``: whose memory, for the message)."""
+    num_pages = int(budget // page_bytes)
+    pages_per_seq = -(-max_model_len // page_size)
+    if num_pages < pages_per_seq + 1:
+        raise ValueError(
+            f"{num_pages} pages of {page_size} tokens fit {where} after the weights, fewer than "
+            f"one sequence of max_model_len={max_model_len} needs ({pages_per_seq + 1})"
+        )
+    return num_pages
+
+
+def placed_pool(layers: list, shardings) -> list:
+    """The pool's layers (``kv_pool_shapes``) placed: ``shardings`` is one ``NamedSharding``
+    for every leaf, or a pytree of them matching each layer (an 8-bit pool's codes and scales
+    under tensor parallelism)."""
+    return [
+        placed(
+            layer,
+            jax.tree_util.tree_map(lambda _: shardings, layer)
+            if isinstance(shardings, jax.sharding.NamedSharding)
+            else shardings,
+        )
+        for layer in layers
+    ]
+
+
+def unread_embedding_bytes(config: ModelConfig, params) -> int:
+    """An untied embedding table's bytes per chip: a step reads only its rows for the step's
+    tokens, so the floor leaves it out (a tied one is the LM head, read whole)."""
+    return 0 if config.tie_word_embeddings else per_chip_bytes(params["embed_tokens"])

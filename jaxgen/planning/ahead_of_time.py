@@ -41,9 +41,13 @@ from jaxgen.models import LlamaForCausalLM
 from jaxgen.parallel.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.planning.abstract_step import (
     abstract_params,
+    check_step_sizes,
     decode_step_inputs,
     per_chip_bytes,
     placed,
+    placed_pool,
+    pool_pages,
+    unread_embedding_bytes,
 )
 from jaxgen.planning.hardware import GB
 from jaxgen.planning.tpu_targets import resolve_target
@@ -203,10 +207,7 @@ def compile_decode_step(
         raise ValueError(
             f"tensor_parallel_degree={degree} must divide the {num_chips} chips of {target}"
         )
-    if max_model_len < 1 or max_num_seqs < 1:
-        raise ValueError("max_model_len and max_num_seqs must be >= 1")
-    if not 0 < kv_cache_memory <= 1:
-        raise ValueError(f"kv_cache_memory must be a fraction in (0, 1], got {kv_cache_memory}")
+    check_step_sizes(max_model_len, max_num_seqs, kv_cache_memory)
     mesh = Mesh(
         np.array(tpu.devices[:degree], dtype=object).reshape(1, degree), (DATA_AXIS, MODEL_AXIS)
     )
@@ -227,23 +228,12 @@ def compile_decode_step(
             f"{degree}, more than a {tpu.chip.name} chip's {hbm / GB:.0f} GB of HBM"
         )
     page_bytes = backend.kv_bytes_per_page(config, page_size, dtype) // degree  # per chip
-    num_pages = int(kv_cache_memory * (hbm - weight_bytes) // page_bytes)
-    pages_per_seq = -(-max_model_len // page_size)
-    if num_pages < pages_per_seq + 1:
-        raise ValueError(
-            f"{num_pages} pages of {page_size} tokens fit per chip after the weights, fewer than "
-            f"one sequence of max_model_len={max_model_len} needs ({pages_per_seq + 1})"
-        )
-    pool_sharding = backend.kv_pool_sharding() or NamedSharding(mesh, PartitionSpec())
-    pool = []
-    for layer in backend.kv_pool_shapes(config, num_pages, page_size, dtype):
-        # One sharding for every leaf, or (an 8-bit pool under tensor parallelism) one per leaf.
-        shardings = (
-            jax.tree_util.tree_map(lambda _: pool_sharding, layer)
-            if isinstance(pool_sharding, NamedSharding)
-            else pool_sharding
-        )
-        pool.append(placed(layer, shardings))
+    budget = kv_cache_memory * (hbm - weight_bytes)
+    num_pages = pool_pages(budget, page_bytes, page_size, max_model_len, "per chip")
+    pool = placed_pool(
+        backend.kv_pool_shapes(config, num_pages, page_size, dtype),
+        backend.kv_pool_sharding() or NamedSharding(mesh, PartitionSpec()),
+    )
     step_inputs, sampling, sample_rows = decode_step_inputs(
         page_size, max_num_seqs, max_model_len, NamedSharding(mesh, PartitionSpec())
     )
@@ -276,8 +266,7 @@ def compile_decode_step(
     pool_bytes = num_pages * page_bytes
     # Live KV: every sequence at max_model_len, or the whole pool when they do not all fit.
     live_kv = min(max_num_seqs * max_model_len * kv_bytes_per_token, pool_bytes)
-    # An untied embedding table is not read by a step, only its rows for the step's tokens.
-    unread = 0 if config.tie_word_embeddings else per_chip_bytes(params["embed_tokens"])
+    unread = unread_embedding_bytes(config, params)
     floor = weight_bytes - unread + live_kv
     # XLA's cost analysis counts a loop's body once: for a multi-step call, one of its steps
     # (the scan's body) plus what runs once around it.

@@ -117,22 +117,34 @@ def cmd_plan_target(args) -> int:
     result = compile_decode_step(
         config_from_path(args.model),
         args.target,
+        **compile_arguments(args),
+        tensor_parallel_degree=args.tensor_parallel_degree,
+        quantization=args.quantization,
+        num_scheduler_steps=args.num_scheduler_steps,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+    return print_compiled(args, result, report_lines)
+
+
+def compile_arguments(args) -> dict:
+    """The flags a TPU target's and a GPU target's compile both take."""
+    return dict(
         dtype=jnp.dtype(args.dtype),
         max_model_len=args.max_model_len or args.context,
         max_num_seqs=args.max_num_seqs,
         page_size=args.page_size,
         kv_cache_memory=args.kv_cache_memory,
-        tensor_parallel_degree=args.tensor_parallel_degree,
-        quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
-        num_scheduler_steps=args.num_scheduler_steps,
-        num_speculative_tokens=args.num_speculative_tokens,
     )
+
+
+def print_compiled(args, result: dict, lines) -> int:
+    """A compile's ``result`` as JSON (``--json``) or as its report ``lines``."""
     if args.json:
         print(json.dumps(result))
     else:
         print(f"model: {args.model or 'smollm2 (default)'}")
-        print("\n".join(report_lines(result)))
+        print("\n".join(lines(result)))
     return 0
 
 
@@ -164,21 +176,11 @@ def cmd_plan_gpu(args) -> int:
     result = compile_decode_step_for_gpu(
         config_from_path(args.model),
         args.target,
-        dtype=jnp.dtype(args.dtype),
-        max_model_len=args.max_model_len or args.context,
-        max_num_seqs=args.max_num_seqs,
-        page_size=args.page_size,
-        kv_cache_memory=args.kv_cache_memory,
-        kv_cache_dtype=args.kv_cache_dtype,
+        **compile_arguments(args),
         attention_kernel_options=options,
         tensor_parallel_degree=args.tensor_parallel_degree or 1,
     )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"model: {args.model or 'smollm2 (default)'}")
-        print("\n".join(gpu_report_lines(result)))
-    return 0
+    return print_compiled(args, result, gpu_report_lines)
 
 
 def cmd_sweep_tp(args) -> int:

@@ -31,9 +31,12 @@ from jaxgen.engine.step_layout import StepLayout
 from jaxgen.parallel.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.planning.abstract_step import (
     abstract_params,
+    check_step_sizes,
     decode_step_inputs,
     per_chip_bytes,
-    placed,
+    placed_pool,
+    pool_pages,
+    unread_embedding_bytes,
 )
 from jaxgen.planning.gpu_targets import resolve_gpu_target
 from jaxgen.planning.hardware import GB
@@ -66,10 +69,7 @@ def compile_decode_step_for_gpu(
     ``tensor_parallel_degree`` n > 1: over n such GPUs (NVLink all-reduces), weights and pool
     placed as the engine places them, every figure per GPU. Returns the figures
     :func:`gpu_report_lines` prints. ``ValueError`` for arguments the step cannot take."""
-    if max_model_len < 1 or max_num_seqs < 1:
-        raise ValueError("max_model_len and max_num_seqs must be >= 1")
-    if not 0 < kv_cache_memory <= 1:
-        raise ValueError(f"kv_cache_memory must be a fraction in (0, 1], got {kv_cache_memory}")
+    check_step_sizes(max_model_len, max_num_seqs, kv_cache_memory)
     if isinstance(tensor_parallel_degree, bool) or not (
         isinstance(tensor_parallel_degree, int) and tensor_parallel_degree >= 1
     ):
@@ -98,14 +98,10 @@ def compile_decode_step_for_gpu(
     )
     shares = backend.kv_pool_shares(config, page_size, dtype, plan.kv_sharding)
     page_bytes = backend.kv_bytes_per_page(config, page_size, dtype) // shares  # per GPU
-    num_pages = int(kv_cache_memory * (limit - weight_bytes) // page_bytes)
-    pages_per_seq = -(-max_model_len // page_size)
-    if num_pages < pages_per_seq + 1:
-        raise ValueError(
-            f"{num_pages} pages of {page_size} tokens fit after {weight_bytes / GB:.1f} GB of "
-            f"weights on a {gpu.gpu.chip.name}, fewer than one sequence of max_model_len="
-            f"{max_model_len} needs ({pages_per_seq + 1})"
-        )
+    where = f"on a {gpu.gpu.chip.name}"
+    num_pages = pool_pages(
+        kv_cache_memory * (limit - weight_bytes), page_bytes, page_size, max_model_len, where
+    )
     start = time.perf_counter()
     compiled = _compile_step(
         config, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len
@@ -117,9 +113,7 @@ def compile_decode_step_for_gpu(
         max_model_len=max_model_len,
     ).seq_cap  # fmt: skip
     live_kv = min(max_num_seqs * max_model_len, num_pages * page_size) * (page_bytes // page_size)
-    # An untied embedding table is not read by a step, only its rows for the step's tokens.
-    unread = 0 if config.tie_word_embeddings else per_chip_bytes(params["embed_tokens"])
-    floor = weight_bytes - unread + live_kv
+    floor = weight_bytes - unread_embedding_bytes(config, params) + live_kv
     launches = kernel_launches(compiled.as_text())
     # Per layer: this step's launches less those of the same step over one layer, shared out.
     outside = launches["total"]
@@ -172,14 +166,12 @@ def _compile_step(config, mesh, backend, dtype, num_pages, page_size, max_num_se
     graphdef, params = abstract_params(config, dtype, ShardingPlan.create(config, mesh))
     step_params, head = backend.prepare_params(params, config)
     replicated = NamedSharding(mesh, PartitionSpec())
-    # One sharding for every leaf, or (an 8-bit pool under tensor parallelism) one per leaf.
+    # One sharding for every leaf, or (an 8-bit pool under tensor parallelism) one per leaf
+    # of each of a layer's K and V pools.
     sharding = backend.kv_pool_sharding() or replicated
-    pool = []
-    for layer in backend.kv_pool_shapes(config, num_pages, page_size, dtype):
-        if isinstance(sharding, NamedSharding):
-            pool.append(placed(layer, jax.tree_util.tree_map(lambda _: sharding, layer)))
-        else:
-            pool.append(placed(layer, (sharding, sharding)))
+    if not isinstance(sharding, NamedSharding):
+        sharding = (sharding, sharding)
+    pool = placed_pool(backend.kv_pool_shapes(config, num_pages, page_size, dtype), sharding)
     step_inputs, _, sample_rows = decode_step_inputs(
         page_size, max_num_seqs, max_model_len, replicated, decode_only=True
     )
