@@ -247,7 +247,9 @@ def add_parser(subparsers) -> None:
         help="speculative decoding's draft tokens per sequence: the verify step's rows, logits, "
         "pages and compute bound for --max-num-seqs sequences",
     )
-    target = parser.add_argument_group("compiled for a TPU slice (needs the tpu extra, no TPU)")
+    target = parser.add_argument_group(
+        "compiled for a TPU slice or a GPU (the tpu or gpu-compile extra; no TPU or GPU needed)"
+    )
     target.add_argument(
         "--target",
         default=None,
