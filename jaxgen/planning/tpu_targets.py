@@ -37,7 +37,8 @@ def resolve_target(target: str) -> TpuSlice:
     if ":" not in topology or generation not in CHIPS:
         raise ValueError(
             f"unknown TPU target {target!r}; choose one of {', '.join(TARGETS)}, a libtpu "
-            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)}), or cuda (lowered only)"
+            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)}), h100 or h200 (a GPU), "
+            "or cuda (lowered only)"
         )
     # Compiling needs libtpu but no chip; several processes may then load it side by side.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
