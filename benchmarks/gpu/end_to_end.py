@@ -60,11 +60,12 @@ def prefill_token_cap(ctx, config, kv_bytes: int) -> int:
     (the parent's share and the weights already out), over each token's activation bytes."""
     import jax
 
+    from jaxgen.planning.gpu_targets import jax_gpu_memory_fraction
+
     stats = jax.devices()[0].memory_stats()
     if not stats:  # CPU: no limit worth computing
         return 1 << 30
-    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
-    total = stats["bytes_limit"] / fraction
+    total = stats["bytes_limit"] / jax_gpu_memory_fraction()
     usable = min(stats["bytes_limit"], 0.95 * total - ctx.args.parent_bytes)
     free = usable - stats["bytes_in_use"] - kv_bytes
     per_token = (

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import re
 import time
 
@@ -38,12 +37,8 @@ from jaxgen.planning.abstract_step import (
     pool_pages,
     unread_embedding_bytes,
 )
-from jaxgen.planning.gpu_targets import resolve_gpu_target
+from jaxgen.planning.gpu_targets import jax_gpu_memory_fraction, resolve_gpu_target
 from jaxgen.planning.hardware import GB
-
-# jax's GPU allocator takes this share of the GPU's memory (``XLA_PYTHON_CLIENT_MEM_FRACTION``);
-# the engine sizes its pool from what is left of it after the weights.
-JAX_GPU_MEMORY_FRACTION = 0.75
 
 # Instructions of a compiled entry computation that launch nothing.
 _NOT_LAUNCHED = {"parameter", "get-tuple-element", "bitcast", "tuple", "constant"}
@@ -93,9 +88,7 @@ def compile_decode_step_for_gpu(
     _, params = abstract_params(config, dtype, plan)
     weight_bytes = per_chip_bytes(params)
     memory = gpu.gpu.chip.memory_bytes
-    limit = memory * float(
-        os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_GPU_MEMORY_FRACTION)
-    )
+    limit = memory * jax_gpu_memory_fraction()  # the engine's pool: a share of what is left
     shares = backend.kv_pool_shares(config, page_size, dtype, plan.kv_sharding)
     page_bytes = backend.kv_bytes_per_page(config, page_size, dtype) // shares  # per GPU
     where = f"on a {gpu.gpu.chip.name}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 
 from jaxgen.planning.hardware import DEVICES, Chip
 
@@ -74,6 +75,12 @@ def _hopper(device: str) -> GpuDescription:
         shared_memory_per_sm=228 * 2**10,
         shared_memory_per_block_optin=227 * 2**10,
     )
+
+
+def jax_gpu_memory_fraction() -> float:
+    """The share of a GPU's memory jax's allocator takes: ``XLA_PYTHON_CLIENT_MEM_FRACTION``,
+    0.75 by default."""
+    return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75))
 
 
 # The GPUs this project measures on (docs/gpu.md): one architecture, two memories.
