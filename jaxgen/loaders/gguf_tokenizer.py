@@ -1,18 +1,19 @@
-"""A tokenizer built from a GGUF file's metadata with the ``tokenizers`` package.
+"""A GGUF file's tokenizer, tokenizing as llama.cpp does.
 
-llama.cpp stores no ``tokenizer.json`` in a GGUF: the vocabulary, merges (or SentencePiece scores),
-token types, special token ids and chat template are metadata under ``tokenizer.*``. This module
-rebuilds the same ``tokenizers`` pipeline transformers builds for such a file (so it tokenizes
-exactly as ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``;
-tests/loaders/test_gguf_tokenizer.py checks it), without transformers' GGUF reader, which imports
-torch, and serves it as a ``PlainTokenizer`` (no transformers import at all).
+llama.cpp stores no ``tokenizer.json`` in a GGUF: the vocabulary, merges or SentencePiece
+scores, token types, special token ids and chat template are metadata under ``tokenizer.*``.
+``GGUFTokenizer`` reads them as llama.cpp's loader does (``jaxgen.loaders.gguf_vocab``) and
+encodes and decodes with llama.cpp's algorithms (``jaxgen.loaders.llama_tokenize``), so a prompt
+gives the ids ``llama_tokenize`` gives: tests/loaders/test_llama_cpp_tokenization.py checks
+them against llama.cpp over every tokenizer variant. It speaks the part of transformers'
+tokenizer interface jaxgen and its server use (``encode``, ``decode``, ``apply_chat_template``,
+special tokens, the vocabulary), without importing transformers.
 
-Two tokenizer kinds are supported, the ones llama.cpp writes for the architectures jaxgen loads:
-``gpt2`` (byte-level BPE with merges; the pre-tokenizer split chosen by ``tokenizer.ggml.pre``)
-and ``llama`` (SentencePiece BPE with byte fallback; merges recovered from the scores).
-
-``load_tokenizer`` keeps what this builds in the cache directory (``gguf_tokenizer_cache``):
-a change here that changes the tokenizer built for a file bumps that module's ``FORMAT``.
+Special tokens in text: ``encode`` parses them (llama.cpp's ``parse_special=True``), as
+llama.cpp's server does for prompts and rendered chat templates, as vLLM (through transformers)
+does, and as jaxgen always has; ``split_special_tokens = True`` (transformers' switch) or
+``encode(..., parse_special=False)`` treats them as text, user-defined tokens excepted (llama.cpp
+keeps those whole either way).
 """
 
 from __future__ import annotations
@@ -20,230 +21,249 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from jaxgen.loaders.chat_template import render_chat_template, select_template
+from jaxgen.loaders.gguf_vocab import CONTROL, UNKNOWN, USER_DEFINED, GGUFVocab, gguf_vocab
+from jaxgen.loaders.llama_tokenize import LlamaTokenize
 
-from jaxgen.loaders.plain_tokenizer import PlainTokenizer
-
-SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
-
-# llama.cpp's token types (gguf.TokenType).
-CONTROL = 3
-USER_DEFINED = 4
-
-_SPECIAL_TOKEN_KEYS = {
-    "bos_token": "tokenizer.ggml.bos_token_id",
-    "eos_token": "tokenizer.ggml.eos_token_id",
-    "unk_token": "tokenizer.ggml.unknown_token_id",
-    "pad_token": "tokenizer.ggml.padding_token_id",
-}
-
-# How byte-level vocabularies split text before BPE, by ``tokenizer.ggml.pre``; a name not listed
-# keeps GPT-2's own split (the ByteLevel pre-tokenizer's regex).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-PRE_TOKENIZER_SPLITS = {
-    **dict.fromkeys(
-        (
-            "llama3",
-            "llama-v3",
-            "llama-bpe",
-            "falcon3",
-            "falcon-h1",
-            "pixtral",
-            "midm-2.0",
-            "lfm2",
-            "jina-v5-nano",
-            "dbrx",
-            "smaug-bpe",
-        ),
-        _LLAMA3_SPLIT,
-    ),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
-    "qwen35": _QWEN35_SPLIT,
-    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O_SPLIT),
-    "tekken": _TEKKEN_SPLIT,
-}
+# The metadata a GGUF tokenizer is built from (llama.cpp reads the model's name and
+# architecture for some token attributes).
+KEPT_FIELDS = ("tokenizer.", "general.name", "general.architecture")
 
 
-@functools.cache
-def byte_alphabet() -> dict[int, str]:
-    """GPT-2's reversible map from each byte to a printable character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    mapping = {byte: chr(byte) for byte in printable}
-    extra = 0
-    for byte in range(256):
-        if byte not in mapping:
-            mapping[byte] = chr(256 + extra)
-            extra += 1
-    return mapping
+class GGUFTokenizer:
+    """llama.cpp's tokenizer for one GGUF vocabulary, behind transformers' method names."""
+
+    # ``decode`` is not a ``tokenizers`` backend's (the streaming detokenizer calls ``decode``).
+    decodes_with_backend = False
+    is_fast = True
+
+    def __init__(self, vocab: GGUFVocab, metadata: Mapping[str, object] | None = None):
+        """
+        Args:
+            vocab: the vocabulary as llama.cpp loads it.
+            metadata: the file's fields the vocabulary came from (``KEPT_FIELDS``), kept for
+                ``to_transformers`` and the cache (None: not available).
+        """
+        self.vocab = vocab
+        self._tokenize = LlamaTokenize(vocab)
+        self.metadata = metadata
+        tokens = vocab.tokens
+        self.special_tokens_map = {
+            name: tokens[i]
+            for name, i in (
+                ("bos_token", vocab.bos_id),
+                ("eos_token", vocab.eos_id),
+                ("unk_token", vocab.unk_id),
+                ("pad_token", vocab.pad_id),
+            )
+            if i is not None
+        }
+        self.chat_template = vocab.chat_template
+        self.add_bos_token = vocab.add_bos
+        self.add_eos_token = vocab.add_eos
+        self.split_special_tokens = False
+        self.name_or_path = ""
+
+    # -- vocabulary ----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab.tokens)
+
+    def __len__(self) -> int:
+        return len(self.vocab.tokens)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._tokenize.ids)
+
+    @functools.cached_property
+    def _added(self) -> dict[str, int]:
+        marked = CONTROL | USER_DEFINED | UNKNOWN
+        return {t: i for i, t in enumerate(self.vocab.tokens) if self.vocab.attrs[i] & marked}
+
+    def get_added_vocab(self) -> dict[str, int]:
+        """The tokens llama.cpp keeps whole in text: control, user-defined and unknown ones."""
+        return dict(self._added)
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | None | list[int | None]:
+        ids = self._tokenize.ids
+        if isinstance(tokens, str):
+            return ids.get(tokens)
+        return [ids.get(token) for token in tokens]
+
+    def convert_ids_to_tokens(
+        self, ids: int | list[int], skip_special_tokens: bool = False
+    ) -> str | None | list[str]:
+        tokens = self.vocab.tokens
+        if isinstance(ids, int):
+            return tokens[ids] if 0 <= ids < len(tokens) else None
+        hidden = self._tokenize.hidden
+        return [tokens[i] for i in ids if not (skip_special_tokens and hidden[i])]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return self.decode([self._tokenize.ids[token] for token in tokens])
+
+    # -- special tokens ------------------------------------------------------------------------
+    def __getattr__(self, name: str):
+        # bos_token, bos_token_id, ... (None where the vocabulary has none).
+        names = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+        special = self.__dict__.get("special_tokens_map", {})
+        if name in names + ("mask_token",):
+            return special.get(name)
+        if name.endswith("_id") and name[:-3] in names + ("mask_token",):
+            token = special.get(name[:-3])
+            return None if token is None else self._tokenize.ids[token]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        return list(dict.fromkeys(self.special_tokens_map.values()))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self._tokenize.ids[token] for token in self.all_special_tokens]
+
+    # -- text <-> ids --------------------------------------------------------------------------
+    def encode(
+        self, text: str, add_special_tokens: bool = True, parse_special: bool | None = None
+    ) -> list[int]:
+        """``llama_tokenize(text, add_special=add_special_tokens, parse_special)``;
+        ``parse_special`` defaults to ``not split_special_tokens`` (True)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, not {type(text).__name__}")
+        if parse_special is None:
+            parse_special = not self.split_special_tokens
+        return self._tokenize.encode(text, add_special_tokens, parse_special)
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        tokens = self.vocab.tokens
+        return [tokens[i] for i in self.encode(text, add_special_tokens=add_special_tokens)]
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
+        """``{"input_ids": ..., "attention_mask": ...}`` for a text or a list of texts."""
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens=add_special_tokens)
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        ids = [self.encode(t, add_special_tokens=add_special_tokens) for t in text]
+        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+
+    def decode(
+        self,
+        token_ids: int | list[int],
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+    ) -> str:
+        """The tokens' ``llama_token_to_piece`` texts joined (control and unknown tokens
+        dropped with ``skip_special_tokens``), the space ``encode`` prefixed dropped, invalid
+        UTF-8 as U+FFFD. ``clean_up_tokenization_spaces`` is accepted and not applied: joined
+        pieces are what llama.cpp's server streams, and what round-trips."""
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        data = self._tokenize.decode_bytes(list(token_ids), skip_special_tokens)
+        return data.decode("utf-8", errors="replace")
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = False):
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """``llama_token_to_piece(token_id, special=True)``."""
+        return self._tokenize.pieces[token_id]
+
+    # -- chat ----------------------------------------------------------------------------------
+    def get_chat_template(self, chat_template: str | None = None, tools=None) -> str:
+        return select_template(self.chat_template, chat_template, tools)
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool | str = False,
+        tokenize: bool = True,
+        return_dict: bool = False,
+        **kwargs,
+    ) -> str | list[int] | dict:
+        """The conversation's prompt text (``tokenize=False``) or its ids (the template's
+        special tokens parsed, nothing added); ``kwargs`` are extra template variables."""
+        text = render_chat_template(
+            self.get_chat_template(chat_template, tools),
+            conversation,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **{**self.special_tokens_map, **kwargs},
+        )
+        if not tokenize:
+            return text
+        ids = self.encode(text, add_special_tokens=False)
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)} if return_dict else ids
+
+    # -- other libraries -----------------------------------------------------------------------
+    def llguidance_tokenizer(self, n_vocab: int, eos_token_ids):
+        """llguidance's tokenizer: every token's bytes (control tokens marked as llguidance's
+        llama.cpp binding marks them) and this tokenizer's ``encode``."""
+        import llguidance
+
+        tokens = []
+        for i, piece in enumerate(self._tokenize.pieces):
+            attr = self.vocab.attrs[i]
+            angled = piece.startswith(b"<") and piece.endswith(b">")
+            if attr & CONTROL or (attr & USER_DEFINED and angled):
+                piece = b"\xff" + piece
+            tokens.append(piece)
+        tokens += [b""] * max(0, n_vocab - len(tokens))
+        source = _LLGuidanceSource(self, tokens)
+        eos = list(eos_token_ids) or self.eos_token_id
+        return llguidance.LLTokenizer(
+            llguidance.TokenizerWrapper(source), n_vocab=n_vocab, eos_token=eos
+        )
+
+    def to_transformers(self):
+        """transformers' form of this vocabulary (``PreTrainedTokenizerFast``, built as its GGUF
+        converter builds it: it tokenizes as transformers does, which for some variants is
+        not llama.cpp's way)."""
+        if self.metadata is None:
+            raise ValueError("this GGUFTokenizer was built without the file's metadata")
+        from jaxgen.loaders.gguf_tokenizers_pipeline import tokenizers_pipeline
+
+        return tokenizers_pipeline(self.metadata).to_transformers()
+
+    def save_pretrained(self, directory: str, **kwargs):
+        """Writes ``tokenizer.json`` and its config as transformers writes them."""
+        return self.to_transformers().save_pretrained(directory, **kwargs)
+
+    def __repr__(self) -> str:
+        kind = self.vocab.model + (f"/{self.vocab.pre_name}" if self.vocab.pre_name else "")
+        return f"GGUFTokenizer({kind}, vocab={len(self)}, special={self.special_tokens_map})"
 
 
-def gguf_tokenizer(metadata: Mapping[str, object]) -> PlainTokenizer:
-    """The tokenizer a GGUF file describes.
+class _LLGuidanceSource:
+    """What ``llguidance.TokenizerWrapper`` reads from a tokenizer."""
 
-    Args:
-        metadata: the file's metadata fields (``GGUFReader(path).fields``: key -> value).
+    def __init__(self, tokenizer: GGUFTokenizer, tokens: list[bytes]):
+        self.tokens = tokens
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = sorted(tokenizer.get_added_vocab().values())
+        self._encode = tokenizer.encode
+
+    def __call__(self, text: str) -> list[int]:
+        if isinstance(text, bytes):
+            raise TypeError("text, not bytes")  # TokenizerWrapper then passes str
+        return self._encode(text, add_special_tokens=False, parse_special=False)
+
+
+def gguf_tokenizer(metadata: Mapping[str, object]) -> GGUFTokenizer:
+    """The tokenizer a GGUF file's metadata (``GGUFReader(path).fields``) describes.
 
     Raises:
-        ValueError: the file has no vocabulary, or a tokenizer kind other than ``gpt2``/``llama``.
+        ValueError: no vocabulary, a ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre`` jaxgen
+            does not tokenize exactly (the message names the field).
     """
-    fields = metadata
-    kind = fields.get("tokenizer.ggml.model")
-    tokens = fields.get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise ValueError("GGUF file has no tokenizer.ggml.tokens: it carries no tokenizer")
-    if kind not in SUPPORTED_TOKENIZER_MODELS:
-        raise ValueError(
-            f"unsupported GGUF tokenizer.ggml.model {kind!r}; supported: "
-            f"{', '.join(SUPPORTED_TOKENIZER_MODELS)}"
-        )
-    merges = fields.get("tokenizer.ggml.merges")
-    token_types = fields.get("tokenizer.ggml.token_type") or []
-    if kind == "gpt2":
-        backend = _byte_level_bpe(tokens, merges, fields.get("tokenizer.ggml.pre"))
-    else:
-        backend = _sentencepiece_bpe(tokens, merges, fields.get("tokenizer.ggml.scores"))
-    _add_marked_tokens(backend, tokens, token_types, byte_level=kind == "gpt2")
-
-    options = {}
-    for name, key in _SPECIAL_TOKEN_KEYS.items():
-        token_id = fields.get(key)
-        options[name] = tokens[token_id] if token_id is not None else None
-    add_bos = fields.get("tokenizer.ggml.add_bos_token")
-    if add_bos is None and kind == "llama":
-        add_bos = True  # llama.cpp adds BOS to a SentencePiece vocabulary that does not say
-    for name, value in (
-        ("add_bos_token", add_bos),
-        ("add_eos_token", fields.get("tokenizer.ggml.add_eos_token")),
-        ("chat_template", fields.get("tokenizer.chat_template")),
-    ):
-        if value is not None:
-            options[name] = value
-    return PlainTokenizer(backend, **options)
-
-
-def _byte_level_bpe(tokens: list[str], merges: list[str] | None, pre: str | None) -> Tokenizer:
-    if not merges:
-        raise ValueError("GGUF gpt2 tokenizer has no tokenizer.ggml.merges")
-    spelling = byte_alphabet()
-    alphabet = set(spelling.values())
-    # A token written in raw text (a mislabelled special, say) is respelled in the byte alphabet.
-    vocab = {
-        token
-        if set(token) <= alphabet
-        else "".join(spelling[byte] for byte in token.encode("utf-8")): index
-        for index, token in enumerate(tokens)
-    }
-    backend = Tokenizer(
-        models.BPE(
-            vocab=vocab,
-            merges=[tuple(merge.split(" ")) for merge in merges],
-            dropout=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-        )
-    )
-    split = PRE_TOKENIZER_SPLITS.get(pre)
-    if split is None:
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    backend.decoder = decoders.ByteLevel()
-    return backend
-
-
-def _sentencepiece_bpe(
-    tokens: list[str], merges: list[str] | None, scores: list[float] | None
-) -> Tokenizer:
-    vocab = {token: index for index, token in enumerate(tokens)}
-    if merges:
-        pairs = [tuple(merge.split(" ")) for merge in merges]
-    elif scores is not None:
-        pairs = merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
-    else:
-        raise ValueError("GGUF llama tokenizer has neither tokenizer.ggml.merges nor .scores")
-    backend = Tokenizer(
-        models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None)
-    )
-    backend.normalizer = None
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="\u2581", prepend_scheme="first", split=False
-    )
-    backend.decoder = decoders.Sequence(
-        [
-            decoders.Replace("\u2581", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(content=" ", left=1),
-        ]
-    )
-    return backend
-
-
-def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
-    """BPE merges implied by a SentencePiece vocabulary: every split of a token into two tokens,
-    best score first (ties: longer left part, then longer right part, then vocabulary order)."""
-    candidates = []
-    for token, score in scores.items():
-        splits = [
-            (token[:cut], token[cut:], score)
-            for cut in range(1, len(token))
-            if token[:cut] in vocab and token[cut:] in vocab
-        ]
-        splits.sort(key=lambda split: (vocab[split[0]], vocab[split[1]]))
-        candidates.extend(splits)
-    candidates.sort(key=lambda c: (c[2], len(c[0]), len(c[1])), reverse=True)
-    return [(left, right) for left, right, _ in candidates]
-
-
-def _add_marked_tokens(
-    backend: Tokenizer, tokens: list[str], token_types: list[int], *, byte_level: bool
-) -> None:
-    """Control tokens become special added tokens and user-defined ones plain added tokens, so
-    text containing them keeps them whole (as llama.cpp does). In a byte-level vocabulary a
-    control token spelled outside the byte alphabet is a mislabel and is skipped."""
-    alphabet = set(byte_alphabet().values()) if byte_level else None
-    control = [
-        AddedToken(token, normalized=False, special=True)
-        for token, token_type in zip(tokens, token_types, strict=False)
-        if token_type == CONTROL and (alphabet is None or set(token) <= alphabet)
-    ]
-    if control:
-        backend.add_special_tokens(control)
-    vocab = backend.get_vocab()
-    user_defined = [
-        AddedToken(token, normalized=False, special=False)
-        for token, token_type in zip(tokens, token_types, strict=False)
-        if token_type == USER_DEFINED and token in vocab
-    ]
-    if user_defined:
-        backend.add_tokens(user_defined)
+    kept = {key: metadata[key] for key in metadata if key.startswith(KEPT_FIELDS)}
+    return GGUFTokenizer(gguf_vocab(kept), kept)

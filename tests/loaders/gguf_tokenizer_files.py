@@ -19,6 +19,11 @@ CORPUS = [
     "日本語のテキスト、中文文本和한국어 텍스트. Ünïcödé àccents — “quotes” ½ … ñandú",
     "Emoji 🚀🔥 and 👩‍👩‍👧‍👦 families; flags 🇫🇷🇯🇵. Numbers 1234567890 and 0x1F4A9.",
     "   indented\n\n\ttabs\t\tand   runs   of    spaces     end.   \n",
+    'Line one\r\nLine two\r\n\r\n  <div class="box">Tom &amp; Jerry</div>\r\n',
+    "See https://example.com/path/to?q=llama.cpp&lang=en#top or mailto:a.b@c.org now.",
+    "I'M SURE you're right, DON'T we'll they've HelloWorld ÜberÄrger İstanbul ΣΊΣΥΦΟΣ",
+    "Numbers: 1,234,567.89 · ١٢٣٤ · ½ ² ³ · 2024-01-31T12:00:00Z · 0b1010 · 1e-9",
+    "x\u00a0y\u3000z\u2028w\x85v\x1cu\u200bt \u0301a\u0308 👋🏽 한국어 텍스트 中文",
 ]
 PIECES = [
     "hello", "world", " the", "The", "tokenizer", "don't", "we'll", "I'M", "ça", "naïve",
@@ -26,6 +31,7 @@ PIECES = [
     "   ", "\t", "\n", "\n\n", "\r\n", "  \n ", "0", "7", "42", "1234567", "3.14", "-1e9",
     "def", "(x)", "{}", "[1, 2]", "==", "->", "//", "/*", "*/", "#include", "<b>", "</b>",
     "&amp;", "\\n", "'", '"', "`", "~", "|", "\u00a0", "\u200b", "\u2581", "Ġ", "ÿ", "\x7f",
+    " ", "  ", "\r", "\t\t", " \n", "http://a.io/x", "<div>", "</p>", "éé", "ÀÉÎ", "١٢", "㊿",
 ]  # fmt: skip
 
 
@@ -58,6 +64,8 @@ def special_texts(tokenizer) -> list[str]:
 def write_tokenizer_gguf(path: str, *, model: str, tokens, token_types, **fields) -> str:
     """A GGUF holding a tokenizer and the few ``llama.*`` keys transformers reads, no tensors."""
     writer = gguf.GGUFWriter(path, "llama")
+    if "general_name" in fields:
+        writer.add_name(fields["general_name"])
     writer.add_block_count(1)
     writer.add_context_length(128)
     writer.add_embedding_length(8)
@@ -78,6 +86,10 @@ def write_tokenizer_gguf(path: str, *, model: str, tokens, token_types, **fields
         writer.add_unk_token_id(fields["unk"])
     if "add_bos" in fields:
         writer.add_add_bos_token(fields["add_bos"])
+    if "add_eos" in fields:
+        writer.add_add_eos_token(fields["add_eos"])
+    if "add_space_prefix" in fields:
+        writer.add_add_space_prefix(fields["add_space_prefix"])
     writer.add_chat_template(CHAT_TEMPLATE)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
