@@ -39,7 +39,7 @@ BPE_EXTRA = [
 ]  # fmt: skip
 GEMMA_EXTRA = [
     ("<start_of_turn>", 3), ("<end_of_turn>", 3), ("\n", 4), ("\n\n", 4), ("\t", 4),
-    ("▁▁", 4), ("▁▁▁▁", 4), ("<table>", 4), ("</table>", 4),
+    ("▁▁", 1), ("▁▁▁▁", 1), ("<table>", 4), ("</table>", 4),
 ]  # fmt: skip
 PHI3_EXTRA = [
     ("<|endoftext|>", 3),
@@ -140,5 +140,12 @@ def tokenizer_digest(path: str) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def specials_of(tokenizer) -> list[str]:
-    return sorted(tokenizer.get_added_vocab())
+def specials_of(path: str) -> list[str]:
+    """The file's control and user-defined token texts (as its token types say)."""
+    from jaxgen.loaders.gguf_reader import GGUFReader
+
+    fields = GGUFReader(path).fields
+    types = fields["tokenizer.ggml.token_type"]
+    return sorted(
+        t for t, k in zip(fields["tokenizer.ggml.tokens"], types, strict=True) if k in (3, 4)
+    )
