@@ -56,9 +56,13 @@ def _llguidance():
 
 
 def llguidance_tokenizer(tokenizer, n_vocab: int, eos_token_ids) -> llguidance.LLTokenizer:
-    """llguidance's tokenizer for ``tokenizer``: built from its ``tokenizers`` JSON when it
-    decodes with its backend (``PlainTokenizer``: no transformers import), else through
+    """llguidance's tokenizer for ``tokenizer``: its own when it builds one (a GGUF file's
+    ``GGUFTokenizer``: llama.cpp's token bytes and tokenization), from its ``tokenizers`` JSON
+    when it decodes with its backend (``PlainTokenizer``: no transformers import), else through
     ``llguidance.hf`` (a transformers fast tokenizer)."""
+    own = getattr(tokenizer, "llguidance_tokenizer", None)
+    if own is not None:
+        return own(n_vocab, eos_token_ids)
     llg = _llguidance()
     if getattr(type(tokenizer), "decodes_with_backend", False):
         # As llguidance.hf.from_tokenizer does: the backend serialised without padding or

@@ -71,6 +71,8 @@ def load_model(
             raise ValueError(f"model file {path!r} is not a .gguf file")
         gguf_file = GGUFFile(path)
         config = ModelConfig.from_hf_dict(gguf_file.hf_config())
+        # First: a tokenizer jaxgen cannot reproduce exactly is refused before any weight loads.
+        tokenizer = load_tokenizer(path, reader=gguf_file.reader)
         graphdef, params = params_from_hf_tensors(
             config,
             gguf_file.get_tensor,
@@ -80,7 +82,6 @@ def load_model(
             get_quantized=gguf_file.get_quantized,
         )
         gguf_file.save_cache()  # the converted quantised tensors, for the next run
-        tokenizer = load_tokenizer(path, reader=gguf_file.reader)
     else:
         config = load_hf_config(path)
         graphdef, params = params_from_hf_tensors(

@@ -216,8 +216,9 @@ class GGUFTokenizer:
             if attr & CONTROL or (attr & USER_DEFINED and angled):
                 piece = b"\xff" + piece
             tokens.append(piece)
-        tokens += [b""] * max(0, n_vocab - len(tokens))
-        source = _LLGuidanceSource(self, tokens)
+        padding = list(range(len(tokens), n_vocab))  # logits without a token: never allowed
+        tokens += [b""] * len(padding)
+        source = _LLGuidanceSource(self, tokens, padding)
         eos = list(eos_token_ids) or self.eos_token_id
         return llguidance.LLTokenizer(
             llguidance.TokenizerWrapper(source), n_vocab=n_vocab, eos_token=eos
@@ -245,11 +246,11 @@ class GGUFTokenizer:
 class _LLGuidanceSource:
     """What ``llguidance.TokenizerWrapper`` reads from a tokenizer."""
 
-    def __init__(self, tokenizer: GGUFTokenizer, tokens: list[bytes]):
+    def __init__(self, tokenizer: GGUFTokenizer, tokens: list[bytes], padding: list[int]):
         self.tokens = tokens
         self.eos_token_id = tokenizer.eos_token_id
         self.bos_token_id = tokenizer.bos_token_id
-        self.special_token_ids = sorted(tokenizer.get_added_vocab().values())
+        self.special_token_ids = sorted(tokenizer.get_added_vocab().values()) + padding
         self._encode = tokenizer.encode
 
     def __call__(self, text: str) -> list[int]:

@@ -12,7 +12,7 @@ from jaxgen.loaders.transformers_import import transformers
 
 def load_tokenizer(path: str, *, reader: GGUFReader | None = None):
     """The tokenizer of a checkpoint directory (a ``transformers`` fast tokenizer) or of a
-    ``.gguf`` file (a ``PlainTokenizer``: transformers is not imported; kept in the cache
+    ``.gguf`` file (a ``GGUFTokenizer``, tokenizing as llama.cpp: no transformers import; kept in the cache
     directory between runs, ``jaxgen.loaders.gguf_tokenizer_cache``).
 
     Args:

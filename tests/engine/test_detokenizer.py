@@ -36,18 +36,21 @@ def test_streaming_after_a_prompt(text, smollm2_tokenizer):
 
 
 def test_backend_decode_streams_as_the_tokenizers_decode(smollm2_tokenizer):
-    """The detokenizer decodes with the tokenizer's ``tokenizers`` backend (fast, no wrapper):
-    over random ids, special tokens among them, each delta is what the wrapper's decode gives."""
+    """The detokenizer decodes with a transformers fast tokenizer's ``tokenizers`` backend
+    (fast, no wrapper): over random ids, special tokens among them, each delta is what the
+    wrapper's decode gives. (A GGUF tokenizer decodes with its own ``decode``.)"""
     import numpy as np
+
+    hf_tokenizer = smollm2_tokenizer.to_transformers()
 
     class Wrapped:  # the same tokenizer without a backend the detokenizer may use
         def decode(self, ids, **kwargs):
-            return smollm2_tokenizer.decode(ids, **kwargs)
+            return hf_tokenizer.decode(ids, **kwargs)
 
     rng = np.random.default_rng(0)
     for skip in (True, False):
-        ids = rng.integers(0, len(smollm2_tokenizer), 300).tolist()
-        fast = IncrementalDetokenizer(smollm2_tokenizer, ids[:5], skip_special_tokens=skip)
+        ids = rng.integers(0, len(hf_tokenizer), 300).tolist()
+        fast = IncrementalDetokenizer(hf_tokenizer, ids[:5], skip_special_tokens=skip)
         slow = IncrementalDetokenizer(Wrapped(), ids[:5], skip_special_tokens=skip)
         assert fast._backend is not None and slow._backend is None
         for token in ids[5:]:

@@ -1,5 +1,5 @@
 """The GGUF tokenizer's cache (``jaxgen.loaders.gguf_tokenizer_cache``): a second load reads
-it, a corrupt entry or an unwritable directory is a warning and a rebuild, small files and the
+it (not the file), a corrupt entry or an unwritable directory is a warning and a rebuild, small files and the
 switch leave it off; the GGUF reader's lazily decoded string arrays."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def tokenizer_cache_dir(tmp_path, monkeypatch):
 
 
 def assert_same_plain_tokenizer(ours, built) -> None:
-    assert ours.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    assert ours.metadata == built.metadata
+    assert ours.get_vocab() == built.get_vocab()
     assert ours.special_tokens_map == built.special_tokens_map
     assert (ours.add_bos_token, ours.add_eos_token) == (built.add_bos_token, built.add_eos_token)
     assert ours.chat_template == built.chat_template
@@ -39,9 +40,9 @@ def no_build(monkeypatch):
     from jaxgen.loaders import gguf_tokenizer_cache
 
     def fail(*args):
-        raise AssertionError("built, not read from the cache")
+        raise AssertionError("the file read, not the cache")
 
-    monkeypatch.setattr(gguf_tokenizer_cache, "gguf_tokenizer", fail)
+    monkeypatch.setattr(gguf_tokenizer_cache, "GGUFReader", fail)
 
 
 @pytest.mark.parametrize("kind", ["byte_level_gguf", "sentencepiece_gguf"])
