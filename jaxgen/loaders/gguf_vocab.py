@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from jaxgen.loaders.llama_pre_tokenizer import PreTokenizer, pre_tokenizer
+from jaxgen.loaders.llama_pre_tokenizers import PreTokenizer, pre_tokenizer
 
 # llama.cpp's token attributes (llama_token_attr), from the file's token types.
 UNDEFINED = 0
