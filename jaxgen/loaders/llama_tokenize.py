@@ -40,7 +40,8 @@ from jaxgen.loaders.llama_pre_tokenizer import split_words
 
 SPACE = "\u2581"  # SentencePiece's escaped space
 _C_SPACE = " \t\n\v\f\r"  # C's isspace, which lstrip/rstrip use
-_CACHE_LIMIT = 1 << 16  # words kept per vocabulary before the cache starts over
+_CACHE_LIMIT = 1 << 16
+_PREFIX = 3  # characters special tokens are indexed by  # words kept per vocabulary before the cache starts over
 
 
 @functools.cache
@@ -103,9 +104,13 @@ class LlamaTokenize:
         marked = [i for i, a in enumerate(attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
         marked.sort(key=lambda i: -len(vocab.tokens[i].encode()))
         self._specials = marked
-        self._by_first_char: dict[str, list[int]] = {}
+        # Special tokens by their first three characters (fewer for shorter ones), under
+        # their first: where one can occur in a text is found without searching for each.
+        self._by_prefix: dict[str, dict[str, list[int]]] = {}
         for rank, i in enumerate(marked):
-            self._by_first_char.setdefault(vocab.tokens[i][0], []).append(rank)
+            text = vocab.tokens[i]
+            group = self._by_prefix.setdefault(text[0], {})
+            group.setdefault(text[:_PREFIX], []).append(rank)
         self._words: dict[str, tuple[int, ...]] = {}
         if self.spm:
             scores = vocab.scores
@@ -184,11 +189,20 @@ class LlamaTokenize:
 
     def _candidates(self, text: str) -> list[int]:
         """The special tokens found in ``text``, in partition order."""
-        by_first = self._by_first_char
-        ranks = [r for c in set(text) & by_first.keys() for r in by_first[c]]
-        ranks.sort()
+        by_prefix = self._by_prefix
+        ranks: set[int] = set()
+        for first in set(text) & by_prefix.keys():
+            group, seen = by_prefix[first], set()
+            start = text.find(first)
+            while start != -1:
+                for size in range(1, _PREFIX + 1):
+                    prefix = text[start : start + size]
+                    if prefix not in seen:
+                        seen.add(prefix)
+                        ranks.update(group.get(prefix, ()))
+                start = text.find(first, start + 1)
         specials, tokens = self._specials, self.vocab.tokens
-        return [specials[r] for r in ranks if tokens[specials[r]] in text]
+        return [specials[r] for r in sorted(ranks) if tokens[specials[r]] in text]
 
     def _spm(self, text: str, out: list[int]) -> None:
         words, joins = self._words, self._joins_space
