@@ -99,22 +99,15 @@ class FakeHub:
                 connection.shutdown(socket.SHUT_RDWR)
 
     def downloaded(self) -> list[str]:
-        """The repository paths whose content was sent: small files by ``GET`` of ``resolve``,
-        LFS files by ``GET`` of their CDN address (named by every path holding the content)."""
-        paths = set()
-        for method, path in self.requests:
-            if method == "GET" and "/resolve/" in path:
-                paths.add(path.split("/resolve/", 1)[1].split("/", 1)[1])
-            elif method == "GET" and path.startswith("/cdn/"):
-                sha256 = path.removeprefix("/cdn/")
-                paths.update(
-                    name
-                    for repo in self.repos.values()
-                    for files in repo.commits.values()
-                    for name, data in files.items()
-                    if hashlib.sha256(data).hexdigest() == sha256
-                )
-        return sorted(paths)
+        """The repository paths asked for (``HEAD`` or ``GET`` of ``resolve``: every file
+        ``huggingface_hub`` fetches; LFS content then comes from the CDN address)."""
+        return sorted(
+            {
+                path.split("/resolve/", 1)[1].split("/", 1)[1]
+                for _, path in self.requests
+                if "/resolve/" in path
+            }
+        )
 
 
 def _address(server) -> str:
