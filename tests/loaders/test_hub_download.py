@@ -303,3 +303,31 @@ def test_cli_by_hub_id(fake_hub, tiny_model_dir, tmp_path):
         err.startswith("jaxgen: error: cannot reach the hub")
     )
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_server_commands_download_before_serving(hub_env, fake_hub, tmp_path, capsys):
+    """``jaxgen serve`` and ``jaxgen run-batch`` resolve the hub id before the server starts
+    (or any request runs): a bad one ends the command with its message, exit code 2."""
+    from serving.launch import cli, run_batch
+    from serving.launch.loader import fetch_model
+    from serving.settings.resolve import resolve_settings
+
+    settings = resolve_settings({"model": "org/tiny", "revision": "v2"}, {})
+    fetched = fetch_model(settings)
+    assert fetched.model_path.endswith(fake_hub.repos["org/tiny"].refs["v2"])
+    assert fetched.model_name == "org/tiny"  # clients see the hub id, not the cache path
+    assert resolve_settings({}, {"MODEL_ID": "org/tiny", "REVISION": "v2"}).revision == "v2"
+    capsys.readouterr()  # the download's progress bars
+
+    assert cli.main(["--model", "org/no-such-model"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "jaxgen serve: error: 'org/no-such-model' is not a local path, and the hub has no "
+    )
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("")
+    argv = ["-i", str(requests), "-o", str(tmp_path / "out.jsonl"), "--no-progress"]
+    assert run_batch.main([*argv, "--model", "org/tiny-GGUF:Q6_K"]) == 2
+    assert capsys.readouterr().err == (
+        "jaxgen run-batch: error: no GGUF file of hub repository 'org/tiny-GGUF' carries the "
+        "quantisation tag 'Q6_K'; its tags: F32, Q2_K, Q8_0\n"
+    )
