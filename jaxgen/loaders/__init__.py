@@ -91,6 +91,12 @@ def resolve_model(
     )
 
 
+def is_hub_id(model) -> bool:
+    """Whether ``resolve_model`` takes ``model`` for a hub id: shaped like ``org/name`` (or
+    ``org/name:TAG``) and not an existing local path."""
+    return isinstance(model, str) and not os.path.exists(model) and parse_hub_id(model) is not None
+
+
 def _refuse_source_options(model: str, revision, gguf_file, kind: str) -> None:
     """``revision`` and ``gguf_file`` pick files of a hub repository: given with an alias or a
     local path (where they would be ignored) they are errors."""
@@ -207,6 +213,7 @@ def _with_tokenizer_eos(config: ModelConfig, tokenizer) -> ModelConfig:
 __all__ = [
     "HubModelError",
     "LoadedModel",
+    "is_hub_id",
     "load_model",
     "load_sharded",
     "model_config_only",
