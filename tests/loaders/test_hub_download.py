@@ -115,13 +115,15 @@ def _texts(llm: LLM) -> list[tuple[str, list[int]]]:
 def test_hub_checkpoint_generates_as_the_local_directory(
     hub_env, fake_hub, tiny_model_dir, monkeypatch
 ):
+    xet_before = "hf_xet" in sys.modules
     downloaded = LLM("org/tiny", **TINY_ENGINE_KNOBS)
     path = downloaded.loaded.source
     assert path.startswith(hub_env.HF_HUB_CACHE)
     assert _texts(downloaded) == _texts(LLM(tiny_model_dir, **TINY_ENGINE_KNOBS))
     # Only what loading needs, and no Xet storage (the hub advertised none).
     assert fake_hub.downloaded() == sorted(os.listdir(tiny_model_dir))
-    assert "hf_xet" not in sys.modules
+    assert not any("xet" in url for _, url in fake_hub.requests)
+    assert xet_before or "hf_xet" not in sys.modules
 
     fake_hub.stop()  # the network refused from here on
     requests = len(fake_hub.requests)
