@@ -129,7 +129,9 @@ def add_engine_flags(
     added = []
     parser.add_argument("--model", default=None, help=MODEL_HELP)
     parser.add_argument(
-        "--revision", default=None, help=REVISION_HELP + (" (env REVISION)" if serve else "")
+        "--revision",
+        default=None,
+        help=REVISION_HELP + (" (env REVISION, HF_MODEL_REVISION)" if serve else ""),
     )
     parser.add_argument("--gguf-file", default=None, help=GGUF_FILE_HELP)
     parser.add_argument("--dtype", default=None if serve else "float32", help=DTYPE_HELP)
