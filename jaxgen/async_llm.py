@@ -31,7 +31,8 @@ class AsyncLLM:
     """Asynchronous front end over one ``LLMEngine`` running on its own thread.
 
     Args:
-        model, dtype, **engine_knobs: as for ``LLM``. Or pass ``engine=`` an existing engine.
+        model, dtype, revision, gguf_file, **engine_knobs: as for ``LLM``. Or pass ``engine=``
+            an existing engine.
     """
 
     def __init__(
@@ -39,6 +40,8 @@ class AsyncLLM:
         model: str | None = None,
         *,
         dtype: str = "float32",
+        revision: str | None = None,
+        gguf_file: str | None = None,
         engine: LLMEngine | None = None,
         **engine_knobs,
     ):
@@ -47,7 +50,9 @@ class AsyncLLM:
             if unknown:
                 raise ValueError(f"unknown AsyncLLM argument(s): {', '.join(sorted(unknown))}")
             config = EngineConfig(**engine_knobs)
-            engine = create_engine(model, dtype=dtype, config=config)  # TP mesh / replicas
+            engine = create_engine(  # TP mesh / replicas
+                model, dtype=dtype, config=config, revision=revision, gguf_file=gguf_file
+            )
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len

@@ -19,8 +19,15 @@ gc.disable()
 
 from jaxgen.bench import cli as bench_cli  # noqa: E402
 from jaxgen.bench.extra import MissingExtra  # noqa: E402
-from jaxgen.config.knobs import add_engine_flags, engine_kwargs  # noqa: E402
+from jaxgen.config.knobs import (  # noqa: E402
+    GGUF_FILE_HELP,
+    MODEL_HELP,
+    REVISION_HELP,
+    add_engine_flags,
+    engine_kwargs,
+)
 from jaxgen.llm import LLM  # noqa: E402
+from jaxgen.loaders import resolve_model  # noqa: E402
 from jaxgen.loaders.convert import convert  # noqa: E402
 from jaxgen.planning import cli as planning_cli  # noqa: E402
 from jaxgen.sampling_params import SamplingParams  # noqa: E402
@@ -47,7 +54,7 @@ def setting_up():
 def cmd_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     out = convert(
-        args.model,
+        resolve_model(args.model, revision=args.revision, gguf_file=args.gguf_file),
         args.out,
         dtype=args.dtype,
         tensor_parallel_degree=args.tensor_parallel_degree,
@@ -63,8 +70,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def add_convert_parser(sub) -> None:
     """Registers the ``convert`` subcommand."""
     parser = sub.add_parser("convert", help="save a model as an orbax checkpoint for fast start-up")
-    parser.add_argument("model", help="alias (smollm2), HF checkpoint directory or .gguf file")
+    parser.add_argument("model", help=f"alias (smollm2), {MODEL_HELP.split(', ', 1)[1]}")
     parser.add_argument("out", help="output directory")
+    parser.add_argument("--revision", default=None, help=REVISION_HELP)
+    parser.add_argument("--gguf-file", default=None, help=GGUF_FILE_HELP)
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument(
         "--tensor-parallel-degree",
@@ -86,7 +95,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if knobs["sampler_executables"] == "auto":  # the run's requests are all known: only the
         knobs["sampler_executables"] = "per-batch"  # stages they use are compiled
     with setting_up():
-        llm = LLM(args.model, **knobs)
+        llm = LLM(args.model, revision=args.revision, gguf_file=args.gguf_file, **knobs)
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )

@@ -11,17 +11,28 @@ from jaxgen.config.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine import executable_store
 from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.loaders import LoadedModel, load_model, load_sharded
+from jaxgen.loaders import LoadedModel, load_model, load_sharded, resolve_model
 from jaxgen.parallel.replicas import ReplicatedEngine
 from jaxgen.parallel.sharding import DeferredPlacement, shard_loaded
 
 
-def create_engine(model, *, dtype, config: EngineConfig):
+def create_engine(
+    model,
+    *,
+    dtype,
+    config: EngineConfig,
+    revision: str | None = None,
+    gguf_file: str | None = None,
+):
     """An ``LLMEngine`` (or a ``ReplicatedEngine``) for ``model`` as ``config`` parallelises it.
 
-    ``model`` is a name/path or a ``LoadedModel``. Degree 1 and one replica is the plain engine
-    on the default device; otherwise parameters are placed on a mesh as they load.
+    ``model`` is a name, path or hub id (``revision`` and ``gguf_file`` as
+    ``jaxgen.loaders.resolve_model`` takes them), or a ``LoadedModel``. Degree 1 and one replica
+    is the plain engine on the default device; otherwise parameters are placed on a mesh as
+    they load.
     """
+    if not isinstance(model, LoadedModel):  # a hub id is downloaded here, before any loading
+        model = resolve_model(model, revision=revision, gguf_file=gguf_file)
     enable_compile_cache(config.compile_cache)  # before anything compiles
     native_kernels = config.attention_backend in ("auto", "cpu")
     if native_kernels:

@@ -23,9 +23,14 @@ class LLM:
 
     Args:
         model: None or "smollm2" (the embedded default), an HF checkpoint directory, a ``.gguf``
-            file, a directory written by ``jaxgen convert``, or an already loaded ``LoadedModel``
-            (several engines can share one set of weights).
+            file, a directory written by ``jaxgen convert``, a hub id (``"org/name"``: its
+            config, tokenizer and safetensors are downloaded into the hub's cache; or
+            ``"org/name:Q4_K_M"``: the GGUF file carrying that quantisation tag), or an
+            already loaded ``LoadedModel`` (several engines can share one set of weights). An
+            existing local path always wins over a hub id.
         dtype: "float32" (default), "bfloat16", "float16" or "auto".
+        revision: a hub id's branch, tag or commit (default: its main branch).
+        gguf_file: the GGUF file of a hub repository (or of a local directory) to load.
         **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
             max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
             max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
@@ -37,12 +42,22 @@ class LLM:
             kv_cache_dtype ("auto", "int8", "fp8").
     """
 
-    def __init__(self, model: str | None = None, *, dtype: str = "float32", **engine_knobs):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "float32",
+        revision: str | None = None,
+        gguf_file: str | None = None,
+        **engine_knobs,
+    ):
         unknown = set(engine_knobs) - set(EngineConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
         config = EngineConfig(**engine_knobs)  # validate knobs before the slow load
-        self.engine = create_engine(model, dtype=dtype, config=config)  # TP mesh / replicas
+        self.engine = create_engine(  # TP mesh / replicas
+            model, dtype=dtype, config=config, revision=revision, gguf_file=gguf_file
+        )
         self.loaded = self.engine.loaded
         self._ids = itertools.count()
 

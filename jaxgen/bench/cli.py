@@ -18,7 +18,12 @@ def _command(name: str):
 
     def run(args: argparse.Namespace) -> int:
         from jaxgen.bench import commands
+        from jaxgen.loaders import is_hub_id, resolve_model
 
+        if is_hub_id(args.model) or args.revision is not None or args.gguf_file is not None:
+            # A hub id is downloaded once, here: the engine, the workload's tokenizer and the
+            # peers measured on the same file then all read the local files.
+            args.model = resolve_model(args.model, revision=args.revision, gguf_file=args.gguf_file)
         return getattr(commands, name)(args)
 
     run.__name__ = name

@@ -24,7 +24,12 @@ KINDS = {
     "int | float | None": "memory",  # bytes (with units) or a fraction
     "dict | None": "json",  # a JSON object
 }
-MODEL_HELP = "alias, HF directory, .gguf file or converted dir"
+MODEL_HELP = (
+    "alias, HF directory, .gguf file, converted dir, or hub id (org/name; org/name:Q4_K_M for "
+    "a GGUF repository's file)"
+)
+REVISION_HELP = "the hub id's branch, tag or commit (default: its main branch)"
+GGUF_FILE_HELP = "the GGUF file of the hub repository (or of the local directory) to load"
 DTYPE_HELP = "float32, bfloat16, float16 or auto (the server also takes fp32, bf16, fp16)"
 
 
@@ -108,7 +113,8 @@ def add_engine_flags(
     defaults: Mapping[str, object] | None = None,
     skip: tuple[str, ...] = (),
 ) -> None:
-    """Adds ``--model``, ``--dtype`` and the engine knobs' flags to ``parser``.
+    """Adds ``--model``, ``--revision``, ``--gguf-file``, ``--dtype`` and the engine knobs'
+    flags to ``parser``.
 
     Args:
         parser: the command's parser.
@@ -122,6 +128,12 @@ def add_engine_flags(
     defaults = dict(defaults or {})
     added = []
     parser.add_argument("--model", default=None, help=MODEL_HELP)
+    parser.add_argument(
+        "--revision",
+        default=None,
+        help=REVISION_HELP + (" (env REVISION, HF_MODEL_REVISION)" if serve else ""),
+    )
+    parser.add_argument("--gguf-file", default=None, help=GGUF_FILE_HELP)
     parser.add_argument("--dtype", default=None if serve else "float32", help=DTYPE_HELP)
     for field in knob_fields():
         knob = field.knob

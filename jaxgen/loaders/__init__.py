@@ -14,6 +14,8 @@ from jaxgen.config import ModelConfig
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
 from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.loaders.hf_checkpoint import hf_tensor_getter, load_hf_config
+from jaxgen.loaders.hub_download import download_model, parse_hub_id
+from jaxgen.loaders.hub_files import HubModelError
 from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.orbax_checkpoint import METADATA_FILE, load_orbax
 from jaxgen.loaders.tokenizer import load_tokenizer
@@ -34,24 +36,88 @@ def resolve_dtype(dtype) -> object:
     return jnp.dtype(dtype).type
 
 
-def resolve_model(model: str | None) -> str:
-    """The checkpoint path for a model argument (``None`` or an alias means the default model)."""
-    if model is None or (isinstance(model, str) and model.lower() in DEFAULT_MODEL_ALIASES):
-        return default_model_path()
-    if not isinstance(model, str):
-        raise ValueError(f"model must be a path or alias string, got {type(model).__name__}")
-    if not os.path.exists(model):
-        raise FileNotFoundError(
-            f"model {model!r} is neither a local checkpoint directory, a .gguf file, nor an alias "
-            f"({', '.join(DEFAULT_MODEL_ALIASES)}); jaxgen never downloads weights"
+def resolve_model(
+    model: str | None,
+    *,
+    revision: str | None = None,
+    gguf_file: str | None = None,
+    config_only: bool = False,
+) -> str:
+    """The local checkpoint path for a model argument, downloading a hub id's files.
+
+    Args:
+        model: None or an alias (the embedded default), an existing local path (a checkpoint
+            directory, a ``.gguf`` file, a converted directory: a path always wins), or a hub
+            id: ``org/name``, or ``org/name:TAG`` for the GGUF file carrying quantisation tag
+            ``TAG`` (llama.cpp's ``-hf`` form).
+        revision: a hub id's branch, tag or commit (default: its main branch).
+        gguf_file: the GGUF file to load, of a hub repository or of a local directory.
+        config_only: a hub checkpoint's ``config.json`` only (``model_config_only``).
+
+    Raises:
+        ValueError: a ``revision`` or ``gguf_file`` that does not apply; a hub id that cannot be
+            loaded (``jaxgen.loaders.hub_files.HubModelError``, saying what to do).
+        FileNotFoundError: neither an existing path, an alias, nor shaped like a hub id.
+    """
+    if model is not None and not isinstance(model, str):
+        raise ValueError(
+            f"model must be a path, hub id or alias string, got {type(model).__name__}"
         )
-    return model
+    for name, value in (("revision", revision), ("gguf_file", gguf_file)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    if model is None or model.lower() in DEFAULT_MODEL_ALIASES:
+        _refuse_source_options(model or "smollm2 (the default)", revision, gguf_file, "alias")
+        return default_model_path()
+    if os.path.exists(model):
+        if gguf_file is not None and os.path.isdir(model):
+            _refuse_source_options(model, revision, None, "local path")
+            path = os.path.join(model, gguf_file)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"gguf_file {gguf_file!r} is not a file in {model!r}")
+            return path
+        _refuse_source_options(model, revision, gguf_file, "local path")
+        return model
+    hub_id = parse_hub_id(model)
+    if hub_id is None:
+        raise FileNotFoundError(
+            f"model {model!r} is not an existing local path (a checkpoint directory, a .gguf "
+            f"file or a converted directory), an alias ({', '.join(DEFAULT_MODEL_ALIASES)}), "
+            "nor a hub id (org/name, or org/name:Q4_K_M for a GGUF repository's file)"
+        )
+    repo_id, tag = hub_id
+    return download_model(
+        repo_id, revision=revision, gguf_file=gguf_file, tag=tag, config_only=config_only
+    )
+
+
+def is_hub_id(model) -> bool:
+    """Whether ``resolve_model`` takes ``model`` for a hub id: shaped like ``org/name`` (or
+    ``org/name:TAG``) and not an existing local path."""
+    return isinstance(model, str) and not os.path.exists(model) and parse_hub_id(model) is not None
+
+
+def _refuse_source_options(model: str, revision, gguf_file, kind: str) -> None:
+    """``revision`` and ``gguf_file`` pick files of a hub repository: given with an alias or a
+    local path (where they would be ignored) they are errors."""
+    for name, value in (("revision", revision), ("gguf_file", gguf_file)):
+        if value is not None:
+            raise ValueError(
+                f"{name}={value!r} applies to a hub id (org/name), but model {model!r} is a {kind}"
+            )
 
 
 def load_model(
-    model: str | None = None, *, dtype="float32", place=None, quantization: str = "auto"
+    model: str | None = None,
+    *,
+    dtype="float32",
+    place=None,
+    quantization: str = "auto",
+    revision: str | None = None,
+    gguf_file: str | None = None,
 ) -> LoadedModel:
-    """Loads config, weights and tokenizer from an HF directory, a ``.gguf`` file or the default.
+    """Loads config, weights and tokenizer from an HF directory, a ``.gguf`` file, the default,
+    or a hub id (downloaded first: ``resolve_model``, with ``revision`` and ``gguf_file``).
 
     ``quantization`` (``jaxgen.quantization.QUANTIZATION_CHOICES``): ``"auto"`` keeps a GGUF's
     Q8_0/Q4_0/Q4_1 tensors quantised and a float checkpoint float; ``"none"`` dequantises
@@ -62,7 +128,7 @@ def load_model(
     """
     start = time.perf_counter()
     validate_quantization(quantization)
-    path = resolve_model(model)
+    path = resolve_model(model, revision=revision, gguf_file=gguf_file)
     jdtype = resolve_dtype(dtype)
     if os.path.isdir(path) and _is_orbax_dir(path):
         return load_orbax(path, dtype=jdtype, place=place, start=start)
@@ -115,9 +181,12 @@ def load_sharded(model, *, dtype, placement, quantization: str = "auto"):
     return load_model(model, dtype=dtype, place=placement, quantization=quantization)
 
 
-def model_config_only(model: str | None) -> ModelConfig:
-    """The model's config without loading weights (GGUF metadata or ``config.json``)."""
-    path = resolve_model(model)
+def model_config_only(
+    model: str | None, *, revision: str | None = None, gguf_file: str | None = None
+) -> ModelConfig:
+    """The model's config without loading weights (GGUF metadata or ``config.json``; of a hub
+    checkpoint only ``config.json`` is downloaded)."""
+    path = resolve_model(model, revision=revision, gguf_file=gguf_file, config_only=True)
     if os.path.isfile(path):
         return ModelConfig.from_hf_dict(GGUFFile(path).hf_config())
     if os.path.isfile(os.path.join(path, METADATA_FILE)):
@@ -143,7 +212,9 @@ def _with_tokenizer_eos(config: ModelConfig, tokenizer) -> ModelConfig:
 
 
 __all__ = [
+    "HubModelError",
     "LoadedModel",
+    "is_hub_id",
     "load_model",
     "load_sharded",
     "model_config_only",

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from serving.app import create_app
-from serving.launch.loader import build_llm
+from serving.launch.loader import build_llm, fetch_model
 from serving.launch.server import DrainingServer, uvicorn_config
 from serving.settings.flags import (
     FLAG_SETTINGS,
@@ -24,6 +24,7 @@ def run_serve(args: argparse.Namespace, build=build_llm) -> int:
     to load or the engine died). ``build(settings)`` makes its ``AsyncLLM``."""
     settings = settings_from_args(args)
     check_engine_knobs(settings)  # fail before the server starts, not in the loader thread
+    settings = fetch_model(settings)  # a hub id's download too
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

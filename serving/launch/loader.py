@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax.numpy as jnp
@@ -9,11 +10,19 @@ import jax.numpy as jnp
 from jaxgen.async_llm import AsyncLLM
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
-from jaxgen.loaders import load_model
+from jaxgen.loaders import load_model, resolve_model
 from serving.settings.parsers import SettingsError
 from serving.settings.resolve import ServerSettings, engine_knobs
 
 logger = logging.getLogger("serving")
+
+
+def fetch_model(settings: ServerSettings) -> ServerSettings:
+    """The settings with ``model_path``: the local checkpoint of ``model``, a hub id's files
+    downloaded (or found in the cache) now, so that a bad id, a missing token or no network
+    ends the command with its message before the server starts."""
+    path = resolve_model(settings.model, revision=settings.revision, gguf_file=settings.gguf_file)
+    return dataclasses.replace(settings, model_path=path)
 
 
 def build_llm(settings: ServerSettings):
@@ -30,7 +39,7 @@ def build_engine(settings: ServerSettings):
     knobs = engine_knobs(settings, set(EngineConfig.__dataclass_fields__))
     knobs.setdefault("precompile", True)  # every step shape compiled before it reports healthy
     config = EngineConfig(**knobs)  # check the knobs before the slow load
-    model = settings.model
+    model = settings.model_path or fetch_model(settings).model_path
     if settings.kv_cache_tokens is not None:
         if config.tensor_parallel_degree != 1 or config.data_parallel_size != 1:
             raise SettingsError(
@@ -38,7 +47,7 @@ def build_engine(settings: ServerSettings):
                 "give --kv-cache-memory instead"
             )
         model = load_model(
-            settings.model,
+            model,
             dtype=settings.dtype,
             quantization=config.quantization,
         )

@@ -54,6 +54,8 @@ ROLLING_BATCH_PAGED = ("auto", "vllm", "lmi-dist", "lmi_dist", "scheduler", "pag
 ENV_VARS = {
     "MODEL_ID": "model",
     "HF_MODEL_ID": "model",
+    "REVISION": "revision",
+    "HF_MODEL_REVISION": "revision",
     "PORT": "port",
     "DTYPE": "dtype",
     "MAX_CONCURRENT_REQUESTS": "max_concurrent_requests",
@@ -71,6 +73,7 @@ ENV_VARS = {
 # spellings of two knobs are translated in ``_apply_engine``.
 PROPERTY_KEYS = {
     "option.model_id": "model",
+    "option.revision": "revision",
     "option.dtype": "dtype",
     "option.max_input_len": "max_input_tokens",
     "option.max_concurrent_requests": "max_concurrent_requests",
@@ -94,6 +97,10 @@ class ServerSettings:
     """
 
     model: str | None = None
+    revision: str | None = None  # a hub id's branch, tag or commit
+    gguf_file: str | None = None  # the GGUF file of a hub repository (or local directory)
+    # The local checkpoint ``model`` resolved to (a hub id's download), once resolved.
+    model_path: str | None = None
     served_model_name: str | None = None
     model_aliases: tuple[str, ...] = ()  # more names clients may use (``served_model_name`` set)
     host: str = DEFAULT_HOST
@@ -214,6 +221,10 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
 
     value, source = take("model")
     settings.model = str(value) if value is not None else None
+    for name in ("revision", "gguf_file"):
+        value, _ = take(name)
+        if value is not None and str(value) != "":
+            setattr(settings, name, str(value))
     value, _ = take("served_model_name")
     names = [value] if isinstance(value, str) else list(value or [])
     names = [n.strip() for name in names for n in str(name).split(",") if n.strip()]

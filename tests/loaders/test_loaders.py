@@ -15,7 +15,7 @@ from jaxgen.loaders.gguf_loader import GGUFFile
 
 
 def test_missing_path_is_clear():
-    with pytest.raises(FileNotFoundError, match="never downloads"):
+    with pytest.raises(FileNotFoundError, match="not an existing local path"):
         load_model("/nonexistent/model-dir")
 
 
