@@ -5,7 +5,7 @@ preparation and the attention kernels, and is chosen once per engine by :func:`s
 | --- | --- | --- |
 | ``reference`` | anywhere | plain XLA (gathers pages) |
 | ``pallas-tpu`` | TPU (interpreted on CPU) | ragged paged attention + in-place K/V write (Mosaic) |
-| ``pallas-gpu`` | GPU (interpreted on CPU) | split-KV decode + ragged prefill kernels (Triton) |
+| ``pallas-gpu`` | GPU of compute capability >= 8.0 (interpreted on CPU) | split-KV decode + ragged prefill kernels (Triton) |
 | ``cpu`` | CPU, float32 | native C++ paged attention and matmul (XLA FFI; XLA matmuls under TP) |
 """
 
