@@ -4,14 +4,27 @@ one, or replicas, as the configuration parallelises the model."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jaxgen.backends.cpu_kernels import native_kernels_available
 from jaxgen.backends.cpu_kernels.build import build_in_background
+from jaxgen.backends.device_choice import (
+    DeviceDescription,
+    auto_dtype,
+    check_device_support,
+    local_device,
+)
 from jaxgen.config.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine import executable_store
 from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.loaders import LoadedModel, load_model, load_sharded, resolve_model
+from jaxgen.loaders import (
+    LoadedModel,
+    load_model,
+    load_sharded,
+    model_config_only,
+    resolve_model,
+)
 from jaxgen.parallel.replicas import ReplicatedEngine
 from jaxgen.parallel.sharding import DeferredPlacement, shard_loaded
 
@@ -23,16 +36,24 @@ def create_engine(
     config: EngineConfig,
     revision: str | None = None,
     gguf_file: str | None = None,
+    device: DeviceDescription | None = None,
 ):
     """An ``LLMEngine`` (or a ``ReplicatedEngine``) for ``model`` as ``config`` parallelises it.
 
     ``model`` is a name, path or hub id (``revision`` and ``gguf_file`` as
     ``jaxgen.loaders.resolve_model`` takes them), or a ``LoadedModel``. Degree 1 and one replica
     is the plain engine on the default device; otherwise parameters are placed on a mesh as
-    they load.
+    they load. ``device``: the devices' description (default: jax's default device,
+    ``device_choice.local_device``); a ``dtype`` or ``attention_backend`` it cannot run is a
+    ``ValueError`` before anything downloads or loads, and ``dtype="auto"`` is what it computes
+    fastest in (:func:`engine_dtype`).
     """
+    device = device or local_device()
+    held = model.dtype if isinstance(model, LoadedModel) else dtype  # a loaded model's own
+    check_device_support(device, dtype=held, attention_backend=config.attention_backend)
     if not isinstance(model, LoadedModel):  # a hub id is downloaded here, before any loading
         model = resolve_model(model, revision=revision, gguf_file=gguf_file)
+    dtype = engine_dtype(model, dtype, device)
     enable_compile_cache(config.compile_cache)  # before anything compiles
     native_kernels = config.attention_backend in ("auto", "cpu")
     if native_kernels:
@@ -58,3 +79,13 @@ def create_engine(
     for plan in placement.plans[1:]:
         engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))
     return engines[0] if replicas == 1 else ReplicatedEngine(engines)
+
+
+def engine_dtype(model, dtype, device: DeviceDescription):
+    """``dtype``, with ``"auto"`` resolved for ``device`` and the model's family: on a GPU
+    without bfloat16 a family float16 overflows takes float32 (``device_choice.auto_dtype``),
+    so its config is read first. A ``LoadedModel`` keeps the dtype it was loaded in."""
+    if not (isinstance(dtype, str) and dtype == "auto") or isinstance(model, LoadedModel):
+        return dtype
+    model_type = None if device.has_bfloat16 else model_config_only(model).model_type
+    return jnp.dtype(auto_dtype(device, model_type)).name

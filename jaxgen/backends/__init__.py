@@ -5,18 +5,23 @@ preparation and the attention kernels, and is chosen once per engine by :func:`s
 | --- | --- | --- |
 | ``reference`` | anywhere | plain XLA (gathers pages) |
 | ``pallas-tpu`` | TPU (interpreted on CPU) | ragged paged attention + in-place K/V write (Mosaic) |
-| ``pallas-gpu`` | GPU (interpreted on CPU) | split-KV decode + ragged prefill kernels (Triton) |
+| ``pallas-gpu`` | GPU of compute capability >= 8.0 (interpreted on CPU) | split-KV decode + ragged prefill kernels (Triton) |
 | ``cpu`` | CPU, float32 | native C++ paged attention and matmul (XLA FFI; XLA matmuls under TP) |
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from jaxgen.backends.base import KernelBackend
 from jaxgen.backends.cpu import CPUBackend
 from jaxgen.backends.cpu_kernels import cpu_kernel_available
+from jaxgen.backends.device_choice import (
+    DeviceDescription,
+    auto_attention_backend,
+    check_attention_backend,
+    local_device,
+)
 from jaxgen.backends.reference import ReferenceBackend
 from jaxgen.config.engine_config import BACKENDS
 from jaxgen.quantization.kv_cache import validate_kv_cache_dtype
@@ -25,24 +30,35 @@ _PLATFORM_PALLAS = {"tpu": "pallas-tpu", "gpu": "pallas-gpu", "cuda": "pallas-gp
 
 
 def resolve_backend_name(
-    name: str, *, dtype=jnp.float32, sharded: bool = False, platform: str | None = None
+    name: str,
+    *,
+    dtype=jnp.float32,
+    sharded: bool = False,
+    platform: str | None = None,
+    device: DeviceDescription | None = None,
 ) -> str:
-    """The backend ``name`` means on ``platform`` (default: JAX's default backend).
+    """The backend ``name`` means on ``device`` (default: a bare ``platform``'s description, or
+    jax's default device, its compute capability read: ``device_choice.local_device``).
 
-    ``auto``: ``pallas-tpu`` on TPU, ``pallas-gpu`` on GPU; on CPU ``cpu`` when the pool is
-    float32, unsharded and the native kernels build, else ``reference``. ``pallas``: the Pallas
-    kernels of the platform (``pallas-gpu`` on CPU, interpreted).
+    ``auto``: ``device_choice.auto_attention_backend`` (``pallas-tpu`` on TPU, ``pallas-gpu``
+    on a GPU of compute capability 8.0 and up and ``reference`` below it; on CPU ``cpu`` when
+    the pool is float32, unsharded and the native kernels build, else ``reference``).
+    ``pallas``: the Pallas kernels of the platform (``pallas-gpu`` on CPU, interpreted). A
+    backend the device cannot compile (``pallas-gpu`` below 8.0) is a ``ValueError`` naming
+    ``attention_backend``.
     """
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
-    platform = platform or jax.default_backend()
+    if device is None:
+        device = DeviceDescription(platform) if platform else local_device()
+    platform = device.platform
+    check_attention_backend(device, name)
     if name == "pallas":
         return _PLATFORM_PALLAS.get(platform, "pallas-gpu")
     if name == "auto":
-        if platform in _PLATFORM_PALLAS:
-            return _PLATFORM_PALLAS[platform]
-        usable = jnp.dtype(dtype) == jnp.float32 and not sharded and cpu_kernel_available()
-        return "cpu" if usable else "reference"
+        # The native kernels' build is asked about only where they could run.
+        cpu_kernels = platform == "cpu" and cpu_kernel_available()
+        return auto_attention_backend(device, dtype=dtype, sharded=sharded, cpu_kernels=cpu_kernels)
     if name == "cpu":
         if platform != "cpu":
             raise ValueError("attention_backend='cpu' runs only on the CPU backend")
@@ -61,8 +77,10 @@ def select_backend(
     platform: str | None = None,
     kv_cache_dtype: str = "auto",
     kernel_options: dict | None = None,
+    device: DeviceDescription | None = None,
 ) -> KernelBackend:
-    """The backend object for ``name`` (see :func:`resolve_backend_name`); ``kv_sharding``: the
+    """The backend object for ``name`` on ``device`` (or ``platform``; see
+    :func:`resolve_backend_name`); ``kv_sharding``: the
     paired-layout pool sharding of a tensor-parallel engine, whose mesh and head axis every
     backend takes (the TPU backend for its own layout). ``kv_cache_dtype`` "int8" / "fp8" (an
     8-bit pool): every backend's kernels read it (reference, cpu and pallas-gpu:
@@ -71,7 +89,10 @@ def select_backend(
     a ``ValueError`` for any other backend."""
     validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
-    resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, platform=platform)
+    if device is None:
+        device = DeviceDescription(platform) if platform else local_device()
+    platform = device.platform
+    resolved = resolve_backend_name(name, dtype=dtype, sharded=sharded, device=device)
     if kernel_options and resolved != "pallas-gpu":
         raise ValueError(
             f"attention_kernel_options: only the pallas-gpu backend takes kernel options; "
@@ -80,7 +101,7 @@ def select_backend(
     if resolved == "pallas-tpu":
         from jaxgen.backends.pallas_tpu import PallasTPUBackend
 
-        interpret = (platform or jax.default_backend()) == "cpu"
+        interpret = platform == "cpu"
         if not sharded:
             return PallasTPUBackend(interpret=interpret, kv_cache_dtype=kv_cache_dtype)
         return PallasTPUBackend(
@@ -92,8 +113,7 @@ def select_backend(
     # Paired-pool backends: the pool split over KV heads as ``kv_sharding`` says.
     split = dict(mesh=kv_sharding.mesh, model_axis=kv_sharding.spec[0]) if sharded else {}
     if resolved == "pallas-gpu":
-        platform = platform or jax.default_backend()
-        if platform not in ("cpu", "gpu", "cuda"):
+        if platform not in ("cpu", "gpu"):
             raise ValueError(
                 f"attention_backend='pallas-gpu' runs on a CUDA GPU (or interpreted on the CPU), "
                 f"not on the {platform} platform"

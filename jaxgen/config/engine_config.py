@@ -146,7 +146,8 @@ class EngineConfig:
         "on CPU), cpu (native C++ kernels through the XLA FFI: paged decode attention and the "
         "projections' matmuls over panel-packed weights; CPU, float32; under tensor parallelism "
         "the attention per device, XLA's matmuls) or "
-        "auto (pallas-tpu on TPU, pallas-gpu on GPU; cpu on CPU where it builds, else reference)",
+        "auto (pallas-tpu on TPU; pallas-gpu on a GPU of compute capability 8.0 and up, reference "
+        "below it, where Triton does not compile; cpu on CPU where it builds, else reference)",
         choices=BACKENDS,
     )
     attention_kernel_options: dict | None = knob(

@@ -7,9 +7,9 @@ import json
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 
+from jaxgen.backends.device_choice import auto_dtype, local_device
 from jaxgen.config import ModelConfig
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
 from jaxgen.loaders.gguf_loader import GGUFFile
@@ -26,9 +26,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 
 def resolve_dtype(dtype) -> object:
-    """``"float32"``/``"bfloat16"``/``"float16"`` (or ``"auto"``: bf16 on accelerators) to a dtype."""
+    """``"float32"``/``"bfloat16"``/``"float16"`` (or ``"auto"``: what jax's default device
+    computes fastest in, ``jaxgen.backends.device_choice.auto_dtype``) to a dtype."""
     if dtype == "auto":
-        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+        return auto_dtype(local_device())
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")

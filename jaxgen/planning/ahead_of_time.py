@@ -33,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
+from jaxgen.backends.device_choice import DeviceDescription, auto_attention_backend, auto_dtype
 from jaxgen.config import ModelConfig
 from jaxgen.config.speculative_config import check_num_speculative_tokens
 from jaxgen.engine.step_function import jitted_step
@@ -167,7 +168,7 @@ def compile_decode_step(
     config: ModelConfig,
     target: str,
     *,
-    dtype=jnp.bfloat16,
+    dtype=None,
     max_model_len: int = 2048,
     max_num_seqs: int = 64,
     page_size: int = 16,
@@ -180,6 +181,8 @@ def compile_decode_step(
 ) -> dict:
     """Compiles one full decode step (``max_num_seqs`` sequences at ``max_model_len``) for
     ``target`` and returns the per-chip figures (see :func:`report_lines` for their meaning).
+    ``dtype`` None: what the engine's ``dtype="auto"`` loads on a TPU (bfloat16); the result's
+    ``auto`` says what ``auto`` picks there (``jaxgen.backends.device_choice``).
     ``quantization`` "int8" / "int4" / "fp8": the weights as a quantised load holds them (the
     step streams int8 / int4 codes and scales through the quantised Pallas matmul);
     ``kv_cache_dtype`` "int8" / "fp8": an 8-bit pool (page_size a multiple of 128);
@@ -201,6 +204,12 @@ def compile_decode_step(
     if quantization == "auto":
         quantization = "none"
     tpu = resolve_target(target)
+    device = DeviceDescription("tpu", name=tpu.chip.name)
+    auto = {
+        "attention_backend": auto_attention_backend(device, cpu_kernels=False),
+        "dtype": jnp.dtype(auto_dtype(device, config.model_type)).name,
+    }
+    dtype = jnp.dtype(auto["dtype"] if dtype is None else dtype)
     num_chips = len(tpu.devices)
     degree = tensor_parallel_degree or num_chips
     if degree < 1 or num_chips % degree:
@@ -281,6 +290,7 @@ def compile_decode_step(
         "chip": tpu.chip.name,
         "num_chips": num_chips,
         "tensor_parallel_degree": degree,
+        "auto": auto,
         "attention_backend": backend.name,
         "kernels": kernels,
         "dtype": jnp.dtype(dtype).name,
@@ -358,6 +368,7 @@ def report_lines(result: dict) -> list[str]:
         f"tensor parallel {result['tensor_parallel_degree']}, {result['dtype']}, weights "
         f"{result['quantization']}, KV {result['kv_cache_dtype']}",
         f"attention backend           {result['attention_backend']} ({', '.join(result['kernels']) or 'no kernels found'})",
+        f"auto on this TPU            attention_backend {result['auto']['attention_backend']}, dtype {result['auto']['dtype']}",
         "per chip (compiler and datasheet counts, not measured on hardware):",
         f"  weights                   {chip['weights'] / gb:8.3f} GB",
         f"  KV pool                   {chip['kv_pool'] / gb:8.3f} GB  ({result['num_pages']:,} pages of {result['page_size']})",

@@ -9,6 +9,8 @@ import sys
 import jax
 import jax.numpy as jnp
 
+from jaxgen.backends.device_choice import DeviceDescription, auto_dtype
+from jaxgen.config.engine_config import BACKENDS
 from jaxgen.engine.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
 from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
@@ -27,7 +29,10 @@ def cmd_plan(args) -> int:
         return cmd_plan_target(args)
     if args.compile:
         raise ValueError("--compile needs --target (a TPU slice such as v5e-4)")
+    if args.attention_backend != "auto":
+        raise ValueError("--attention-backend is for a GPU --target's compile")
     config = model_config_only(args.model)
+    args.dtype = capacity_dtype(args.dtype, args.device, config)
     base = DEVICES[args.device]
     device = base
     if args.device_memory or args.bandwidth or args.peak_flops:
@@ -68,11 +73,28 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def capacity_dtype(dtype: str | None, device: str, config) -> str:
+    """The capacity plan's dtype: ``--dtype`` (bfloat16 when not given); ``auto``: what the
+    engine's ``dtype="auto"`` loads on ``--device`` (float16 on a T4, float32 on a CPU)."""
+    if dtype != "auto":
+        return dtype or "bfloat16"
+    if device in GPU_TARGETS:
+        description = GPU_TARGETS[device].device()
+    else:
+        description = DeviceDescription("tpu" if device.startswith("tpu-") else "cpu")
+    return jnp.dtype(auto_dtype(description, config.model_type)).name
+
+
 def cmd_plan_target(args) -> int:
     """``jaxgen plan --target SLICE --compile``: the engine's decode step compiled for a TPU
-    (or for an H100 / H200: ``--target h100``)."""
+    (or for a GPU: ``--target t4``)."""
+    gpus = ", ".join(GPU_TARGETS)
     if args.attention_kernel_options is not None and args.target not in GPU_TARGETS:
-        raise ValueError("--attention-kernel-options is for a GPU --target (h100, h200)")
+        raise ValueError(f"--attention-kernel-options is for a GPU --target ({gpus})")
+    if args.attention_backend != "auto" and args.target not in GPU_TARGETS:
+        raise ValueError(
+            f"--attention-backend is for a GPU --target ({gpus}); a TPU's is pallas-tpu"
+        )
     if args.target in GPU_TARGETS:
         return cmd_plan_gpu(args)
     # Ahead-of-time compiling imports the Pallas backends: here, not when the parser is built.
@@ -88,7 +110,7 @@ def cmd_plan_target(args) -> int:
             raise ValueError("--num-scheduler-steps is for a TPU --target's compile, not cuda")
         result = lower_decode_step_for_cuda(
             config_from_path(args.model),
-            dtype=jnp.dtype(args.dtype),
+            dtype=jnp.dtype(explicit_dtype(args.dtype) or jnp.bfloat16),
             max_model_len=args.max_model_len or args.context,
             max_num_seqs=args.max_num_seqs,
             page_size=args.page_size,
@@ -127,15 +149,21 @@ def cmd_plan_target(args) -> int:
 
 
 def compile_arguments(args) -> dict:
-    """The flags a TPU target's and a GPU target's compile both take."""
+    """The flags a TPU target's and a GPU target's compile both take (``--dtype`` not given or
+    ``auto``: None, what the engine's ``auto`` picks on the target)."""
     return dict(
-        dtype=jnp.dtype(args.dtype),
+        dtype=explicit_dtype(args.dtype),
         max_model_len=args.max_model_len or args.context,
         max_num_seqs=args.max_num_seqs,
         page_size=args.page_size,
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
     )
+
+
+def explicit_dtype(dtype: str | None):
+    """``--dtype`` as a dtype, or None for ``auto`` (and for no ``--dtype``)."""
+    return None if dtype in (None, "auto") else jnp.dtype(dtype)
 
 
 def print_compiled(args, result: dict, lines) -> int:
@@ -149,8 +177,9 @@ def print_compiled(args, result: dict, lines) -> int:
 
 
 def cmd_plan_gpu(args) -> int:
-    """``jaxgen plan --target h100``: the decode step compiled for the GPU by XLA's GPU compiler,
-    on this host (``jaxgen.planning.gpu_compile``)."""
+    """``jaxgen plan --target t4``: the decode step compiled for the GPU by XLA's GPU compiler,
+    on this host (``jaxgen.planning.gpu_compile``), with the backend and dtype the engine's
+    ``auto`` picks there unless ``--attention-backend`` / ``--dtype`` say otherwise."""
     # On a host without a GPU, jax's CUDA plugin registers only if jax does not look for one.
     if not jax.config.jax_platforms:
         jax.config.update("jax_platforms", "cpu")
@@ -160,11 +189,6 @@ def cmd_plan_gpu(args) -> int:
     if args.num_scheduler_steps != 1 or args.num_speculative_tokens is not None:
         raise ValueError(
             "--num-scheduler-steps and --num-speculative-tokens are for a TPU --target"
-        )
-    if args.quantization != "none":
-        raise ValueError(
-            f"--target {args.target} compiles the float (bfloat16 / float16) step: "
-            "--quantization is for a TPU --target"
         )
     options = args.attention_kernel_options
     try:
@@ -177,6 +201,8 @@ def cmd_plan_gpu(args) -> int:
         config_from_path(args.model),
         args.target,
         **compile_arguments(args),
+        attention_backend=args.attention_backend,
+        quantization=args.quantization,
         attention_kernel_options=options,
         tensor_parallel_degree=args.tensor_parallel_degree or 1,
     )
@@ -196,7 +222,7 @@ def cmd_sweep_tp(args) -> int:
                 compiled[degree] = compile_decode_step(
                     config,
                     args.target,
-                    dtype=jnp.dtype(args.dtype),
+                    dtype=explicit_dtype(args.dtype),
                     max_model_len=args.context,
                     max_num_seqs=args.max_num_seqs,
                     page_size=args.page_size,
@@ -208,7 +234,7 @@ def cmd_sweep_tp(args) -> int:
     sweep = sweep_tp(
         config,
         args.target,
-        dtype=args.dtype,
+        dtype="bfloat16" if explicit_dtype(args.dtype) is None else args.dtype,
         weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM.get(args.quantization),
         weights_label=None if args.quantization == "none" else args.quantization,
         context=args.context,
@@ -233,7 +259,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--device-memory", type=float, default=None, help="bytes per device")
     parser.add_argument("--bandwidth", type=float, default=None, help="bytes/s per device")
     parser.add_argument("--peak-flops", type=float, default=None, help="FLOP/s per device")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=[*sorted(DTYPE_BYTES), "auto"],
+        help="default: bfloat16 for the capacity plan, auto for a --target's compile; auto: "
+        "what the engine's dtype='auto' loads on the device (float16 on a T4)",
+    )
     parser.add_argument("--quantization", default="none", choices=["none", *WEIGHT_BYTES_PER_PARAM])
     parser.add_argument("--kv-cache-dtype", default="auto", choices=kv_cache.KV_CACHE_DTYPES)
     parser.add_argument("--context", type=int, default=4096)
@@ -253,8 +285,16 @@ def add_parser(subparsers) -> None:
     target.add_argument(
         "--target",
         default=None,
-        help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8, v5e:2x2; h100 or h200 (compiled "
-        "by XLA's GPU compiler here: needs the gpu-compile extra, no GPU); cuda (lowered only)",
+        help="v5e-1, v5e-4, v5e-8, v6e-1, v6e-4, v6e-8, v5p-8, v5e:2x2; "
+        f"{', '.join(GPU_TARGETS)} (compiled by XLA's GPU compiler here: needs the gpu-compile "
+        "extra, no GPU); cuda (lowered only)",
+    )
+    target.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=BACKENDS,
+        help="a GPU --target: the backend compiled (auto: the engine's choice on that GPU, "
+        "reference below compute capability 8.0)",
     )
     target.add_argument("--compile", action="store_true", help="AOT-compile the decode step")
     target.add_argument("--max-model-len", type=int, default=None, help="default: --context")

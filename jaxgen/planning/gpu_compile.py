@@ -1,9 +1,11 @@
 """The engine's decode step compiled for an NVIDIA GPU on a host without one.
 
-The step is the engine's own (``jitted_step`` with the ``pallas-gpu`` backend and its
-``attention_kernel_options``), traced with ``jax.ShapeDtypeStruct``s on a compile-only H100 or
-H200 (``jaxgen.planning.gpu_targets``) and compiled by XLA's GPU pipeline: its fusions, its Triton
-GEMMs (or cuBLAS calls), the Pallas kernels through Triton to sm_90 code. What comes back is the
+The step is the engine's own (``jitted_step`` with the backend and dtype the engine's ``auto``
+picks on that GPU, or those asked for, and its ``attention_kernel_options``), traced with
+``jax.ShapeDtypeStruct``s on a compile-only T4, L4, A100, H100 or H200
+(``jaxgen.planning.gpu_targets``) and compiled by XLA's GPU pipeline: its fusions, its Triton
+GEMMs (or cuBLAS calls), the Pallas kernels through Triton to the GPU's code (from compute
+capability 8.0; below it ``auto`` is the reference backend: XLA's fusions and cuBLAS). What comes back is the
 compiler's: the bytes it holds per GPU (``memory_analysis``), and the kernels one step launches,
 read from the compiled module's entry computation. On a GPU each launch costs a microsecond or
 two beside its work (docs/gpu.md: the H200's small kernels), so the count is what a change to the
@@ -24,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.backends import select_backend
+from jaxgen.backends.device_choice import auto_attention_backend, auto_dtype, check_dtype
 from jaxgen.config import ModelConfig
 from jaxgen.engine.step_function import jitted_step
 from jaxgen.engine.step_layout import StepLayout
@@ -39,6 +42,7 @@ from jaxgen.planning.abstract_step import (
 )
 from jaxgen.planning.gpu_targets import jax_gpu_memory_fraction, resolve_gpu_target
 from jaxgen.planning.hardware import GB
+from jaxgen.quantization.quantize import validate_quantization
 
 # Instructions of a compiled entry computation that launch nothing.
 _NOT_LAUNCHED = {"parameter", "get-tuple-element", "bitcast", "tuple", "constant"}
@@ -49,7 +53,9 @@ def compile_decode_step_for_gpu(
     config: ModelConfig,
     target: str,
     *,
-    dtype=jnp.bfloat16,
+    dtype=None,
+    attention_backend: str = "auto",
+    quantization: str = "none",
     max_model_len: int = 2048,
     max_num_seqs: int = 64,
     page_size: int = 16,
@@ -59,12 +65,19 @@ def compile_decode_step_for_gpu(
     tensor_parallel_degree: int = 1,
 ) -> dict:
     """Compiles one decode-only step of ``max_num_seqs`` sequences (the engine's row bucket for
-    them) for GPU ``target`` ("h100", "h200"); the pool is what ``kv_cache_memory`` of the
-    memory jax's allocator leaves after the weights holds, as the engine sizes it.
+    them) for GPU ``target`` (a ``GPU_TARGETS`` name); the pool is what ``kv_cache_memory`` of
+    the memory jax's allocator leaves after the weights holds, as the engine sizes it.
+    ``dtype`` None and ``attention_backend`` "auto": what the engine's ``auto`` picks on that
+    GPU (``jaxgen.backends.device_choice``: below compute capability 8.0, float16 and the
+    reference backend); an explicit choice the GPU cannot run is the engine's ``ValueError``.
+    ``quantization`` "int8" / "int4" / "fp8": the weights as a quantised load holds them.
     ``tensor_parallel_degree`` n > 1: over n such GPUs (NVLink all-reduces), weights and pool
     placed as the engine places them, every figure per GPU. Returns the figures
-    :func:`gpu_report_lines` prints. ``ValueError`` for arguments the step cannot take."""
+    :func:`gpu_report_lines` prints (``auto``: what the engine's automatic choices are on the
+    GPU, beside what was compiled). ``ValueError`` for arguments the step cannot take."""
     check_step_sizes(max_model_len, max_num_seqs, kv_cache_memory)
+    validate_quantization(quantization)
+    quantization = "none" if quantization == "auto" else quantization
     if isinstance(tensor_parallel_degree, bool) or not (
         isinstance(tensor_parallel_degree, int) and tensor_parallel_degree >= 1
     ):
@@ -72,20 +85,29 @@ def compile_decode_step_for_gpu(
             f"tensor_parallel_degree must be an integer >= 1, got {tensor_parallel_degree!r}"
         )
     gpu = resolve_gpu_target(target, tensor_parallel_degree)
+    device = gpu.gpu.device()
+    check_dtype(device, dtype)
+    auto = {
+        "attention_backend": auto_attention_backend(
+            device, sharded=tensor_parallel_degree > 1, cpu_kernels=False
+        ),
+        "dtype": jnp.dtype(auto_dtype(device, config.model_type)).name,
+    }
+    dtype = jnp.dtype(auto["dtype"] if dtype is None else dtype)
     mesh = Mesh(
         np.array(gpu.devices, dtype=object).reshape(1, tensor_parallel_degree),
         (DATA_AXIS, MODEL_AXIS),
     )
     plan = ShardingPlan.create(config, mesh)  # ValueError when the degree does not split heads
     backend = select_backend(
-        "pallas-gpu",
+        attention_backend,
         dtype=dtype,
         kv_sharding=plan.kv_sharding if tensor_parallel_degree > 1 else None,
-        platform="cuda",
+        device=device,
         kv_cache_dtype=kv_cache_dtype,
         kernel_options=attention_kernel_options,
     )
-    _, params = abstract_params(config, dtype, plan)
+    _, params = abstract_params(config, dtype, plan, quantization)
     weight_bytes = per_chip_bytes(params)
     memory = gpu.gpu.chip.memory_bytes
     limit = memory * jax_gpu_memory_fraction()  # the engine's pool: a share of what is left
@@ -96,9 +118,8 @@ def compile_decode_step_for_gpu(
         kv_cache_memory * (limit - weight_bytes), page_bytes, page_size, max_model_len, where
     )
     start = time.perf_counter()
-    compiled = _compile_step(
-        config, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len
-    )
+    shapes = (num_pages, page_size, max_num_seqs, max_model_len, quantization)
+    compiled = _compile_step(config, mesh, backend, dtype, *shapes)
     compile_seconds = time.perf_counter() - start
     analysis = compiled.memory_analysis()
     rows = StepLayout(
@@ -112,19 +133,20 @@ def compile_decode_step_for_gpu(
     outside = launches["total"]
     if config.num_layers > 1:
         one_layer = dataclasses.replace(config, num_layers=1, layer_types=config.layer_types[:1])
-        single = _compile_step(
-            one_layer, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len
-        )
+        single = _compile_step(one_layer, mesh, backend, dtype, *shapes)
         single_total = kernel_launches(single.as_text())["total"]
         outside = single_total - (launches["total"] - single_total) / (config.num_layers - 1)
     return {
         "target": target,
         "gpu": gpu.gpu.chip.name,
+        "compute_capability": ".".join(map(str, gpu.gpu.compute_capability)),
         "tensor_parallel_degree": tensor_parallel_degree,
+        "auto": auto,
         "attention_backend": backend.name,
         "attention_kernel_options": dict(attention_kernel_options or {}),
         "compiler_options": backend.compiler_options or {},
-        "dtype": jnp.dtype(dtype).name,
+        "dtype": dtype.name,
+        "quantization": quantization,
         "kv_cache_dtype": kv_cache_dtype,
         "max_num_seqs": max_num_seqs,
         "rows": rows,
@@ -153,10 +175,13 @@ def compile_decode_step_for_gpu(
     }
 
 
-def _compile_step(config, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len):
+def _compile_step(
+    config, mesh, backend, dtype, num_pages, page_size, max_num_seqs, max_model_len, quantization
+):
     """The decode-only step of ``max_num_seqs`` sequences over a pool of ``num_pages`` pages,
     compiled for ``mesh``'s GPU."""
-    graphdef, params = abstract_params(config, dtype, ShardingPlan.create(config, mesh))
+    plan = ShardingPlan.create(config, mesh)
+    graphdef, params = abstract_params(config, dtype, plan, quantization)
     step_params, head = backend.prepare_params(params, config)
     replicated = NamedSharding(mesh, PartitionSpec())
     # One sharding for every leaf, or (an 8-bit pool under tensor parallelism) one per leaf
@@ -224,11 +249,13 @@ def gpu_report_lines(result: dict) -> list[str]:
     options = result["attention_kernel_options"]
     pallas = ", ".join(f"{name} x {count}" for name, count in sorted(launches["pallas"].items()))
     other = ", ".join(f"{name} x {count}" for name, count in sorted(launches["other"].items()))
+    auto = result["auto"]
     return [
-        f"target {result['target']}: {result['tensor_parallel_degree']} x {result['gpu']}, "
-        f"{result['dtype']}, KV "
-        f"{result['kv_cache_dtype']}, attention {result['attention_backend']}"
-        + (f" {options}" if options else ""),
+        f"target {result['target']}: {result['tensor_parallel_degree']} x {result['gpu']} "
+        f"(compute capability {result['compute_capability']}), {result['dtype']}, weights "
+        f"{result['quantization']}, KV {result['kv_cache_dtype']}, attention "
+        f"{result['attention_backend']}" + (f" {options}" if options else ""),
+        f"auto on this GPU: attention_backend {auto['attention_backend']}, dtype {auto['dtype']}",
         "per GPU (compiler and datasheet counts, not measured on hardware):",
         f"  weights                   {chip['weights'] / GB:8.3f} GB",
         f"  KV pool                   {chip['kv_pool'] / GB:8.3f} GB  ({result['num_pages']:,} pages of {result['page_size']})",

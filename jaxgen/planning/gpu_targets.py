@@ -17,6 +17,7 @@ import dataclasses
 import importlib.util
 import os
 
+from jaxgen.backends.device_choice import DeviceDescription
 from jaxgen.planning.hardware import DEVICES, Chip
 
 
@@ -28,10 +29,16 @@ class GpuDescription:
     chip: Chip
     compute_capability: tuple[int, int]
     num_sms: int
-    clock_ghz: float
+    clock_ghz: float  # boost clock
     l2_cache_bytes: int
     shared_memory_per_sm: int
     shared_memory_per_block_optin: int
+    threads_per_sm: int = 2048  # resident threads: 1,024 on Turing, 1,536 on sm_86 / sm_89
+    fp32_units_per_sm: int = 128  # 64 on Turing and the A100
+
+    def device(self) -> DeviceDescription:
+        """The GPU as the automatic choices read it (``jaxgen.backends.device_choice``)."""
+        return DeviceDescription("gpu", self.compute_capability, self.chip.name)
 
     def target_config(self) -> str:
         """The GPU as XLA's ``GpuTargetConfigProto``, in protobuf text format."""
@@ -43,9 +50,9 @@ class GpuDescription:
                 "  threads_per_warp: 32",
                 "  shared_memory_per_block: 49152",
                 f"  shared_memory_per_core: {self.shared_memory_per_sm}",
-                "  threads_per_core_limit: 2048",
+                f"  threads_per_core_limit: {self.threads_per_sm}",
                 f"  core_count: {self.num_sms}",
-                "  fpus_per_core: 128",
+                f"  fpus_per_core: {self.fp32_units_per_sm}",
                 "  block_dim_limit_x: 2147483647",
                 "  block_dim_limit_y: 65535",
                 "  block_dim_limit_z: 65535",
@@ -65,26 +72,70 @@ class GpuDescription:
         )
 
 
-def _hopper(device: str) -> GpuDescription:
-    return GpuDescription(
-        chip=DEVICES[device],
-        compute_capability=(9, 0),
-        num_sms=132,
-        clock_ghz=1.98,
-        l2_cache_bytes=50 * 2**20,
-        shared_memory_per_sm=228 * 2**10,
-        shared_memory_per_block_optin=227 * 2**10,
-    )
-
-
 def jax_gpu_memory_fraction() -> float:
     """The share of a GPU's memory jax's allocator takes: ``XLA_PYTHON_CLIENT_MEM_FRACTION``,
     0.75 by default."""
     return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75))
 
 
-# The GPUs this project measures on (docs/gpu.md): one architecture, two memories.
-GPU_TARGETS = {"h100": _hopper("h100"), "h200": _hopper("h200")}
+# Datasheet figures (NVIDIA's product datasheets and architecture whitepapers; the CUDA C++
+# Programming Guide's per-compute-capability limits for threads and shared memory per SM).
+# Memory size and bandwidth are the ``hardware.DEVICES`` rows.
+GPU_TARGETS = {
+    # Tesla T4 (TU104, Turing, sm_75): 40 SMs, 1.59 GHz boost, 4 MB L2, 64 KB shared memory
+    # per SM (all of it one block's), 1,024 threads and 64 FP32 units per SM; 16 GB GDDR6 at
+    # 320 GB/s. Colab's and Kaggle's free GPU.
+    "t4": GpuDescription(
+        chip=DEVICES["t4"],
+        compute_capability=(7, 5),
+        num_sms=40,
+        clock_ghz=1.59,
+        l2_cache_bytes=4 * 2**20,
+        shared_memory_per_sm=64 * 2**10,
+        shared_memory_per_block_optin=64 * 2**10,
+        threads_per_sm=1024,
+        fp32_units_per_sm=64,
+    ),
+    # L4 (AD104, Ada, sm_89): 58 SMs, 2.04 GHz boost, 48 MB L2, 100 KB shared memory per SM
+    # (99 KB one block's), 1,536 threads per SM; 24 GB GDDR6 at 300 GB/s.
+    "l4": GpuDescription(
+        chip=DEVICES["l4"],
+        compute_capability=(8, 9),
+        num_sms=58,
+        clock_ghz=2.04,
+        l2_cache_bytes=48 * 2**20,
+        shared_memory_per_sm=100 * 2**10,
+        shared_memory_per_block_optin=99 * 2**10,
+        threads_per_sm=1536,
+    ),
+    # A100 SXM4 80GB (GA100, Ampere, sm_80): 108 SMs, 1.41 GHz boost, 40 MB L2, 164 KB shared
+    # memory per SM (163 KB one block's), 64 FP32 units per SM; 80 GB HBM2e at 2,039 GB/s.
+    "a100": GpuDescription(
+        chip=DEVICES["a100"],
+        compute_capability=(8, 0),
+        num_sms=108,
+        clock_ghz=1.41,
+        l2_cache_bytes=40 * 2**20,
+        shared_memory_per_sm=164 * 2**10,
+        shared_memory_per_block_optin=163 * 2**10,
+        fp32_units_per_sm=64,
+    ),
+    # H100 SXM5 and H200 (GH100, Hopper, sm_90): 132 SMs, 1.98 GHz boost, 50 MB L2, 228 KB
+    # shared memory per SM (227 KB one block's); 80 GB at 3.35 TB/s, 141 GB at 4.8 TB/s. The
+    # GPUs this project has measured on (docs/gpu.md).
+    **{
+        name: GpuDescription(
+            chip=DEVICES[name],
+            compute_capability=(9, 0),
+            num_sms=132,
+            clock_ghz=1.98,
+            l2_cache_bytes=50 * 2**20,
+            shared_memory_per_sm=228 * 2**10,
+            shared_memory_per_block_optin=227 * 2**10,
+        )
+        for name in ("h100", "h200")
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +156,7 @@ def cuda_plugin_installed() -> bool:
 
 
 def resolve_gpu_target(target: str, num_gpus: int = 1) -> GpuTarget:
-    """``num_gpus`` compile-only devices of GPU ``target`` ("h100", "h200") in one host;
+    """``num_gpus`` compile-only devices of GPU ``target`` (a ``GPU_TARGETS`` name) in one host;
     ``ValueError`` naming what is missing (an unknown name, the plugin, or the plugin not
     registered)."""
     if target not in GPU_TARGETS:

@@ -33,6 +33,10 @@ def _tpu(name: str, memory_gb: int, bandwidth: float, bf16_flops: float) -> Chip
     )
 
 
+# GPU rows: NVIDIA's datasheets (dense tensor-core peaks, no sparsity; H100 SXM5, H200 SXM,
+# A100 SXM4 80GB, L4, T4). Memory is the datasheet's decimal GB; a T4 with ECC on (as clouds
+# run it) shows 15,360 MiB. The T4 (compute capability 7.5) has no bfloat16 arithmetic: its
+# tensor cores take float16 (65 TFLOP/s), its float32 is 8.1 TFLOP/s.
 DEVICES = {
     "h100": Chip(
         name="NVIDIA H100 SXM 80GB",
@@ -57,6 +61,12 @@ DEVICES = {
         memory_bytes=24 * GB,
         bandwidth_bytes_per_s=300e9,
         peak_flops={"bfloat16": 121e12, "float16": 121e12, "float32": 30e12},
+    ),
+    "t4": Chip(
+        name="NVIDIA T4 16GB",
+        memory_bytes=16 * GB,
+        bandwidth_bytes_per_s=320e9,
+        peak_flops={"float16": 65e12, "float32": 8.1e12},
     ),
     "tpu-v5e": _tpu("TPU v5e", 16, 819e9, 197e12),
     "tpu-v6e": _tpu("TPU v6e", 32, 1640e9, 918e12),

@@ -8,6 +8,7 @@ import dataclasses
 import math
 import os
 
+from jaxgen.planning.gpu_targets import GPU_TARGETS
 from jaxgen.planning.hardware import CHIPS, Chip
 
 # Product names (chips, as Cloud TPU counts them; v5p-8 is 4 chips of 2 cores) -> libtpu's names.
@@ -37,7 +38,8 @@ def resolve_target(target: str) -> TpuSlice:
     if ":" not in topology or generation not in CHIPS:
         raise ValueError(
             f"unknown TPU target {target!r}; choose one of {', '.join(TARGETS)}, a libtpu "
-            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)}), h100 or h200 (a GPU), "
+            f"topology such as v5e:2x2 (generations: {', '.join(CHIPS)}), a GPU "
+            f"({', '.join(GPU_TARGETS)}), "
             "or cuda (lowered only)"
         )
     # Compiling needs libtpu but no chip; several processes may then load it side by side.

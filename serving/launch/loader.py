@@ -8,8 +8,9 @@ import logging
 import jax.numpy as jnp
 
 from jaxgen.async_llm import AsyncLLM
+from jaxgen.backends.device_choice import check_device_support, local_device
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.create_engine import create_engine
+from jaxgen.create_engine import create_engine, engine_dtype
 from jaxgen.loaders import load_model, resolve_model
 from serving.settings.parsers import SettingsError
 from serving.settings.resolve import ServerSettings, engine_knobs
@@ -39,6 +40,8 @@ def build_engine(settings: ServerSettings):
     knobs = engine_knobs(settings, set(EngineConfig.__dataclass_fields__))
     knobs.setdefault("precompile", True)  # every step shape compiled before it reports healthy
     config = EngineConfig(**knobs)  # check the knobs before the slow load
+    device = local_device()  # and what the device can run: a T4 has no bfloat16, no Triton
+    check_device_support(device, dtype=settings.dtype, attention_backend=config.attention_backend)
     model = settings.model_path or fetch_model(settings).model_path
     if settings.kv_cache_tokens is not None:
         if config.tensor_parallel_degree != 1 or config.data_parallel_size != 1:
@@ -48,12 +51,12 @@ def build_engine(settings: ServerSettings):
             )
         model = load_model(
             model,
-            dtype=settings.dtype,
+            dtype=engine_dtype(model, settings.dtype, device),
             quantization=config.quantization,
         )
         per_token = model.config.kv_bytes_per_token(jnp.dtype(model.dtype).itemsize)
         knobs["kv_cache_memory"] = settings.kv_cache_tokens * per_token
         config = EngineConfig(**knobs)
-    engine = create_engine(model, dtype=settings.dtype, config=config)
+    engine = create_engine(model, dtype=settings.dtype, config=config, device=device)
     logger.info("loaded %s (%s)", engine.loaded.source, config)
     return engine

@@ -214,3 +214,21 @@ def test_decode_step_lowers_for_cuda_with_the_triton_kernel():
         "ragged_paged_attention_prefill",
     ]
     assert sum(result["kernel_calls"].values()) == config.num_layers
+
+
+@needs_libtpu
+@pytest.mark.parametrize("target", ["v5e-1", "v6e-1", "v5e-8"])
+def test_autos_choice_compiles_for_the_notebook_tpu_slices(target):
+    """The slices Colab and Kaggle lend: what auto picks there (pallas-tpu, bfloat16) compiles
+    with its three kernels, one layer, a few seconds each."""
+    from jaxgen.planning.ahead_of_time import compile_decode_step
+
+    config = ModelConfig.from_hf_dict(
+        dict(LLAMA3_8B, num_hidden_layers=1, hidden_size=512, intermediate_size=1024,
+             num_attention_heads=8, num_key_value_heads=2, vocab_size=4096)
+    )  # fmt: skip
+    result = compile_decode_step(config, target, max_model_len=1024, max_num_seqs=4)
+    assert result["auto"] == {"attention_backend": "pallas-tpu", "dtype": "bfloat16"}
+    assert (result["attention_backend"], result["dtype"]) == ("pallas-tpu", "bfloat16")
+    assert {"ragged_paged_attention", "kv_cache_update"} <= set(result["kernels"])
+    assert result["tensor_parallel_degree"] == result["num_chips"] == int(target.split("-")[1])

@@ -1,5 +1,6 @@
-"""The decode step compiled for an H100 / H200 by XLA's GPU compiler on this host (``jaxgen plan
---target h100``; jax's CUDA plugin, the gpu-compile extra, no GPU): every pallas-gpu option and
+"""The decode step compiled for a GPU by XLA's GPU compiler on this host (``jaxgen plan --target
+t4|l4|a100|h100|h200``; jax's CUDA plugin, the gpu-compile extra, no GPU): what ``auto`` picks
+compiles for every target (no Triton below compute capability 8.0), every pallas-gpu option and
 pool the device check runs compiles to GPU code, and the launch counts docs/gpu.md quotes hold."""
 
 from __future__ import annotations
@@ -60,13 +61,68 @@ def test_kernel_launches_reads_the_entry_computations_launches():
 
 
 def test_gpu_targets_name_what_is_missing(monkeypatch):
-    with pytest.raises(ValueError, match="choose one of h100, h200"):
-        resolve_gpu_target("a100")
+    with pytest.raises(ValueError, match="choose one of t4, l4, a100, h100, h200"):
+        resolve_gpu_target("v100")
     monkeypatch.setattr(gpu_targets, "cuda_plugin_installed", lambda: False)
     with pytest.raises(ValueError, match=r"jaxgen\[gpu-compile\]"):
         resolve_gpu_target("h100")
     config = gpu_targets.GPU_TARGETS["h200"].target_config()
     assert "core_count: 132" in config and "device_memory_size: 141000000000" in config
+    t4 = gpu_targets.GPU_TARGETS["t4"].target_config()
+    assert "cuda_compute_capability { major: 7 minor: 5 }" in t4
+    assert "threads_per_core_limit: 1024" in t4 and "shared_memory_per_core: 65536" in t4
+
+
+# What auto picks on each GPU (jaxgen.backends.device_choice), compiled: one layer, a few
+# seconds each.
+AUTO_CHOICES = {
+    "t4": ("reference", "float16"),
+    "l4": ("pallas-gpu", "bfloat16"),
+    "a100": ("pallas-gpu", "bfloat16"),
+    "h100": ("pallas-gpu", "bfloat16"),
+    "h200": ("pallas-gpu", "bfloat16"),
+}
+
+
+@needs_plugin
+@pytest.mark.parametrize("target", list(AUTO_CHOICES))
+def test_autos_choice_compiles_for_every_gpu(target):
+    config = ModelConfig.from_hf_dict({**SMALL_LLAMA, "num_hidden_layers": 1})
+    result = compile_decode_step_for_gpu(config, target, max_num_seqs=4, max_model_len=1024)
+    backend, dtype = AUTO_CHOICES[target]
+    assert result["auto"] == {"attention_backend": backend, "dtype": dtype}
+    assert (result["attention_backend"], result["dtype"]) == (backend, dtype)
+    launches = result["launches"]
+    if backend == "pallas-gpu":
+        assert launches["pallas"] == {"ragged_paged_attention_decode": 1}
+    else:  # no Triton kernel at all: XLA's fusions and cuBLAS GEMMs
+        assert launches["pallas"] == {} and launches["gemm"] >= 4
+    assert launches["total"] > 0 and result["per_gpu_bytes"]["kv_pool"] > 0
+
+
+@needs_plugin
+@pytest.mark.parametrize(
+    "quantization, kv_cache_dtype", [("int8", "int8"), ("int4", "fp8"), ("fp8", "auto")]
+)
+def test_quantised_weights_and_pools_compile_for_a_t4(quantization, kv_cache_dtype):
+    """The other bfloat16-touching parts on a GPU without bfloat16: an 8-bit pool's bfloat16
+    scales, float16-scaled int8 / int4 weights and fp8 weights, in a float16 step."""
+    config = ModelConfig.from_hf_dict({**SMALL_LLAMA, "num_hidden_layers": 1})
+    result = compile_decode_step_for_gpu(
+        config, "t4", max_num_seqs=4, max_model_len=1024, quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
+    )  # fmt: skip
+    assert (result["attention_backend"], result["dtype"]) == ("reference", "float16")
+    assert result["quantization"] == quantization and result["launches"]["pallas"] == {}
+
+
+@needs_plugin
+def test_what_a_t4_cannot_run_is_refused_before_compiling():
+    config = ModelConfig.from_hf_dict({**SMALL_LLAMA, "num_hidden_layers": 1})
+    with pytest.raises(ValueError, match="^attention_backend='pallas-gpu'.*compute capability 7.5"):
+        compile_decode_step_for_gpu(config, "t4", attention_backend="pallas-gpu")
+    with pytest.raises(ValueError, match="^dtype='bfloat16'"):
+        compile_decode_step_for_gpu(config, "t4", dtype=jnp.bfloat16)
 
 
 @needs_plugin
@@ -172,8 +228,10 @@ def test_plan_prints_the_gpu_compile(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["attention_kernel_options"] == {"pallas_merge": True}
     assert result["rows"] == 4 and result["launches"]["total"] > 0
-    assert main(args) == 0
-    assert "kernel launches" in capsys.readouterr().out
+    assert main([*args[:2], "t4", *args[3:]]) == 0  # the T4: auto's choice, said and compiled
+    out = capsys.readouterr().out
+    assert "kernel launches" in out and "compute capability 7.5), float16" in out
+    assert "auto on this GPU: attention_backend reference, dtype float16" in out
 
 
 @pytest.mark.parametrize(
@@ -181,10 +239,18 @@ def test_plan_prints_the_gpu_compile(tmp_path, capsys):
     [
         (["--target", "h100", "--attention-kernel-options", "[1]"], "must be a JSON object"),
         (["--target", "v5e-4", "--attention-kernel-options", "{}"], "GPU --target"),
-        (["--target", "h100", "--quantization", "int8"], "--quantization is for a TPU"),
         (["--target", "h100", "--sweep-tp"], "--sweep-tp needs"),
+        pytest.param(
+            ["--target", "t4", "--attention-backend", "pallas-gpu"],
+            "attention_backend='pallas-gpu'",
+            marks=needs_plugin,
+        ),
+        pytest.param(
+            ["--target", "t4", "--dtype", "bfloat16"], "dtype='bfloat16'", marks=needs_plugin
+        ),
+        (["--target", "v5e-4", "--attention-backend", "reference"], "GPU --target"),
     ],
-    ids=["options-not-an-object", "options-for-a-tpu", "quantization", "sweep"],
+    ids=["options-not-an-object", "options-for-a-tpu", "sweep", "t4-triton", "t4-bf16", "tpu"],
 )
 def test_plan_gpu_target_bad_arguments(tmp_path, capsys, extra, message):
     config = tmp_path / "config.json"
