@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxgen.loaders.gguf_blocks import BLOCK_LAYOUTS
+from jaxgen.loaders.gguf_blocks import BLOCK_LAYOUTS, decode_blocks
+from jaxgen.quantization import QuantizedWeight, pack_int4
 
 KEPT_GGUF_TYPES = tuple(BLOCK_LAYOUTS)
 QUANTISED_BY_GGUF = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -38,3 +39,24 @@ def random_gguf_tensor(qtype: str, rows: int, depth: int, rng, magnitude: float 
         scale = rng.uniform(0.5, 2.0, len(blocks)) * magnitude / largest
         blocks[:, offset : offset + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
+
+
+def kept_weight(qtype: str, depth: int, columns: int, seed: int = 0) -> QuantizedWeight:
+    """A random ``[depth, columns]`` weight of GGUF type ``qtype`` as the loader keeps it."""
+    import gguf
+    import jax.numpy as jnp
+
+    data = random_gguf_tensor(qtype, columns, depth, np.random.default_rng(seed))
+    decoded = decode_blocks(qtype, data, columns, depth)
+    values = decoded.codes.T
+    weight = QuantizedWeight(
+        jnp.asarray(pack_int4(values) if decoded.kind == "int4" else values),
+        jnp.asarray(decoded.scales.T),
+        None if decoded.mins is None else jnp.asarray(decoded.mins.T),
+        kind=decoded.kind,
+        group_size=decoded.group_size,
+        shape=(depth, columns),
+    )
+    expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype])
+    np.testing.assert_array_equal(np.asarray(weight.dequantize()), expected.T)
+    return weight

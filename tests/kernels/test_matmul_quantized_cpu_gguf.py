@@ -6,7 +6,6 @@ only where the W8A8 / W4A8 kernels take the layout."""
 
 from __future__ import annotations
 
-import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,33 +18,14 @@ from jaxgen.backends.cpu_kernels import (
     quantized_matmul_available,
 )
 from jaxgen.layers.linear import NormedInput, rms_norm
-from jaxgen.loaders.gguf_blocks import decode_blocks
-from jaxgen.quantization import QuantizedWeight, pack_int4
+from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantize import with_int8_activations
-from tests.gguf_quant_blocks import KEPT_GGUF_TYPES, random_gguf_tensor
+from tests.gguf_quant_blocks import KEPT_GGUF_TYPES, kept_weight
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu" or not quantized_matmul_available(),
     reason="needs the CPU backend, a C++ compiler and AVX2 + FMA + F16C",
 )
-
-
-def kept_weight(qtype: str, depth: int, columns: int, seed: int = 0) -> QuantizedWeight:
-    """A random ``[depth, columns]`` weight of GGUF type ``qtype`` as the loader keeps it."""
-    data = random_gguf_tensor(qtype, columns, depth, np.random.default_rng(seed))
-    decoded = decode_blocks(qtype, data, columns, depth)
-    values = decoded.codes.T
-    weight = QuantizedWeight(
-        jnp.asarray(pack_int4(values) if decoded.kind == "int4" else values),
-        jnp.asarray(decoded.scales.T),
-        None if decoded.mins is None else jnp.asarray(decoded.mins.T),
-        kind=decoded.kind,
-        group_size=decoded.group_size,
-        shape=(depth, columns),
-    )
-    expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype])
-    np.testing.assert_array_equal(np.asarray(weight.dequantize()), expected.T)
-    return weight
 
 
 def _reference(x, weight: QuantizedWeight) -> np.ndarray:
