@@ -10,20 +10,25 @@ it stores every norm weight plus one (we subtract it); and it renames tensors pe
 
 ``get_tensor`` dequantises any tensor to float32 (``quantization="none"``). ``get_quantized``
 keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orientation
-``[in, out]``: Q8_0 -> int8 groups of 32, Q4_0 -> int4 groups of 32, Q4_1 -> int4 groups of 32
-with minimums, the file's codes and float16 scales unchanged. Other quantised types are
-dequantised and requantised to the nearest kind (5 bits and more: int8; fewer: int4 with
-minimums), with a log line. Stacked expert tensors are dequantised.
+``[in, out]`` whose dequantisation is the file's, bit for bit: every kept type (Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) is integer codes times a scale
+(plus a minimum) per group of 16 or 32 weights (``jaxgen.loaders.gguf_blocks`` has the table):
+int8 or int4 codes, float16 scales where the file's are float16, float32 where they are a
+float16 super-block scale times a 6-bit sub-block scale (exact in float32, not in float16).
+Memory is therefore above the file's bytes for the K-quants and IQ4 types (Q4_K: 6 bits a
+weight against the file's 4.5). Stacked expert tensors are dequantised to float32 (exact, 32
+bits a weight). A file holding any other type (IQ2_XXS, IQ3_S, TQ1_0, Q8_1, ...) is a
+``ValueError`` naming the type and the tensor when it is opened, before any tensor is read.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 
 import numpy as np
 
+from jaxgen.loaders.gguf_blocks import KEPT_TYPES, decode_blocks
 from jaxgen.loaders.gguf_names import (
     GEMMA_ARCHITECTURES,
     SUPPORTED_GGUF_ARCHITECTURES,
@@ -32,20 +37,10 @@ from jaxgen.loaders.gguf_names import (
 )
 from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_weights_cache import GGUFWeightsCache
-from jaxgen.quantization import QuantizationSpec, QuantizedWeight, pack_int4, quantize_kernel
+from jaxgen.quantization import QuantizedWeight, pack_int4
 
-logger = logging.getLogger(__name__)
-
-SUPPORTED_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 FLOAT_TYPES = ("F32", "F16", "BF16")
-KEPT_TYPES = ("Q8_0", "Q4_0", "Q4_1")  # kept as they are by get_quantized
-# Quantised types requantised by get_quantized (gguf dequantises them): at 5 bits or more to
-# int8, below to int4 with minimums.
-REQUANTISED_TYPES = {
-    "Q5_0": "int8", "Q5_1": "int8", "Q6_K": "int8", "Q8_1": "int8", "Q5_K": "int8",
-    "Q8_K": "int8", "Q2_K": "int4", "Q3_K": "int4", "Q4_K": "int4",
-}  # fmt: skip
-BLOCK = 32  # elements per Q8_0 / Q4_0 / Q4_1 block
+SUPPORTED_QUANT_TYPES = (*FLOAT_TYPES, *KEPT_TYPES)  # KEPT_TYPES: kept exactly by get_quantized
 # Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
 # rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -70,6 +65,7 @@ class GGUFFile:
                 f"unsupported GGUF architecture {self.architecture!r}; supported: "
                 f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
             )
+        _check_tensor_types(self.reader.tensors, path)
         self.tensors = {}  # HF name -> (GGUF tensor, expert index or None)
         self._gguf_names = {tensor.name for tensor in self.reader.tensors}
         for tensor in self.reader.tensors:
@@ -231,12 +227,6 @@ class GGUFFile:
         tensor, expert = self.tensors[name]
         if expert is not None:
             return self._stacked(tensor)[expert]
-        qtype = tensor.tensor_type.name
-        if qtype not in SUPPORTED_QUANT_TYPES and qtype not in REQUANTISED_TYPES:
-            raise ValueError(
-                f"unsupported GGUF quantization type {qtype} for tensor {tensor.name!r}; "
-                f"supported: {', '.join([*SUPPORTED_QUANT_TYPES, *REQUANTISED_TYPES])}"
-            )
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml order is innermost first
         array = self._unpermute(name, np.asarray(data, dtype=np.float32).reshape(shape))
@@ -271,39 +261,21 @@ class GGUFFile:
             self.weights_cache.save()
 
     def _convert_quantized(self, name: str, qtype: str) -> QuantizedWeight:
-        if qtype not in KEPT_TYPES:
-            kind = REQUANTISED_TYPES.get(qtype)
-            if kind is None:
-                self.get_tensor(name)  # raises the unsupported-type error
-            logger.info(
-                "GGUF tensor %s is %s: dequantised and requantised to %s (group 32)",
-                name, qtype, kind,
-            )  # fmt: skip
-            spec = QuantizationSpec(kind=kind, group_size=BLOCK, asymmetric=kind == "int4")
-            return quantize_kernel(self.get_tensor(name).T, spec)
+        """The file's codes, scales and minimums of ``name`` (``gguf_blocks``), rows back in HF
+        order, as a ``[in, out]`` weight."""
         tensor = self.tensors[name][0]
         rows, depth = (int(d) for d in reversed(tensor.shape))  # [out, in]
-        blocks = np.asarray(tensor.data).reshape(rows, depth // BLOCK, -1)  # [out, G, bytes]
-        scales = self._unpermute(name, blocks[..., 0:2].copy().view(np.float16)[..., 0])
-        mins = None
-        if qtype == "Q8_0":
-            codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, depth)
-            values = self._unpermute(name, codes).T  # [in, out]
-            kind = "int8"
-        else:
-            if qtype == "Q4_1":
-                mins = self._unpermute(name, blocks[..., 2:4].copy().view(np.float16)[..., 0])
-            nibbles = blocks[..., 4:] if qtype == "Q4_1" else blocks[..., 2:]  # [out, G, 16]
-            # A block's low nibbles are its elements 0-15, the high nibbles 16-31.
-            codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, depth)
-            values = pack_int4(self._unpermute(name, codes).T)
-            kind = "int4"
+        decoded = decode_blocks(qtype, tensor.data, rows, depth)
+        values = self._unpermute(name, decoded.codes).T  # [in, out]
+        if decoded.kind == "int4":
+            values = pack_int4(values)
+        mins = None if decoded.mins is None else self._unpermute(name, decoded.mins).T
         return QuantizedWeight(
             np.ascontiguousarray(values),
-            np.ascontiguousarray(scales.T),
-            None if mins is None else np.ascontiguousarray(mins.T),
-            kind=kind,
-            group_size=BLOCK,
+            np.ascontiguousarray(self._unpermute(name, decoded.scales).T),
+            None if mins is None else np.ascontiguousarray(mins),
+            kind=decoded.kind,
+            group_size=decoded.group_size,
             shape=(depth, rows),
         )
 
@@ -331,6 +303,17 @@ class GGUFFile:
 
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
+
+
+def _check_tensor_types(tensors, path: str) -> None:
+    """``ValueError`` naming the first tensor whose type jaxgen cannot load (before any is)."""
+    for tensor in tensors:
+        qtype = tensor.tensor_type.name
+        if qtype not in SUPPORTED_QUANT_TYPES:
+            raise ValueError(
+                f"GGUF file {path!r}: tensor {tensor.name!r} has quantization type {qtype}, "
+                f"which jaxgen does not load; supported: {', '.join(SUPPORTED_QUANT_TYPES)}"
+            )
 
 
 def _falcon_grouped_qkv(rows: np.ndarray, num_heads: int, num_kv_heads: int) -> np.ndarray:

@@ -1,9 +1,8 @@
 """A GGUF file's quantised tensors as ``QuantizedWeight``s, kept on disk between runs.
 
-Converting a GGUF's Q8_0 / Q4_0 / Q4_1 blocks to ``QuantizedWeight``s (splitting codes from
-scales, unpacking and repacking nibbles, undoing llama.cpp's rotary permutation, requantising
-K-quants) costs about half a second for the 135M default model on a CPU, every run. The
-converted arrays are kept in a ``jaxgen.config.array_cache`` entry keyed by the file's real path,
+Converting a GGUF's blocks to ``QuantizedWeight``s (splitting codes from scales, unpacking
+and repacking nibbles and bit fields, undoing llama.cpp's rotary permutation) costs about half a
+second for the 135M default model on a CPU, every run. The converted arrays are kept in a ``jaxgen.config.array_cache`` entry keyed by the file's real path,
 size and modification time and by ``CONVERSION_FORMAT``, and read back as memory-mapped views
 (files under ``array_cache.MIN_BYTES`` are converted every time).
 """
@@ -18,7 +17,7 @@ from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import ACTIVATIONS, KINDS
 
 # Bump when ``GGUFFile.get_quantized``'s output for the same file changes.
-CONVERSION_FORMAT = 1
+CONVERSION_FORMAT = 2  # 2: K-quants and IQ4 kept exactly (gguf_blocks)
 _FIELDS = ("values", "scales", "mins")
 
 

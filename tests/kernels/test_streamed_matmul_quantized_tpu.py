@@ -361,3 +361,17 @@ def test_aot_compile_of_the_norm_prologue_on_quantised_weights(kind):
     leaf_bytes = sum(np.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
     activations = (rows * depth * (2 + 2 * int4) + depth + rows * columns) * 2
     assert 3 * leaf_bytes <= cost["bytes accessed"] <= 3 * leaf_bytes + 3 * activations
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "Q5_1", "IQ4_XS"])
+def test_kept_gguf_layouts_stream_exactly(qtype):
+    """The kept GGUF layouts (float32 scales, groups of 16, int8 codes with minimums) through
+    the pallas-tpu backend's streamed kernel: its product is the file's dequantised weight's."""
+    from tests.gguf_quant_blocks import kept_weight
+
+    weight = kept_weight(qtype, 256, 128)
+    streamed = StreamedQuantizedWeight.wrap(weight, interpret=True)
+    assert streamed._streams(2, jnp.float32)
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((2, 256)), jnp.float32)
+    expected = np.asarray(x, np.float64) @ np.asarray(weight.dequantize(), np.float64)
+    np.testing.assert_allclose(np.asarray(streamed.matmul(x)), expected, rtol=1e-4, atol=1e-4)

@@ -105,9 +105,8 @@ def test_unsupported_gguf_quant_type(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    for get in (GGUFFile(path).get_tensor, GGUFFile(path).get_quantized):
-        with pytest.raises(ValueError, match="unsupported GGUF quantization type TQ1_0"):
-            get("model.layers.0.self_attn.q_proj.weight")
+    with pytest.raises(ValueError, match="'blk.0.attn_q.weight' has quantization type TQ1_0"):
+        GGUFFile(path)  # on opening, before any tensor is read
 
 
 def test_unsupported_rope_scaling():

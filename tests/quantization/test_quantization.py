@@ -4,8 +4,6 @@ load, GGUF tensors kept quantised with the file's exact values, int8 activations
 
 from __future__ import annotations
 
-import logging
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -196,17 +194,6 @@ def test_gguf_tensor_kept_quantised_has_the_files_values(tmp_path, qtype):
         assert quantized.kind == ("int8" if qtype == "Q8_0" else "int4")
         assert quantized.group_size == 32 and (quantized.mins is not None) == (qtype == "Q4_1")
         np.testing.assert_array_equal(quantized.dequantize(), gguf_file.get_tensor(name).T)
-
-
-def test_other_gguf_types_are_requantised_with_a_log_line(tmp_path, caplog):
-    tensors = {"blk.0.ffn_up.weight": np.random.default_rng(4).standard_normal((8, 64))}
-    tensors = {k: v.astype(np.float32) for k, v in tensors.items()}
-    gguf_file = GGUFFile(write_gguf(str(tmp_path / "q5.gguf"), tensors, "Q5_0"))
-    with caplog.at_level(logging.INFO, logger="jaxgen.loaders.gguf_loader"):
-        quantized = gguf_file.get_quantized("model.layers.0.mlp.up_proj.weight")
-    assert quantized.kind == "int8" and "Q5_0: dequantised and requantised to int8" in caplog.text
-    expected = gguf_file.get_tensor("model.layers.0.mlp.up_proj.weight").T
-    np.testing.assert_allclose(quantized.dequantize(), expected, atol=np.abs(expected).max() / 200)
 
 
 def test_serve_quantization_from_flags_env_and_properties(tmp_path):

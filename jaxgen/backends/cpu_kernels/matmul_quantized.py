@@ -1,7 +1,8 @@
 """Quantised-weight matmul for XLA:CPU as a native kernel (C++ through the XLA FFI).
 
-``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8, or int4 with or without minimums,
-float16 scales) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
+``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8 with or without minimums, or int4 with
+or without them; float16 scales, or float32 ones: a GGUF K-quant's super-block scale times its
+sub-block scale, exact only in float32) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
 weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
@@ -55,15 +56,28 @@ def w8a8_kernel_available() -> bool:
     return bool(check())
 
 
+SCALE_BITS = {jnp.dtype(jnp.float16): 16, jnp.dtype(jnp.float32): 32}
+
+
 def can_pack_quantized(weight) -> bool:
-    """Whether the native kernel takes ``weight``: int8, or int4 in groups of a multiple of 8
-    rows, with float16 scales."""
-    return (
-        isinstance(weight, QuantizedWeight)
-        and weight.kind in ("int8", "int4")
-        and weight.scales.dtype == jnp.float16
-        and (weight.kind == "int8" or weight.group_size % INT4_BLOCK_ROWS == 0)
-    )
+    """Whether the native kernel takes ``weight``: int8 (with or without minimums), or int4 in
+    groups of a multiple of 8 rows, with float16 or float32 scales (mins of the same dtype);
+    integer activations only with float16 scales and, for int8, no minimums (the W8A8 / W4A8
+    tiles' layouts)."""
+    if not isinstance(weight, QuantizedWeight) or weight.kind not in ("int8", "int4"):
+        return False
+    scale_dtype = jnp.dtype(weight.scales.dtype)
+    if scale_dtype not in SCALE_BITS or (
+        weight.mins is not None and jnp.dtype(weight.mins.dtype) != scale_dtype
+    ):
+        return False
+    if weight.kind == "int4" and weight.group_size % INT4_BLOCK_ROWS:
+        return False
+    if weight.activations != "float" and (
+        SCALE_BITS[scale_dtype] != 16 or (weight.kind == "int8" and weight.mins is not None)
+    ):
+        return False
+    return True
 
 
 def _panels(array, columns: int, xp=jnp):  # [R, N] -> [ceil(N / 16), R, 16]
@@ -97,8 +111,8 @@ class PackedQuantizedWeight:
     (:func:`pack_shared`) in which its panels start at element ``offsets``."""
 
     values: jax.Array  # [P, K, 16] int8 or [P, K / 2, 16] uint8 (8-row lanes: _int4_lanes)
-    scales: jax.Array  # [P, K / group, 16] float16
-    mins: jax.Array | None  # [P, K / group, 16] float16 (int4), else None
+    scales: jax.Array  # [P, K / group, 16] float16 or float32
+    mins: jax.Array | None  # [P, K / group, 16] like scales (int4; int8 with mins), else None
     bits: int  # 8 or 4
     columns: int  # N
     depth: int  # K
@@ -114,16 +128,20 @@ class PackedQuantizedWeight:
         if not can_pack_quantized(weight):
             raise ValueError(
                 f"the native kernel takes int8 / int4 (groups a multiple of 8) weights with "
-                f"float16 scales, got {weight.kind} with {weight.scales.dtype} scales in groups "
-                f"of {weight.group_size}"
+                f"float16 or float32 scales (integer activations: float16, int8 without mins), "
+                f"got {weight.kind} with {weight.scales.dtype} scales in groups of "
+                f"{weight.group_size}, activations {weight.activations!r}"
             )
         columns = weight.shape[1]
         scales = xp.asarray(weight.scales)
         mins, values = None, _panels(weight.values, columns, xp)
         if weight.kind == "int4":
             mins = xp.asarray(weight.mins) if weight.mins is not None else scales * -8  # exact
-            mins = _panels(mins, columns, xp)
             values = _int4_lanes(values)
+        elif weight.mins is not None:
+            mins = xp.asarray(weight.mins)
+        if mins is not None:
+            mins = _panels(mins, columns, xp)
         return cls(
             values,
             _panels(scales, columns, xp),
@@ -138,6 +156,13 @@ class PackedQuantizedWeight:
     @property
     def shape(self) -> tuple[int, int]:
         return (self.depth, self.columns)
+
+    @property
+    def layout(self) -> tuple:
+        """What one native call needs its weights to share: bits, activations, scale bits and
+        whether they carry minimums."""
+        scale_bits = SCALE_BITS[jnp.dtype(self.scales.dtype)]
+        return (self.bits, self.activations, scale_bits, self.mins is not None)
 
     @property
     def panels(self) -> int:
@@ -157,16 +182,15 @@ class PackedQuantizedWeight:
         weights: list[PackedQuantizedWeight],
         live_rows: jax.Array | None = None,
     ) -> list[jax.Array]:
-        """``[x @ w for w in weights]``: one native call when all have the same bits and
-        activations."""
-        if len({(w.bits, w.activations) for w in weights}) > 1:
+        """``[x @ w for w in weights]``: one native call when all have the same ``layout``."""
+        if len({w.layout for w in weights}) > 1:
             return [w.matmul(x, live_rows) for w in weights]
         return matmul_quantized_cpu_group(x, weights, live_rows=live_rows)
 
 
 def matmul_quantized_cpu_group(
     x: jax.Array | NormedInput,  # [..., K] float32
-    weights: list[PackedQuantizedWeight],  # same bits, each [K, N_i]
+    weights: list[PackedQuantizedWeight],  # same layout, each [K, N_i]
     *,
     live_rows: jax.Array | None = None,  # [2, 2] int32 [begin, end) spans of x's flat rows
 ) -> list[jax.Array]:  # each [..., N_i] float32
@@ -175,9 +199,10 @@ def matmul_quantized_cpu_group(
     computed in XLA first). Weights with int8 activations quantise x first: in the kernel
     where it has VNNI, else in XLA; int16 ones in the kernel where it has VNNI, else not at
     all."""
-    if not weights or len({(w.bits, w.activations) for w in weights}) != 1:
+    if not weights or len({w.layout for w in weights}) != 1:
         raise ValueError(
-            "weights must be one or more PackedQuantizedWeights of the same bits and activations"
+            "weights must be one or more PackedQuantizedWeights of the same bits and activations "
+            "(and scale dtype, and minimums or none)"
         )
     activation_bits = ACTIVATION_BITS[weights[0].activations]
     if activation_bits < 32 and not w8a8_kernel_available():
@@ -203,7 +228,7 @@ def matmul_quantized_cpu_group(
     rows, live_rows = kernel_rows(x, depth, live_rows)
     args = []
     for w in weights:
-        args += [w.values, w.scales] + ([w.mins] if w.bits == 4 else [])
+        args += [w.values, w.scales] + ([w.mins] if w.mins is not None else [])
     shapes = [
         jax.ShapeDtypeStruct((rows.shape[0], w.panels * QUANT_PANEL), jnp.float32) for w in weights
     ]
@@ -215,6 +240,8 @@ def matmul_quantized_cpu_group(
         eps=np.float32(eps),
         bits=np.int64(weights[0].bits),
         activation_bits=np.int64(activation_bits),
+        scale_bits=np.int64(weights[0].layout[2]),
+        has_mins=np.int64(weights[0].layout[3]),
         panels=np.array([w.panels for w in weights], np.int64),
         groups=np.array([w.groups for w in weights], np.int64),
         offsets=np.array([w.offsets for w in weights], np.int64).reshape(-1),
@@ -239,7 +266,7 @@ def _packed_layout(weight: QuantizedWeight) -> PackedQuantizedWeight:
         return jax.ShapeDtypeStruct((panels, array.shape[0], QUANT_PANEL), array.dtype)
 
     mins = None
-    if weight.kind == "int4":
+    if weight.kind == "int4" or weight.mins is not None:
         mins = panelled(weight.mins if weight.mins is not None else weight.scales)
     return PackedQuantizedWeight(
         panelled(weight.values),
@@ -264,7 +291,10 @@ def _shared_host_buffers(weights, placed, sizes) -> dict[tuple, np.ndarray]:
         isinstance(leaf, jax.core.Tracer) for leaf in leaves
     ):
         return _pack_host_buffers(weights, placed, sizes)
-    described = [(w.kind, w.group_size, list(w.shape), w.activations) for w in weights]
+    described = [
+        (w.kind, w.group_size, list(w.shape), w.activations, w.scales.dtype.name, w.mins is None)
+        for w in weights
+    ]
     key = {
         "weights": described,
         "contents": content_key(leaves),

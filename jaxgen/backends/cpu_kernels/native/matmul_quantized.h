@@ -28,10 +28,10 @@ namespace jaxgen_cpu {
 // minimum) once per k and multiplied into every row's two accumulators. One int8 row instead
 // sums x * code over the group and scales once, with separate accumulators for even and odd k
 // (four FMA chains instead of two); one int4 row runs Int4RowTile.
-template <int R, bool kInt4>
+template <int R, bool kInt4, typename S>
 __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1,
                                              const float* x, int64_t ldx, const uint8_t* values,
-                                             const uint16_t* scales, const uint16_t* mins,
+                                             const S* scales, const S* mins,
                                              float* c, int64_t ldc, bool accumulate) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -47,8 +47,8 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
     for (int64_t k = k0; k < k1;) {
       const int64_t g = k / w.group;
       const int64_t end = std::min(k1, (g + 1) * w.group);
-      const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-      const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+      const __m256 s0 = LoadScales8(scales + g * kQuantPanel);
+      const __m256 s1 = LoadScales8(scales + g * kQuantPanel + 8);
       if constexpr (R == 1) {
         // One row: sum x * code over the group, then apply the scale once.
         __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0;
@@ -226,23 +226,23 @@ inline void SliceTile(int64_t rows, int64_t kc, const float* x, int64_t ldx, con
 }
 #else
 
-template <int R, bool kInt4>
+template <int R, bool kInt4, typename S>
 void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float* x, int64_t ldx,
-                   const uint8_t* values, const uint16_t* scales, const uint16_t* mins, float* c,
+                   const uint8_t* values, const S* scales, const S* mins, float* c,
                    int64_t ldc, bool accumulate) {
   for (int r = 0; r < R; ++r) {
     for (int64_t j = 0; j < kQuantPanel; ++j) {
       float total = accumulate ? c[r * ldc + j] : 0.0f;
       for (int64_t k = k0; k < k1; ++k) {
         const int64_t g = k / w.group;
-        const float scale = HalfToFloat(scales[g * kQuantPanel + j]);
+        const float scale = ScaleToFloat(scales[g * kQuantPanel + j]);
         float weight;
         if (kInt4) {
           const int64_t row = k - k0;  // lane j of block row / 8, nibble row % 8
           const uint8_t byte = values[row / kInt4BlockRows * 4 * kQuantPanel + 4 * j +
                                       row % kInt4BlockRows / 2];
           const int u = (row & 1) ? byte >> 4 : byte & 0x0F;
-          weight = scale * static_cast<float>(u) + HalfToFloat(mins[g * kQuantPanel + j]);
+          weight = scale * static_cast<float>(u) + ScaleToFloat(mins[g * kQuantPanel + j]);
         } else {
           weight = scale * static_cast<float>(static_cast<int8_t>(values[(k - k0) * kQuantPanel + j]));
         }
@@ -260,7 +260,7 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 // int4 rows scaled once into `scratch`; 1-8 int8 rows with AVX-512: Int8RowsTileWide, the
 // same tiles, else 2-8: Int8RowsTile's 4-row tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
 // and runs float tiles over it (SIMD builds).
-template <bool kInt4>
+template <bool kInt4, typename S>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
                           int64_t m1, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   const int64_t K = w.depth, N = w.columns;
@@ -306,8 +306,9 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
     for (int64_t first = n0; first < n1; first += kQuantPanel) {
       const int64_t panel = first / kQuantPanel;
       const uint8_t* values = w.values + panel * K * row_bytes + k0 * row_bytes;
-      const uint16_t* scales = w.scales + panel * groups * kQuantPanel;
-      const uint16_t* mins = kInt4 ? w.mins + panel * groups * kQuantPanel : nullptr;
+      const S* scales = static_cast<const S*>(w.scales) + panel * groups * kQuantPanel;
+      const S* mins =
+          kInt4 ? static_cast<const S*>(w.mins) + panel * groups * kQuantPanel : nullptr;
 #if defined(JAXGEN_QUANTIZED_SIMD)
       if (shared_slice) {
         DequantizeSlice<kInt4>(w, k0, k1, values, scales, mins, slice);
@@ -386,6 +387,47 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
           default: QuantizedTile<1, kInt4>(w, k0, k1, xs, K, values, scales, mins, c, N, accumulate); break;
         }
       }
+    }
+  }
+}
+
+// out[m0:m1, n0:n1] += sum over groups g of xsum[m, g] * mins[g, n0:n1], xsum[m, g] the sum of
+// x[m] over group g: an int8 weight's minimums (GGUF's Q5_1 and Q5_K: codes 0..31 and a
+// minimum per group), added after QuantizedMatmulBlock's products of the codes. The int4 tiles
+// fold their minimums into each group instead; an int8 weight adds G * 16 FMAs per row and panel
+// to its K * 16 (1/32 more), so its tiles stay those of the weights without minimums.
+template <typename S>
+void AddGroupMins(const QuantizedPanels& w, const float* x, float* out, int64_t m0, int64_t m1,
+                  int64_t n0, int64_t n1) {
+  const int64_t K = w.depth, N = w.columns, groups = K / w.group;
+  thread_local std::vector<float> sums;
+  sums.resize(groups);
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* row = x + m * K;
+    for (int64_t g = 0; g < groups; ++g) {
+      float total = 0.0f;
+      for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k) total += row[k];
+      sums[g] = total;
+    }
+    for (int64_t first = n0; first < n1; first += kQuantPanel) {
+      const S* mins = static_cast<const S*>(w.mins) + first / kQuantPanel * groups * kQuantPanel;
+      float* c = out + m * N + first;
+#if defined(JAXGEN_QUANTIZED_SIMD)
+      __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
+      for (int64_t g = 0; g < groups; ++g) {
+        const __m256 total = _mm256_set1_ps(sums[g]);
+        c0 = _mm256_fmadd_ps(total, LoadScales8(mins + g * kQuantPanel), c0);
+        c1 = _mm256_fmadd_ps(total, LoadScales8(mins + g * kQuantPanel + 8), c1);
+      }
+      _mm256_storeu_ps(c, c0);
+      _mm256_storeu_ps(c + 8, c1);
+#else
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t j = 0; j < kQuantPanel; ++j) {
+          c[j] += sums[g] * ScaleToFloat(mins[g * kQuantPanel + j]);
+        }
+      }
+#endif
     }
   }
 }

@@ -1,8 +1,9 @@
 // Quantised-weight matmul for XLA:CPU, called through the XLA FFI.
 //
 // out_i[M, N_i] = x[M, K] @ dequant(w_i)[K, N_i] for a group of weights of one kind that read
-// the same x (q/k/v; gate/up), each given as its packed values, float16 scales and (int4) float16
-// minimums (matmul_quantized.h has the layout and the tile), found at element offsets of their
+// the same x (q/k/v; gate/up), each given as its packed values, scales and minimums (int4, and
+// int8 with `has_mins`: GGUF's Q5_1 / Q5_K), float16 or (`scale_bits` 32: a K-quant's d times
+// its sub-block scale) float32 (matmul_quantized.h has the layout and the tile), found at element offsets of their
 // buffers (attributes `panels`, `groups` and `offsets`, per weight): a weight's own arrays, or
 // buffers shared by every weight of a model so that a step passes three arrays, not hundreds.
 // As the float32 kernel (matmul_cpu.cc): one call per group, only the rows in the two
@@ -58,7 +59,7 @@ int64_t BlockRows(int64_t rows, int64_t column_blocks, int64_t threads, int64_t 
 ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> live_rows,
                                ffi::Buffer<ffi::F32> norm_weight, ffi::RemainingArgs args,
                                ffi::RemainingRets outs, float eps, int64_t bits,
-                               int64_t activation_bits,
+                               int64_t activation_bits, int64_t scale_bits, int64_t has_mins,
                                ffi::Span<const int64_t> panel_counts,
                                ffi::Span<const int64_t> group_counts,
                                ffi::Span<const int64_t> offsets) {
@@ -68,19 +69,23 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: live_rows [2, 2] expected");
   }
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
+  if ((scale_bits != 16 && scale_bits != 32) || (bits == 4 && !has_mins)) {
+    return ffi::Error::InvalidArgument("matmul_quantized_cpu: scale_bits 16 or 32; int4 mins");
+  }
+  const bool float_scales = scale_bits == 32;
   const bool integer_activations = activation_bits == 8 || activation_bits == 16;
   if (!integer_activations && activation_bits != 32) {
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32, 16 or 8");
   }
   if (integer_activations &&
-      (!jaxgen_cpu::kW8A8Vnni || (bits == 4 && activation_bits != 8) || xd.size() != 2 ||
+      (!jaxgen_cpu::kW8A8Vnni || float_scales || (bits == 8 && has_mins) || (bits == 4 && activation_bits != 8) || xd.size() != 2 ||
        xd[1] % jaxgen_cpu::kActivationGroup != 0)) {
     return ffi::Error::InvalidArgument(
-        "matmul_quantized_cpu: integer activations need int8 weights (int4 ones: 8-bit "
-        "activations), K a multiple of 32 and AVX-512 VNNI");
+        "matmul_quantized_cpu: integer activations need int8 weights without minimums (int4 "
+        "ones: 8-bit activations) with float16 scales, K a multiple of 32 and AVX-512 VNNI");
   }
   const bool int4 = bits == 4;
-  const size_t per_weight = int4 ? 3 : 2;
+  const size_t per_weight = has_mins ? 3 : 2;
   const size_t count = outs.size();
   if (count == 0 || args.size() != per_weight * count || panel_counts.size() != count ||
       group_counts.size() != count || offsets.size() != 3 * count) {
@@ -111,6 +116,10 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     if (!values.has_value() || !scales.has_value() || !out.has_value()) {
       return ffi::Error::InvalidArgument("matmul_quantized_cpu: bad buffers");
     }
+    const ffi::DataType scale_type = float_scales ? ffi::DataType::F32 : ffi::DataType::F16;
+    if (scales->element_type() != scale_type) {
+      return ffi::Error::InvalidArgument("matmul_quantized_cpu: scales' dtype (scale_bits)");
+    }
     // Weight i is `panels` panels of codes [code_rows, 16] and scales (and mins) [groups, 16]
     // at element `offsets[3i..3i+2]` of its buffers: its own arrays, or buffers it shares.
     const int64_t panels = panel_counts[i], groups = group_counts[i];
@@ -126,24 +135,28 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
         (*out)->element_count() != static_cast<size_t>(rows * panels * jaxgen_cpu::kQuantPanel)) {
       return ffi::Error::InvalidArgument("matmul_quantized_cpu: packed weight shapes");
     }
-    const uint16_t* mins = nullptr;
-    if (int4) {
+    const void* mins = nullptr;
+    if (has_mins) {
       auto m = args.get<ffi::AnyBuffer>(per_weight * i + 2);
       if (!m.has_value() ||
-          offsets[3 * i + 2] + scale_elements > static_cast<int64_t>(m->element_count())) {
+          offsets[3 * i + 2] + scale_elements > static_cast<int64_t>(m->element_count()) ||
+          m->element_type() != scale_type) {
         return ffi::Error::InvalidArgument("matmul_quantized_cpu: mins");
       }
-      mins = static_cast<const uint16_t*>(m->untyped_data()) + offsets[3 * i + 2];
+      mins = static_cast<const uint8_t*>(m->untyped_data()) +
+             offsets[3 * i + 2] * (scale_bits / 8);
     }
     const int64_t blocks = (panels + block_panels[i] - 1) / block_panels[i];
     jaxgen_cpu::QuantizedPanels p{
         static_cast<const uint8_t*>(values->untyped_data()) + offsets[3 * i],
-        static_cast<const uint16_t*>(scales->untyped_data()) + offsets[3 * i + 1],
+        static_cast<const uint8_t*>(scales->untyped_data()) +
+            offsets[3 * i + 1] * (scale_bits / 8),
         mins,
         depth,
         panels * jaxgen_cpu::kQuantPanel,
         depth / groups,
-        int4};
+        int4,
+        float_scales};
     group.push_back({p, (*out)->typed_data(), block_panels[i] * jaxgen_cpu::kQuantPanel});
     column_blocks += blocks;
   }
@@ -247,12 +260,23 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   jaxgen_cpu::ParallelFor(items.size(), 1, [&](int64_t i, std::vector<float>& scratch) {
     const Item& item = items[i];
     const Weight& w = group[item.w];
-    if (int4) {
-      jaxgen_cpu::QuantizedMatmulBlock<true>(w.panels, xs, w.out, item.m0, item.m1, item.n0,
-                                             item.n1, scratch);
+    const auto& p = w.panels;
+    if (int4 && float_scales) {
+      jaxgen_cpu::QuantizedMatmulBlock<true, float>(p, xs, w.out, item.m0, item.m1, item.n0,
+                                                    item.n1, scratch);
+    } else if (int4) {
+      jaxgen_cpu::QuantizedMatmulBlock<true, uint16_t>(p, xs, w.out, item.m0, item.m1, item.n0,
+                                                       item.n1, scratch);
+    } else if (float_scales) {
+      jaxgen_cpu::QuantizedMatmulBlock<false, float>(p, xs, w.out, item.m0, item.m1, item.n0,
+                                                     item.n1, scratch);
+      if (p.mins) jaxgen_cpu::AddGroupMins<float>(p, xs, w.out, item.m0, item.m1, item.n0, item.n1);
     } else {
-      jaxgen_cpu::QuantizedMatmulBlock<false>(w.panels, xs, w.out, item.m0, item.m1, item.n0,
-                                              item.n1, scratch);
+      jaxgen_cpu::QuantizedMatmulBlock<false, uint16_t>(p, xs, w.out, item.m0, item.m1, item.n0,
+                                                        item.n1, scratch);
+      if (p.mins) {
+        jaxgen_cpu::AddGroupMins<uint16_t>(p, xs, w.out, item.m0, item.m1, item.n0, item.n1);
+      }
     }
   });
   return ffi::Error::Success();
@@ -277,6 +301,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("bits")
                                   .Attr<int64_t>("activation_bits")
+                                  .Attr<int64_t>("scale_bits")
+                                  .Attr<int64_t>("has_mins")
                                   .Attr<ffi::Span<const int64_t>>("panels")
                                   .Attr<ffi::Span<const int64_t>>("groups")
                                   .Attr<ffi::Span<const int64_t>>("offsets"));

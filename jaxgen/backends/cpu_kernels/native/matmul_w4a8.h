@@ -112,8 +112,10 @@ inline void W4A8Block(const QuantizedPanels& w, const int8_t* codes,
   const int64_t scale_rows = depth / w.group;
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* panel = w.values + p * (depth / 2) * kQuantPanel;
-    const uint16_t* panel_scales = w.scales + p * scale_rows * kQuantPanel;
-    const uint16_t* panel_mins = w.mins + p * scale_rows * kQuantPanel;
+    const uint16_t* panel_scales =
+        static_cast<const uint16_t*>(w.scales) + p * scale_rows * kQuantPanel;
+    const uint16_t* panel_mins =
+        static_cast<const uint16_t*>(w.mins) + p * scale_rows * kQuantPanel;
     constexpr int64_t kTileRows = 8;
     for (int64_t m = m0; m < m1; m += kTileRows) {
       const int rows = static_cast<int>(std::min(kTileRows, m1 - m));

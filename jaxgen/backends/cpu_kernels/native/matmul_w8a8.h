@@ -153,7 +153,8 @@ inline void W8A8Block(const QuantizedPanels& w, const uint8_t* codes,
   const __m512i quad_index = QuadIndex();
   for (int64_t p = p0; p < p1; ++p) {
     const int8_t* panel = reinterpret_cast<const int8_t*>(w.values) + p * depth * kQuantPanel;
-    const uint16_t* panel_scales = w.scales + p * scale_rows * kQuantPanel;
+    const uint16_t* panel_scales =
+        static_cast<const uint16_t*>(w.scales) + p * scale_rows * kQuantPanel;
     constexpr int64_t kTileRows = kBits == 8 ? 8 : 6;  // 16 or 18 accumulators of 32 registers
     for (int64_t m = m0; m < m1; m += kTileRows) {
       const int rows = static_cast<int>(std::min(kTileRows, m1 - m));

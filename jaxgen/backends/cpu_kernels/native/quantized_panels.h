@@ -35,10 +35,11 @@ constexpr int64_t kInt4BlockRows = 8;      // rows of int4 codes in one uint32 l
 // A quantised weight as the kernel reads it.
 struct QuantizedPanels {
   const uint8_t* values;   // int8 or packed uint4 codes, layout above
-  const uint16_t* scales;  // float16 bits
-  const uint16_t* mins;    // float16 bits; null for int8
+  const void* scales;  // float16 bits, or float32 (float_scales)
+  const void* mins;    // like scales; null for an int8 weight without minimums
   int64_t depth, columns, group;  // K, N (padded to 16), rows per scale group
   bool int4;
+  bool float_scales;  // float32 scales and mins (a K-quant's d * sub-scale), else float16
 };
 
 inline float HalfToFloat(uint16_t h) {
@@ -64,6 +65,11 @@ inline float HalfToFloat(uint16_t h) {
   return f;
 }
 
+// A scale or minimum as float: float16 bits converted, float32 as it is (the tiles take either
+// through these overloads, templated on the scale type S).
+inline float ScaleToFloat(uint16_t h) { return HalfToFloat(h); }
+inline float ScaleToFloat(float f) { return f; }
+
 #if defined(JAXGEN_QUANTIZED_SIMD)
 constexpr bool kQuantizedSimd = true;
 
@@ -77,6 +83,10 @@ inline float HorizontalSum8(__m256 v) {
 inline __m256 LoadHalf8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+
+// Eight scales (or minimums) as floats, from float16 bits or float32.
+inline __m256 LoadScales8(const uint16_t* p) { return LoadHalf8(p); }
+inline __m256 LoadScales8(const float* p) { return _mm256_loadu_ps(p); }
 
 // Row j (0..7) of an 8-row int4 block, from its uint32 lanes: u * 16^j (j < 7) or u (j = 7),
 // exact in int32 and after conversion to float.
@@ -131,17 +141,17 @@ inline void ForInt4BlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m25
 
 // Calls f(k, e0, e1) for every row k in [k0, k1) of an int4 panel (k0, k1 multiples of 8),
 // dequantised (u * scale + min) in two 8-float vectors; `values` points at block k0 / 8.
-template <typename F>
+template <typename S, typename F>
 inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
-                           const uint8_t* values, const uint16_t* scales, const uint16_t* mins,
+                           const uint8_t* values, const S* scales, const S* mins,
                            F&& f) {
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
-    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
-    const __m256 m0 = LoadHalf8(mins + g * kQuantPanel);
-    const __m256 m1 = LoadHalf8(mins + g * kQuantPanel + 8);
+    const __m256 s0 = LoadScales8(scales + g * kQuantPanel);
+    const __m256 s1 = LoadScales8(scales + g * kQuantPanel + 8);
+    const __m256 m0 = LoadScales8(mins + g * kQuantPanel);
+    const __m256 m1 = LoadScales8(mins + g * kQuantPanel + 8);
     for (; k < end; k += kInt4BlockRows) {
       const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
       const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
@@ -154,9 +164,9 @@ inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
 
 // dst[k - k0, 16] = dequant(panel)[k0:k1, 16]: the slice a multi-tile row block shares, so the
 // codes are converted once per block instead of once per 4-row tile.
-template <bool kInt4>
+template <bool kInt4, typename S>
 void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uint8_t* values,
-                     const uint16_t* scales, const uint16_t* mins, float* dst) {
+                     const S* scales, const S* mins, float* dst) {
   if constexpr (kInt4) {
     ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
       _mm256_store_ps(dst + (k - k0) * kQuantPanel, e0);
@@ -167,8 +177,8 @@ void DequantizeSlice(const QuantizedPanels& w, int64_t k0, int64_t k1, const uin
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
-    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+    const __m256 s0 = LoadScales8(scales + g * kQuantPanel);
+    const __m256 s1 = LoadScales8(scales + g * kQuantPanel + 8);
     for (; k < end; ++k) {
       const __m128i codes =
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(values + (k - k0) * kQuantPanel));

@@ -16,10 +16,11 @@ namespace jaxgen_cpu {
 // per group, sum scaled[k] * Int4LaneCode over eight independent accumulator pairs (one AND, one
 // conversion and one FMA per 8 weights), then apply the group's scale, and its minimum times the
 // group's sum of x, once. `scaled` is the row through ScaleRowForInt4; k0, k1 multiples of 8.
+template <typename S>
 __attribute__((noinline)) inline void Int4RowTile(const QuantizedPanels& w, int64_t k0,
                                                   int64_t k1, const float* x,
                                                   const float* scaled, const uint8_t* values,
-                                                  const uint16_t* scales, const uint16_t* mins,
+                                                  const S* scales, const S* mins,
                                                   float* c, bool accumulate) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
   for (int64_t k = k0; k < k1;) {
@@ -53,10 +54,10 @@ __attribute__((noinline)) inline void Int4RowTile(const QuantizedPanels& w, int6
     const __m256 e0 = _mm256_add_ps(_mm256_add_ps(a00, a10), _mm256_add_ps(a20, a30));
     const __m256 e1 = _mm256_add_ps(_mm256_add_ps(a01, a11), _mm256_add_ps(a21, a31));
     const __m256 sum_x = _mm256_set1_ps(HorizontalSum8(xs));
-    acc0 = _mm256_fmadd_ps(e0, LoadHalf8(scales + g * kQuantPanel), acc0);
-    acc1 = _mm256_fmadd_ps(e1, LoadHalf8(scales + g * kQuantPanel + 8), acc1);
-    acc0 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel), acc0);
-    acc1 = _mm256_fmadd_ps(sum_x, LoadHalf8(mins + g * kQuantPanel + 8), acc1);
+    acc0 = _mm256_fmadd_ps(e0, LoadScales8(scales + g * kQuantPanel), acc0);
+    acc1 = _mm256_fmadd_ps(e1, LoadScales8(scales + g * kQuantPanel + 8), acc1);
+    acc0 = _mm256_fmadd_ps(sum_x, LoadScales8(mins + g * kQuantPanel), acc0);
+    acc1 = _mm256_fmadd_ps(sum_x, LoadScales8(mins + g * kQuantPanel + 8), acc1);
   }
   const __m256 prior0 = accumulate ? _mm256_loadu_ps(c) : _mm256_setzero_ps();
   const __m256 prior1 = accumulate ? _mm256_loadu_ps(c + 8) : _mm256_setzero_ps();
@@ -72,10 +73,10 @@ __attribute__((noinline)) inline void Int4RowTile(const QuantizedPanels& w, int6
 // FMAs: 1-4 rows of 576 x 1024 (one thread, cache-resident, benchmarks/matmul_quantized_tile.cc)
 // 60 / 70 / 79 / 93 us here against 65 / 98 / 117 / 150. Rows of <= 2 keep two accumulator
 // chains (even and odd k), more rows one (16 registers); c is summed into once per group.
-template <int R>
+template <int R, typename S>
 __attribute__((noinline)) void Int8RowsTile(const QuantizedPanels& w, int64_t k0, int64_t k1,
                                             const float* x, int64_t ldx, const uint8_t* values,
-                                            const uint16_t* scales, float* c, int64_t ldc,
+                                            const S* scales, float* c, int64_t ldc,
                                             bool accumulate) {
   static_assert(R >= 2 && R <= 4, "Int8RowsTile: 2 to 4 rows");
   constexpr int kChains = R <= 2 ? 2 : 1;
@@ -109,8 +110,8 @@ __attribute__((noinline)) void Int8RowsTile(const QuantizedPanels& w, int64_t k0
       row(k + 1, std::integral_constant<int, kChains - 1>());
     }
     if (k < end) row(k++, std::integral_constant<int, 0>());
-    const __m256 s0 = LoadHalf8(scales + g * kQuantPanel);
-    const __m256 s1 = LoadHalf8(scales + g * kQuantPanel + 8);
+    const __m256 s0 = LoadScales8(scales + g * kQuantPanel);
+    const __m256 s1 = LoadScales8(scales + g * kQuantPanel + 8);
     for (int r = 0; r < R; ++r) {
       __m256 e0 = acc[0][r][0], e1 = acc[0][r][1];
       if constexpr (kChains == 2) {
@@ -128,6 +129,8 @@ __attribute__((noinline)) void Int8RowsTile(const QuantizedPanels& w, int64_t k0
 inline __m512 LoadHalf16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline __m512 LoadScales16(const uint16_t* p) { return LoadHalf16(p); }
+inline __m512 LoadScales16(const float* p) { return _mm512_loadu_ps(p); }
 
 // (a0 + a1) + (a2 + a3): a row's four accumulator chains, summed as the one-row tiles sum them.
 inline __m512 SumChains(const __m512 (&a)[4]) {
@@ -163,10 +166,10 @@ __attribute__((always_inline)) inline void RowTilesByGroup(const QuantizedPanels
 // per k one sign-extending load and one conversion of the 16 codes, shared by the R rows, and
 // one FMA per row with x[r, k] broadcast from memory; four accumulator chains a row (k mod 4),
 // the group's scale applied once. Every row's sums run in the same order whatever R.
-template <int R>
+template <int R, typename S>
 __attribute__((noinline)) void Int8RowsTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
                                                 const float* x, int64_t ldx,
-                                                const uint8_t* values, const uint16_t* scales,
+                                                const uint8_t* values, const S* scales,
                                                 float* c, int64_t ldc, bool accumulate) {
   static_assert(R >= 1 && R <= 5, "Int8RowsTileWide: 1 to 5 rows");
   RowTilesByGroup<R>(w, k0, k1, c, ldc, accumulate, [&](int64_t g, int64_t k, int64_t end,
@@ -189,7 +192,7 @@ __attribute__((noinline)) void Int8RowsTileWide(const QuantizedPanels& w, int64_
     }
     for (; k < end; ++k, codes += kQuantPanel) JAXGEN_INT8_ROWS_WIDE(0, 0)
 #undef JAXGEN_INT8_ROWS_WIDE
-    const __m512 group_scales = LoadHalf16(scales + g * kQuantPanel);
+    const __m512 group_scales = LoadScales16(scales + g * kQuantPanel);
     for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(SumChains(a[r]), group_scales, acc[r]);
   });
 }
@@ -214,11 +217,11 @@ inline void Int4GroupSums(const float* x, int64_t depth, int64_t group, float* s
 // of x (Int4GroupSums, taken once per call), once. Four accumulator chains a row; every row's
 // sums run in the same order whatever R, so a row's result does not depend on the rows beside
 // it. `scaled` holds the rows and `sums` their group sums, `ld` floats apart.
-template <int R>
+template <int R, typename S>
 __attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_t k0, int64_t k1,
                                                 const float* scaled, const float* sums,
                                                 int64_t ld, const uint8_t* values,
-                                                const uint16_t* scales, const uint16_t* mins,
+                                                const S* scales, const S* mins,
                                                 float* c, int64_t ldc, bool accumulate) {
   static_assert(R >= 1 && R <= 5, "Int4RowsTileWide: 1 to 5 rows");
   RowTilesByGroup<R>(w, k0, k1, c, ldc, accumulate, [&](int64_t g, int64_t k, int64_t end,
@@ -243,8 +246,8 @@ __attribute__((noinline)) void Int4RowsTileWide(const QuantizedPanels& w, int64_
       JAXGEN_INT4_ROWS_WIDE(7, _mm512_srli_epi32(v, 28))
 #undef JAXGEN_INT4_ROWS_WIDE
     }
-    const __m512 group_mins = LoadHalf16(mins + g * kQuantPanel);
-    const __m512 group_scales = LoadHalf16(scales + g * kQuantPanel);
+    const __m512 group_mins = LoadScales16(mins + g * kQuantPanel);
+    const __m512 group_scales = LoadScales16(scales + g * kQuantPanel);
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * ld + g]), group_mins, acc[r]);
       acc[r] = _mm512_fmadd_ps(SumChains(a[r]), group_scales, acc[r]);

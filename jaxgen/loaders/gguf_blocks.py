@@ -1,0 +1,200 @@
+"""GGUF's quantised blocks as integer codes times a per-group scale (plus a per-group minimum).
+
+Every type jaxgen keeps dequantises, in ``gguf.quants.dequantize`` (and ggml's own
+``dequantize_row_*``), as ``scale * code`` or ``scale * code - offset`` per group of 16 or 32
+weights, the scale and offset being float16 numbers or the float32 product of a float16
+super-block scale and a small integer sub-block scale. :func:`decode_blocks` splits a tensor's
+blocks into those codes, scales and minimums, so that ``codes * scales + mins`` in float32 is the
+file's dequantised tensor bit for bit: every product of a super-block scale (11 significant bits),
+a sub-block scale (at most 7 bits) and a code (at most 7 bits) fits float32's 24 bits exactly,
+and a minimum is subtracted once, as the dequantiser does.
+
+| type | codes | group | scale | minimum |
+| --- | --- | --- | --- | --- |
+| Q8_0 | int8 q | 32 | d (f16) | |
+| Q4_0 | u4 q (symmetric: q - 8) | 32 | d (f16) | |
+| Q4_1 | u4 q | 32 | d (f16) | m (f16) |
+| Q5_0 | int8 q - 16 | 32 | d (f16) | |
+| Q5_1 | int8 q (0..31) | 32 | d (f16) | m (f16) |
+| IQ4_NL | int8 kvalues[q] | 32 | d (f16) | |
+| Q2_K | u4 q (0..3) | 16 | d * sc (f32) | -dmin * m (f32) |
+| Q3_K | u4 q + 4 (symmetric: q in -4..3) | 16 | d * (sc - 32) (f32) | |
+| Q4_K | u4 q | 32 | d * sc (f32) | -dmin * m (f32) |
+| Q5_K | int8 q (0..31) | 32 | d * sc (f32) | -dmin * m (f32) |
+| Q6_K | int8 q - 32 | 16 | d * sc (f32) | |
+| IQ4_XS | int8 kvalues[q] | 32 | d * (ls - 32) (f32) | |
+
+(``u4``: an unsigned 4-bit code, which ``QuantizedWeight``'s int4 kind stores two to a byte.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+SUPER_BLOCK = 256  # elements per K-quant / IQ4_XS super-block
+# llama.cpp's non-linear 4-bit codebook (IQ4_NL, IQ4_XS).
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+# type -> (elements per block, bytes per block)
+BLOCK_LAYOUTS = {
+    "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "IQ4_NL": (32, 18), "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144),
+    "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_XS": (256, 136),
+}  # fmt: skip
+KEPT_TYPES = tuple(BLOCK_LAYOUTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodedBlocks:
+    """A ``[rows, depth]`` tensor as ``kind`` codes with per-group scales (and minimums)."""
+
+    kind: str  # "int8" (signed codes) or "int4" (unsigned 4-bit codes)
+    codes: np.ndarray  # [rows, depth] int8, or uint8 in 0..15 (int4)
+    scales: np.ndarray  # [rows, depth / group_size] float16 or float32
+    mins: np.ndarray | None  # like scales, added after the product; None: none (int4: u - 8)
+    group_size: int
+
+
+def decode_blocks(qtype: str, data: np.ndarray, rows: int, depth: int) -> DecodedBlocks:
+    """Tensor ``data`` (the file's bytes, ``rows`` rows of ``depth`` elements) of GGUF type
+    ``qtype`` (one of ``KEPT_TYPES``) as codes, scales and minimums (module docstring)."""
+    if qtype not in BLOCK_LAYOUTS:
+        raise ValueError(f"GGUF type {qtype} has no kept layout; kept: {', '.join(KEPT_TYPES)}")
+    elements, nbytes = BLOCK_LAYOUTS[qtype]
+    if depth % elements:
+        raise ValueError(f"a {qtype} row of {depth} elements is not whole {elements}-blocks")
+    blocks = np.asarray(data, np.uint8).reshape(rows * depth // elements, nbytes)
+    kind, codes, scales, mins, group = _DECODERS[qtype](blocks)
+    groups = depth // group
+    return DecodedBlocks(
+        kind=kind,
+        codes=codes.reshape(rows, depth),
+        scales=scales.reshape(rows, groups),
+        mins=None if mins is None else mins.reshape(rows, groups),
+        group_size=group,
+    )
+
+
+def _half(blocks: np.ndarray, offset: int) -> np.ndarray:  # [B] float16 at byte `offset`
+    return blocks[:, offset : offset + 2].copy().view(np.float16)[:, 0]
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """[B, 16 n] bytes -> [B, n, 32] 4-bit codes: each 16 bytes' low nibbles are 16 elements,
+    their high nibbles the next 16."""
+    packed = packed.reshape(packed.shape[0], -1, 16)
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+
+
+def _bits(packed: np.ndarray, count: int, width: int) -> np.ndarray:
+    """[B, L] bytes -> [B, count, L] fields: field j of byte l is bits ``width * j`` up."""
+    shifts = (np.arange(count, dtype=np.uint8) * width)[None, :, None]
+    return (packed[:, None, :] >> shifts) & ((1 << width) - 1)
+
+
+def _q8_0(b):
+    return "int8", b[:, 2:].copy().view(np.int8), _half(b, 0), None, 32
+
+
+def _q4_0(b):
+    return "int4", _nibbles(b[:, 2:]), _half(b, 0), None, 32
+
+
+def _q4_1(b):
+    return "int4", _nibbles(b[:, 4:]), _half(b, 0), _half(b, 2), 32
+
+
+def _five_bit(b, high_at: int) -> np.ndarray:  # Q5_0 / Q5_1: [B, 32] codes 0..31
+    high = b[:, high_at : high_at + 4].copy().view("<u4")  # bit i: element i's fifth bit
+    fifth = (high >> np.arange(32, dtype=np.uint32)) & 1
+    return _nibbles(b[:, high_at + 4 :]).reshape(-1, 32) | (fifth.astype(np.uint8) << 4)
+
+
+def _q5_0(b):
+    codes = _five_bit(b, 2).astype(np.int8) - np.int8(16)
+    return "int8", codes, _half(b, 0), None, 32
+
+
+def _q5_1(b):
+    return "int8", _five_bit(b, 4).astype(np.int8), _half(b, 0), _half(b, 2), 32
+
+
+def _iq4_nl(b):
+    return "int8", IQ4_VALUES[_nibbles(b[:, 2:])].astype(np.int8), _half(b, 0), None, 32
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes -> 8 six-bit scales and 8 six-bit minimums per super-block: the
+    first four of each in the low 6 bits of bytes 0-3 / 4-7, the last four from bytes 8-11's
+    nibbles with their top two bits in the top bits of bytes 0-3 / 4-7."""
+    low, high, rest = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = np.concatenate([low & 63, (rest & 15) | ((low >> 6) << 4)], axis=1)
+    mins = np.concatenate([high & 63, (rest >> 4) | ((high >> 6) << 4)], axis=1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _products(d: np.ndarray, sub: np.ndarray) -> np.ndarray:  # [B], [B, S] -> [B, S] float32
+    return d.astype(np.float32)[:, None] * sub.astype(np.float32)
+
+
+def _q4_k(b):
+    scales, mins = _k_scales(b[:, 4:16])
+    codes = _q4_k_codes(b[:, 16:144])
+    return "int4", codes, _products(_half(b, 0), scales), -_products(_half(b, 2), mins), 32
+
+
+def _q4_k_codes(packed):  # [B, 128] -> [B, 8, 32]: 32 bytes' low nibbles, then their high ones
+    packed = packed.reshape(-1, 4, 1, 32)
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=2).reshape(-1, 8, 32)
+
+
+def _q5_k(b):
+    scales, mins = _k_scales(b[:, 4:16])
+    fifth = _bits(b[:, 16:48], 8, 1)  # [B, 8, 32]: bit j of byte l is sub-block j's element l
+    codes = (_q4_k_codes(b[:, 48:176]) | (fifth << 4)).astype(np.int8)
+    return "int8", codes, _products(_half(b, 0), scales), -_products(_half(b, 2), mins), 32
+
+
+def _q6_k(b):
+    low = b[:, 0:128].reshape(-1, 2, 1, 64)  # per half: 64 bytes, low nibbles then high
+    low = np.concatenate([low & 0x0F, low >> 4], axis=2).reshape(-1, 2, 128)
+    high = b[:, 128:192].reshape(-1, 2, 32)  # per half: 2-bit fields j of 32 bytes
+    high = np.stack([_bits(half, 4, 2) for half in (high[:, 0], high[:, 1])], axis=1)
+    codes = (low | (high.reshape(-1, 2, 128) << 4)).astype(np.int8) - np.int8(32)
+    sub = b[:, 192:208].copy().view(np.int8)
+    return "int8", codes, _products(_half(b, 208), sub), None, 16
+
+
+def _q3_k(b):
+    low = np.stack([_bits(b[:, 32 + 32 * h : 64 + 32 * h], 4, 2) for h in range(2)], axis=1)
+    high = _bits(b[:, 0:32], 8, 1)  # [B, 8, 32]; a clear bit subtracts 4
+    codes = low.reshape(-1, 8, 32).astype(np.int8) - ((1 - high) << 2).astype(np.int8)
+    packed = b[:, 96:108]
+    sub_low = np.concatenate([packed[:, 0:8] & 15, packed[:, 0:8] >> 4], axis=1)  # [B, 16]
+    sub_high = _bits(packed[:, 8:12], 4, 2).reshape(-1, 16)
+    sub = (sub_low | (sub_high << 4)).astype(np.int8) - np.int8(32)
+    return "int4", (codes + 8).astype(np.uint8), _products(_half(b, 108), sub), None, 16
+
+
+def _q2_k(b):
+    sub = b[:, 0:16]
+    codes = np.stack([_bits(b[:, 16 + 32 * h : 48 + 32 * h], 4, 2) for h in range(2)], axis=1)
+    scales, mins = _products(_half(b, 80), sub & 15), -_products(_half(b, 82), sub >> 4)
+    return "int4", codes.reshape(-1, 256), scales, mins, 16
+
+
+def _iq4_xs(b):
+    high = (b[:, 2:4].copy().view("<u2")[:, 0:1] >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    low = b[:, 4:8]
+    low = np.stack([low & 15, low >> 4], axis=2).reshape(-1, 8)
+    sub = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
+    codes = IQ4_VALUES[_nibbles(b[:, 8:136])].astype(np.int8)
+    return "int8", codes, _products(_half(b, 0), sub), None, 32
+
+
+_DECODERS = {
+    "Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
+    "IQ4_NL": _iq4_nl, "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k,
+    "Q6_K": _q6_k, "IQ4_XS": _iq4_xs,
+}  # fmt: skip
