@@ -229,8 +229,8 @@ class EngineConfig:
     )
     quantization: str = knob(
         "auto",
-        help="weights as loaded: auto (a GGUF keeps its Q8_0/Q4_0/Q4_1 types, a float checkpoint "
-        "stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load "
+        help="weights as loaded: auto (a GGUF keeps its Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/IQ4_NL/Q2_K-Q6_K/"
+        "IQ4_XS types exactly, a float checkpoint stays float), none (dequantise to --dtype), or int8 / int4 / fp8 quantised at load "
         "(int8: integer CPU kernels may take x as 16-bit codes); w8a8: int8 weights whose "
         "matmuls quantise their input to int8 too, per row and 32 columns "
         "(jaxgen.quantization); w4a8: int4 weights whose matmuls do the same, llama.cpp's "

@@ -121,7 +121,8 @@ def load_model(
     or a hub id (downloaded first: ``resolve_model``, with ``revision`` and ``gguf_file``).
 
     ``quantization`` (``jaxgen.quantization.QUANTIZATION_CHOICES``): ``"auto"`` keeps a GGUF's
-    Q8_0/Q4_0/Q4_1 tensors quantised and a float checkpoint float; ``"none"`` dequantises
+    quantised tensors as the file holds them (every kept type: ``gguf_blocks.KEPT_TYPES``) and a
+    float checkpoint float; ``"none"`` dequantises
     everything to ``dtype``; ``"int8"``, ``"int4"``, ``"fp8"`` quantise a float checkpoint's
     linear layers (and embedding / LM head) at load. A sharded load (``place``: a sharding
     plan) places quantised weights quantised, each split as its float kernel

@@ -229,7 +229,7 @@ def params_from_hf_tensors(
     ``QuantizedWeight``s too, each leaf split as its float kernel would be.
     Quantisable parameters (every ``Linear`` kernel, and an ``Embedding`` table, held then as
     its ``[hidden, vocab]`` head kernel) become ``QuantizedWeight``s: as the checkpoint stores
-    them when ``get_quantized(name)`` returns one (a GGUF's Q8_0/Q4_0/Q4_1 under
+    them when ``get_quantized(name)`` returns one (a GGUF's kept types under
     ``quantization="auto"``, or ``"w4a8"`` with int8 activations), else quantised at load when
     ``quantization`` names a kind (``jaxgen.quantization.spec_for_path``).
     """
