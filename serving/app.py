@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from serving import invocations
 from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.openai import responses_routes, tokenize_routes
@@ -104,6 +105,7 @@ def create_app(
         *openai_routes.ROUTES,
         *responses_routes.ROUTES,
         *tokenize_routes.ROUTES,
+        *invocations.ROUTES,
     ]
     handlers = {
         HTTPException: http_error,

@@ -193,6 +193,8 @@ class Generation:
         deltas = []
         for piece in output.outputs:
             completion = self.completions[piece.index]
+            if completion.finish_reason is not None:  # finished in an earlier output (n > 1)
+                continue
             text = self._pending_text[piece.index] + piece.text
             tokens = list(piece.token_ids)
             if tokens:
@@ -208,7 +210,7 @@ class Generation:
             completion.token_texts += texts
             if logprobs:
                 completion.logprobs += logprobs
-            if piece.finish_reason is not None and completion.finish_reason is None:
+            if piece.finish_reason is not None:
                 completion.finish_reason = piece.finish_reason
                 completion.stop_reason = piece.stop_reason
                 leftover = self._pending_text[piece.index]
@@ -227,7 +229,7 @@ class Generation:
                     tokens,
                     texts,
                     logprobs,
-                    completion.finish_reason if piece.finish_reason else None,
+                    completion.finish_reason,
                     piece.stop_reason,
                 )
             )

@@ -4,7 +4,7 @@ schema, enforced by the engine's constrained decoding (``SamplingParams.structur
 from __future__ import annotations
 
 from jaxgen.structured_outputs import StructuredOutputsParams
-from jaxgen.structured_outputs.strict_schemas import strict_schema
+from jaxgen.structured_outputs.strict_schemas import SCHEMA_MAPS, strict_schema
 from jaxgen.tool_calling.requests import ToolChoice
 
 
@@ -28,22 +28,72 @@ def tool_choice_schema(
         return by_name[choice.name]
     if choice.mode != "required":
         return None
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "const": name},
-                "parameters": parameters,
-            },
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for name, parameters in by_name.items()
-    ]
+    calls, definitions = [], {}
+    for i, (name, parameters) in enumerate(by_name.items()):
+        if _has_local_refs(parameters):  # its "#/..." pointers name its own root
+            key = f"tool_{i}_parameters"
+            definitions[key] = _rebased(parameters, f"#/$defs/{key}")
+            parameters = {"$ref": f"#/$defs/{key}"}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "const": name},
+                    "parameters": parameters,
+                },
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
     schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not choice.parallel:
         schema["maxItems"] = 1
+    if definitions:
+        schema["$defs"] = definitions
     return schema
+
+
+# Keywords whose values are data, not schemas: never searched for references.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _has_local_refs(schema) -> bool:
+    """Whether ``schema`` holds a ``$ref`` to a JSON pointer in its own document (``#...``)."""
+    if isinstance(schema, list):
+        return any(_has_local_refs(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            return True
+        if key in SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
+            if any(_has_local_refs(item) for item in value.values()):
+                return True
+        elif key not in _DATA_KEYWORDS and _has_local_refs(value):
+            return True
+    return False
+
+
+def _rebased(schema, base: str):
+    """``schema`` moved to pointer ``base`` of a larger document: each local ``$ref`` ``#/x``
+    (``$defs``, ``definitions`` or any other path of its root, recursion included) becomes
+    ``base/x``, and ``#`` becomes ``base``. So a tool whose ``parameters`` use ``$defs`` keeps
+    its references when "required" puts it inside the list of calls."""
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rebased[key] = base + value[1:]
+        elif key in SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
+            rebased[key] = {name: _rebased(item, base) for name, item in value.items()}
+        elif key in _DATA_KEYWORDS:
+            rebased[key] = value
+        else:
+            rebased[key] = _rebased(value, base)
+    return rebased
 
 
 def _arguments_schema(function: dict, lenient: frozenset[str]) -> dict:

@@ -10,6 +10,7 @@ Output that does not read as calls is returned as plain content, never an error.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from jaxgen.tool_calling.calls import ToolCall, new_call_id
 from jaxgen.tool_calling.formats import ToolCallFormat, get_format
@@ -102,6 +103,9 @@ class ToolCallStream:
         if final:
             arguments = "".join(self._named_arguments)
             self.calls[0] = dataclasses.replace(self.calls[0], arguments=arguments)
+            if not _parses(arguments):  # cut (max_tokens, a stop): text, never a broken call
+                self.calls = []
+                self.content_parts = [arguments]
 
     # -- auto and required ---------------------------------------------------------------------
     def _scan(self, update: Update, final: bool) -> None:
@@ -169,6 +173,15 @@ class ToolCallStream:
         update.tool_call_deltas.append({"index": len(self.calls), **call.to_openai()})
         self.calls.append(call)
         self._held_whitespace = ""
+
+
+def _parses(arguments: str) -> bool:
+    """Whether a named call's arguments are one whole JSON value."""
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def _partial_marker(text: str, start: int, fmt: ToolCallFormat) -> int:

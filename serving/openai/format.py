@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from serving.generation import GenerationResult, token_logprob, top_logprobs
-from serving.openai.prompt_logprobs import completion_logprobs, join_logprobs, vllm_prompt_logprobs
+from serving.openai.prompt_logprobs import (
+    completion_logprobs,
+    join_logprobs,
+    token_label,
+    vllm_prompt_logprobs,
+)
 from serving.openai.tool_calls import ToolDeltas, tool_message
 
 
@@ -41,6 +46,8 @@ class _Format:
         self.results: list[GenerationResult] = []  # set by ``response``
         self.generations: list = []  # the running ``Generation``s (streamed echo reads them)
         self.echoed: set[int] = set()  # prompts whose streamed echo chunk went out
+        self.generated = 0  # completion tokens streamed so far (continuous usage)
+        self.started: set[int] = set()  # choices whose first chunk went out (prompt_token_ids)
 
     def prompt_logprobs_json(self, prompt_index: int, entries) -> list | None:
         """vLLM's ``prompt_logprobs`` of one prompt, when the request asked for them."""
@@ -62,10 +69,40 @@ class _Format:
         }
 
     def chunk(self, choices: list) -> dict:
+        """A stream chunk; ``usage`` null, or with ``continuous_usage_stats`` the request's
+        running totals (all its prompts, the completion tokens streamed so far)."""
         body = self.envelope(self.chunk_object_name, choices)
-        if self.parsed.include_usage:
+        if self.parsed.continuous_usage:
+            prompt = sum(len(ids) for ids in self.parsed.prompts)
+            body["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": self.generated,
+                "total_tokens": prompt + self.generated,
+            }
+        elif self.parsed.include_usage:
             body["usage"] = None
         return body
+
+    def label(self, token_id: int) -> str:
+        """A token as logprobs name it (``return_tokens_as_token_ids``: ``token_id:N``)."""
+        return token_label(self.texts, token_id, self.parsed.tokens_as_ids)
+
+    def ids_or_none(self, ids: list[int]) -> list[int] | None:
+        """``ids`` with ``return_token_ids``, else null (vLLM's fields, always present)."""
+        return list(ids) if self.parsed.return_token_ids else None
+
+    def with_token_ids(self, choice: dict, prompt_index: int, token_ids: list[int]) -> dict:
+        """A streamed choice with ``return_token_ids``: its ``token_ids``, and on the choice's
+        first chunk the prompt's ``prompt_token_ids`` (completions; vLLM's shape)."""
+        if self.parsed.return_token_ids:
+            if choice["index"] not in self.started:
+                choice["prompt_token_ids"] = list(self.parsed.prompts[prompt_index])
+            choice["token_ids"] = list(token_ids)
+        self.started.add(choice["index"])
+        return choice
+
+    def count(self, deltas) -> None:
+        self.generated += sum(len(delta.token_ids) for delta in deltas)
 
     def usage_chunk(self, results: list[GenerationResult]) -> dict:
         body = self.envelope(self.chunk_object_name, [])
@@ -94,7 +131,12 @@ class CompletionFormat(_Format):
         if self.parsed.logprobs is None:
             return None
         return completion_logprobs(
-            self.texts, token_ids, entries, self.parsed.logprobs, offset=offset
+            self.texts,
+            token_ids,
+            entries,
+            self.parsed.logprobs,
+            offset=offset,
+            as_ids=self.parsed.tokens_as_ids,
         )
 
     def prompt_text(self, prompt_index: int) -> str:
@@ -115,7 +157,9 @@ class CompletionFormat(_Format):
 
     def prompt_logprobs_object(self, prompt_index: int, entries) -> dict:
         ids = self.parsed.prompts[prompt_index]
-        return completion_logprobs(self.texts, ids, entries, self.parsed.logprobs, echoed=True)
+        return completion_logprobs(
+            self.texts, ids, entries, self.parsed.logprobs, as_ids=self.parsed.tokens_as_ids
+        )
 
     def choice(self, prompt_index: int, completion) -> dict:
         prefix = self.prompt_text(prompt_index) if self.parsed.echo else ""
@@ -129,13 +173,15 @@ class CompletionFormat(_Format):
             "logprobs": logprobs,
             "finish_reason": completion.finish_reason,
             "stop_reason": completion.stop_reason,
+            "prompt_logprobs": self.prompt_logprobs_json(prompt_index, entries),
+            "prompt_token_ids": self.ids_or_none(self.parsed.prompts[prompt_index]),
+            "token_ids": self.ids_or_none(completion.token_ids),
         }
-        if self.parsed.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = self.prompt_logprobs_json(prompt_index, entries)
         return choice
 
-    def echo_chunk(self, prompt_index: int) -> dict:
-        """The streamed echo of a prompt, with its logprobs once they are known."""
+    def echo_chunks(self, prompt_index: int) -> list[dict]:
+        """The streamed echo of a prompt, with its logprobs once they are known: a chunk per
+        choice."""
         entries = None
         if prompt_index < len(self.generations):
             entries = self.generations[prompt_index].prompt_logprobs
@@ -151,8 +197,8 @@ class CompletionFormat(_Format):
             }
             if self.parsed.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = self.prompt_logprobs_json(prompt_index, entries)
-            choices.append(choice)
-        return self.chunk(choices)
+            choices.append(self.with_token_ids(choice, prompt_index, []))
+        return [self.chunk([choice]) for choice in choices]
 
     def first_chunks(self) -> list[dict]:
         if self.streams_prompt_logprobs:  # ``chunks`` sends it with the prompt logprobs
@@ -162,12 +208,16 @@ class CompletionFormat(_Format):
         return [
             self.chunk(
                 [
-                    {
-                        "index": self.choice_index(p, i),
-                        "text": self.prompt_text(p),
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
+                    self.with_token_ids(
+                        {
+                            "index": self.choice_index(p, i),
+                            "text": self.prompt_text(p),
+                            "logprobs": None,
+                            "finish_reason": None,
+                        },
+                        p,
+                        [],
+                    )
                 ]
             )
             for p in range(len(self.parsed.prompts))
@@ -175,24 +225,32 @@ class CompletionFormat(_Format):
         ]
 
     def chunks(self, prompt_index: int, deltas) -> list[dict]:
+        """One chunk per choice that gained something (as vLLM: a client reads
+        ``choices[0]``), after the prompt's echo chunk when it waits for prompt logprobs."""
+        self.count(deltas)
         lead = []
         if self.streams_prompt_logprobs and prompt_index not in self.echoed:
             self.echoed.add(prompt_index)
-            lead.append(self.echo_chunk(prompt_index))
-        choices = []
+            lead += self.echo_chunks(prompt_index)
+        chunks = []
         for delta in deltas:
-            if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
+            if (
+                not delta.text
+                and not delta.finish_reason
+                and self.parsed.logprobs is None
+                and not (self.parsed.return_token_ids and delta.token_ids)
+            ):
                 continue
-            choices.append(
-                {
-                    "index": self.choice_index(prompt_index, delta.index),
-                    "text": delta.text,
-                    "logprobs": self.logprobs(delta.token_ids, delta.logprobs, 0),
-                    "finish_reason": delta.finish_reason,
-                    "stop_reason": delta.stop_reason if delta.finish_reason else None,
-                }
-            )
-        return lead + ([self.chunk(choices)] if choices else [])
+            index = self.choice_index(prompt_index, delta.index)
+            choice = {
+                "index": index,
+                "text": delta.text,
+                "logprobs": self.logprobs(delta.token_ids, delta.logprobs, 0),
+                "finish_reason": delta.finish_reason,
+                "stop_reason": delta.stop_reason if delta.finish_reason else None,
+            }
+            chunks.append(self.chunk([self.with_token_ids(choice, prompt_index, delta.token_ids)]))
+        return lead + chunks
 
 
 class ChatFormat(_Format):
@@ -205,12 +263,13 @@ class ChatFormat(_Format):
 
     def response(self, results: list[GenerationResult]) -> dict:
         body = super().response(results)
-        if self.parsed.prompt_logprobs is not None:  # vLLM: beside the choices
-            body["prompt_logprobs"] = self.prompt_logprobs_json(0, results[0].prompt_logprobs)
+        # vLLM's, beside the choices (null unless asked for)
+        body["prompt_logprobs"] = self.prompt_logprobs_json(0, results[0].prompt_logprobs)
+        body["prompt_token_ids"] = self.ids_or_none(self.parsed.prompts[0])
         return body
 
     def entry(self, token_id: int, logprob: float | None) -> dict:
-        text = self.texts.text(token_id)
+        text = self.label(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     def logprobs(self, token_ids, entries) -> dict | None:
@@ -230,19 +289,26 @@ class ChatFormat(_Format):
         finish_reason = completion.finish_reason
         if self.parsed.tools is not None:  # content and tool_calls read from the text
             message, finish_reason = tool_message(self.parsed.tools, completion.text, finish_reason)
-        if self.parsed.echoed_content:  # ``echo``: the continued message leads the answer
-            message["content"] = self.parsed.echoed_content + (message["content"] or "")
+        echoed = self.parsed.echoed_content
+        if self.parsed.echoed_contents is not None:  # a batch: each conversation's own
+            echoed = self.parsed.echoed_contents[prompt_index]
+        if echoed:  # ``echo``: the continued message leads the answer
+            message["content"] = echoed + (message["content"] or "")
         return {
             "index": self.choice_index(prompt_index, completion.index),
             "message": message,
             "logprobs": self.logprobs(completion.token_ids, completion.logprobs),
             "finish_reason": finish_reason,
             "stop_reason": completion.stop_reason,
+            "token_ids": self.ids_or_none(completion.token_ids),
         }
 
     def first_chunks(self) -> list[dict]:
-        return [
-            self.chunk(
+        """Each choice's opening chunk (its role); the first carries ``prompt_token_ids`` with
+        ``return_token_ids`` (vLLM: that chunk only)."""
+        chunks = []
+        for i in range(self.parsed.n):
+            chunk = self.chunk(
                 [
                     {
                         "index": self.choice_index(0, i),
@@ -252,11 +318,15 @@ class ChatFormat(_Format):
                     }
                 ]
             )
-            for i in range(self.parsed.n)
-        ]
+            if self.parsed.return_token_ids and not chunks:
+                chunk["prompt_token_ids"] = list(self.parsed.prompts[0])
+            chunks.append(chunk)
+        return chunks
 
     def chunks(self, prompt_index: int, deltas) -> list[dict]:
-        choices = []
+        """One chunk per choice that gained something (as vLLM)."""
+        self.count(deltas)
+        chunks = []
         for delta in deltas:
             index = self.choice_index(prompt_index, delta.index)
             body = {"content": delta.text} if delta.text or not delta.finish_reason else {}
@@ -267,15 +337,21 @@ class ChatFormat(_Format):
                 body, finish_reason = self.tool_deltas.delta(index, delta.text, finish_reason)
                 if not body and not finish_reason and self.parsed.logprobs is None:
                     continue
-            if not delta.text and not delta.finish_reason and self.parsed.logprobs is None:
+            if (
+                not delta.text
+                and not delta.finish_reason
+                and self.parsed.logprobs is None
+                and not (self.parsed.return_token_ids and delta.token_ids)
+            ):
                 continue
-            choices.append(
-                {
-                    "index": index,
-                    "delta": body,
-                    "logprobs": self.logprobs(delta.token_ids, delta.logprobs),
-                    "finish_reason": finish_reason,
-                    "stop_reason": delta.stop_reason if delta.finish_reason else None,
-                }
-            )
-        return [self.chunk(choices)] if choices else []
+            choice = {
+                "index": index,
+                "delta": body,
+                "logprobs": self.logprobs(delta.token_ids, delta.logprobs),
+                "finish_reason": finish_reason,
+                "stop_reason": delta.stop_reason if delta.finish_reason else None,
+            }
+            if self.parsed.return_token_ids:
+                choice["token_ids"] = list(delta.token_ids)
+            chunks.append(self.chunk([choice]))
+        return chunks

@@ -49,6 +49,12 @@ def logit_bias_field(fields: Fields, vocab_size: int, max_entries: int) -> dict[
     return bias
 
 
+def token_label(texts: TokenTexts, token_id: int, as_ids: bool) -> str:
+    """A token as logprobs name it: its text, or vLLM's ``token_id:N`` with
+    ``return_tokens_as_token_ids``."""
+    return f"token_id:{token_id}" if as_ids else texts.text(token_id)
+
+
 def completion_logprobs(
     texts: TokenTexts,
     token_ids: list[int],
@@ -56,22 +62,26 @@ def completion_logprobs(
     count: int,
     *,
     offset: int = 0,
-    echoed: bool = False,
+    as_ids: bool = False,
 ) -> dict:
     """The completions ``logprobs`` object (``tokens``, ``token_logprobs``, ``top_logprobs``,
-    ``text_offset``) of ``token_ids``, whose text starts at character ``offset``; ``count`` top
-    alternatives per token. A token without an entry (an echoed prompt's first) has null
-    ``top_logprobs``; one whose alternatives are none (``count`` 0) has ``{}`` when ``echoed``
-    (a prompt token), else null."""
+    ``text_offset``) of ``token_ids``, whose text starts at character ``offset``. A position's
+    ``top_logprobs`` holds the ``count`` most likely tokens and the chosen one (up to
+    ``count + 1`` entries, as vLLM and OpenAI's legacy API); null for a token without an entry
+    (an echoed prompt's first). ``as_ids``: tokens named ``token_id:N``."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for token_id, entry in zip(token_ids, entries or [None] * len(token_ids), strict=True):
-        text = texts.text(token_id)
-        tokens.append(text)
-        token_logprobs.append(token_logprob(entry, token_id))
-        top = {texts.text(t): lp for t, lp in top_logprobs(entry, count)}
-        tops.append(top if top or (entry and echoed) else None)
+        chosen = token_logprob(entry, token_id)
+        tokens.append(token_label(texts, token_id, as_ids))
+        token_logprobs.append(chosen)
+        top = None
+        if entry:
+            top = {token_label(texts, t, as_ids): lp for t, lp in top_logprobs(entry, count)}
+            if token_id in entry:
+                top.setdefault(token_label(texts, token_id, as_ids), chosen)
+        tops.append(top)
         offsets.append(offset)
-        offset += len(text)
+        offset += len(texts.text(token_id))
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,

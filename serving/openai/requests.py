@@ -48,7 +48,11 @@ class OpenAIRequest:
     tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
     prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
     echoed_content: str = ""  # chat ``echo``: the final assistant message, leading the answer
+    echoed_contents: list[str] | None = None  # the same per conversation (a batch of them)
     beams: list | None = None  # ``use_beam_search``: one ``BeamSearchParams`` per prompt
+    return_token_ids: bool = False  # vLLM's: prompt and completion token ids in the answer
+    tokens_as_ids: bool = False  # vLLM's ``return_tokens_as_token_ids``: logprobs name ids
+    continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage per chunk
 
 
 def parse_common(
@@ -116,6 +120,18 @@ def parse_common(
     return params, n, stream, include_usage
 
 
+def vllm_output_fields(fields: Fields, include_usage: bool) -> dict:
+    """vLLM's output extensions of both routes: ``return_token_ids``,
+    ``return_tokens_as_token_ids`` and ``stream_options.continuous_usage_stats`` (usage on
+    every chunk, with ``include_usage``)."""
+    options = Fields(fields.data.get("stream_options"), "stream_options")
+    return {
+        "return_token_ids": fields.boolean("return_token_ids", False),
+        "tokens_as_ids": fields.boolean("return_tokens_as_token_ids", False),
+        "continuous_usage": include_usage and options.boolean("continuous_usage_stats", False),
+    }
+
+
 def stop_token_ids(fields: Fields, vocab_size: int) -> list[int]:
     value = fields.data.get("stop_token_ids")
     if value is None or value == []:
@@ -172,6 +188,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         echo,
         prompt_logprobs=prompt_logprobs,
         beams=beam_search_params(fields, params, n),
+        **vllm_output_fields(fields, include_usage),
     )
 
 
@@ -221,6 +238,50 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         prompt_logprobs=prompt_logprobs,
         echoed_content=echoed_content(messages) if echo else "",
         beams=beam_search_params(fields, params, n),
+        **vllm_output_fields(fields, include_usage),
+    )
+
+
+def parse_chat_batch(state, body: dict) -> OpenAIRequest:
+    """vLLM's ``/v1/chat/completions/batch``: ``messages`` is a list of conversations, each
+    parsed as a chat request with the body's other fields; one answer, a choice per
+    conversation (and ``n``). Not streamed. Any conversation refused refuses the batch before
+    anything is queued."""
+    fields = Fields(body)
+    conversations = fields.data.get("messages")
+    if (
+        not isinstance(conversations, list)
+        or not conversations
+        or not all(isinstance(c, list) for c in conversations)
+    ):
+        raise fields.error("messages", "must be a non-empty list of conversations (message lists)")
+    if len(conversations) > MAX_CHOICES:
+        raise RequestError(
+            f"`messages` may hold at most {MAX_CHOICES} conversations", param="messages"
+        )
+    if fields.boolean("stream", False):
+        raise RequestError("a batch of conversations is not streamed", param="stream")
+    parsed = []
+    for i, conversation in enumerate(conversations):
+        try:
+            parsed.append(parse_chat(state, {**body, "messages": conversation}))
+        except RequestError as error:
+            where = error.param
+            if where and where.startswith("messages"):  # messages[j] of conversation i
+                where = f"messages[{i}]" + where[len("messages") :]
+            raise RequestError(
+                f"conversation {i}: {error.message}", param=where, kind=error.kind
+            ) from None
+    first = parsed[0]
+    if first.n * len(parsed) > MAX_CHOICES:
+        raise RequestError(f"conversations x n must be <= {MAX_CHOICES}", param="n")
+    return dataclasses.replace(
+        first,
+        prompts=[p.prompts[0] for p in parsed],
+        prompt_texts=[p.prompt_texts[0] for p in parsed],
+        params=[p.params[0] for p in parsed],
+        echoed_contents=[p.echoed_content for p in parsed],
+        beams=None if first.beams is None else [p.beams[0] for p in parsed],
     )
 
 

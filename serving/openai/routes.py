@@ -10,11 +10,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import jaxgen
 from serving.common import ERROR_STATUS, accept, error_response, prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge, run_all
 from serving.openai.beam_search_requests import BeamGeneration
 from serving.openai.format import ChatFormat, CompletionFormat, usage
-from serving.openai.requests import parse_chat, parse_completion
+from serving.openai.requests import parse_chat, parse_chat_batch, parse_completion
 from serving.openai.tool_calls import constraint_param
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
 from serving.structured_output_requests import constraint_field
@@ -54,6 +55,11 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``."""
     return await serve(request, parse_chat, ChatFormat)
+
+
+async def chat_completions_batch(request: Request) -> Response:
+    """``POST /v1/chat/completions/batch`` (vLLM's): a list of conversations, one answer."""
+    return await serve(request, parse_chat_batch, ChatFormat)
 
 
 def check_model(state, model) -> None:
@@ -168,24 +174,49 @@ async def stream_chunks(formatter, generations: list[Generation]):
     yield sse_event("[DONE]")
 
 
-async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: the one served model."""
-    state = request.app.state.server
-    model = {
+def model_card(state) -> dict:
+    """The served model as OpenAI's (and vLLM's) model object."""
+    return {
         "id": state.settings.model_name,
         "object": "model",
         "created": int(state.started_at),
         "owned_by": "jaxgen",
         "root": state.settings.model,
+        "parent": None,
         "max_model_len": state.limits.max_total_tokens if state.limits else None,
     }
-    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def list_models(request: Request) -> Response:
+    """``GET /v1/models``: the one served model."""
+    return JSONResponse({"object": "list", "data": [model_card(request.app.state.server)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{model}``: the served model under its name or an alias, else 404."""
+    state = request.app.state.server
+    name = request.path_params["model"]
+    if name != state.settings.model_name and name not in state.settings.model_aliases:
+        return openai_error(
+            RequestError(
+                f"The model `{name}` does not exist.", param="model", kind="model_not_found"
+            )
+        )
+    return JSONResponse(model_card(state))
+
+
+async def version(request: Request) -> Response:
+    """``GET /version``: the server's version, as vLLM's."""
+    return JSONResponse({"version": jaxgen.__version__})
 
 
 ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+    Route("/version", version, methods=["GET"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/chat/completions/batch", chat_completions_batch, methods=["POST"]),
 ]
 
 __all__ = ["ROUTES", "openai_error", "usage"]

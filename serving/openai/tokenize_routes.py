@@ -7,14 +7,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from serving.common import accept
-from serving.openai.requests import chat_messages
+from serving.openai.requests import chat_messages, template_options
 from serving.openai.routes import check_model, openai_error
+from serving.openai.tool_calls import render_prompt, tool_request
 from serving.streaming import run_until_disconnect
 from serving.validation import Fields, RequestError, check_token_ids
 
 
 async def tokenize(request: Request) -> Response:
-    """``POST /tokenize``: ``{"prompt"}`` or ``{"messages", "add_generation_prompt"}`` (both with
+    """``POST /tokenize``: ``{"prompt"}`` or ``{"messages", ...}`` (both with
     ``add_special_tokens``) -> ``{"count", "max_model_len", "tokens", "token_strs"}``. The
     template and the tokenizer run on a parse lane, off the event loop."""
     try:
@@ -36,22 +37,19 @@ async def tokenize(request: Request) -> Response:
 
 
 def tokenize_body(state, body: dict) -> tuple[list[int], list[str] | None]:
-    """A ``/tokenize`` body's tokens (and their strings with ``return_token_strs``)."""
+    """A ``/tokenize`` body's tokens (and, with ``return_token_strs``, the tokenizer's own token
+    strings, as vLLM: ``'Ġis'``, not the decoded ``' is'``). ``messages`` render as a chat
+    request's do: ``tools``, ``add_generation_prompt``, ``continue_final_message`` and
+    ``chat_template_kwargs`` included."""
     fields = Fields(body)
     check_model(state, fields.string("model"))
     tokenizer = state.llm.tokenizer
     if "messages" in body:
         messages = chat_messages(fields)
-        add_generation_prompt = fields.boolean("add_generation_prompt", True)
+        text = render_prompt(
+            state, messages, tool_request(state, fields), template_options(fields, messages)
+        )
         add_special = fields.boolean("add_special_tokens", False)
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        except Exception as error:
-            raise RequestError(
-                f"`messages` do not fit the chat template: {error}"[:500], param="messages"
-            ) from None
     else:
         text = fields.data.get("prompt")
         if not isinstance(text, str):
@@ -59,7 +57,7 @@ def tokenize_body(state, body: dict) -> tuple[list[int], list[str] | None]:
         add_special = fields.boolean("add_special_tokens", True)
     return_strs = fields.boolean("return_token_strs", False)
     tokens = tokenizer.encode(text, add_special_tokens=add_special)
-    strings = [state.token_texts.text(t) for t in tokens] if return_strs else None
+    strings = list(tokenizer.convert_ids_to_tokens(tokens)) if return_strs else None
     return tokens, strings
 
 

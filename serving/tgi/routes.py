@@ -209,7 +209,7 @@ def token_events(state, parsed: TgiRequest, generation: Generation, delta, index
 
 
 async def compat_generate(request: Request) -> Response:
-    """``POST /`` (and ``/invocations``): ``/generate`` or ``/generate_stream`` by ``stream``."""
+    """``POST /`` (and ``/invocations`` with a TGI body): ``/generate`` or ``/generate_stream`` by ``stream``."""
     try:
         state, body = await accept(request)
     except RequestError as error:
@@ -254,6 +254,5 @@ ROUTES = [
     Route("/generate", generate, methods=["POST"]),
     Route("/generate_stream", generate_stream, methods=["POST"]),
     Route("/", compat_generate, methods=["POST"]),
-    Route("/invocations", compat_generate, methods=["POST"]),
     Route("/info", info, methods=["GET"]),
 ]
