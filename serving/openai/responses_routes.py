@@ -128,21 +128,7 @@ class ResponseBuilder:
             events += self._content(end.content) + self._calls(end.tool_call_deltas)
         if self.message is None and not self.calls:
             events += self._open_message()
-        if self.message is not None:
-            events += self._close_message()
-        for item in self.calls.values():
-            index = self.items.index(item)
-            events.append(
-                self.event(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            )
-            item["status"] = "completed"
-            events.append(self.event("response.output_item.done", output_index=index, item=item))
+        events += self._close_open_items()
         self.usage = usage(result)
         if finish_reason == "length":
             self.status = "incomplete"
@@ -184,7 +170,9 @@ class ResponseBuilder:
     def _content(self, text: str) -> list[bytes]:
         if not text:
             return []
-        events = self._open_message() if self.message is None else []
+        events = []
+        if self.message is None or self.message["status"] != "in_progress":
+            events = self._close_open_items() + self._open_message()
         self.message["content"][0]["text"] += text
         events.append(
             self.event(
@@ -196,6 +184,30 @@ class ResponseBuilder:
                 logprobs=[],
             )
         )
+        return events
+
+    def _close_open_items(self) -> list[bytes]:
+        """Closes every item still open (before the next one opens: items stream one after
+        the other, as OpenAI's do)."""
+        events = []
+        for item in self.items:
+            if item["status"] != "in_progress":
+                continue
+            if item is self.message:
+                events += self._close_message()
+                continue
+            index = self.items.index(item)
+            events.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
+            item["status"] = "completed"
+            events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events
 
     def _close_message(self) -> list[bytes]:
@@ -215,6 +227,7 @@ class ResponseBuilder:
             function = delta.get("function") or {}
             item = self.calls.get(delta["index"])
             if item is None:
+                events += self._close_open_items()
                 item = {
                     "type": "function_call",
                     "id": f"fc_{uuid.uuid4().hex}",
