@@ -306,6 +306,18 @@ def echoed_content(messages: list[dict]) -> str:
     return last["content"] if last["role"] == "assistant" else ""
 
 
+def reasoning_fields(item: Fields, role: str) -> dict:
+    """An assistant message's reasoning (vLLM's ``reasoning_content`` or ``reasoning``), kept for
+    the chat template; a string or nothing."""
+    if role != "assistant":
+        return {}
+    for key in ("reasoning_content", "reasoning"):
+        text = item.string(key)
+        if text is not None:
+            return {"reasoning_content": text}
+    return {}
+
+
 def chat_messages(fields: Fields) -> list[dict]:
     """``messages`` as ``[{"role", "content": str}]`` (text content parts are joined), with
     assistant ``tool_calls`` and tool ``tool_call_id``/``name`` when given."""
@@ -338,6 +350,7 @@ def chat_messages(fields: Fields) -> list[dict]:
                 "role": "system" if role == "developer" else role,
                 "content": content,
                 **message_tool_fields(item.data, role, f"messages[{i}]"),
+                **reasoning_fields(item, role),
             }
         )
     return checked

@@ -1,8 +1,8 @@
 """OpenAI Responses request bodies (``POST /v1/responses``), checked and read as the chat
 request they amount to, so they share the chat path: the template, tools, grammar, sampling.
 
-``input`` (a string, or a list of messages and ``function_call`` / ``function_call_output``
-items) and ``instructions`` become ``messages``; flat function ``tools`` and ``tool_choice``
+``input`` (a string, or a list of messages, ``reasoning`` items (the next assistant turn's
+``reasoning_content`` for the template) and ``function_call`` / ``function_call_output`` items) and ``instructions`` become ``messages``; flat function ``tools`` and ``tool_choice``
 their chat forms; ``text.format`` becomes ``response_format``; ``max_output_tokens``
 ``max_completion_tokens``. A chat error's ``param`` is renamed back to the Responses field.
 Responses are not stored, so ``previous_response_id`` is refused (as vLLM without its store).
@@ -154,9 +154,13 @@ def input_messages(fields: Fields) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise fields.error("input", "must be a string or a non-empty list of input items")
     messages: list[dict] = []
+    reasoning = None  # a reasoning item's text, for the assistant turn that follows it
     for i, raw in enumerate(value):
         item = Fields(raw, f"input[{i}]")
         kind = item.data.get("type", "message")
+        if kind == "reasoning":
+            reasoning = reasoning_text(item)
+            continue
         if kind == "message":
             messages.append(input_message(item))
         elif kind == "function_call":
@@ -183,8 +187,34 @@ def input_messages(fields: Fields) -> list[dict]:
                 output = text_of(Fields({"content": output}, f"input[{i}]"), "output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         else:
-            raise item.error("type", "must be 'message', 'function_call' or 'function_call_output'")
+            raise item.error(
+                "type",
+                "must be 'message', 'reasoning', 'function_call' or 'function_call_output'",
+            )
+        if reasoning is not None and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = reasoning  # the template reads it
+        reasoning = None
     return messages
+
+
+def reasoning_text(item: Fields) -> str:
+    """A ``reasoning`` input item's text: its ``content`` (``reasoning_text`` parts), else its
+    ``summary`` (``summary_text`` parts)."""
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.data.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise item.error(key, f"must be a list of {part_type} parts")
+        texts = []
+        for j, part in enumerate(parts):
+            part_fields = Fields(part, f"{item.name(key)}[{j}]")
+            if part_fields.data.get("type") != part_type:
+                raise part_fields.error("type", f"must be '{part_type}'")
+            texts.append(part_fields.string("text", ""))
+        if texts:
+            return "\n".join(texts)
+    return ""
 
 
 def input_message(item: Fields) -> dict:

@@ -51,3 +51,35 @@ def test_items_open_only_after_the_one_before_is_done():
     assert kinds == ["message", "function_call", "function_call"]
     assert [item["name"] for item in builder.items[1:]] == ["first", "second"]
     assert all(item["status"] == "completed" for item in builder.items)
+
+
+def test_reasoning_input_items_reach_the_template(server, http):
+    """A ``reasoning`` input item goes to the template as the next assistant turn's
+    ``reasoning_content`` (chat's assistant ``reasoning_content`` likewise)."""
+    template = (
+        "{% for m in messages %}{{ m['role'] }}:{{ m.get('reasoning_content') or '' }}"
+        "|{{ m['content'] }}\n{% endfor %}"
+    )
+    tokenizer = server.llm.tokenizer
+    original = tokenizer.chat_template
+    tokenizer.chat_template = template
+    answer = [{"role": "assistant", "content": "Paris."}]
+    thought = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Think hard"}]}
+    question = [{"role": "user", "content": "Capital of France?"}]
+    try:
+        body = {"model": "tiny", "max_output_tokens": 1}
+        plain = http.post("/v1/responses", json={**body, "input": question + answer}).json()
+        reasoned = http.post(
+            "/v1/responses", json={**body, "input": [*question, thought, *answer]}
+        ).json()
+        bad = http.post(
+            "/v1/responses",
+            json={**body, "input": [{"type": "reasoning", "summary": [{"type": "x"}]}]},
+        )
+        chat = [*question, {**answer[0], "reasoning_content": "Think hard"}]
+        tokens = http.post("/tokenize", json={"messages": chat}).json()["tokens"]
+    finally:
+        tokenizer.chat_template = original
+    assert reasoned["usage"]["input_tokens"] > plain["usage"]["input_tokens"]
+    assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("input[0].summary")
+    assert "assistant:Think hard|Paris." in tokenizer.decode(tokens)
