@@ -21,6 +21,7 @@ from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.openai import responses_routes, tokenize_routes
 from serving.openai import routes as openai_routes
+from serving.openapi import openapi_route
 from serving.settings.resolve import ServerSettings
 from serving.state import FAILED, LOADING, READY, ServerState
 from serving.streaming import ClientDisconnected
@@ -107,6 +108,7 @@ def create_app(
         *tokenize_routes.ROUTES,
         *invocations.ROUTES,
     ]
+    routes.append(openapi_route(list(routes)))
     handlers = {
         HTTPException: http_error,
         ClientDisconnected: client_gone,

@@ -249,3 +249,18 @@ def test_invocations_routes_by_body(http, llm):
     assert tgi["generated_text"] == text
     bad = http.post("/invocations", json={"messages": "nope"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_openapi_document_lists_the_routes(http):
+    document = http.get("/openapi.json").json()
+    assert document["openapi"].startswith("3.") and document["info"]["title"] == "jaxgen"
+    paths = document["paths"]
+    for path, method in (
+        ("/v1/chat/completions", "post"),
+        ("/v1/chat/completions/batch", "post"),
+        ("/v1/models/{model}", "get"),
+        ("/generate", "post"),
+        ("/openapi.json", "get"),
+    ):
+        assert method in paths[path], path
+    assert paths["/v1/models/{model}"]["get"]["parameters"][0]["name"] == "model"
