@@ -30,9 +30,10 @@ def tool_choice_schema(
         return None
     calls, definitions = [], {}
     for i, (name, parameters) in enumerate(by_name.items()):
-        if _has_local_refs(parameters):  # its "#/..." pointers name its own root
-            key = f"tool_{i}_parameters"
-            definitions[key] = _rebased(parameters, f"#/$defs/{key}")
+        key = f"tool_{i}_parameters"
+        rebased = _rebased(parameters, f"#/$defs/{key}")
+        if rebased != parameters:  # it has "#..." pointers, which name its own root
+            definitions[key] = rebased
             parameters = {"$ref": f"#/$defs/{key}"}
         calls.append(
             {
@@ -53,25 +54,8 @@ def tool_choice_schema(
     return schema
 
 
-# Keywords whose values are data, not schemas: never searched for references.
+# Keywords whose values are data, not schemas: their "$ref" keys are left as they are.
 _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
-
-
-def _has_local_refs(schema) -> bool:
-    """Whether ``schema`` holds a ``$ref`` to a JSON pointer in its own document (``#...``)."""
-    if isinstance(schema, list):
-        return any(_has_local_refs(item) for item in schema)
-    if not isinstance(schema, dict):
-        return False
-    for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            return True
-        if key in SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
-            if any(_has_local_refs(item) for item in value.values()):
-                return True
-        elif key not in _DATA_KEYWORDS and _has_local_refs(value):
-            return True
-    return False
 
 
 def _rebased(schema, base: str):

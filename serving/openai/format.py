@@ -101,6 +101,16 @@ class _Format:
         self.started.add(choice["index"])
         return choice
 
+    def nothing_to_send(self, delta) -> bool:
+        """Whether a streamed delta gives its choice nothing to send: no text, no finish, and
+        neither logprobs nor token ids asked for."""
+        return (
+            not delta.text
+            and not delta.finish_reason
+            and self.parsed.logprobs is None
+            and not (self.parsed.return_token_ids and delta.token_ids)
+        )
+
     def count(self, deltas) -> None:
         self.generated += sum(len(delta.token_ids) for delta in deltas)
 
@@ -234,12 +244,7 @@ class CompletionFormat(_Format):
             lead += self.echo_chunks(prompt_index)
         chunks = []
         for delta in deltas:
-            if (
-                not delta.text
-                and not delta.finish_reason
-                and self.parsed.logprobs is None
-                and not (self.parsed.return_token_ids and delta.token_ids)
-            ):
+            if self.nothing_to_send(delta):
                 continue
             index = self.choice_index(prompt_index, delta.index)
             choice = {
@@ -268,6 +273,12 @@ class ChatFormat(_Format):
         body["prompt_token_ids"] = self.ids_or_none(self.parsed.prompts[0])
         return body
 
+    def echoed_content(self, prompt_index: int) -> str:
+        """Chat ``echo``: the text leading prompt ``prompt_index``'s answer (none when the
+        request echoes nothing)."""
+        contents = self.parsed.echoed_contents
+        return contents[prompt_index] if contents else ""
+
     def entry(self, token_id: int, logprob: float | None) -> dict:
         text = self.label(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
@@ -289,9 +300,7 @@ class ChatFormat(_Format):
         finish_reason = completion.finish_reason
         if self.parsed.tools is not None:  # content and tool_calls read from the text
             message, finish_reason = tool_message(self.parsed.tools, completion.text, finish_reason)
-        echoed = self.parsed.echoed_content
-        if self.parsed.echoed_contents is not None:  # a batch: each conversation's own
-            echoed = self.parsed.echoed_contents[prompt_index]
+        echoed = self.echoed_content(prompt_index)
         if echoed:  # ``echo``: the continued message leads the answer
             message["content"] = echoed + (message["content"] or "")
         return {
@@ -312,7 +321,7 @@ class ChatFormat(_Format):
                 [
                     {
                         "index": self.choice_index(0, i),
-                        "delta": {"role": "assistant", "content": self.parsed.echoed_content},
+                        "delta": {"role": "assistant", "content": self.echoed_content(0)},
                         "logprobs": None,
                         "finish_reason": None,
                     }
@@ -337,12 +346,7 @@ class ChatFormat(_Format):
                 body, finish_reason = self.tool_deltas.delta(index, delta.text, finish_reason)
                 if not body and not finish_reason and self.parsed.logprobs is None:
                     continue
-            if (
-                not delta.text
-                and not delta.finish_reason
-                and self.parsed.logprobs is None
-                and not (self.parsed.return_token_ids and delta.token_ids)
-            ):
+            if self.nothing_to_send(delta):
                 continue
             choice = {
                 "index": index,

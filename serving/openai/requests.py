@@ -47,8 +47,9 @@ class OpenAIRequest:
     echo: bool = False
     tools: object = None  # a ``ToolRequest`` whose output is read for calls (chat)
     prompt_logprobs: int | None = None  # vLLM's ``prompt_logprobs`` field (the response's)
-    echoed_content: str = ""  # chat ``echo``: the final assistant message, leading the answer
-    echoed_contents: list[str] | None = None  # the same per conversation (a batch of them)
+    # chat ``echo``: per prompt (conversation), the final assistant message leading the answer;
+    # empty: nothing echoed
+    echoed_contents: list[str] = dataclasses.field(default_factory=list)
     beams: list | None = None  # ``use_beam_search``: one ``BeamSearchParams`` per prompt
     return_token_ids: bool = False  # vLLM's: prompt and completion token ids in the answer
     tokens_as_ids: bool = False  # vLLM's ``return_tokens_as_token_ids``: logprobs name ids
@@ -236,7 +237,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         (top or 0) if want_logprobs else None,
         tools=tools if tools.parses_output else None,
         prompt_logprobs=prompt_logprobs,
-        echoed_content=echoed_content(messages) if echo else "",
+        echoed_contents=[echoed_content(messages) if echo else ""],
         beams=beam_search_params(fields, params, n),
         **vllm_output_fields(fields, include_usage),
     )
@@ -280,7 +281,7 @@ def parse_chat_batch(state, body: dict) -> OpenAIRequest:
         prompts=[p.prompts[0] for p in parsed],
         prompt_texts=[p.prompt_texts[0] for p in parsed],
         params=[p.params[0] for p in parsed],
-        echoed_contents=[p.echoed_content for p in parsed],
+        echoed_contents=[p.echoed_contents[0] for p in parsed],
         beams=None if first.beams is None else [p.beams[0] for p in parsed],
     )
 

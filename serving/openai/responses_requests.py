@@ -2,8 +2,9 @@
 request they amount to, so they share the chat path: the template, tools, grammar, sampling.
 
 ``input`` (a string, or a list of messages, ``reasoning`` items (the next assistant turn's
-``reasoning_content`` for the template) and ``function_call`` / ``function_call_output`` items) and ``instructions`` become ``messages``; flat function ``tools`` and ``tool_choice``
-their chat forms; ``text.format`` becomes ``response_format``; ``max_output_tokens``
+``reasoning_content`` for the template) and ``function_call`` / ``function_call_output`` items)
+and ``instructions`` become ``messages``; flat function ``tools`` and ``tool_choice`` their chat
+forms; ``text.format`` becomes ``response_format``; ``max_output_tokens``
 ``max_completion_tokens``. A chat error's ``param`` is renamed back to the Responses field.
 Responses are not stored, so ``previous_response_id`` is refused (as vLLM without its store).
 """
