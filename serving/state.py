@@ -11,6 +11,7 @@ import time
 from jaxgen.quantization.stats import weight_stats
 from serving.generation import TokenTexts
 from serving.metrics import ServerMetrics
+from serving.openai.response_store import ResponseStore
 from serving.settings.parsers import SettingsError
 from serving.settings.resolve import ServerSettings
 from serving.structured_output_requests import compiler_of
@@ -92,6 +93,15 @@ class Ticket:
         self.state.active_request_ids.add(request_id)
         return request_id
 
+    def hand_over(self) -> Ticket:
+        """A ticket holding this one's slot and request ids, for work that outlives the HTTP
+        request (a background response); this one's ``release()`` then does nothing."""
+        successor = Ticket(self.state)
+        successor.request_ids = self.request_ids
+        successor.label = self.label
+        self.released = True
+        return successor
+
     def release(self) -> None:
         if self.released:
             return
@@ -124,6 +134,7 @@ class ServerState:
         self.workers = Workers(
             settings.grammar_compile_workers, settings.max_queued_grammar_compiles
         )
+        self.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
 
     def attach(self, llm) -> None:
         """Makes the server ready around a loaded engine."""

@@ -5,8 +5,11 @@ request they amount to, so they share the chat path: the template, tools, gramma
 ``reasoning_content`` for the template) and ``function_call`` / ``function_call_output`` items)
 and ``instructions`` become ``messages``; flat function ``tools`` and ``tool_choice`` their chat
 forms; ``text.format`` becomes ``response_format``; ``max_output_tokens``
-``max_completion_tokens``. A chat error's ``param`` is renamed back to the Responses field.
-Responses are not stored, so ``previous_response_id`` is refused (as vLLM without its store).
+``max_completion_tokens``; ``top_logprobs`` (or ``include`` of
+``message.output_text.logprobs``) chat's ``logprobs``. A chat error's ``param`` is renamed back
+to the Responses field. ``previous_response_id`` continues a stored response: the route looks it
+up and passes its conversation as ``history``, which the new input follows (its
+``instructions`` are not carried over, as OpenAI's).
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ from serving.openai.requests import OpenAIRequest, parse_chat
 from serving.validation import Fields, RequestError
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+MAX_TOP_LOGPROBS = 20
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# ``include`` values taken: the logprobs, and ones naming what jaxgen never outputs (reasoning
+# content, tool results): nothing to include.
+INCLUDES = (
+    LOGPROBS_INCLUDE,
+    "reasoning.encrypted_content",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+)
 TEXT_PARTS = ("input_text", "output_text", "text")
 # Sampling fields passed on as they are (vLLM's extras included).
 PASSED_FIELDS = (
@@ -61,21 +77,27 @@ class ResponsesRequest:
     text_format: dict
     metadata: dict | None
     user: str | None
+    messages: list[dict]  # the conversation it runs on, without ``instructions``
+    store: bool = True
+    background: bool = False
+    previous_response_id: str | None = None
+    top_logprobs: int = 0
 
     @property
     def stream(self) -> bool:
         return self.chat.stream
 
 
-def parse_responses(state, body: dict) -> ResponsesRequest:
-    """Checks a Responses body (``RequestError`` naming its field) and parses it as chat."""
+def parse_responses(state, body: dict, history: list[dict] | None = None) -> ResponsesRequest:
+    """Checks a Responses body (``RequestError`` naming its field) and parses it as chat, its
+    input following ``history`` (the conversation of ``previous_response_id``)."""
     fields = Fields(body)
-    for key in ("previous_response_id", "conversation"):
-        if fields.data.get(key) is not None:
-            raise fields.error(key, "is not supported: this server does not store responses")
-    fields.unsupported("background")
+    if fields.data.get("conversation") is not None:
+        raise fields.error("conversation", "is not supported: use `previous_response_id`")
     fields.unsupported("prompt")
-    fields.boolean("store")
+    store = fields.boolean("store", True)
+    background = fields.boolean("background", False)
+    previous_response_id = fields.string("previous_response_id")
     instructions = fields.string("instructions")
     metadata = fields.data.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
@@ -86,13 +108,19 @@ def parse_responses(state, body: dict) -> ResponsesRequest:
     reasoning = fields.data.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise fields.error("reasoning", "must be an object")
-    fields.unsupported("top_logprobs", allowed=lambda v: v == 0)
-    fields.unsupported("include", allowed=lambda v: v == [])
-    messages = input_messages(fields)
-    if instructions:
-        messages.insert(0, {"role": "system", "content": instructions})
+    top_logprobs = fields.integer("top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
+    include = fields.string_list("include", max_items=len(INCLUDES), allow_single=False)
+    for i, value in enumerate(include):
+        if value not in INCLUDES:
+            raise fields.error(f"include[{i}]", f"must be one of {', '.join(INCLUDES)}")
+    messages = list(history or []) + input_messages(fields)
     chat = {key: body[key] for key in PASSED_FIELDS if key in body}
     chat["messages"] = messages
+    if instructions:
+        chat["messages"] = [{"role": "system", "content": instructions}, *messages]
+    if top_logprobs or LOGPROBS_INCLUDE in include:
+        chat["logprobs"] = True
+        chat["top_logprobs"] = top_logprobs
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     tools = function_tools(fields)
@@ -120,6 +148,11 @@ def parse_responses(state, body: dict) -> ResponsesRequest:
         text_format=text_format,
         metadata=metadata,
         user=body.get("user"),
+        messages=messages,
+        store=store,
+        background=background,
+        previous_response_id=previous_response_id,
+        top_logprobs=top_logprobs,
     )
 
 
@@ -196,6 +229,12 @@ def input_messages(fields: Fields) -> list[dict]:
             messages[-1]["reasoning_content"] = reasoning  # the template reads it
         reasoning = None
     return messages
+
+
+def output_messages(output: list[dict]) -> list[dict]:
+    """A response's ``output`` items as the chat messages a conversation continues from (they
+    are input items: messages of ``output_text`` parts, ``function_call`` items)."""
+    return input_messages(Fields({"input": output}, "previous_response_id")) if output else []
 
 
 def reasoning_text(item: Fields) -> str:

@@ -70,6 +70,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="most logit_bias entries per request (default 300, at most 1024)",
     )
+    add(
+        "--responses-store-size",
+        type=int,
+        help="Responses kept for GET and previous_response_id (store: true); 0 stores none "
+        "(default 1000)",
+    )
+    add(
+        "--responses-store-ttl",
+        type=float,
+        help="seconds a finished stored Response is kept; 0 until newer ones evict it "
+        "(default 3600)",
+    )
     limits = StructuredOutputLimits()
     structured = {
         "max_constraint_bytes": "largest structured-output constraint (a grammar, regex, the "

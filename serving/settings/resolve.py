@@ -122,6 +122,8 @@ class ServerSettings:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_logit_bias: int = DEFAULT_MAX_LOGIT_BIAS
+    responses_store_size: int = 1000  # stored Responses (0: none); a finished one kept ttl s
+    responses_store_ttl: float = 3600.0
     # Structured output: what a constraint may hold, and how many compile at once.
     structured_output_limits: StructuredOutputLimits = dataclasses.field(
         default_factory=StructuredOutputLimits
@@ -254,6 +256,7 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         ("max_logit_bias", 0),
         ("grammar_compile_workers", 1),
         ("max_queued_grammar_compiles", 1),
+        ("responses_store_size", 0),
     ):
         value, source = take(name)
         if value is not None:
@@ -269,7 +272,8 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         if value is not None:
             limits[name] = parse_int(value, name, source, minimum=1)
     settings.structured_output_limits = StructuredOutputLimits(**limits)
-    for name in ("drain_timeout", "body_read_timeout", "header_read_timeout", "keep_alive_timeout"):
+    timeouts = ("drain_timeout", "body_read_timeout", "header_read_timeout", "keep_alive_timeout")
+    for name in (*timeouts, "responses_store_ttl"):
         value, source = take(name)
         if value is not None:
             setattr(settings, name, parse_float(value, name, source))

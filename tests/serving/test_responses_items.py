@@ -7,7 +7,7 @@ import json
 import types
 
 from jaxgen.tool_calling import ToolRequest
-from serving.openai.responses_routes import ResponseBuilder
+from serving.openai.response_builder import ResponseBuilder
 
 TOOLS = [
     {

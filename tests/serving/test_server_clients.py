@@ -161,7 +161,10 @@ def test_responses_function_call_streamed_and_not(oai):
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
             "input[0].content[0].type",
         ),
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "previous_response_id": 7}, "previous_response_id"),
+        ({"input": "hi", "top_logprobs": 21}, "top_logprobs"),
+        ({"input": "hi", "include": ["file_contents"]}, "include[0]"),
+        ({"input": "hi", "store": False, "background": True}, "background"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         (
