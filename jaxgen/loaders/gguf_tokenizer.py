@@ -21,16 +21,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from jaxgen.loaders.chat_template import render_chat_template, select_template
 from jaxgen.loaders.gguf_vocab import CONTROL, UNKNOWN, USER_DEFINED, GGUFVocab, gguf_vocab
 from jaxgen.loaders.llama_tokenize import LlamaTokenize
+from jaxgen.loaders.tokenizer_methods import TokenizerMethods
 
 # The metadata a GGUF tokenizer is built from (llama.cpp reads the model's name and
 # architecture for some token attributes).
 KEPT_FIELDS = ("tokenizer.", "general.name", "general.architecture")
 
 
-class GGUFTokenizer:
+class GGUFTokenizer(TokenizerMethods):
     """llama.cpp's tokenizer for one GGUF vocabulary, behind transformers' method names."""
 
     # ``decode`` is not a ``tokenizers`` backend's (the streaming detokenizer calls ``decode``).
@@ -71,9 +71,6 @@ class GGUFTokenizer:
 
     def __len__(self) -> int:
         return len(self.vocab.tokens)
-
-    def __bool__(self) -> bool:
-        return True
 
     def get_vocab(self) -> dict[str, int]:
         return dict(self._tokenize.ids)
@@ -117,14 +114,6 @@ class GGUFTokenizer:
             return None if token is None else self._tokenize.ids[token]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    @property
-    def all_special_tokens(self) -> list[str]:
-        return list(dict.fromkeys(self.special_tokens_map.values()))
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return [self._tokenize.ids[token] for token in self.all_special_tokens]
-
     # -- text <-> ids --------------------------------------------------------------------------
     def encode(
         self, text: str, add_special_tokens: bool = True, parse_special: bool | None = None
@@ -141,14 +130,6 @@ class GGUFTokenizer:
         tokens = self.vocab.tokens
         return [tokens[i] for i in self.encode(text, add_special_tokens=add_special_tokens)]
 
-    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
-        """``{"input_ids": ..., "attention_mask": ...}`` for a text or a list of texts."""
-        if isinstance(text, str):
-            ids = self.encode(text, add_special_tokens=add_special_tokens)
-            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
-        ids = [self.encode(t, add_special_tokens=add_special_tokens) for t in text]
-        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
-
     def decode(
         self,
         token_ids: int | list[int],
@@ -164,44 +145,9 @@ class GGUFTokenizer:
         data = self._tokenize.decode_bytes(list(token_ids), skip_special_tokens)
         return data.decode("utf-8", errors="replace")
 
-    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = False):
-        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
-
     def token_bytes(self, token_id: int) -> bytes:
         """``llama_token_to_piece(token_id, special=True)``."""
         return self._tokenize.pieces[token_id]
-
-    # -- chat ----------------------------------------------------------------------------------
-    def get_chat_template(self, chat_template: str | None = None, tools=None) -> str:
-        return select_template(self.chat_template, chat_template, tools)
-
-    def apply_chat_template(
-        self,
-        conversation: list[dict],
-        tools: list[dict] | None = None,
-        documents: list[dict] | None = None,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = False,
-        continue_final_message: bool | str = False,
-        tokenize: bool = True,
-        return_dict: bool = False,
-        **kwargs,
-    ) -> str | list[int] | dict:
-        """The conversation's prompt text (``tokenize=False``) or its ids (the template's
-        special tokens parsed, nothing added); ``kwargs`` are extra template variables."""
-        text = render_chat_template(
-            self.get_chat_template(chat_template, tools),
-            conversation,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **{**self.special_tokens_map, **kwargs},
-        )
-        if not tokenize:
-            return text
-        ids = self.encode(text, add_special_tokens=False)
-        return {"input_ids": ids, "attention_mask": [1] * len(ids)} if return_dict else ids
 
     # -- other libraries -----------------------------------------------------------------------
     def llguidance_tokenizer(self, n_vocab: int, eos_token_ids):
@@ -233,10 +179,6 @@ class GGUFTokenizer:
         from jaxgen.loaders.gguf_tokenizers_pipeline import tokenizers_pipeline
 
         return tokenizers_pipeline(self.metadata).to_transformers()
-
-    def save_pretrained(self, directory: str, **kwargs):
-        """Writes ``tokenizer.json`` and its config as transformers writes them."""
-        return self.to_transformers().save_pretrained(directory, **kwargs)
 
     def __repr__(self) -> str:
         kind = self.vocab.model + (f"/{self.vocab.pre_name}" if self.vocab.pre_name else "")

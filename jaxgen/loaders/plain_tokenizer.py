@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Tokenizer, processors
 
-from jaxgen.loaders.chat_template import render_chat_template, select_template
+from jaxgen.loaders.tokenizer_methods import TokenizerMethods
 
 # transformers' named special tokens, in its order.
 SPECIAL_TOKEN_NAMES = (
@@ -28,7 +28,7 @@ SPECIAL_TOKEN_NAMES = (
 )
 
 
-class PlainTokenizer:
+class PlainTokenizer(TokenizerMethods):
     """A ``tokenizers.Tokenizer`` with named special tokens and a chat template."""
 
     # ``decode`` is the backend's own (the streaming detokenizer calls the backend directly).
@@ -104,9 +104,6 @@ class PlainTokenizer:
         """The full vocabulary's size (with added tokens)."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
-    def __bool__(self) -> bool:
-        return True
-
     def get_vocab(self) -> dict[str, int]:
         return self._backend.get_vocab(with_added_tokens=True)
 
@@ -144,28 +141,12 @@ class PlainTokenizer:
             return None if token is None else self._backend.token_to_id(token)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    @property
-    def all_special_tokens(self) -> list[str]:
-        return list(dict.fromkeys(self.special_tokens_map.values()))
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return [self._backend.token_to_id(token) for token in self.all_special_tokens]
-
     # -- text <-> ids --------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).tokens
-
-    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
-        """``{"input_ids": ..., "attention_mask": ...}`` for a text or a list of texts."""
-        if isinstance(text, str):
-            ids = self.encode(text, add_special_tokens=add_special_tokens)
-            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
-        ids = [self.encode(t, add_special_tokens=add_special_tokens) for t in text]
-        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
 
     def decode(
         self,
@@ -179,41 +160,6 @@ class PlainTokenizer:
             token_ids = [token_ids]
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = False):
-        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
-
-    # -- chat ----------------------------------------------------------------------------------
-    def get_chat_template(self, chat_template: str | None = None, tools=None) -> str:
-        return select_template(self.chat_template, chat_template, tools)
-
-    def apply_chat_template(
-        self,
-        conversation: list[dict],
-        tools: list[dict] | None = None,
-        documents: list[dict] | None = None,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = False,
-        continue_final_message: bool | str = False,
-        tokenize: bool = True,
-        return_dict: bool = False,
-        **kwargs,
-    ) -> str | list[int] | dict:
-        """The conversation's prompt text (``tokenize=False``) or its ids; ``kwargs`` are extra
-        template variables (over the special tokens)."""
-        text = render_chat_template(
-            self.get_chat_template(chat_template, tools),
-            conversation,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **{**self.special_tokens_map, **kwargs},
-        )
-        if not tokenize:
-            return text
-        ids = self.encode(text, add_special_tokens=False)
-        return {"input_ids": ids, "attention_mask": [1] * len(ids)} if return_dict else ids
-
     # -- transformers --------------------------------------------------------------------------
     def to_transformers(self):
         """The same tokenizer as a ``transformers.PreTrainedTokenizerFast``."""
@@ -224,10 +170,6 @@ class PlainTokenizer:
         if self.chat_template is not None:
             options["chat_template"] = self.chat_template
         return transformers().PreTrainedTokenizerFast(tokenizer_object=self._backend, **options)
-
-    def save_pretrained(self, directory: str, **kwargs):
-        """Writes ``tokenizer.json`` and its config as transformers writes them."""
-        return self.to_transformers().save_pretrained(directory, **kwargs)
 
     def __repr__(self) -> str:
         return f"PlainTokenizer(vocab={len(self)}, special={self.special_tokens_map})"

@@ -1,31 +1,27 @@
 """Accuracy of quantised weights: a GGUF kept quantised against the same file dequantised
-(same numbers, different arithmetic order: max |Δlogit| <= 1e-3) on the default model and on
-tiny Q8_0 / Q4_0 / Q4_1 files, through XLA and the native kernels; and int8 / int4 weights
-quantised at load against the float model, teacher-forced over its greedy continuations."""
+(same numbers, different arithmetic order: max |Δlogit| <= 1e-3) on the default model, through
+XLA and the native kernels (tiny files of every kept type: ``tests/loaders/
+test_gguf_kept_models.py``); and int8 / int4 weights quantised at load against the float
+model, teacher-forced over its greedy continuations."""
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgen.config import ModelConfig
 from jaxgen.evaluation.agreement import (
     PROMPTS,
     greedy_sequences,
     sequence_logits,
     teacher_forced_agreement,
 )
-from jaxgen.loaders import LoadedModel, load_model
-from jaxgen.loaders.gguf_loader import GGUFFile
-from jaxgen.models.weights import params_from_hf_tensors
+from jaxgen.loaders import load_model
 
 # The XLA path dequantises every weight per step: slow on the full model, so in the slow suite.
 BACKENDS = [pytest.param("reference", marks=pytest.mark.slow)] + (
     ["cpu"] if jax.default_backend() == "cpu" else []
 )
-TINY_BACKENDS = ["reference"] + (["cpu"] if jax.default_backend() == "cpu" else [])
 
 
 @pytest.fixture(scope="module")
@@ -46,83 +42,6 @@ def test_default_model_kept_quantised_matches_dequantised(default_kept_and_float
         - sequence_logits(dequantised, sequences, backend=backend)
     )
     assert delta.max() <= 1e-3, delta.max()
-
-
-def _write_tiny_gguf(path: str, qtype_name: str, seed: int = 0) -> str:
-    """A 2-layer llama GGUF (hidden 64, GQA 4/2, tied embedding) with its matrices in
-    ``qtype_name`` and norms in F32; no tokenizer."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    hidden, ffn, vocab, heads, kv_heads, head_dim = 64, 128, 96, 4, 2, 16
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_block_count(2)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_context_length(256)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(vocab)
-    qtype = gguf.GGMLQuantizationType[qtype_name]
-
-    def matrix(name, rows, cols):
-        data = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
-        writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-
-    def norm(name):
-        writer.add_tensor(name, (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
-
-    matrix("token_embd.weight", vocab, hidden)
-    norm("output_norm.weight")
-    for layer in range(2):
-        prefix = f"blk.{layer}."
-        norm(prefix + "attn_norm.weight")
-        norm(prefix + "ffn_norm.weight")
-        matrix(prefix + "attn_q.weight", heads * head_dim, hidden)
-        matrix(prefix + "attn_k.weight", kv_heads * head_dim, hidden)
-        matrix(prefix + "attn_v.weight", kv_heads * head_dim, hidden)
-        matrix(prefix + "attn_output.weight", hidden, heads * head_dim)
-        matrix(prefix + "ffn_gate.weight", ffn, hidden)
-        matrix(prefix + "ffn_up.weight", ffn, hidden)
-        matrix(prefix + "ffn_down.weight", hidden, ffn)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def _load_tiny(path: str, quantization: str) -> LoadedModel:
-    gguf_file = GGUFFile(path)
-    config = ModelConfig.from_hf_dict(gguf_file.hf_config())
-    graphdef, params = params_from_hf_tensors(
-        config,
-        gguf_file.get_tensor,
-        quantization=quantization,
-        get_quantized=gguf_file.get_quantized,
-    )
-    return LoadedModel(config, graphdef, params, None, path, jnp.float32, 0.0, quantization)
-
-
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
-@pytest.mark.parametrize("backend", TINY_BACKENDS)
-def test_tiny_gguf_kept_quantised_matches_dequantised(tmp_path, qtype, backend):
-    path = _write_tiny_gguf(str(tmp_path / f"tiny-{qtype}.gguf"), qtype)
-    kept, dequantised = _load_tiny(path, "auto"), _load_tiny(path, "none")
-    kinds = {type(leaf).__name__ for leaf in jax.tree.leaves(kept.params, is_leaf=_is_quantized)}
-    assert "QuantizedWeight" in kinds
-    sequences = np.random.default_rng(1).integers(0, 96, (3, 40))
-    delta = np.abs(
-        sequence_logits(kept, sequences, backend=backend)
-        - sequence_logits(dequantised, sequences, backend=backend)
-    )
-    assert delta.max() <= 1e-3, delta.max()
-
-
-def _is_quantized(leaf) -> bool:
-    return type(leaf).__name__ == "QuantizedWeight"
 
 
 @pytest.fixture(scope="module")
