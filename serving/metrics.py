@@ -5,7 +5,6 @@ Each app has its own ``CollectorRegistry``, so several apps in one process do no
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -191,43 +190,11 @@ class ServerMetrics:
                 self.time_per_output_token.observe(max(per_token, 0.0))
 
 
-_HOOK_LOCK = threading.Lock()
-
-
 def watch_engine_steps(llm, callback: Callable[[int], None]) -> Callable[[], None]:
-    """Calls ``callback(batch_size)`` after each engine step that ran; returns an unsubscriber.
-
-    ``AsyncLLM`` has no step hook, so this wraps its engine's ``step`` once (on the instance);
-    several apps sharing one engine share the wrapper.
-    """
-    engine = getattr(llm, "engine", None)
-    if engine is None or not all(
-        hasattr(engine, a) for a in ("step", "num_steps", "last_batch_size")
-    ):
+    """Calls ``callback(batch_size)`` after each engine step that ran (a step observer of
+    ``llm``'s engine, ``jaxgen.engine.step_observers``); returns the unsubscriber. An engine
+    without observers (a wrapper) is not watched."""
+    observers = getattr(getattr(llm, "engine", None), "observers", None)
+    if observers is None:
         return lambda: None
-    with _HOOK_LOCK:
-        callbacks = engine.__dict__.get("_serving_step_callbacks")
-        if callbacks is None:
-            callbacks = engine._serving_step_callbacks = []
-            original = engine.step
-
-            def step():
-                before = engine.num_steps
-                outputs = original()
-                if engine.num_steps != before:
-                    for observe in tuple(callbacks):
-                        try:
-                            observe(engine.last_batch_size)
-                        except Exception:  # a metrics failure must never break a step
-                            pass
-                return outputs
-
-            engine.step = step
-        callbacks.append(callback)
-
-    def unsubscribe() -> None:
-        with _HOOK_LOCK:
-            if callback in callbacks:
-                callbacks.remove(callback)
-
-    return unsubscribe
+    return observers.add(lambda event: callback(event.batch_size))

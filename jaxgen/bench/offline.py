@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import jax
-
 from jaxgen.bench import metrics
 from jaxgen.bench.workloads import Workload
 
@@ -21,22 +19,26 @@ COUNTERS = (
 
 
 class DeviceTimer:
-    """Wraps an engine's jitted step to time it until its results are ready.
+    """Times an engine's jitted step until its results are ready (``ModelRunner.time_device``
+    while the timer is entered).
 
     ``device_s`` is time inside the jitted call (dispatch + device work); the rest of the
     engine's ``step_time_s`` is host work (batch layout, sampling tensors, transfers).
-    With ``track_kv`` it also sums, over steps, cached tokens and reserved page slots
-    (``kv_waste_mean``); that costs host time, so only the cold pass does it.
+    With ``track_kv`` it also sums, after each step (a step observer), cached tokens and
+    reserved page slots (``kv_waste_mean``); that costs host time, so only the cold pass does
+    it.
     """
 
     def __init__(self, engine, track_kv: bool = False):
+        self.engine = engine
         self.runner = getattr(engine, "runner", None)
         self.scheduler = getattr(engine, "scheduler", None)
         self.track_kv = track_kv
         self.device_s = 0.0
         self.kv_tokens = 0
         self.kv_slots = 0
-        self._original = None
+        self._unsubscribe = None
+        self._device_before = 0.0
 
     @property
     def kv_waste_mean(self) -> float | None:
@@ -45,29 +47,31 @@ class DeviceTimer:
 
     @property
     def available(self) -> bool:
-        return hasattr(self.runner, "_step")  # an engine internal: absent means no timing
+        """Whether the engine times its steps (``ModelRunner.time_device``) and tells of them
+        (``LLMEngine.observers``): a wrapped engine may not."""
+        return hasattr(self.runner, "time_device") and hasattr(self.engine, "observers")
 
     def __enter__(self) -> DeviceTimer:
         if not self.available:
             return self
-        self._original = original = self.runner._step
-        page_size = self.runner.page_size
-
-        def timed(*args, **kwargs):
-            if self.track_kv:
-                self.kv_tokens += self.scheduler.cached_tokens()
-                self.kv_slots += self.scheduler.allocator.num_used_pages * page_size
-            start = time.perf_counter()
-            out = jax.block_until_ready(original(*args, **kwargs))
-            self.device_s += time.perf_counter() - start
-            return out
-
-        self.runner._step = timed
+        self.runner.time_device = True
+        self._device_before = self.runner.device_seconds
+        if self.track_kv:
+            self._unsubscribe = self.engine.observers.add(self._count_kv)
         return self
 
+    def _count_kv(self, event) -> None:
+        """The KV pool after each step: tokens cached against the slots their pages hold."""
+        self.kv_tokens += self.scheduler.cached_tokens()
+        self.kv_slots += self.scheduler.allocator.num_used_pages * self.runner.page_size
+
     def __exit__(self, *exc) -> None:
-        if self._original is not None:
-            self.runner._step = self._original
+        if not self.available:
+            return
+        self.runner.time_device = False
+        self.device_s = self.runner.device_seconds - self._device_before
+        if self._unsubscribe is not None:
+            self._unsubscribe()
 
 
 def _pass(llm, workload: Workload, name: str, use_tqdm: bool, track_kv: bool = False) -> dict:

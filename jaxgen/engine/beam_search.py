@@ -16,11 +16,12 @@ A beam that no extension continues frees its sequence: pages its forks share sta
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from jaxgen.beam_search_params import BeamSearchParams, BeamSearchSequence, beam_search_score
 from jaxgen.engine.sampling_tensors import SamplingRow
 from jaxgen.engine.sequence import Sequence
-from jaxgen.engine.step_batch import build_step_batch, unpack
+from jaxgen.engine.step_batch import unpack
 from jaxgen.sampling_params import SamplingParams
 
 
@@ -139,14 +140,12 @@ def _candidates(engine, beams: list[_Beam], row_params) -> dict[int, dict[int, f
             for item in scheduled.scheduled
             if item.completes
         }
-        engine.step_counter += 1
-        batch = build_step_batch(
-            engine.layout, scheduled, rows, base_seed=engine.config.seed, step=engine.step_counter
-        )
+        start = time.perf_counter()
+        batch = engine.build_batch(scheduled, rows=rows)
         output, _ = engine.runner.fetch(engine.runner.dispatch(batch.arrays, None))
+        engine.record_step(start, len(scheduled.scheduled), mode="beam")
         _, logprobs = unpack(batch, output)
         engine.scheduler.postprocess(scheduled, {})  # counts advance; the beams pick the tokens
-        engine.num_steps += 1
         for seq_id, entry in logprobs.items():
             found[seq_id] = entry
             pending.discard(seq_id)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import time
 
 from jaxgen.config.engine_config import EngineConfig
+from jaxgen.engine.compile_counter import compile_count
 from jaxgen.engine.engine_parts import build_engine_parts
 from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError, StepFailed
-from jaxgen.engine.executor import PENDING_TOKEN, DispatchedStep, StepExecutor, StepResult, merged
-from jaxgen.engine.host_free_steps import decode_steps_for, may_step_ahead
+from jaxgen.engine.executor import DispatchedStep, StepExecutor, StepResult, merged
 from jaxgen.engine.interface import Engine
 from jaxgen.engine.new_request import NewRequest, takes_request_fields
 from jaxgen.engine.precompile import precompile_engine
 from jaxgen.engine.request import Request, check_new_request
 from jaxgen.engine.speculative.verify_step import speculative_step
 from jaxgen.engine.step_batch import StepBatch, build_step_batch
+from jaxgen.engine.step_modes import plain_step, step_ahead
+from jaxgen.engine.step_observers import StepEvent, StepObservers
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 
@@ -41,7 +43,7 @@ class LLMEngine(Engine):
         self.runner = parts.runner
         self.grammars = parts.grammars
         # Speculative decoding (``speculative/``); with async_scheduling a step that may carry
-        # drafts runs synchronously (``_drafts_next``).
+        # drafts runs synchronously (``step_mode``).
         self.speculator = parts.speculator
         self.verify_shapes = parts.verify_shapes
         self.requests: dict[str, Request] = {}
@@ -64,6 +66,8 @@ class LLMEngine(Engine):
         self.async_steps = 0  # steps dispatched before the previous one's tokens were read
         self.multi_step_calls = 0  # calls that ran num_scheduler_steps decode steps
         self._last_read = 0.0
+        self.observers = StepObservers()  # told of each step that ran (``StepEvent``)
+        self._compiles_seen = compile_count()
         if config.precompile:
             self.precompile()
 
@@ -147,82 +151,34 @@ class LLMEngine(Engine):
         """Whether a request is queued or running, or a step is still to be read."""
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
-    # -- the step ---------------------------------------------------------------------------------
+    # -- the step: one call of a mode, composed of the stages below -------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved.
 
-        If running the step raises, the engine recovers (see ``_recover``) and raises
+        The step runs in the mode ``step_mode()`` picks (``jaxgen.engine.step_modes``): plain or
+        multi-step, asynchronous step-ahead, or speculative verify; each is made of the public
+        stages below. If running the step raises, the engine recovers (``recover``) and raises
         ``StepFailed`` naming the requests of that step, which it has failed; the others go on.
         ``EngineDeadError`` means it could not recover: every later step raises it too.
-
-        With ``async_scheduling`` a call launches the next step before it reads the tokens of
-        the one in flight, and returns the outputs of the one it read (``_step_ahead``). With
-        ``num_scheduler_steps`` > 1 a call may run that many decode steps
-        (``host_free_steps.decode_steps_for``).
         """
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead!r}") from self.dead
-        if self.config.async_scheduling:
-            if self._drafts_next():
-                return speculative_step(self)
-            return self._step_ahead()
-        if self.speculator is not None:
-            return speculative_step(self)
-        scheduled = self.scheduler.schedule()
-        if scheduled.is_empty:
-            return []
-        num_steps = decode_steps_for(
-            self.scheduler,
-            scheduled,
-            self.config.num_scheduler_steps,
-            grammars=self.grammars.matchers,
-            max_model_len=self.max_model_len,
-        )
-        current = self._launch(scheduled, num_steps)
-        return self._postprocess(self._read(current), current)
+        return self.step_mode()(self)
 
-    def _drafts_next(self) -> bool:
-        """Whether the next step may carry drafts (speculation with asynchronous scheduling:
-        nothing in flight, a running sequence may draft): it then runs synchronously, as the
-        drafts need the sequences' last tokens on the host."""
-        return (
-            self.speculator is not None
-            and self.executor.in_flight is None
-            and self.speculator.may_draft(self.scheduler.running)
-        )
+    def step_mode(self):
+        """The function the next ``step()`` runs: ``speculative_step`` when drafts may come
+        (with asynchronous scheduling, only with nothing in flight: drafts need the sequences'
+        last tokens on the host), ``step_ahead`` with asynchronous scheduling, else
+        ``plain_step``."""
+        if not self.config.async_scheduling:
+            return plain_step if self.speculator is None else speculative_step
+        speculator = self.speculator
+        if speculator is not None and self.executor.in_flight is None:
+            if speculator.may_draft(self.scheduler.running):
+                return speculative_step
+        return step_ahead
 
-    def _step_ahead(self) -> list[RequestOutput]:
-        """Asynchronous scheduling: launches the next step (if the one in flight allows it),
-        then reads the one in flight.
-
-        The step in flight has not told the host its tokens: each sequence it completes gets a
-        ``PENDING_TOKEN`` in their place, so the scheduler can plan the next step (pages,
-        positions) and the next step's rows take the real tokens on the device."""
-        if self.executor.in_flight is None:
-            scheduled = self.scheduler.schedule()
-            if scheduled.is_empty:
-                return []
-            self.executor.hold(self._launch(scheduled))
-        current = self.executor.take()
-        ahead = may_step_ahead(
-            self.scheduler,
-            current,
-            grammars=self.grammars.matchers,
-            max_model_len=self.max_model_len,
-        )
-        if self.speculator is not None:  # a sequence about to draft needs its token first
-            ahead = ahead and not self.speculator.may_draft(current.live_seqs())
-        if not ahead:
-            return self._postprocess(self._read(current), current)
-        pending = {seq.seq_id: PENDING_TOKEN for seq in current.live_seqs()}
-        got_token = self.scheduler.postprocess(current.live_items(), pending)
-        scheduled = self.scheduler.schedule()
-        if not scheduled.is_empty:
-            self.executor.hold(self._launch(scheduled, after=current))
-            self.async_steps += 1
-        return self._postprocess(self._read(current), current, got_token)
-
-    def _launch(
+    def launch(
         self, scheduled, num_steps: int = 1, *, after: DispatchedStep | None = None
     ) -> DispatchedStep:
         """Builds and launches the step of ``scheduled`` (``num_steps`` decode steps); its rows
@@ -232,35 +188,51 @@ class LLMEngine(Engine):
         if self.speculator is not None:  # a step without drafts: back-offs count it
             self.speculator.tick(item.seq for item in scheduled.scheduled)
         try:
-            batch = self._build_batch(scheduled, lookahead=num_steps - 1)
+            batch = self.build_batch(scheduled, lookahead=num_steps - 1)
             return self.executor.launch(batch, scheduled, start, num_steps, after=after)
         except Exception as error:
-            raise self._recover(merged(scheduled, after), error) from error
+            raise self.recover(merged(scheduled, after), error) from error
 
-    def _read(self, current: DispatchedStep) -> StepResult:
-        """Reads ``current``'s tokens; a failure recovers (the step still in flight, if any,
-        fails with it) and raises as ``step`` does."""
+    def read(self, current: DispatchedStep) -> StepResult:
+        """Reads ``current``'s tokens and records the step (``record_step``); a failure
+        recovers (the step still in flight, if any, fails with it) and raises as ``step``
+        does."""
         try:
             result = self.executor.read(current)
         except Exception as error:
-            raise self._recover(merged(current.scheduled, self.executor.take()), error) from error
-        self.consecutive_failed_steps = 0
-        now = time.perf_counter()
-        self.step_time += now - max(current.start, self._last_read)
-        self._last_read = now
-        self.num_steps += current.num_steps
-        self.last_batch_size = len(current.scheduled.scheduled)
-        if current.num_steps > 1:
-            self.multi_step_calls += 1
+            raise self.recover(merged(current.scheduled, self.executor.take()), error) from error
+        mode = "ahead" if self.config.async_scheduling else "plain"
+        self.record_step(current.start, len(current.scheduled.scheduled), current.num_steps, mode)
         return result
 
-    def _build_batch(self, scheduled, lookahead: int = 0) -> StepBatch:
-        """The step's host batch: a sampling row for each sequence the step completes (block
-        tables covering ``lookahead`` tokens more: multi-step decoding)."""
-        rows = {}
-        for item in scheduled.scheduled:
-            if item.completes:
-                rows[item.seq.seq_id] = self.seq_to_request[item.seq.seq_id].sampling_row(item.seq)
+    def record_step(
+        self, start: float, batch_size: int, num_steps: int = 1, mode: str = "plain"
+    ) -> None:
+        """Counts a step that ran (launched at ``start``, read now) and tells the observers
+        (``StepEvent``). Every mode's steps come through here."""
+        self.consecutive_failed_steps = 0
+        now = time.perf_counter()
+        seconds = now - max(start, self._last_read)
+        self.step_time += seconds
+        self._last_read = now
+        self.num_steps += num_steps
+        self.last_batch_size = batch_size
+        if num_steps > 1:
+            self.multi_step_calls += 1
+        compiles, self._compiles_seen = compile_count() - self._compiles_seen, compile_count()
+        if self.observers:
+            self.observers.emit(StepEvent(batch_size, num_steps, seconds, compiles, mode))
+
+    def build_batch(self, scheduled, lookahead: int = 0, rows: dict | None = None) -> StepBatch:
+        """The step's host batch: a sampling row for each sequence the step completes (its
+        request's, unless ``rows`` gives them by seq_id), block tables covering ``lookahead``
+        tokens more (multi-step decoding), the grammars' masks attached."""
+        if rows is None:
+            rows = {
+                item.seq.seq_id: self.seq_to_request[item.seq.seq_id].sampling_row(item.seq)
+                for item in scheduled.scheduled
+                if item.completes
+            }
         self.step_counter += 1
         batch = build_step_batch(
             self.layout,
@@ -272,7 +244,7 @@ class LLMEngine(Engine):
         )
         return self.grammars.attach(batch)
 
-    def _recover(self, scheduled, error: Exception) -> StepFailed | EngineDeadError:
+    def recover(self, scheduled, error: Exception) -> StepFailed | EngineDeadError:
         """After a failed step: fails the requests in it, gets the runner a live KV pool and,
         if the pool had to be replaced, recomputes the other running sequences from their
         tokens (their cached K/V went with the old pool). Returns the error for ``step`` to
@@ -309,14 +281,14 @@ class LLMEngine(Engine):
             self.seq_to_request.pop(seq.seq_id, None)
             self.grammars.release(seq.seq_id)
 
-    def _postprocess(
+    def postprocess(
         self, result: StepResult, current: DispatchedStep, got_token: list | None = None
     ) -> list[RequestOutput]:
         """Hands ``current``'s tokens on, step by step for a multi-step call, as that many
         single steps would (stops, finishes; a sequence's tokens after its stop are dropped).
         ``got_token``: the sequences the scheduler advanced with a pending token before the
         step was read (asynchronous scheduling); their tokens are put in place. Sequences that
-        ended meanwhile are skipped."""
+        ended meanwhile are skipped. Returns the outputs ``report`` gives."""
         for seq_id, entries in result.prompt_logprobs.items():
             if seq_id in self.seq_to_request:  # not aborted while its step was in flight
                 self.seq_to_request[seq_id].on_prompt_logprobs(entries)
@@ -325,21 +297,17 @@ class LLMEngine(Engine):
             for seq in got_token:
                 seq.output_token_ids[-1] = sampled.tokens[seq.seq_id]
             live = [seq for seq in got_token if not seq.is_finished]
-            return self._on_tokens(live, sampled.logprobs)
+            return self.report(self.advance(live, sampled.logprobs))
         moved: dict[str, Request] = {}
         for sampled in result.steps:
             scheduled = current.live_items()
             if scheduled.is_empty:
                 break
             got_token = self.scheduler.postprocess(scheduled, sampled.tokens)
-            moved |= self._advance(got_token, sampled.logprobs)
-        return self._report(moved)
+            moved |= self.advance(got_token, sampled.logprobs)
+        return self.report(moved)
 
-    def _on_tokens(self, got_token, logprobs) -> list[RequestOutput]:
-        """Each sequence's new token to its request (``_advance``); the outputs it reports."""
-        return self._report(self._advance(got_token, logprobs))
-
-    def _advance(self, got_token, logprobs) -> dict[str, Request]:
+    def advance(self, got_token, logprobs) -> dict[str, Request]:
         """Each sequence's new token to its request: stops, grammar, length. Returns the
         requests that moved, by id."""
         moved: dict[str, Request] = {}
@@ -365,7 +333,7 @@ class LLMEngine(Engine):
             moved[request.request_id] = request
         return moved
 
-    def _report(self, moved: dict[str, Request]) -> list[RequestOutput]:
+    def report(self, moved: dict[str, Request]) -> list[RequestOutput]:
         """The outputs of the requests that moved in a step (once each; a ``FINAL_ONLY``
         request's only when it finished); finished requests are let go."""
         outputs = []

@@ -9,6 +9,7 @@ knows nothing of sequences or requests.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import numpy as np
@@ -77,6 +78,9 @@ class ModelRunner:
         if per_batch_executables is None:
             per_batch_executables = jax.default_backend() == "gpu"
         self.per_batch_executables = per_batch_executables
+        # ``jaxgen bench``: each step waited for, its device time summed (no overlap then).
+        self.time_device = False
+        self.device_seconds = 0.0
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
             max_model_len=max_model_len,
@@ -156,6 +160,7 @@ class ModelRunner:
             extra["sampling_flags"] = flags
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
+        start = time.perf_counter()
         self.kv_cache, result = self._step(
             self._param_arrays,
             self.kv_cache,
@@ -166,6 +171,9 @@ class ModelRunner:
             flat_params=self._flat_params,
             **extra,
         )
+        if self.time_device:  # waits for the step: its device time, at the cost of overlap
+            jax.block_until_ready(result)
+            self.device_seconds += time.perf_counter() - start
         if num_steps > 1:
             return InFlight(result, None, None)
         logits, prompt = result

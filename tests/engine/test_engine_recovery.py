@@ -119,7 +119,7 @@ def test_running_requests_outside_the_step_are_recomputed_on_a_new_pool(tiny_mod
     for leaf in jax.tree_util.tree_leaves(engine.runner.kv_cache):
         leaf.delete()  # what a step that fails after donation leaves behind
     step = SchedulerOutput([ScheduledSequence(failing.seqs[0], 3)], [])
-    error = engine._recover(step, DeviceFault("injected"))
+    error = engine.recover(step, DeviceFault("injected"))
     assert error.request_ids == ["failing"] and failing.finished
     assert failing.seqs[0].finish_reason == "error"
     assert kept.seqs[0].num_computed_tokens == 0 and not kept.seqs[0].block_table

@@ -60,7 +60,7 @@ def speculative_step(engine) -> list[RequestOutput]:
         return []
     start, compiles = time.perf_counter(), compile_count()
     try:
-        batch = with_bonus_masks(engine._build_batch(scheduled), masks)
+        batch = with_bonus_masks(engine.build_batch(scheduled), masks)
         verify = _verify_rows(engine, batch, drafts, masks)
         offset = 0  # the logits row of the first draft position
         if verify is not None:
@@ -69,15 +69,11 @@ def speculative_step(engine) -> list[RequestOutput]:
         output, prompt_output = jax.device_get((step.result, step.prompt))
     except Exception as error:
         _strip(drafts)
-        raise engine._recover(scheduled, error) from error
-    engine.consecutive_failed_steps = 0
-    now = time.perf_counter()
-    engine.step_time += now - max(start, engine._last_read)
-    engine._last_read = now
-    engine.num_steps += 1
-    engine.last_batch_size = len(scheduled.scheduled)
+        raise engine.recover(scheduled, error) from error
+    seconds = time.perf_counter() - start
+    engine.record_step(start, len(scheduled.scheduled), mode="verify")
     if compile_count() == compiles:  # a step that compiled says nothing of its cost
-        _observe_cost(engine, scheduled, drafts, now - start)
+        _observe_cost(engine, scheduled, drafts, seconds)
     tokens, logprobs = unpack(batch, output)
     if batch.prompt is not None and batch.prompt.spans:
         for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
@@ -195,7 +191,7 @@ def _deliver(engine, got_token, logprobs, drafts, kept) -> list[RequestOutput]:
         if not round_seqs:
             break
         live = {seq_id: entry for seq_id, entry in entries.items() if entry is not None}
-        moved |= engine._advance(round_seqs, live)
+        moved |= engine.advance(round_seqs, live)
         round_seqs = []
         position += 1
-    return engine._report(moved)
+    return engine.report(moved)
