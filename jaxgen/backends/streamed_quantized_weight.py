@@ -23,13 +23,13 @@ from jax.sharding import Mesh, PartitionSpec
 
 from jaxgen.backends.streamed_weight import (
     MAX_STREAMED_ROWS,
-    _pad,
-    _split,
     gated_input,
     interpret_params,
     kernel_input,
     norm_keyword,
     norm_leaves,
+    pad_columns,
+    split_axis,
 )
 from jaxgen.quantization.quantized_weight import QuantizedWeight
 from pallas_kernels.tpu.streamed_matmul import (
@@ -66,7 +66,7 @@ class StreamedQuantizedWeight:
     @classmethod
     def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):
         """``weight`` (arrays, or ``ShapeDtypeStruct``s ahead of time) in the kernel's form."""
-        split = _split(weight.values, mesh, model_axis, 0)
+        split = split_axis(weight.values, mesh, model_axis, 0)
         degree = mesh.shape[model_axis] if split == "columns" else 1
         pieces = mesh.shape[model_axis] if split == "depth" else 1
         depth, columns = weight.shape
@@ -81,7 +81,7 @@ class StreamedQuantizedWeight:
                 leaf = _packed(leaf, pieces)
             elif is_float and leaf.dtype not in (jnp.float32, jnp.bfloat16):
                 leaf = _as_float32(leaf)
-            return _pad(leaf, 1, padded - columns) if padded != columns else leaf
+            return pad_columns(leaf, 1, padded - columns) if padded != columns else leaf
 
         weight = dataclasses.replace(
             weight,
@@ -116,15 +116,15 @@ class StreamedQuantizedWeight:
         """``x @ dequant(w)`` ([..., K] -> [..., N]; x an array or a ``NormedInput``)."""
         depth, columns = self.shape
         rows = math.prod(x.shape[:-1])
-        x, norm = kernel_input(x, self, rows, self._streams)
-        if not self._streams(rows, x.dtype, normed=norm is not None):
+        x, norm = kernel_input(x, self, rows, self.streams)
+        if not self.streams(rows, x.dtype, normed=norm is not None):
             return self.unpacked().matmul(x)[..., :columns]
         product = functools.partial(streamed_matmul_quantized_tpu, interpret=interpret_params(self))
         x2 = x.reshape(rows, depth)
         if self.mesh is None:
             out = product(x2, self.weight, norm=norm)
         else:
-            out = self._sharded(product, x2, norm=norm)
+            out = self.sharded(product, x2, norm=norm)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     @staticmethod
@@ -144,7 +144,7 @@ class StreamedQuantizedWeight:
         if gate.mesh is None:
             out = gated(x2, gate.weight, up.weight, norm=norm)
         else:
-            out = gate._sharded(gated, x2, up, norm=norm)
+            out = gate.sharded(gated, x2, up, norm=norm)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     def _local_shape(self) -> tuple[int, int]:
@@ -154,7 +154,7 @@ class StreamedQuantizedWeight:
         degree = self.mesh.shape[self.model_axis]
         return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
 
-    def _streams(self, rows: int, dtype, num_weights: int = 1, normed: bool = False) -> bool:
+    def streams(self, rows: int, dtype, num_weights: int = 1, normed: bool = False) -> bool:
         if rows > MAX_STREAMED_ROWS or self.weight.kind not in ("int8", "int4"):
             return False
         if dtype not in (jnp.bfloat16, jnp.float32):
@@ -171,7 +171,7 @@ class StreamedQuantizedWeight:
         )
         return plan is not None
 
-    def _sharded(self, product, x2, other=None, norm=None):
+    def sharded(self, product, x2, other=None, norm=None):
         """The product inside ``shard_map`` (each chip its share of codes and scales; the norm's
         weight, if any, replicated); ``other``: a second kernel of the same layout whose local
         weight ``product`` takes after this one's (the gated call's up)."""

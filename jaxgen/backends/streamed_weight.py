@@ -63,13 +63,13 @@ class StreamedWeight:
         ``StreamedWeight``, its split read from its sharding, its columns padded when each
         chip's share would not tile otherwise."""
         depth_axis, column_axis = (1, 0) if transposed else (0, 1)
-        split = _split(value, mesh, model_axis, depth_axis)
+        split = split_axis(value, mesh, model_axis, depth_axis)
         degree = mesh.shape[model_axis] if split == "columns" else 1
         depth = value.shape[depth_axis] // (mesh.shape[model_axis] if split == "depth" else 1)
         columns, itemsize = value.shape[column_axis], jnp.dtype(value.dtype).itemsize
         if streamed_matmul_plan(1, depth, columns // degree, itemsize) is None:
             padded = -(-columns // (LANES * degree)) * LANES * degree
-            value = _pad(value, column_axis, padded - columns)
+            value = pad_columns(value, column_axis, padded - columns)
         return cls(value, columns, transposed, split, mesh, model_axis, interpret)
 
     @property
@@ -87,8 +87,8 @@ class StreamedWeight:
         not needed (padding rows cost only their share of a decode-sized product)."""
         depth, columns = self.shape
         rows = math.prod(x.shape[:-1])
-        x, norm = kernel_input(x, self, rows, self._streams)
-        if not self._streams(rows, x.dtype, normed=norm is not None):
+        x, norm = kernel_input(x, self, rows, self.streams)
+        if not self.streams(rows, x.dtype, normed=norm is not None):
             weight = self.values.T if self.transposed else self.values
             return jnp.dot(x, weight)[..., :columns]  # slicing the output keeps w's split
         product = functools.partial(
@@ -98,7 +98,7 @@ class StreamedWeight:
         if self.mesh is None:
             out = product(x2, self.values, norm=norm)
         else:
-            out = self._sharded(product, x2, norm)
+            out = self.sharded(product, x2, norm)
         return out[:, :columns].reshape(*x.shape[:-1], columns)
 
     @staticmethod
@@ -138,7 +138,7 @@ class StreamedWeight:
         degree = self.mesh.shape[self.model_axis]
         return (depth // degree, padded) if self.split == "depth" else (depth, padded // degree)
 
-    def _streams(self, rows: int, dtype, num_weights: int = 1, normed: bool = False) -> bool:
+    def streams(self, rows: int, dtype, num_weights: int = 1, normed: bool = False) -> bool:
         if rows > MAX_STREAMED_ROWS or dtype != self.values.dtype:
             return False
         depth, columns = self._local_shape()
@@ -148,7 +148,7 @@ class StreamedWeight:
         )
         return plan is not None
 
-    def _sharded(self, product, x2, norm=None):
+    def sharded(self, product, x2, norm=None):
         """The product inside ``shard_map`` over the mesh (each chip its share of w; the norm's
         weight, if any, replicated)."""
         axis, split = self.model_axis, self.split
@@ -218,7 +218,7 @@ def gated_input(x, gate, up, activation: str) -> tuple[jax.Array, tuple | None] 
     rows = math.prod(x.shape[:-1])
     if not gated_streams(gate, up, activation) or getattr(gate, "transposed", False):
         return None
-    streams = functools.partial(gate._streams, num_weights=2)
+    streams = functools.partial(gate.streams, num_weights=2)
     x, norm = kernel_input(x, gate, rows, streams)
     if not streams(rows, x.dtype, normed=norm is not None):
         return None
@@ -237,7 +237,7 @@ def gated_streams(gate, up, activation: str) -> bool:
     return activation in GATED_ACTIVATIONS and layout(gate) == layout(up) and gate.split != "depth"
 
 
-def _split(value, mesh, model_axis, depth_axis) -> str | None:
+def split_axis(value, mesh, model_axis, depth_axis) -> str | None:
     """ "depth", "columns" or None: which axis of ``value`` its sharding splits over
     ``model_axis``."""
     sharding = getattr(value, "sharding", None)
@@ -249,7 +249,7 @@ def _split(value, mesh, model_axis, depth_axis) -> str | None:
     return "depth" if spec.index(model_axis) == depth_axis else "columns"
 
 
-def _pad(value, axis: int, amount: int):
+def pad_columns(value, axis: int, amount: int):
     """``value`` with ``amount`` zero columns appended on ``axis`` (same sharding)."""
     shape = tuple(n + amount if dim == axis else n for dim, n in enumerate(value.shape))
     sharding = getattr(value, "sharding", None)

@@ -135,7 +135,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _setting_flags() -> tuple[str, ...]:
     parser = argparse.ArgumentParser(add_help=False)
     add_serve_arguments(parser)
-    return tuple(action.dest for action in parser._actions if action.dest != "properties")
+    return tuple(name for name in vars(parser.parse_args([])) if name != "properties")
 
 
 # Every flag's dest, which is the name of the setting it gives (``--properties`` names the file).

@@ -371,7 +371,7 @@ def test_kept_gguf_layouts_stream_exactly(qtype):
 
     weight = kept_weight(qtype, 256, 128)
     streamed = StreamedQuantizedWeight.wrap(weight, interpret=True)
-    assert streamed._streams(2, jnp.float32)
+    assert streamed.streams(2, jnp.float32)
     x = jnp.asarray(np.random.default_rng(5).standard_normal((2, 256)), jnp.float32)
     expected = np.asarray(x, np.float64) @ np.asarray(weight.dequantize(), np.float64)
     np.testing.assert_allclose(np.asarray(streamed.matmul(x)), expected, rtol=1e-4, atol=1e-4)
