@@ -135,7 +135,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _setting_flags() -> tuple[str, ...]:
     parser = argparse.ArgumentParser(add_help=False)
     add_serve_arguments(parser)
-    return tuple(name for name in vars(parser.parse_args([])) if name != "properties")
+    defaults = vars(parser.parse_args([]))  # every flag's is None; set_defaults' entries not
+    return tuple(name for name, value in defaults.items() if value is None and name != "properties")
 
 
 # Every flag's dest, which is the name of the setting it gives (``--properties`` names the file).
