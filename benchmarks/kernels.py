@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pallas_kernels import paged_attention_reference, ragged_paged_attention  # noqa: E402
+from pallas_kernels import paged_attention_reference, ragged_paged_attention_gpu  # noqa: E402
 
 ROTATION_BYTES = 256 << 20  # rotate over at least this much K/V so L2 cannot hold it
 
@@ -89,7 +89,7 @@ def decode_step(interpret: bool, **tuning):
         cu_q_lens = jnp.arange(batch + 1, dtype=jnp.int32)
         num_seqs = jnp.asarray([batch], jnp.int32)
         args = (q, k_pages, v_pages, lengths, block_tables, cu_q_lens, num_seqs)
-        return ragged_paged_attention(*args, interpret=interpret, **tuning)
+        return ragged_paged_attention_gpu(*args, interpret=interpret, **tuning)
 
     return call
 

@@ -6,7 +6,7 @@ a run on the native CPU backend never needs (about 0.2 s of a start-up)."""
 
 __all__ = [
     "paged_attention_reference",
-    "ragged_paged_attention",
+    "ragged_paged_attention_gpu",
     "ragged_paged_attention_reference",
 ]
 
@@ -14,8 +14,8 @@ __all__ = [
 def __getattr__(name: str):
     if name not in __all__:
         raise AttributeError(f"module 'pallas_kernels' has no attribute {name!r}")
-    from pallas_kernels.gpu import ragged_paged_attention
+    from pallas_kernels.gpu import ragged_paged_attention as gpu_attention
 
-    value = getattr(ragged_paged_attention, name)
+    value = getattr(gpu_attention, name)
     globals()[name] = value
     return value

@@ -224,7 +224,7 @@ def test_the_command_line_imports_no_pallas_kernel_and_no_benchmark_runner():
     import pallas_kernels
 
     assert jaxgen.backends.PallasGPUBackend.__name__ == "PallasGPUBackend"  # on first use
-    assert callable(pallas_kernels.ragged_paged_attention)
+    assert callable(pallas_kernels.ragged_paged_attention_gpu)
 
 
 def test_the_default_models_tokenizer_imports_no_transformers():

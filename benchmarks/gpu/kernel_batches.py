@@ -29,7 +29,7 @@ POOL_KINDS = ("bfloat16", "float32", "int8", "fp8")
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    kernel: object  # ragged_paged_attention(q, k_pages, v_pages, kv_lens, tables, cu, n, ...)
+    kernel: object  # ragged_paged_attention_gpu(q, k_pages, v_pages, kv_lens, tables, cu, n, ...)
     reference: object  # its pure-JAX reference, same signature
     module: str
 
@@ -44,7 +44,7 @@ def attention_kernels() -> Kernels:
             if error.name and name.startswith(error.name):
                 continue  # the package itself is absent
             raise
-        kernel = getattr(module, "ragged_paged_attention", None)
+        kernel = getattr(module, "ragged_paged_attention_gpu", None)
         reference = getattr(module, "ragged_paged_attention_reference", None)
         if callable(kernel) and callable(reference):
             return Kernels(kernel, reference, name)

@@ -73,8 +73,11 @@ class KernelBackend:
         return apply_rope(x, rope)
 
     def attention(self, q, k, v, kv_layer, md, *, scale, soft_cap=None, sliding_window=None):
-        """Writes ``k``/``v`` ([T, Hkv, D]) into ``kv_layer`` at ``md.slot_mapping`` and returns
-        (``[T, Hq, D]`` attention output, the updated ``kv_layer``)."""
+        """The attention entry point every model calls: writes the step's ``k``/``v``
+        ([T, Hkv, D], RoPE applied) into ``kv_layer`` (this layer's slice of the pool, in the
+        backend's layout) at ``md.slot_mapping``, then attends every token of ``q``
+        ([T, Hq, D]) to its sequence's cache. Returns (``[T, Hq, D]`` output, the updated
+        ``kv_layer``)."""
         raise NotImplementedError
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxgen.backends.paired_pool import PairedPoolBackend
-from pallas_kernels import ragged_paged_attention
-from pallas_kernels.gpu.ragged_paged_attention import TUNING
+from pallas_kernels.gpu.ragged_paged_attention import TUNING, ragged_paged_attention_gpu
 
 # The backend's own options beside the attention kernel's tuning arguments: ``pallas_kv_write``
 # writes the step's K/V with one Pallas kernel (``pallas_kernels/gpu/kv_write``) instead of
@@ -83,7 +82,7 @@ class PallasGPUBackend(PairedPoolBackend):
         return write_kv(k_pages, v_pages, k, v, slot_mapping, interpret=self.interpret)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
-        return ragged_paged_attention(
+        return ragged_paged_attention_gpu(
             q,
             k_pages,
             v_pages,

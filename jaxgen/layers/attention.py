@@ -1,4 +1,4 @@
-"""The step's attention metadata and the one attention entry point models call.
+"""The step's attention metadata (``AttentionMetadata``, one ragged type for every step).
 
 A step runs a flat batch of ``T`` tokens laid out ragged: the rows of sequence ``s`` are
 ``cu_q_lens[s]:cu_q_lens[s + 1]`` (decode sequences first, one row each, then prefill chunks),
@@ -6,8 +6,9 @@ query ``j`` of ``s`` sits at position ``kv_lens[s] - q_len[s] + j`` and attends 
 sequence's cache; rows past ``cu_q_lens[num_seqs]`` are bucket padding. New K/V are written into
 the pool through ``slot_mapping`` (slot = page * page_size + offset; page 0 is a scratch page
 that padding writes into), then attention reads the pool. How the pool is laid out and which
-kernels read it is the backend's business (``jaxgen.backends``): a model only calls
-:func:`attention`, and a backend derives any other view of the step from this one.
+kernels read it is the backend's business (``jaxgen.backends``): a model only calls its
+backend's ``attention`` (``KernelBackend.attention``, the one entry point), and a backend
+derives any other view of the step from this one.
 """
 
 from __future__ import annotations
@@ -51,21 +52,3 @@ def row_sequences(md: AttentionMetadata, num_tokens: int):
     q_len = md.cu_q_lens[seq + 1] - md.cu_q_lens[seq]
     position = md.kv_lens[seq] - q_len + rows - md.cu_q_lens[seq]
     return seq, position, real
-
-
-def attention(
-    q: jax.Array,  # [T, Hq, D]
-    k: jax.Array,  # [T, Hkv, D], this step's keys (RoPE applied)
-    v: jax.Array,  # [T, Hkv, D]
-    kv_layer,  # this layer's slice of the pool, in the backend's layout
-    md: AttentionMetadata,
-    *,
-    backend,  # a jaxgen.backends.KernelBackend
-    scale: float,
-    soft_cap: float | None = None,
-    sliding_window: int | None = None,
-):  # -> ([T, Hq, D], kv_layer)
-    """Writes the step's K/V into the pool, then attends every token to its sequence's cache."""
-    return backend.attention(
-        q, k, v, kv_layer, md, scale=scale, soft_cap=soft_cap, sliding_window=sliding_window
-    )

@@ -14,7 +14,6 @@ import jax
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.layers.attention import attention
 from jaxgen.layers.linear import Linear, NormedInput, apply_linears, ones_initializer, rms_norm
 from jaxgen.models.mlp import MLP
 from jaxgen.models.moe import SparseMoE
@@ -69,13 +68,12 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = backend.rotate(q, rope), backend.rotate(k, rope)
-        out, kv_layer = attention(
+        out, kv_layer = backend.attention(
             q,
             k,
             v,
             kv_layer,
             md,
-            backend=backend,
             scale=self.scale,
             soft_cap=self.soft_cap,
             sliding_window=self.sliding_window,

@@ -13,7 +13,7 @@ from benchmarks.gpu.kernel_batches import tuning_variants, variant_tunings
 from jaxgen.config import ModelConfig
 from jaxgen.planning.gpu_compile import compile_decode_step_for_gpu
 from jaxgen.planning.gpu_targets import cuda_plugin_installed
-from pallas_kernels import ragged_paged_attention
+from pallas_kernels import ragged_paged_attention_gpu
 
 pytestmark = pytest.mark.skipif(
     not cuda_plugin_installed(), reason="needs the gpu-compile extra (jax's CUDA plugin)"
@@ -47,7 +47,7 @@ def test_end_to_end_rows_compile_for_the_h200(batch, options):
 
 
 @pytest.mark.parametrize(
-    "tuning", variant_tunings(tuning_variants(ragged_paged_attention), PROFILE.variant_values)
+    "tuning", variant_tunings(tuning_variants(ragged_paged_attention_gpu), PROFILE.variant_values)
 )
 def test_kernel_variants_compile_for_the_h200_at_32k(tuning):
     batch, context = max(PROFILE.variant_configs, key=lambda pair: pair[1])

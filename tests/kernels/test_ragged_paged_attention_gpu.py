@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import ragged_paged_attention, ragged_paged_attention_reference
+from pallas_kernels import ragged_paged_attention_gpu, ragged_paged_attention_reference
 from pallas_kernels.gpu.ragged_paged_attention import decode_sizes, prefill_sizes
 from tests.kernels.test_paged_attention_cpu import quantized_pool
 from tests.kernels.test_ragged_paged_attention import make_batch
@@ -38,8 +38,8 @@ CONTEXTS = [0, 3, PAGE - 2, PAGE - 1, 0, PAGE, PAGE - 1, 5 * PAGE + 2]
 def attend(*args, **options):
     """The kernels on ``args``: compiled on a GPU, interpreted (see ``FAST_COMPILE``) elsewhere."""
     if not INTERPRET:
-        return ragged_paged_attention(*args, **options)
-    lowered = ragged_paged_attention.trace(*args, interpret=True, **options).lower()
+        return ragged_paged_attention_gpu(*args, **options)
+    lowered = ragged_paged_attention_gpu.trace(*args, interpret=True, **options).lower()
     return lowered.compile(FAST_COMPILE)(*args)
 
 
@@ -51,9 +51,9 @@ def reference(*args, **options):
 
 def kernel_grids(args, **options) -> dict[str, tuple]:
     """The grid of each ``pallas_call`` the wrapper makes, by kernel name."""
-    jaxpr = jax.make_jaxpr(functools.partial(ragged_paged_attention, interpret=True, **options))(
-        *args
-    )
+    jaxpr = jax.make_jaxpr(
+        functools.partial(ragged_paged_attention_gpu, interpret=True, **options)
+    )(*args)
     grids = {}
 
     def visit(jaxpr):
@@ -204,7 +204,7 @@ def test_decode_only_step_matches_reference(case):
     )
     assert not np.any(np.asarray(actual[6:], np.float32)), "empty slots: zeros"
     with pytest.raises(ValueError, match="decode_only needs one row per sequence slot"):
-        ragged_paged_attention(args[0][:7], *args[1:], decode_only=True, interpret=True)
+        ragged_paged_attention_gpu(args[0][:7], *args[1:], decode_only=True, interpret=True)
 
 
 def test_split_kv_is_exercised():
@@ -336,7 +336,7 @@ def _bad_inputs():
 @pytest.mark.parametrize("name, inputs", _bad_inputs())
 def test_wrapper_rejects_bad_inputs_before_lowering(name, inputs):
     with pytest.raises(ValueError, match=name):
-        ragged_paged_attention.trace(**inputs, interpret=INTERPRET)
+        ragged_paged_attention_gpu.trace(**inputs, interpret=INTERPRET)
 
 
 def test_backend_refuses_a_platform_it_cannot_run_on():

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pallas_kernels import ragged_paged_attention
+from pallas_kernels import ragged_paged_attention_gpu
 from pallas_kernels.gpu.abstract_device import abstract_gpu
 
 
@@ -31,7 +31,9 @@ def _lowered_for_cuda(head_dim, pool, *, num_tokens, max_seqs, width, group=4, *
         jax.ShapeDtypeStruct((max_seqs + 1,), i32),
         jax.ShapeDtypeStruct((1,), i32),
     )
-    call = functools.partial(ragged_paged_attention, soft_cap=30.0, sliding_window=512, **tuning)
+    call = functools.partial(
+        ragged_paged_attention_gpu, soft_cap=30.0, sliding_window=512, **tuning
+    )
     with abstract_gpu():
         return jax.jit(call).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 

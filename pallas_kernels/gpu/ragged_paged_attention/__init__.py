@@ -12,7 +12,7 @@ from pallas_kernels.gpu.ragged_paged_attention.sizes import (
     decode_sizes,
     prefill_sizes,
 )
-from pallas_kernels.gpu.ragged_paged_attention.wrapper import TUNING, ragged_paged_attention
+from pallas_kernels.gpu.ragged_paged_attention.wrapper import TUNING, ragged_paged_attention_gpu
 
 __all__ = [
     "TUNING",
@@ -21,6 +21,6 @@ __all__ = [
     "decode_sizes",
     "paged_attention_reference",
     "prefill_sizes",
-    "ragged_paged_attention",
+    "ragged_paged_attention_gpu",
     "ragged_paged_attention_reference",
 ]

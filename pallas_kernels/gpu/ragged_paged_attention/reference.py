@@ -27,7 +27,7 @@ def ragged_paged_attention_reference(
     sliding_window: int | None = None,
 ) -> jax.Array:  # [T, Hq, D]
     """Causal attention of each sequence's rows over its pages, with the arguments of
-    ``ragged_paged_attention`` (float pools: dequantise an 8-bit one first). Rows not covered by
+    ``ragged_paged_attention_gpu`` (float pools: dequantise an 8-bit one first). Rows not covered by
     the first ``num_seqs`` sequences are zero."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, _, page_size, _ = k_pages.shape

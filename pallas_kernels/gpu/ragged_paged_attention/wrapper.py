@@ -103,7 +103,7 @@ def _validate(q, k_pages, v_pages, scales, kv_lens, block_tables, cu_q_lens, num
     jax.jit,
     static_argnames=("scale", "soft_cap", "sliding_window", "decode_only", "interpret", *TUNING),
 )
-def ragged_paged_attention(
+def ragged_paged_attention_gpu(
     q: jax.Array,  # [T, Hq, D]
     k_pages,  # [Hkv, P, page_size, D], or QuantizedPages (codes [Hkv, P, page_size, D], scales)
     v_pages,  # as k_pages
@@ -255,4 +255,4 @@ def ragged_paged_attention(
     return out
 
 
-__all__ = ["TUNING", "merge_splits", "prefill_blocks", "ragged_paged_attention"]
+__all__ = ["TUNING", "merge_splits", "prefill_blocks", "ragged_paged_attention_gpu"]
