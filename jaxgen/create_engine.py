@@ -18,6 +18,7 @@ from jaxgen.config.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine import executable_store
 from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.layers.sharding import DeferredPlacement, shard_loaded
 from jaxgen.loaders import (
     LoadedModel,
     load_model,
@@ -26,7 +27,6 @@ from jaxgen.loaders import (
     resolve_model,
 )
 from jaxgen.parallel.replicas import ReplicatedEngine
-from jaxgen.parallel.sharding import DeferredPlacement, shard_loaded
 
 
 def create_engine(

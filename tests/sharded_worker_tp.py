@@ -154,7 +154,7 @@ def mode_streamed_weight(args: dict) -> dict:
         )
         weight = StreamedWeight.wrap(w, transposed=transposed, mesh=mesh, model_axis="model")
         product = functools.partial(streamed_matmul_reference, transposed=transposed)
-        out = jax.jit(lambda x, weight, product=product: weight._sharded(product, x))(x, weight)
+        out = jax.jit(lambda x, weight, product=product: weight.sharded(product, x))(x, weight)
         expected = x @ (w.T if transposed else w)
         result[name] = {
             "split": weight.split,
@@ -212,8 +212,8 @@ def mode_families_tp(args: dict) -> dict:
 
     from jaxgen import LLM
     from jaxgen.evaluation.full_forward import full_sequence_logits
+    from jaxgen.layers.sharding import ShardingPlan, make_mesh, shard_loaded
     from jaxgen.loaders import load_model
-    from jaxgen.parallel.sharding import ShardingPlan, make_mesh, shard_loaded
 
     result = {}
     for name, path in args["models"].items():

@@ -1,3 +1,4 @@
-"""The model <-> kernel contract: the step's attention metadata and the one attention entry
-point, the linear layer and its one matmul entry point, rotary embeddings. Models and
-backends import these; these import neither."""
+"""The model <-> kernel contract: the step's attention metadata (``attention``), the linear layer
+and its one matmul entry point (``linear``), rotary embeddings (``rope``), and the logical-axis
+sharding table every weight is placed by (``sharding``). Models, loaders and backends import
+these; these import none of them."""

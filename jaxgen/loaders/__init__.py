@@ -176,7 +176,7 @@ def load_model(
 def load_sharded(model, *, dtype, placement, quantization: str = "auto"):
     """Loads ``model`` (a name/path, or a ``LoadedModel`` to re-place, quantised weights
     staying quantised) onto the first plan of ``placement`` (a
-    ``jaxgen.parallel.sharding.DeferredPlacement``)."""
+    ``jaxgen.layers.sharding.DeferredPlacement``)."""
     if isinstance(model, LoadedModel):
         plan = placement.bind(model.config)
         return dataclasses.replace(model, params=plan.place_state(model.params))

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
+from jaxgen.layers.sharding import DeferredPlacement
 from jaxgen.loaders import load_model
 from jaxgen.loaders.orbax_checkpoint import save_orbax
-from jaxgen.parallel.sharding import DeferredPlacement
 
 
 def convert(

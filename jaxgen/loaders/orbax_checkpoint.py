@@ -20,9 +20,10 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.layers.sharding import path_name
 from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.tokenizer import load_tokenizer
-from jaxgen.models.weights import abstract_model, path_name
+from jaxgen.models.weights import abstract_model
 
 METADATA_FILE = "jaxgen_orbax.json"
 PARAMS_DIR = "params"
@@ -79,7 +80,7 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
     """Restores a converted directory as a ``LoadedModel`` in ``dtype``.
 
     ``place`` is the loaders' hook: None keeps every array on the default device; a hook with a
-    ``sharding_for(path)`` method (``jaxgen.parallel.sharding.ShardingPlan``) has each array
+    ``sharding_for(path)`` method (``jaxgen.layers.sharding.ShardingPlan``) has each array
     restored directly into that sharding; any other ``place(path, array)`` gets host arrays.
     """
     start = time.perf_counter() if start is None else start

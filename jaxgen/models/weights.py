@@ -9,7 +9,7 @@ and per-expert tensors stacked (Mixtral, Qwen3-MoE).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -40,11 +40,6 @@ _FALCON_LAYER = {
     "mlp.up_proj": "mlp.dense_h_to_4h",
     "mlp.down_proj": "mlp.dense_4h_to_h",
 }
-
-
-def path_name(path: Sequence) -> str:
-    """``('layers', 0, 'mlp', 'up_proj', 'kernel')`` -> ``"layers.0.mlp.up_proj.kernel"``."""
-    return ".".join(str(p) for p in path)
 
 
 class ShapeOnlyKeys:

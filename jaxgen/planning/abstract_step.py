@@ -14,9 +14,9 @@ from flax import nnx
 from jaxgen.config import ModelConfig
 from jaxgen.engine.sampling_tensors import build_sampling_tensors
 from jaxgen.engine.step_layout import StepLayout
+from jaxgen.layers.sharding import ShardingPlan
 from jaxgen.models import LlamaForCausalLM
 from jaxgen.models.weights import quantisable_paths
-from jaxgen.parallel.sharding import ShardingPlan
 from jaxgen.quantization.quantize import spec_for_path
 from jaxgen.quantization.quantized_weight import VALUE_DTYPES, QuantizedWeight
 

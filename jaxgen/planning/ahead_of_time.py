@@ -37,9 +37,9 @@ from jaxgen.backends.device_choice import DeviceDescription, auto_attention_back
 from jaxgen.config import ModelConfig
 from jaxgen.config.speculative_config import check_num_speculative_tokens
 from jaxgen.engine.step_function import jitted_step
+from jaxgen.layers.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM
-from jaxgen.parallel.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.planning.abstract_step import (
     abstract_params,
     check_step_sizes,

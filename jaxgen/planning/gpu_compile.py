@@ -30,7 +30,7 @@ from jaxgen.backends.device_choice import auto_attention_backend, auto_dtype, ch
 from jaxgen.config import ModelConfig
 from jaxgen.engine.step_function import jitted_step
 from jaxgen.engine.step_layout import StepLayout
-from jaxgen.parallel.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
+from jaxgen.layers.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.planning.abstract_step import (
     abstract_params,
     check_step_sizes,

@@ -15,16 +15,17 @@ import pytest
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.models.weights import abstract_model, path_name
-from jaxgen.parallel.sharding import (
+from jaxgen.layers.sharding import (
     KV_POOL_LOGICAL_AXES,
     LOGICAL_AXIS_RULES,
     PARAM_LOGICAL_AXES,
     ShardingPlan,
     logical_axes,
     make_mesh,
+    path_name,
     resolve_rules,
 )
+from jaxgen.models.weights import abstract_model
 from tests.family_models import save_tiny_model
 from tests.sharded_worker import run_worker
 

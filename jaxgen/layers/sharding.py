@@ -23,8 +23,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.config import ModelConfig
-from jaxgen.models.weights import path_name
 from jaxgen.quantization.quantized_weight import QuantizedWeight, is_quantized
+
+
+def path_name(path: Sequence) -> str:
+    """``('layers', 0, 'mlp', 'up_proj', 'kernel')`` -> ``"layers.0.mlp.up_proj.kernel"``."""
+    return ".".join(str(p) for p in path)
+
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -86,7 +91,7 @@ def logical_axes(path: Sequence) -> tuple[str | None, ...]:
         if re.fullmatch(pattern, name):
             return axes
     raise ValueError(
-        f"parameter {name!r} has no logical axes in jaxgen.parallel.sharding.PARAM_LOGICAL_AXES"
+        f"parameter {name!r} has no logical axes in jaxgen.layers.sharding.PARAM_LOGICAL_AXES"
     )
 
 
