@@ -79,7 +79,7 @@ def breakdown() -> None:
     from jaxgen.loaders import load_model
 
     try:  # as the command line does before it loads (a checkout without the module has none)
-        from jaxgen.config.compile_cache import enable_compile_cache
+        from jaxgen.caches.compile_cache import enable_compile_cache
 
         enable_compile_cache()
     except ImportError:

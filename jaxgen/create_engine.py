@@ -14,7 +14,7 @@ from jaxgen.backends.device_choice import (
     check_device_support,
     local_device,
 )
-from jaxgen.config.compile_cache import enable_compile_cache
+from jaxgen.caches.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine import executable_store
 from jaxgen.engine.llm_engine import LLMEngine

@@ -1,8 +1,8 @@
 """Configuration: the model's (``ModelConfig``, read from a Hugging Face ``config.json`` by
 ``hf_config``) and the engine's (``EngineConfig``, every knob declared once; ``knobs``
 derives its flags, environment variables and properties keys, ``knob_table`` the docs'
-table, ``speculative_config`` the speculative-decoding settings, ``compile_cache`` the
-``compile_cache`` knob's on-disk XLA cache)."""
+table, ``speculative_config`` the speculative-decoding settings). What is kept on disk is
+``jaxgen.caches``."""
 
 from jaxgen.config.model_config import ModelConfig, MoEConfig, RopeScaling
 

@@ -243,7 +243,7 @@ class EngineConfig:
     compile_cache: bool = knob(
         True,
         help="keep compiled executables on disk, in $JAXGEN_CACHE_DIR/xla, so a second run "
-        "compiles nothing (jaxgen.config.compile_cache; JAXGEN_COMPILE_CACHE=0 turns it off too)",
+        "compiles nothing (jaxgen.caches.compile_cache; JAXGEN_COMPILE_CACHE=0 turns it off too)",
         flag="--no-compile-cache",
     )
     kv_cache_dtype: str = knob(

@@ -93,7 +93,6 @@ class SpeculativeConfig:
 def _draft_model(config: dict, model, k: int) -> SpeculativeConfig:
     """The draft-model settings: a ``model`` (path, alias or ``LoadedModel``) and its
     ``quantization``; the n-gram keys are refused."""
-    from jaxgen.loaders.loaded_model import LoadedModel
     from jaxgen.quantization import QUANTIZATION_CHOICES
 
     for key in NGRAM_KEYS:
@@ -101,7 +100,8 @@ def _draft_model(config: dict, model, k: int) -> SpeculativeConfig:
             raise ValueError(f"speculative_config.{key} applies to method 'ngram' only")
     if model is None:
         raise ValueError("speculative_config.model is required with method 'draft_model'")
-    if not isinstance(model, (str, LoadedModel)):
+    loaded = all(hasattr(model, name) for name in ("config", "graphdef", "params", "tokenizer"))
+    if not isinstance(model, str) and not loaded:  # a LoadedModel (the loaders sit above)
         raise ValueError(
             "speculative_config.model must be a path, an alias or a loaded model, "
             f"got {type(model).__name__}"
@@ -114,7 +114,7 @@ def _draft_model(config: dict, model, k: int) -> SpeculativeConfig:
             f"speculative_config.quantization must be one of {QUANTIZATION_CHOICES}, "
             f"got {quantization!r}"
         )
-    if isinstance(model, LoadedModel) and quantization != "auto":
+    if loaded and quantization != "auto":
         raise ValueError(
             "speculative_config.quantization applies to a model loaded from a path, not to a "
             "loaded model (load it quantised)"

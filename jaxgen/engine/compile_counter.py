@@ -1,5 +1,5 @@
 """Counts XLA compilations (exposed in ``stats()['compiles']``): executables compiled, or loaded
-from the persistent compilation cache (``jaxgen.config.compile_cache``) in place of a compile, so
+from the persistent compilation cache (``jaxgen.caches.compile_cache``) in place of a compile, so
 the count does not depend on what the cache holds; ``stats()['compile_cache_hits']`` counts the
 loaded ones."""
 

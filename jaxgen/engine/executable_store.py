@@ -1,6 +1,6 @@
 """Compiled executables kept on disk, so a second run neither traces, lowers nor compiles.
 
-JAX's persistent compilation cache (``jaxgen.config.compile_cache``) saves XLA's compile only: every
+JAX's persistent compilation cache (``jaxgen.caches.compile_cache``) saves XLA's compile only: every
 run still traces and lowers the engine's step to look its executable up, which costs seconds
 for a model's step on a CPU. ``StoredJit`` wraps a jitted function: the first call of a
 signature (static arguments, argument structure, shapes and dtypes) looks for its serialized
@@ -41,7 +41,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxgen.config.atomic_file import atomic_write
+from jaxgen.caches.atomic_file import atomic_write
 from jaxgen.engine import compile_counter
 from jaxgen.engine.executable_context import process_context
 
@@ -313,7 +313,7 @@ def store_directory() -> Path | None:
     """``$JAXGEN_CACHE_DIR/executables`` when the compilation cache is on, else None."""
     if not jax.config.jax_compilation_cache_dir:
         return None
-    from jaxgen.config.compile_cache import cache_root
+    from jaxgen.caches.compile_cache import cache_root
 
     return cache_root() / "executables"
 

@@ -6,7 +6,7 @@ them as one JSON document instead, ``$JAXGEN_CACHE_DIR/tokenizers/gguf-<key>.jso
 with the key's description, then the fields. The key is the file's real path, size and
 modification time and ``FORMAT``.
 
-As ``jaxgen.config.array_cache``: written whole (``atomic_write``), an entry that cannot be read
+As ``jaxgen.caches.array_cache``: written whole (``atomic_write``), an entry that cannot be read
 is a warning and a miss, a directory that cannot be written a warning and a run without the
 cache, ``JAXGEN_ARRAY_CACHE=0`` turns it off, files under ``array_cache.MIN_BYTES`` are not
 cached.
@@ -20,10 +20,10 @@ import os
 import warnings
 from pathlib import Path
 
-from jaxgen.config import array_cache
-from jaxgen.config.array_cache import file_key
-from jaxgen.config.atomic_file import atomic_write
-from jaxgen.config.compile_cache import cache_root
+from jaxgen.caches import array_cache
+from jaxgen.caches.array_cache import file_key
+from jaxgen.caches.atomic_file import atomic_write
+from jaxgen.caches.compile_cache import cache_root
 from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_tokenizer import GGUFTokenizer, gguf_tokenizer
 

@@ -2,7 +2,7 @@
 
 Converting a GGUF's blocks to ``QuantizedWeight``s (splitting codes from scales, unpacking
 and repacking nibbles and bit fields, undoing llama.cpp's rotary permutation) costs about half a
-second for the 135M default model on a CPU, every run. The converted arrays are kept in a ``jaxgen.config.array_cache`` entry keyed by the file's real path,
+second for the 135M default model on a CPU, every run. The converted arrays are kept in a ``jaxgen.caches.array_cache`` entry keyed by the file's real path,
 size and modification time and by ``CONVERSION_FORMAT``, and read back as memory-mapped views
 (files under ``array_cache.MIN_BYTES`` are converted every time).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxgen.config import array_cache
-from jaxgen.config.array_cache import ArrayCache, file_key
+from jaxgen.caches import array_cache
+from jaxgen.caches.array_cache import ArrayCache, file_key
 from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import ACTIVATIONS, KINDS
 

@@ -19,7 +19,7 @@ from tests.loaders.gguf_tokenizer_files import (
 @pytest.fixture
 def tokenizer_cache_dir(tmp_path, monkeypatch):
     """The cache in ``tmp_path``, for files of any size."""
-    from jaxgen.config import array_cache
+    from jaxgen.caches import array_cache
 
     monkeypatch.setenv("JAXGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(array_cache, "MIN_BYTES", 0)
@@ -75,7 +75,7 @@ def test_corrupt_tokenizer_entry_warns_and_is_rebuilt(byte_level_gguf, tokenizer
 
 
 def test_unwritable_tokenizer_cache_warns_and_loads(byte_level_gguf, tmp_path, monkeypatch):
-    from jaxgen.config import array_cache
+    from jaxgen.caches import array_cache
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -87,7 +87,7 @@ def test_unwritable_tokenizer_cache_warns_and_loads(byte_level_gguf, tmp_path, m
 
 
 def test_tokenizer_cache_off_and_small_files(byte_level_gguf, tmp_path, monkeypatch):
-    from jaxgen.config import array_cache
+    from jaxgen.caches import array_cache
 
     monkeypatch.setenv("JAXGEN_CACHE_DIR", str(tmp_path / "cache"))
     load_tokenizer(byte_level_gguf)  # under array_cache.MIN_BYTES: not cached

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxgen.backends.cpu_kernels import matmul_quantized
-from jaxgen.config import array_cache
+from jaxgen.caches import array_cache
 from jaxgen.loaders import gguf_loader
 from jaxgen.loaders.gguf_loader import GGUFFile
 

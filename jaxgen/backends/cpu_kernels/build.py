@@ -34,7 +34,7 @@ from jaxgen.backends.cpu_kernels.compile import (
     installed_library,
     source_digest,
 )
-from jaxgen.config.compile_cache import cache_root
+from jaxgen.caches.compile_cache import cache_root
 
 
 def _cache_dir() -> Path:

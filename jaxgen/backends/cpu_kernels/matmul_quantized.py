@@ -28,8 +28,8 @@ import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import load_library, register_simd_kernel
 from jaxgen.backends.cpu_kernels.matmul import kernel_rows
-from jaxgen.config import array_cache
-from jaxgen.config.array_cache import ArrayCache, content_key
+from jaxgen.caches import array_cache
+from jaxgen.caches.array_cache import ArrayCache, content_key
 from jaxgen.layers.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import fake_quantize_activations
@@ -282,7 +282,7 @@ def _packed_layout(weight: QuantizedWeight) -> PackedQuantizedWeight:
 
 def _shared_host_buffers(weights, placed, sizes) -> dict[tuple, np.ndarray]:
     """``pack_shared``'s host buffers (``(field, dtype), index`` -> flat array): read from
-    their ``jaxgen.config.array_cache`` entry, keyed by the weights' contents (a SHA-256 of
+    their ``jaxgen.caches.array_cache`` entry, keyed by the weights' contents (a SHA-256 of
     their leaves, ~0.07 s per 100 MB against ~0.5 s to pack the default model), else packed
     here and written there for the next run (weights under ``array_cache.MIN_BYTES``: packed,
     not cached)."""

@@ -1,4 +1,4 @@
-"""The on-disk array cache (jaxgen.config.array_cache): a hit is a memory-mapped read of what
+"""The on-disk array cache (jaxgen.caches.array_cache): a hit is a memory-mapped read of what
 was saved; a miss, a corrupt file or an unwritable directory is never a failure."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from jaxgen.config import array_cache
-from jaxgen.config.array_cache import ArrayCache, content_key, file_key
+from jaxgen.caches import array_cache
+from jaxgen.caches.array_cache import ArrayCache, content_key, file_key
 
 ARRAYS = {
     "codes": np.arange(-60, 60, dtype=np.int8).reshape(8, 15),

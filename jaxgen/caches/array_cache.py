@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgen.config.atomic_file import atomic_write
-from jaxgen.config.compile_cache import cache_root
+from jaxgen.caches.atomic_file import atomic_write
+from jaxgen.caches.compile_cache import cache_root
 
 ENV_SWITCH = "JAXGEN_ARRAY_CACHE"
 FORMAT = 1  # bump when the file layout changes

@@ -1,4 +1,4 @@
-"""The persistent compilation cache (jaxgen.config.compile_cache): on by default, off on request,
+"""The persistent compilation cache (jaxgen.caches.compile_cache): on by default, off on request,
 and a bad cache directory never fails a run."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxgen.config import compile_cache
+from jaxgen.caches import compile_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 # A process that turns the cache on and compiles one function.
 PROBE = (
     "import jax, jax.numpy as jnp\n"
-    "from jaxgen.config.compile_cache import enable_compile_cache\n"
+    "from jaxgen.caches.compile_cache import enable_compile_cache\n"
     "print(enable_compile_cache())\n"
     "print(int(jax.jit(lambda x: x * 3 + 1)(jnp.int32(4))))\n"
 )
