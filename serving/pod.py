@@ -21,7 +21,7 @@ from jaxgen.async_llm import AsyncLLM
 from jaxgen.parallel.distributed_env import distributed_setup
 from jaxgen.parallel.multihost import LeaderEngine, StepChannel, follow_leader
 from serving.launch.cli import run_serve
-from serving.launch.loader import build_engine
+from serving.model_loading import build_engine
 from serving.settings.flags import add_serve_arguments, check_engine_knobs, settings_from_args
 
 logger = logging.getLogger("serving")

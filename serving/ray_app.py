@@ -26,7 +26,7 @@ from typing import Any
 from ray import serve
 
 from serving.app import create_app
-from serving.launch.loader import build_llm
+from serving.model_loading import build_llm
 from serving.settings.flags import FLAG_SETTINGS, check_engine_knobs
 from serving.settings.resolve import resolve_settings
 

@@ -7,8 +7,8 @@ import logging
 import sys
 
 from serving.app import create_app
-from serving.launch.loader import build_llm, fetch_model
 from serving.launch.server import DrainingServer, uvicorn_config
+from serving.model_loading import build_llm, fetch_model
 from serving.settings.flags import (
     FLAG_SETTINGS,
     add_serve_arguments,

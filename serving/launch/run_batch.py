@@ -25,7 +25,7 @@ import time
 import uuid
 
 from serving.app import create_app
-from serving.launch.loader import build_llm
+from serving.model_loading import build_llm
 from serving.settings.flags import add_serve_arguments, check_engine_knobs, settings_from_args
 
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")

@@ -311,7 +311,7 @@ def test_server_commands_download_before_serving(hub_env, fake_hub, tmp_path, ca
     """``jaxgen serve`` and ``jaxgen run-batch`` resolve the hub id before the server starts
     (or any request runs): a bad one ends the command with its message, exit code 2."""
     from serving.launch import cli, run_batch
-    from serving.launch.loader import fetch_model
+    from serving.model_loading import fetch_model
     from serving.settings.resolve import resolve_settings
 
     settings = resolve_settings({"model": "org/tiny", "revision": "v2"}, {})
