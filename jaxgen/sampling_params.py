@@ -17,6 +17,20 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2
 
 
+# The fields that shape a row's next-token distribution (a draft model samples under them too,
+# ``speculative.draft_model``); a new one is declared here and in ``SamplingParams``.
+DISTRIBUTION_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+)
+
+
 @dataclasses.dataclass(kw_only=True)
 class SamplingParams:
     """How to sample one request. ``temperature=0`` means greedy.

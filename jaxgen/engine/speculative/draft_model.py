@@ -33,7 +33,7 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.sampling_tensors import is_greedy
 from jaxgen.engine.speculative.speculator import Candidate
-from jaxgen.sampling_params import RequestOutputKind, SamplingParams
+from jaxgen.sampling_params import DISTRIBUTION_FIELDS, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 PROBE_TEXT = "The draft model's tokenizer: 123 + 4.5 = ?\n\tdef f(x): return x"
@@ -87,18 +87,8 @@ def draft_params(params: SamplingParams, k: int, seed: int | None) -> SamplingPa
     fixed = dict(max_tokens=k, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
     if is_greedy(params):
         return SamplingParams(temperature=0.0, **fixed)
-    return SamplingParams(
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        min_p=params.min_p,
-        repetition_penalty=params.repetition_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        logit_bias=params.logit_bias,
-        seed=params.seed if seed is None else seed,
-        **fixed,
-    )
+    shaping = {name: getattr(params, name) for name in DISTRIBUTION_FIELDS}
+    return SamplingParams(**shaping, seed=params.seed if seed is None else seed, **fixed)
 
 
 class DraftModelProposer:
