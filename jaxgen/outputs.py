@@ -33,6 +33,9 @@ class RequestOutput:
     # With ``SamplingParams.prompt_logprobs``: per prompt token, None for the first, then
     # {token: logprob} (the prompt token's own first, then the top k), vLLM's layout.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # Structured output: the JSON Schema keywords its grammar does not enforce (llguidance's
+    # lenient reading, ``jaxgen.structured_outputs.relaxations``); empty when it enforces all.
+    relaxed_keywords: list[str] = dataclasses.field(default_factory=list)
 
     # Convenience accessors for the common n=1 case (vLLM-style single completion).
     @property

@@ -10,6 +10,7 @@ import time
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
+from jaxgen.structured_outputs.relaxations import relaxed_keywords
 from serving.state import ServerState
 from serving.streaming import ClientDisconnected, run_until_disconnect
 from serving.structured_output_requests import compile_constraint, look_up
@@ -78,8 +79,11 @@ async def prepare(request: Request, state: ServerState, body: dict, parse, const
     """Prepares an admitted request off the event loop: ``parse(state, body)`` (checks,
     chat template, tokenising) on a parse lane, then its constraint (``constraint_of(parsed)``
     gives it and the field it came from) compiled on a compile lane. Returns the parsed
-    request and the compiled matcher (or None). Raises ``RequestError``, or
-    ``ClientDisconnected`` if the client leaves first (the work still queued is cancelled)."""
+    request and the compiled matcher (or None); the JSON Schema keywords that matcher does not
+    enforce go to ``request.state.relaxed_keywords`` (the response's
+    ``x-structured-output-relaxed`` header, ``serving.middleware``). Raises ``RequestError``,
+    or ``ClientDisconnected`` if the client leaves first (the work still queued is
+    cancelled)."""
     size = getattr(request.state, "body_bytes", 0)
 
     def parse_and_look_up():
@@ -93,6 +97,8 @@ async def prepare(request: Request, state: ServerState, body: dict, parse, const
         )
         if constraint is not None and grammar is None:
             grammar = await compile_constraint(state, constraint, param, constraint_bytes)
+        if grammar is not None:
+            request.state.relaxed_keywords = relaxed_keywords(grammar)
         return parsed, grammar
 
     return await run_until_disconnect(request.receive, work())

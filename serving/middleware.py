@@ -2,7 +2,9 @@
 
 ``RequestIdMiddleware`` takes the client's ``X-Request-Id`` (or makes one), keeps it in
 ``request.state.request_id`` (the OpenAI routes use it as the response id) and returns it on every
-response. ``ApiKeyMiddleware`` refuses a request without ``Authorization: Bearer <key>`` with 401
+response; a response whose structured-output grammar leaves JSON Schema keywords unenforced
+(``request.state.relaxed_keywords``, ``jaxgen.structured_outputs.relaxations``) also carries
+``X-Structured-Output-Relaxed: <keyword>, ...``. ``ApiKeyMiddleware`` refuses a request without ``Authorization: Bearer <key>`` with 401
 and OpenAI's error body, except on the open paths (health and metrics) and CORS preflights.
 """
 
@@ -15,6 +17,7 @@ import uuid
 
 OPEN_PATHS = ("/health", "/ping", "/metrics")
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable ASCII, no spaces
+_NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
 class RequestIdMiddleware:
@@ -34,6 +37,10 @@ class RequestIdMiddleware:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", []) if k != b"x-request-id"]
                 headers.append((b"x-request-id", request_id.encode("ascii")))
+                relaxed = scope["state"].get("relaxed_keywords")
+                if relaxed:  # printable ASCII only: a format's name comes from the schema
+                    value = _NOT_PRINTABLE.sub("?", ", ".join(relaxed))[:1000]
+                    headers.append((b"x-structured-output-relaxed", value.encode("ascii")))
                 message = {**message, "headers": headers}
             await send(message)
 

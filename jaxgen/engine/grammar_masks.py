@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import functools
 import json
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -32,9 +33,12 @@ from jaxgen.engine.grammar_threads import GrammarThreads, default_grammar_thread
 from jaxgen.engine.step_batch import StepBatch
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.limits import StructuredOutputLimits, check_constraint
+from jaxgen.structured_outputs.relaxations import RELAXED_OPTIONS, relaxed_keywords
 
 if TYPE_CHECKING:  # imported on first use: ``import jaxgen`` and an unconstrained run skip it
     import llguidance
+
+logger = logging.getLogger(__name__)
 
 MAX_CACHED_GRAMMARS = 256
 DRY_RUN_TOKENS = 32  # tokens ``GrammarCompiler.dry_run`` follows a new grammar for
@@ -164,17 +168,27 @@ class GrammarCompiler:
         self, constraint: StructuredOutputsParams, limits: StructuredOutputLimits | None = None
     ) -> llguidance.LLMatcher:
         """Checks, compiles, dry-runs and caches ``constraint``'s matcher; call it on a
-        ``GrammarThreads`` thread. Raises ``ValueError`` naming the constraint's field
-        (``json``, ``regex``, ...): a constraint over ``limits`` (``ConstraintTooLarge``),
-        invalid or unsupported JSON Schema, a regex or grammar that does not compile, one that
-        admits no output, or one llguidance cannot follow."""
+        ``GrammarThreads`` thread. A JSON schema llguidance refuses is compiled again with the
+        keywords it cannot enforce left out (``jaxgen.structured_outputs.relaxations``;
+        ``relaxed_keywords(matcher)`` names them). Raises ``ValueError`` naming the
+        constraint's field (``json``, ``regex``, ...): a constraint over ``limits``
+        (``ConstraintTooLarge``), invalid JSON Schema or one refused even leniently, a regex or
+        grammar that does not compile, one that admits no output, or one llguidance cannot
+        follow."""
         check_constraint(constraint, limits or StructuredOutputLimits())
-        tokenizer = self.llg_tokenizer
+        tokenizer = self.llg_tokenizer  # built before the compile is timed
         start = time.perf_counter()
-        grammar = grammar_text(constraint)
-        matcher = _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+        matcher = _matcher(tokenizer, grammar_text(constraint))
+        error = matcher.get_error() if matcher.is_error() else None
+        if error and constraint.kind == "json":  # read leniently, and say so
+            matcher = _matcher(tokenizer, grammar_text(constraint, relaxed=True))
+            if not matcher.is_error():
+                keywords = ", ".join(relaxed_keywords(matcher))
+                logger.warning("a JSON schema compiled without enforcing %s", keywords)
+            elif matcher.get_error() != error:  # what still fails, then what failed first
+                error = f"{matcher.get_error()} (read leniently; strictly: {error})"
         if matcher.is_error():
-            raise ValueError(f"{constraint.kind}: {_short(matcher.get_error())}")
+            raise ValueError(f"{constraint.kind}: {_short(error)}")
         self.dry_run(constraint, matcher)
         with self._lock:
             self.compile_seconds += time.perf_counter() - start
@@ -216,6 +230,10 @@ class GrammarCompiler:
                 raise ValueError(f"{constraint.kind}: cannot be followed ({error})")
 
 
+def _matcher(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
+    return _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+
+
 _COMPILERS: dict[tuple, GrammarCompiler] = {}
 _COMPILERS_LOCK = threading.Lock()
 
@@ -231,14 +249,17 @@ def grammar_compiler(tokenizer, vocab_size: int, eos_token_ids) -> GrammarCompil
         return compiler
 
 
-def grammar_text(constraint: StructuredOutputsParams) -> str:
-    """llguidance's grammar for a constraint. Raises ``ValueError`` naming the field for text
-    llguidance cannot even read (the matcher checks the rest)."""
+def grammar_text(constraint: StructuredOutputsParams, relaxed: bool = False) -> str:
+    """llguidance's grammar for a constraint; ``relaxed``: a JSON schema's keywords llguidance
+    cannot enforce are left out (``jaxgen.structured_outputs.relaxations``). Raises
+    ``ValueError`` naming the field for text llguidance cannot even read (the matcher checks
+    the rest)."""
     kind = constraint.kind
     try:
         if kind == "json":
+            options = {**JSON_OPTIONS, **RELAXED_OPTIONS} if relaxed else JSON_OPTIONS
             return _llguidance().LLMatcher.grammar_from_json_schema(
-                constraint.schema(), defaults=JSON_OPTIONS
+                constraint.schema(), defaults=options
             )
         if kind == "json_object":
             return _llguidance().LLMatcher.grammar_from_json_schema(
@@ -250,7 +271,11 @@ def grammar_text(constraint: StructuredOutputsParams) -> str:
             alternatives = " | ".join(
                 json.dumps(choice, ensure_ascii=False) for choice in constraint.choice
             )
-            return _llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}")
+            # One lexeme, as a JSON enum: a rule of alternatives puts each in the parser's row
+            # (over 2,000 is past llguidance's limit), and its compile grows quadratically.
+            return _llguidance().LLMatcher.grammar_from_lark(
+                f"start: CHOICE\nCHOICE: {alternatives}"
+            )
         return _llguidance().grammar_from("grammar", constraint.grammar)  # Lark, or GBNF converted
     except ValueError as error:
         raise ValueError(f"{kind}: {_short(str(error))}") from None

@@ -20,6 +20,7 @@ from jaxgen.engine.step_modes import plain_step, step_ahead
 from jaxgen.engine.step_observers import StepEvent, StepObservers
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
+from jaxgen.structured_outputs.relaxations import relaxed_keywords
 
 # Steps that fail in a row, each recovered from, before the engine gives up: a fault that
 # survives a fresh KV pool is the device's, and a restart is the only cure.
@@ -114,6 +115,7 @@ class LLMEngine(Engine):
             self.seq_to_request[seq.seq_id] = request
         if grammar is not None:
             self.grammars.add([seq.seq_id for seq in request.seqs], grammar)
+            request.relaxed_keywords = relaxed_keywords(grammar)
         self.requests[request_id] = request
         self.prompt_tokens_total += len(prompt_token_ids)
         return request

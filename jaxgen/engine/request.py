@@ -66,6 +66,7 @@ class Request:
         self.logprobs: list[list[dict[int, float]]] = [[] for _ in range(params.n)]
         self.stop_reasons: list[str | int | None] = [None] * params.n
         self.errors: list[str | None] = [None] * params.n  # why a sample ended with "error"
+        self.relaxed_keywords: list[str] = []  # what its grammar does not enforce
         self._max_stop_len = max((len(s) for s in params.stop), default=0)
         self.prompt_logprobs: list[dict[int, float] | None] | None = None
         self._prompt_logprobs_missing = 0
@@ -208,6 +209,7 @@ class Request:
             finished=self.finished,
             metrics=metrics,
             prompt_logprobs=prompt_logprobs,
+            relaxed_keywords=list(self.relaxed_keywords),
         )
 
 

@@ -10,56 +10,78 @@ jaxgen unless a request asks for the lenient reading (``StructuredOutputsParams(
 
 ``strict_schema`` returns the closed copy: every object schema that declares ``properties`` or
 ``patternProperties`` and says nothing of ``additionalProperties`` (or ``unevaluatedProperties``)
-gets ``"additionalProperties": false``, and every array with ``prefixItems`` and no ``items``
-gets ``"items": false``. A bare ``{"type": "object"}`` declares no properties and stays any
-object (``json_object`` is one). The branches of an ``allOf``, and of an ``anyOf``/``oneOf``
-beside properties of their own, are not closed themselves (each would refuse the others'
-properties), only the schemas inside them.
+gets ``"additionalProperties": false`` (and a property it requires without declaring it,
+``{}``), and every array with ``prefixItems`` and no ``items`` gets ``"items": false``. A bare
+``{"type": "object"}`` declares no properties and stays any object (``json_object`` is one).
+
+Closing never changes whether a schema admits a value: where object schemas meet (``allOf``
+branches, a ``$ref`` and its siblings, a schema and its ``anyOf``/``oneOf`` branches), each
+applying to the same object, none is closed by itself (each would refuse what the others
+declare), however it is reached (a ``$defs`` entry used both alone and as an ``allOf`` branch
+included); the place where they meet gets one ``allOf`` branch admitting exactly the names they
+all declare, or stays open when those are not all known
+(``jaxgen.structured_outputs.schema_merges``). ``not``, ``if`` and ``contains`` are conditions,
+left as they are. An object with ``minProperties`` over 1 beside optional properties stays open
+too: closed, llguidance finds it unsatisfiable.
 """
 
 from __future__ import annotations
 
+import copy
+
+from jaxgen.structured_outputs.schema_merges import MergePlan, closable, names
+
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-SCHEMA_LISTS = ("prefixItems",)
-ALTERNATIVES = ("anyOf", "oneOf")
-SCHEMA_VALUES = ("additionalProperties", "items", "contains", "if", "then", "else", "not")
+SCHEMA_LISTS = ("prefixItems", "allOf", "anyOf", "oneOf")
+SCHEMA_VALUES = ("additionalProperties", "unevaluatedProperties", "items", "additionalItems")
+SCHEMA_VALUES += ("unevaluatedItems", "then", "else")
 
 
 def strict_schema(schema):
     """A copy of ``schema`` (a dict, or a boolean schema) read strictly (see the module)."""
-    return _close(schema, close_self=True)
+    if not isinstance(schema, dict):
+        return schema
+    return _close(schema, (), MergePlan(schema))
 
 
-def _close(schema, *, close_self: bool):
+def _close(schema, path: tuple, plan: MergePlan):
     if not isinstance(schema, dict):
         return schema
     closed = dict(schema)
-    for key in SCHEMA_MAPS:
+    for key in SCHEMA_MAPS + ("dependencies",):
         if isinstance(closed.get(key), dict):
             closed[key] = {
-                name: _close(value, close_self=True) for name, value in closed[key].items()
+                name: _close(value, (*path, key, name), plan) for name, value in closed[key].items()
             }
-    for key in SCHEMA_LISTS:
+    for key in SCHEMA_LISTS + ("items",):
         if isinstance(closed.get(key), list):
-            closed[key] = [_close(value, close_self=True) for value in closed[key]]
-    declares_properties = "properties" in closed or "patternProperties" in closed
-    for key in ALTERNATIVES:  # beside the parent's own properties, each branch stays open
-        if isinstance(closed.get(key), list):
-            closed[key] = [_close(v, close_self=not declares_properties) for v in closed[key]]
-    if isinstance(closed.get("allOf"), list):
-        closed["allOf"] = [_close(value, close_self=False) for value in closed["allOf"]]
+            closed[key] = [
+                _close(value, (*path, key, i), plan) for i, value in enumerate(closed[key])
+            ]
     for key in SCHEMA_VALUES:
         if isinstance(closed.get(key), dict):
-            closed[key] = _close(closed[key], close_self=True)
-        elif key == "items" and isinstance(closed.get(key), list):  # draft 4-7 tuples
-            closed[key] = [_close(value, close_self=True) for value in closed[key]]
-    if not close_self:
-        return closed
-    open_keys = ("additionalProperties", "unevaluatedProperties")
-    if declares_properties and not any(key in closed for key in open_keys):
+            closed[key] = _close(closed[key], (*path, key), plan)
+    if path not in plan.open:
+        _close_in_place(closed)
+    closure = plan.closures.get(path)
+    branches = closed.get("allOf", [])
+    if closure is not None and isinstance(branches, list) and closure not in branches:
+        # A $ref moves into the allOf: drafts 4-7 ignore what stands beside a $ref.
+        first = [{"$ref": closed.pop("$ref")}] if "$ref" in closed else []
+        closed["allOf"] = [*first, *branches, copy.deepcopy(closure)]
+    return closed
+
+
+def _close_in_place(closed: dict) -> None:
+    if closable(closed):
+        missing = [name for name in names(closed) if name not in closed.get("properties", {})]
+        if missing:
+            closed["properties"] = {
+                **closed.get("properties", {}),
+                **{name: {} for name in missing},
+            }
         closed["additionalProperties"] = False
     if "prefixItems" in closed and "items" not in closed and "unevaluatedItems" not in closed:
         closed["items"] = False
     if isinstance(closed.get("items"), list) and "additionalItems" not in closed:
         closed["additionalItems"] = False
-    return closed
