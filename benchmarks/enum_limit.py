@@ -53,7 +53,7 @@ def run_case(values: int, enums: int, length: int) -> dict:
     """One case, in this process: compile time, added peak RSS, mean bitmask time."""
     import numpy as np
 
-    from jaxgen.engine.grammar_masks import GrammarCompiler
+    from jaxgen.engine.structured.grammar_masks import GrammarCompiler
     from jaxgen.loaders.default_model import default_model_path
     from jaxgen.loaders.tokenizer import load_tokenizer
     from jaxgen.structured_outputs import StructuredOutputsParams

@@ -92,7 +92,7 @@ def jaxgen_result(compiler, schema, strict: bool) -> tuple[str | None, list[str]
 
 
 def compile_all(compiler, cases: list[dict]) -> None:
-    from jaxgen.engine.grammar_masks import JSON_OPTIONS
+    from jaxgen.engine.structured.grammar_masks import JSON_OPTIONS
 
     tokenizer = compiler.llg_tokenizer
     for case in cases:

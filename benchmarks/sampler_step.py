@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgen import SamplingParams
-from jaxgen.engine.sampler import sample
-from jaxgen.engine.sampling_shapes import GENERAL_FLAGS, SamplingShapes
-from jaxgen.engine.sampling_tensors import SamplingRow, build_sampling_tensors
+from jaxgen.engine.sampling.sampler import sample
+from jaxgen.engine.sampling.sampling_shapes import GENERAL_FLAGS, SamplingShapes
+from jaxgen.engine.sampling.sampling_tensors import SamplingRow, build_sampling_tensors
 
 VOCAB = 49152  # the default model's
 KINDS = {

@@ -64,8 +64,8 @@ def step_costs(loaded, max_k: int, args) -> tuple[dict[int, float], float]:
     """Verify-step cost per drafted length 1..max_k in steps without drafts, and the median
     step without drafts in seconds."""
     from jaxgen import SamplingParams
-    from jaxgen.engine.speculative import speculator as speculator_module
-    from jaxgen.engine.speculative.ngram import NgramProposer
+    from jaxgen.engine.decoding.speculative import speculator as speculator_module
+    from jaxgen.engine.decoding.speculative.ngram import NgramProposer
 
     durations = collections.defaultdict(list)
     measuring = [False]  # the warm pass is not timed
@@ -109,8 +109,8 @@ def step_costs(loaded, max_k: int, args) -> tuple[dict[int, float], float]:
 def proposals(prompt: list[int], answer: list[int], k: int, min_n: int, max_n: int):
     """At each answer position g >= 1: how many of the n-gram proposal's (up to k) tokens the
     target accepts there (the engine's lookup: ``NgramIndex``)."""
-    from jaxgen.engine.sequence import Sequence
-    from jaxgen.engine.speculative.ngram import NgramIndex
+    from jaxgen.engine.decoding.speculative.ngram import NgramIndex
+    from jaxgen.engine.scheduling.sequence import Sequence
 
     index = NgramIndex(min_n, max_n)
     seq = Sequence(list(prompt), max_tokens=len(answer))

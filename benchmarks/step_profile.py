@@ -27,7 +27,7 @@ def main() -> None:
 
     from jaxgen import LLM
     from jaxgen.bench.workloads import random_workload, with_mixed_outputs
-    from jaxgen.engine.buckets import bucket_for
+    from jaxgen.engine.compiled.buckets import bucket_for
 
     llm = LLM(
         batching=args.batching,

@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
 from jaxgen.engine.errors import EngineDeadError, StepFailed
-from jaxgen.engine.grammar_masks import grammar_compiler
-from jaxgen.engine.grammar_threads import default_grammar_threads
 from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.engine.structured.grammar_masks import grammar_compiler
+from jaxgen.engine.structured.grammar_threads import default_grammar_threads
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
 

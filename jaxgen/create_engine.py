@@ -16,7 +16,7 @@ from jaxgen.backends.device_choice import (
 )
 from jaxgen.caches.compile_cache import enable_compile_cache
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.engine import executable_store
+from jaxgen.engine.compiled import executable_store
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.layers.sharding import DeferredPlacement, shard_loaded
 from jaxgen.loaders import (

@@ -11,7 +11,7 @@ from jaxgen.beam_search_params import BeamSearchOutput, BeamSearchParams
 from jaxgen.chat_template_options import ChatTemplateOptions
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
-from jaxgen.engine.beam_search import run_beam_search
+from jaxgen.engine.decoding.beam_search import run_beam_search
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
@@ -117,7 +117,7 @@ class LLM:
         """Beam search (vLLM's ``LLM.beam_search``): for each prompt (a str, a token-id list,
         or a dict with ``"prompt"`` or ``"prompt_token_ids"``) the best ``params.beam_width``
         sequences, best first. Beams share the prompt's KV pages and every full page they
-        have in common (``jaxgen.engine.beam_search``). ``use_tqdm`` is accepted for
+        have in common (``jaxgen.engine.decoding.beam_search``). ``use_tqdm`` is accepted for
         compatibility."""
         if not isinstance(params, BeamSearchParams):
             raise ValueError("params must be a BeamSearchParams")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from jaxgen.engine.grammar_threads import QueueFull
+from jaxgen.engine.structured.grammar_threads import QueueFull
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.limits import ConstraintTooLarge
 from serving.validation import Fields, RequestError

@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from jaxgen.engine.grammar_threads import GrammarThreads
+from jaxgen.engine.structured.grammar_threads import GrammarThreads
 
 LARGE_BODY_BYTES = 16 << 10  # bodies past this are parsed on the large lane
 SMALL_CONSTRAINT_BYTES = 4 << 10  # constraints up to this compile on the small lane

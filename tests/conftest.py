@@ -111,7 +111,7 @@ def fresh_executables(tmp_path, monkeypatch):
     compiles, and what it writes stays its own."""
     import jax
 
-    from jaxgen.engine import executable_store
+    from jaxgen.engine.compiled import executable_store
 
     monkeypatch.setattr(executable_store, "store_directory", lambda: tmp_path)
     monkeypatch.setattr(executable_store, "_PROCESS_EXECUTABLES", {})

@@ -22,7 +22,7 @@ class KernelBackend:
     name: ClassVar[str] = ""
     # Whether the step's block tables are full width (the kernels read only each sequence's
     # own pages), or as wide as the step's longest sequence (they gather the whole width); see
-    # jaxgen/engine/step_layout.py.
+    # jaxgen/engine/step/step_layout.py.
     full_width_tables: ClassVar[bool] = False
     # Whether the engine marks decode-only steps (``AttentionMetadata.decode_only``): a static
     # flag, so decode-only and mixed steps of one shape compile apart; for backends with a

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxgen.engine import compile_counter
+from jaxgen.engine.compiled import compile_counter
 
 
 def engine_stats(engine) -> dict:

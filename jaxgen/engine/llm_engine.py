@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.engine.compile_counter import compile_count
-from jaxgen.engine.engine_parts import build_engine_parts
+from jaxgen.engine.compiled.compile_counter import compile_count
+from jaxgen.engine.compiled.precompile import precompile_engine
+from jaxgen.engine.decoding.speculative.verify_step import speculative_step
+from jaxgen.engine.engine_assembly import build_engine_parts
+from jaxgen.engine.engine_interface import Engine
 from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError, StepFailed
-from jaxgen.engine.executor import DispatchedStep, StepExecutor, StepResult, merged
-from jaxgen.engine.interface import Engine
-from jaxgen.engine.new_request import NewRequest, takes_request_fields
-from jaxgen.engine.precompile import precompile_engine
-from jaxgen.engine.request import Request, check_new_request
-from jaxgen.engine.speculative.verify_step import speculative_step
-from jaxgen.engine.step_batch import StepBatch, build_step_batch
-from jaxgen.engine.step_modes import plain_step, step_ahead
+from jaxgen.engine.scheduling.new_request import NewRequest, takes_request_fields
+from jaxgen.engine.scheduling.request import Request, check_new_request
+from jaxgen.engine.step.executor import DispatchedStep, StepExecutor, StepResult, merged
+from jaxgen.engine.step.step_batch import StepBatch, build_step_batch
+from jaxgen.engine.step.step_modes import plain_step, step_ahead
 from jaxgen.engine.step_observers import StepEvent, StepObservers
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
@@ -157,7 +157,7 @@ class LLMEngine(Engine):
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> run -> postprocess. Returns outputs of requests that moved.
 
-        The step runs in the mode ``step_mode()`` picks (``jaxgen.engine.step_modes``): plain or
+        The step runs in the mode ``step_mode()`` picks (``jaxgen.engine.step.step_modes``): plain or
         multi-step, asynchronous step-ahead, or speculative verify; each is made of the public
         stages below. If running the step raises, the engine recovers (``recover``) and raises
         ``StepFailed`` naming the requests of that step, which it has failed; the others go on.

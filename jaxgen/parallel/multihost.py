@@ -22,8 +22,8 @@ from __future__ import annotations
 import pickle
 import time
 
-from jaxgen.engine.interface import Engine
-from jaxgen.engine.new_request import NewRequest, takes_request_fields
+from jaxgen.engine.engine_interface import Engine
+from jaxgen.engine.scheduling.new_request import NewRequest, takes_request_fields
 from jaxgen.outputs import RequestOutput
 
 _STOP = ("stop",)

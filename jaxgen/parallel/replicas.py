@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures
 
+from jaxgen.engine.engine_interface import Engine
 from jaxgen.engine.errors import StepFailed
-from jaxgen.engine.interface import Engine
 from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.engine.new_request import NewRequest, takes_request_fields
+from jaxgen.engine.scheduling.new_request import NewRequest, takes_request_fields
 from jaxgen.outputs import RequestOutput
 
 # stats() keys that are per-engine settings (taken from replica 0) or process-wide, not summed.

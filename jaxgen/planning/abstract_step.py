@@ -12,8 +12,8 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.config import ModelConfig
-from jaxgen.engine.sampling_tensors import build_sampling_tensors
-from jaxgen.engine.step_layout import StepLayout
+from jaxgen.engine.sampling.sampling_tensors import build_sampling_tensors
+from jaxgen.engine.step.step_layout import StepLayout
 from jaxgen.layers.sharding import ShardingPlan
 from jaxgen.models import LlamaForCausalLM
 from jaxgen.models.weights import quantisable_paths

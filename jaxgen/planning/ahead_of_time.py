@@ -36,7 +36,7 @@ from jaxgen.backends import PallasGPUBackend, PallasTPUBackend
 from jaxgen.backends.device_choice import DeviceDescription, auto_attention_backend, auto_dtype
 from jaxgen.config import ModelConfig
 from jaxgen.config.speculative_config import check_num_speculative_tokens
-from jaxgen.engine.step_function import jitted_step
+from jaxgen.engine.step.step_function import jitted_step
 from jaxgen.layers.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.loaders import model_config_only
 from jaxgen.models import LlamaForCausalLM

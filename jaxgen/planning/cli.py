@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxgen.backends.device_choice import DeviceDescription, auto_dtype
 from jaxgen.config.engine_config import BACKENDS
-from jaxgen.engine.speculative.plan import plan_verify
+from jaxgen.engine.decoding.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
 from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
 from jaxgen.planning.gpu_targets import GPU_TARGETS

@@ -28,8 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxgen.backends import select_backend
 from jaxgen.backends.device_choice import auto_attention_backend, auto_dtype, check_dtype
 from jaxgen.config import ModelConfig
-from jaxgen.engine.step_function import jitted_step
-from jaxgen.engine.step_layout import StepLayout
+from jaxgen.engine.step.step_function import jitted_step
+from jaxgen.engine.step.step_layout import StepLayout
 from jaxgen.layers.sharding import DATA_AXIS, MODEL_AXIS, ShardingPlan
 from jaxgen.planning.abstract_step import (
     abstract_params,

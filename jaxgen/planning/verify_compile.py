@@ -15,9 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxgen.config.speculative_config import check_num_speculative_tokens
-from jaxgen.engine.sampling_shapes import SamplingShapes
-from jaxgen.engine.speculative.verify_sampling import VerifyShapes
-from jaxgen.engine.step_layout import StepLayout, spans
+from jaxgen.engine.decoding.speculative.verify_sampling import VerifyShapes
+from jaxgen.engine.sampling.sampling_shapes import SamplingShapes
+from jaxgen.engine.step.step_layout import StepLayout, spans
 from jaxgen.planning.abstract_step import abstract_arrays
 
 

@@ -1,10 +1,10 @@
 """vLLM's ``use_beam_search`` on the OpenAI routes: the request's beam parameters, checked, and
-the generation that runs one prompt's beam search (``jaxgen.engine.async_beam_search``)."""
+the generation that runs one prompt's beam search (``jaxgen.engine.decoding.async_beam_search``)."""
 
 from __future__ import annotations
 
 from jaxgen.beam_search_params import MAX_BEAM_WIDTH, MAX_LENGTH_PENALTY, BeamSearchParams
-from jaxgen.engine.async_beam_search import beam_search
+from jaxgen.engine.decoding.async_beam_search import beam_search
 from serving.generation import (
     Completion,
     Delta,

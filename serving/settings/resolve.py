@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxgen.config.knobs import KnobField, environment_variables, knob_fields, property_keys
-from jaxgen.engine.sampling_shapes import LOGIT_BIAS_WIDTH
+from jaxgen.engine.sampling.sampling_shapes import LOGIT_BIAS_WIDTH
 from jaxgen.structured_outputs.limits import StructuredOutputLimits
 from jaxgen.tool_calling.formats import TOOL_CALL_PARSERS
 from serving.settings.parsers import (

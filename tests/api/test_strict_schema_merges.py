@@ -7,7 +7,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from jaxgen.engine.grammar_masks import GrammarCompiler
+from jaxgen.engine.structured.grammar_masks import GrammarCompiler
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.strict_schemas import strict_schema
 

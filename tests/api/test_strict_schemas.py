@@ -7,7 +7,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from jaxgen.engine.grammar_masks import grammar_compiler
+from jaxgen.engine.structured.grammar_masks import grammar_compiler
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.strict_schemas import strict_schema
 from jaxgen.tool_calling import ToolRequest

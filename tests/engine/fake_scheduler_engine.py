@@ -12,9 +12,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from jaxgen.engine.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
-from jaxgen.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from jaxgen.engine.sequence import Sequence, SequenceStatus
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
 
 
 def fake_token(index: int, context: list[int] | tuple[int, ...]) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import collections
 
-from jaxgen.engine.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
-from jaxgen.engine.sequence import Sequence
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.sequence import Sequence
 
 
 def make_seq(tokens) -> Sequence:

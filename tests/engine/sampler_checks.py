@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import settings
 
-from jaxgen.engine import sampler
-from jaxgen.engine.logit_processors import apply_penalties
-from jaxgen.engine.sampler import sample
-from jaxgen.engine.sampling_tensors import (
+from jaxgen.engine.sampling import sampler
+from jaxgen.engine.sampling.logit_processors import apply_penalties
+from jaxgen.engine.sampling.sampler import sample
+from jaxgen.engine.sampling.sampling_tensors import (
     SamplerOutput,
     SamplingFlags,
     SamplingRow,

@@ -1,11 +1,11 @@
-"""What each batching mode means (``jaxgen.engine.batching.batching_plan``)."""
+"""What each batching mode means (``jaxgen.engine.scheduling.batching.batching_plan``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.engine.batching import batching_plan
+from jaxgen.engine.scheduling.batching import batching_plan
 
 KNOBS = dict(
     batch_size=3, max_rolling_batch_size=8, max_rolling_batch_prefill_tokens=64, max_batch_delay=0.5

@@ -1,4 +1,4 @@
-"""The engine interface (jaxgen.engine.interface.Engine): the plain, replicated and multi-host
+"""The engine interface (jaxgen.engine.engine_interface.Engine): the plain, replicated and multi-host
 leader engines each implement every member, and the leader forwards what it does not publish."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from jaxgen.engine.interface import Engine
+from jaxgen.engine.engine_interface import Engine
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.parallel.multihost import LeaderEngine
 from jaxgen.parallel.replicas import ReplicatedEngine

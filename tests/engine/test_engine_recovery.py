@@ -97,7 +97,7 @@ def test_running_requests_outside_the_step_are_recomputed_on_a_new_pool(tiny_mod
     on the new pool (its cached K/V went with the old one) and ends as it would have."""
     from jaxgen.config.engine_config import EngineConfig
     from jaxgen.engine.llm_engine import LLMEngine
-    from jaxgen.engine.scheduler import ScheduledSequence, SchedulerOutput
+    from jaxgen.engine.scheduling.scheduler import ScheduledSequence, SchedulerOutput
     from jaxgen.loaders import load_model
 
     engine = LLMEngine(load_model(tiny_model_dir), EngineConfig(**TINY_ENGINE_KNOBS))

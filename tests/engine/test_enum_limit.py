@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxgen.engine.grammar_masks import GrammarCompiler
+from jaxgen.engine.structured.grammar_masks import GrammarCompiler
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.limits import (
     ConstraintTooLarge,

@@ -1,4 +1,4 @@
-"""The executable store (jaxgen.engine.executable_store): a stored executable answers as the
+"""The executable store (jaxgen.engine.compiled.executable_store): a stored executable answers as the
 jit does, a changed context compiles anew, a torn file is recompiled, and an engine's tokens are
 the same with and without the store."""
 
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgen.engine import compile_counter, executable_store
-from jaxgen.engine.executable_store import StoredJit
+from jaxgen.engine.compiled import compile_counter, executable_store
+from jaxgen.engine.compiled.executable_store import StoredJit
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_closures_and_absent_store_run_the_jit(store, monkeypatch):
 _ENGINE_SCRIPT = """
 import json, sys
 from jaxgen import LLM, SamplingParams
-from jaxgen.engine import compile_counter
+from jaxgen.engine.compiled import compile_counter
 compile_counter.install()
 llm = LLM(sys.argv[1], max_rolling_batch_size=2, max_model_len=64)
 outputs = llm.generate([[1, 5, 9, 2], [3, 3, 7]], SamplingParams(max_tokens=8, temperature=0))

@@ -1,4 +1,4 @@
-"""Tests for jaxgen.engine.page_allocator: paging, reference counts, the contiguous allocator,
+"""Tests for jaxgen.engine.scheduling.page_allocator: paging, reference counts, the contiguous allocator,
 freeing out of a sliding window. Plain Python (no jax), over the fake KV store and balances of
 ``tests/engine/page_allocator_checks.py`` (prefix caching: ``test_page_allocator_prefix_cache``)."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxgen.engine.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
 from tests.engine.page_allocator_checks import (
     admit,
     check_balance,

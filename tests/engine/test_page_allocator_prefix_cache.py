@@ -1,4 +1,4 @@
-"""Tests for jaxgen.engine.page_allocator's prefix cache: sharing full pages, reviving freed
+"""Tests for jaxgen.engine.scheduling.page_allocator's prefix cache: sharing full pages, reviving freed
 ones, LRU eviction, hash collisions never sharing different tokens, turning it off or
 resetting it. Plain Python (no jax), over the fake KV store of ``page_allocator_checks``."""
 
@@ -8,8 +8,8 @@ import builtins
 
 import pytest
 
-from jaxgen.engine import page_allocator
-from jaxgen.engine.page_allocator import PageAllocator
+from jaxgen.engine.scheduling import page_allocator
+from jaxgen.engine.scheduling.page_allocator import PageAllocator
 from tests.engine.page_allocator_checks import admit, check_balance, compute, make_seq
 
 # -- prefix reuse ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stateful property tests for jaxgen.engine.page_allocator: random admits, computes, forks and
+"""Stateful property tests for jaxgen.engine.scheduling.page_allocator: random admits, computes, forks and
 frees keep the pages balanced and every shared page's content right, with real hashes and
 with colliding ones."""
 
@@ -17,9 +17,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from jaxgen.engine import page_allocator
-from jaxgen.engine.page_allocator import PageAllocator
-from jaxgen.engine.sequence import Sequence
+from jaxgen.engine.scheduling import page_allocator
+from jaxgen.engine.scheduling.page_allocator import PageAllocator
+from jaxgen.engine.scheduling.sequence import Sequence
 from tests.engine.page_allocator_checks import admit, check_balance, compute, make_seq
 
 # -- a stateful model: random prompts sharing prefixes, growth and frees --------------------------

@@ -3,8 +3,8 @@ reference counts, the partial page left to recompute, and the prefix cache kept 
 
 from __future__ import annotations
 
-from jaxgen.engine.page_allocator import PageAllocator
-from jaxgen.engine.sequence import Sequence
+from jaxgen.engine.scheduling.page_allocator import PageAllocator
+from jaxgen.engine.scheduling.sequence import Sequence
 
 
 def computed(allocator, tokens, num_computed):

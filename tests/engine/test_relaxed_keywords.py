@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from jaxgen import SamplingParams
-from jaxgen.engine.grammar_masks import GrammarCompiler
+from jaxgen.engine.structured.grammar_masks import GrammarCompiler
 from jaxgen.structured_outputs import StructuredOutputsParams
 from jaxgen.structured_outputs.relaxations import relaxed_keywords
 

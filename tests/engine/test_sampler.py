@@ -1,4 +1,4 @@
-"""Tests for jaxgen.engine.sampler: batched on-device sampling with per-request parameters.
+"""Tests for jaxgen.engine.sampling.sampler: batched on-device sampling with per-request parameters.
 
 Most tests run their rows next to the SENTINEL row of ``tests/engine/sampler_checks.py``, which
 turns every feature on, so they share one compiled function (compiling the sampling path takes
@@ -15,9 +15,9 @@ import numpy as np
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from jaxgen.engine import sampler, sampling_cutoff
-from jaxgen.engine.sampler import sample
-from jaxgen.engine.sampling_tensors import (
+from jaxgen.engine.sampling import sampler, sampling_cutoff
+from jaxgen.engine.sampling.sampler import sample
+from jaxgen.engine.sampling.sampling_tensors import (
     SamplingRow,
     build_sampling_tensors,
 )

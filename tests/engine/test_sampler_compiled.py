@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxgen.engine.sampling_shapes import GENERAL_FLAGS, SamplingShapes
-from jaxgen.engine.sampling_tensors import build_sampling_tensors
+from jaxgen.engine.sampling.sampling_shapes import GENERAL_FLAGS, SamplingShapes
+from jaxgen.engine.sampling.sampling_tensors import build_sampling_tensors
 from jaxgen.sampling_params import SamplingParams
 from tests.engine.sampler_checks import _rows, _sample_jit
 

@@ -1,4 +1,4 @@
-"""The engine's shape-stable sampling (jaxgen.engine.sampling_shapes): every sampling
+"""The engine's shape-stable sampling (jaxgen.engine.sampling.sampling_shapes): every sampling
 configuration fits one shape per row bucket, samples with every stage on, and gives the tokens
 the batch's own flags and widths give."""
 
@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgen.engine.sampler import sample
-from jaxgen.engine.sampling_shapes import GENERAL_FLAGS, SamplingShapes, row_buckets
-from jaxgen.engine.sampling_tensors import SamplingRow, build_sampling_tensors
+from jaxgen.engine.sampling.sampler import sample
+from jaxgen.engine.sampling.sampling_shapes import GENERAL_FLAGS, SamplingShapes, row_buckets
+from jaxgen.engine.sampling.sampling_tensors import SamplingRow, build_sampling_tensors
 from jaxgen.sampling_params import SamplingParams
 
 VOCAB = 1024

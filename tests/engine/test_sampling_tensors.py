@@ -1,4 +1,4 @@
-"""Tests for jaxgen.engine.sampling_tensors: the host side of sampling (padding and buckets,
+"""Tests for jaxgen.engine.sampling.sampling_tensors: the host side of sampling (padding and buckets,
 histories, greedy and seeds decided on the host, ``min_tokens`` bans)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxgen.engine.sampling_tensors import (
+from jaxgen.engine.sampling.sampling_tensors import (
     SamplingFlags,
     SamplingRow,
     SamplingTensors,

@@ -1,4 +1,4 @@
-"""Tests for jaxgen.engine.scheduler: step order, token budgets, chunked prefill, admission,
+"""Tests for jaxgen.engine.scheduling.scheduler: step order, token budgets, chunked prefill, admission,
 static and dynamic batching, aborts, on the fake engine of
 ``tests/engine/fake_scheduler_engine.py`` (plain Python, no jax)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from jaxgen.engine.page_allocator import PageAllocator
-from jaxgen.engine.scheduler import Scheduler, SchedulerConfig
-from jaxgen.engine.sequence import Sequence, SequenceStatus
+from jaxgen.engine.scheduling.page_allocator import PageAllocator
+from jaxgen.engine.scheduling.scheduler import Scheduler, SchedulerConfig
+from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
 from tests.engine.fake_scheduler_engine import FakeEngine, prompt_of, run_workload
 
 # -- step composition -----------------------------------------------------------------------------

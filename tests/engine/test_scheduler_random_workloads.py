@@ -1,4 +1,4 @@
-"""Property tests for jaxgen.engine.scheduler: random workloads over tight pools finish with the
+"""Property tests for jaxgen.engine.scheduling.scheduler: random workloads over tight pools finish with the
 reference tokens, and a state machine of adds, aborts and steps keeps the pages balanced (on
 the fake engine of ``tests/engine/fake_scheduler_engine.py``)."""
 

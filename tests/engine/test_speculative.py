@@ -128,9 +128,9 @@ def test_constrain_drafts(tiny_loaded):
     unconstrained drafts pass unchanged, a draft refused from its first token is dropped."""
     from types import SimpleNamespace
 
-    from jaxgen.engine.grammar_masks import GrammarMasks, grammar_compiler
-    from jaxgen.engine.speculative.grammar_drafts import constrain_drafts
-    from jaxgen.engine.speculative.speculator import Draft
+    from jaxgen.engine.decoding.speculative.grammar_drafts import constrain_drafts
+    from jaxgen.engine.decoding.speculative.speculator import Draft
+    from jaxgen.engine.structured.grammar_masks import GrammarMasks, grammar_compiler
     from jaxgen.structured_outputs import StructuredOutputsParams
 
     tokenizer, config = tiny_loaded.tokenizer, tiny_loaded.config
@@ -324,7 +324,7 @@ def test_server_setting_is_json():
 def test_plan_verify():
     """``jaxgen plan --num-speculative-tokens``: the verify step's rows, logits, pages and
     compute bound; bad k is a ValueError naming the flag's field."""
-    from jaxgen.engine.speculative.plan import expected_tokens, plan_verify
+    from jaxgen.engine.decoding.speculative.plan import expected_tokens, plan_verify
 
     plan = plan_verify(
         num_speculative_tokens=4,

@@ -15,7 +15,7 @@ import pytest
 from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
-from jaxgen.engine.speculative.draft_model import check_vocabulary
+from jaxgen.engine.decoding.speculative.draft_model import check_vocabulary
 from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
 from tests.family_models import save_tiny_model
 

@@ -16,10 +16,10 @@ import pytest
 from scipy.stats import chisquare
 
 from jaxgen import LLM, SamplingParams
-from jaxgen.engine.sampler import sample
-from jaxgen.engine.sampling_tensors import SamplingRow, build_sampling_tensors
-from jaxgen.engine.speculative.draft_cost import DraftCost
-from jaxgen.engine.speculative.verify_sampling import accept
+from jaxgen.engine.decoding.speculative.draft_cost import DraftCost
+from jaxgen.engine.decoding.speculative.verify_sampling import accept
+from jaxgen.engine.sampling.sampler import sample
+from jaxgen.engine.sampling.sampling_tensors import SamplingRow, build_sampling_tensors
 from jaxgen.loaders import load_model
 from tests.family_models import save_tiny_model
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from jaxgen.config.speculative_config import SpeculativeConfig
-from jaxgen.engine.sequence import Sequence
-from jaxgen.engine.speculative.draft_cost import (
+from jaxgen.engine.decoding.speculative.draft_cost import (
     MIN_DRAFT_STEPS,
     MIN_STEPS,
     DraftCost,
     best_length,
 )
-from jaxgen.engine.speculative.ngram import NgramIndex, NgramProposer, propose_ngram
-from jaxgen.engine.speculative.speculator import EXPLORE_EVERY, Draft, Speculator
+from jaxgen.engine.decoding.speculative.ngram import NgramIndex, NgramProposer, propose_ngram
+from jaxgen.engine.decoding.speculative.speculator import EXPLORE_EVERY, Draft, Speculator
+from jaxgen.engine.scheduling.sequence import Sequence
 
 
 def test_ngram_index_answers_as_the_search_step_after_step():

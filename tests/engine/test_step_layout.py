@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
-from jaxgen.engine.page_allocator import SCRATCH_PAGE
-from jaxgen.engine.scheduler import ScheduledSequence, SchedulerOutput
-from jaxgen.engine.sequence import Sequence
-from jaxgen.engine.step_layout import StepLayout
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE
+from jaxgen.engine.scheduling.scheduler import ScheduledSequence, SchedulerOutput
+from jaxgen.engine.scheduling.sequence import Sequence
+from jaxgen.engine.step.step_layout import StepLayout
 from tests.family_models import save_tiny_model
 
 

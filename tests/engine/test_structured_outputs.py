@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxgen import LLM, SamplingParams
-from jaxgen.engine.logit_processors import apply_token_bitmask
+from jaxgen.engine.sampling.logit_processors import apply_token_bitmask
 
 PERSON = {
     "type": "object",
@@ -240,7 +240,7 @@ def test_device_mask_matches_numpy_reference():
 NO_TORCH = """
 import sys
 sys.modules["torch"] = None
-from jaxgen.engine.grammar_masks import GrammarCompiler
+from jaxgen.engine.structured.grammar_masks import GrammarCompiler
 from jaxgen.loaders.default_model import default_model_path
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.structured_outputs import StructuredOutputsParams
@@ -259,7 +259,7 @@ def test_grammars_need_no_torch():
 
 
 def test_compiler_takes_gbnf_and_caches_by_constraint(smollm2_tokenizer):
-    from jaxgen.engine.grammar_masks import GrammarCompiler
+    from jaxgen.engine.structured.grammar_masks import GrammarCompiler
     from jaxgen.structured_outputs import StructuredOutputsParams
 
     tokenizer = smollm2_tokenizer
@@ -357,7 +357,7 @@ def test_grammar_shape_reads_rules_and_references():
 def test_compiler_refuses_what_it_cannot_follow(smollm2_tokenizer, constraint, words):
     """The dry run: a constraint that admits no output, or that llguidance's parser gives up on
     within its first tokens, is a ``ValueError`` naming its field, not a request that fails."""
-    from jaxgen.engine.grammar_masks import GrammarCompiler
+    from jaxgen.engine.structured.grammar_masks import GrammarCompiler
     from jaxgen.structured_outputs import StructuredOutputsParams
     from jaxgen.structured_outputs.limits import StructuredOutputLimits
 
@@ -373,7 +373,7 @@ def test_compiler_refuses_what_it_cannot_follow(smollm2_tokenizer, constraint, w
 def test_queued_compiles_are_bounded_and_cancellable():
     import threading
 
-    from jaxgen.engine.grammar_threads import GrammarThreads, QueueFull
+    from jaxgen.engine.structured.grammar_threads import GrammarThreads, QueueFull
 
     threads = GrammarThreads(1, max_pending=2, name="test")
     release = threading.Event()

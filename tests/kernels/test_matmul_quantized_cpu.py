@@ -26,7 +26,7 @@ from jaxgen.backends.cpu_kernels import (
     w8a8_kernel_available,
 )
 from jaxgen.backends.cpu_kernels import matmul_quantized as matmul_quantized_module
-from jaxgen.engine.flat_params import FlatParams
+from jaxgen.engine.step.flat_params import FlatParams
 from jaxgen.layers.linear import Linear, NormedInput, apply_linears, rms_norm
 from jaxgen.quantization import QuantizationSpec, QuantizedWeight, quantize_kernel
 from jaxgen.quantization.quantized_weight import fake_quantize_activations

@@ -189,7 +189,7 @@ def test_default_model_llguidance_tokenizer_is_the_transformers_one(smollm2_toke
     transformers' tokenizer, and tokenizes as the GGUF tokenizer does."""
     import llguidance.hf
 
-    from jaxgen.engine.grammar_masks import llguidance_tokenizer
+    from jaxgen.engine.structured.grammar_masks import llguidance_tokenizer
 
     n_vocab = len(smollm2_tokenizer) + 20
     ours = llguidance_tokenizer(smollm2_tokenizer, n_vocab, [2])

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from jaxgen.async_llm import AsyncLLM
-from jaxgen.engine.grammar_masks import GrammarCompiler
+from jaxgen.engine.structured.grammar_masks import GrammarCompiler
 from serving.app import create_app
 from serving.settings.resolve import ServerSettings
 from serving.testing import ServerThread

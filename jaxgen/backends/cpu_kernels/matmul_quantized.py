@@ -344,7 +344,7 @@ def pack_shared(weights: list[QuantizedWeight]) -> list[PackedQuantizedWeight]:
 
     Computes the same products. A step then passes a few arrays for a whole model's kernels
     instead of two or three per kernel: on CPU every argument of a jitted call costs dispatch
-    time (``jaxgen.engine.flat_params.FlatParams`` passes a shared array once). The weights are
+    time (``jaxgen.engine.step.flat_params.FlatParams`` passes a shared array once). The weights are
     packed one at a time on the host (numpy: no per-weight dispatch or compile) into host
     buffers, which then go to the device once each, so besides ``weights`` and the buffers only
     one packed weight exists at a time."""

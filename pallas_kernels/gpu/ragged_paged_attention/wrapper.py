@@ -151,7 +151,7 @@ def ragged_paged_attention_gpu(
       decode_only: the step holds one row per sequence slot (``num_tokens == max_seqs``) and
         no sequence has more than one query: the prefill kernel is left out and the decode
         kernel (or the split merge) writes every row of the output (the engine's decode steps,
-        see ``jaxgen/engine/step_layout.py``). A sequence with more queries gets zeros.
+        see ``jaxgen/engine/step/step_layout.py``). A sequence with more queries gets zeros.
       interpret: run the kernels in Pallas's interpreter (on CPU).
       decode_dot: score decode rows with ``tl.dot`` (group padded to 16 rows) or without the MMA
         units (a float32 multiply and sum); None: the dot (measured faster on an H200, see

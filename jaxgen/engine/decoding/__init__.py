@@ -1,0 +1,1 @@
+"""Decoding beyond one token a step: speculative decoding (``speculative/``), beam search."""

@@ -1,0 +1,1 @@
+"""Sampling on the device: the sampler, its tensors and shapes, cut-offs, logit processors, prompt logprobs."""

@@ -1,0 +1,304 @@
+"""Page allocators for the KV pool. Plain Python: never imports jax.
+
+``PageAllocator`` hands out pages just in time, reference-counts them, and reuses full pages whose
+token prefix was computed before (hash of the page's tokens chained with its parent's hash; the
+chain starts from the sequence's K/V variant, so keys rotated with LongRoPE's long factors are
+never shared with a sequence that uses the short ones). When every layer of the model attends
+within a sliding window, ``free_before`` releases a sequence's pages that no query will read
+again; their block-table entries become the scratch page, so positions keep their pages.
+``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
+covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
+Page 0 is never handed out: padding tokens write their K/V there.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from jaxgen.engine.scheduling.sequence import Sequence
+
+SCRATCH_PAGE = 0
+
+
+class Allocator:
+    """What both allocators share: ``num_pages`` pages of ``page_size`` tokens (page 0 is
+    scratch), and the counters the engine reports."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.prefix_hits = 0  # pages reused
+        self.peak_used = 0
+
+    @property
+    def num_usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+
+class PageAllocator(Allocator):
+    """Free list, per-sequence block tables, reference counts and prefix reuse."""
+
+    def __init__(self, num_pages: int, page_size: int, *, enable_prefix_caching: bool = True):
+        if num_pages < 2:
+            raise ValueError(f"num_pages must be >= 2 (page 0 is scratch), got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        super().__init__(num_pages, page_size)
+        self.enable_prefix_caching = enable_prefix_caching
+        # Free pages in LRU order; cached (hashed) free pages can still be revived by a prefix hit.
+        self.free_pages: collections.OrderedDict[int, None] = collections.OrderedDict(
+            (p, None) for p in range(1, num_pages)
+        )
+        self.ref_counts = [0] * num_pages
+        self.page_hash: dict[int, int] = {}  # page -> hash of its full token prefix
+        self.page_tokens: dict[int, tuple[int, ...]] = {}
+        # A hit must match a page's tokens and, exactly, the prefix before them: the page (and its
+        # generation, bumped when the page is reused) that holds the prefix it was computed after.
+        # So a hash collision never shares the K/V of another prefix.
+        self.page_parent: dict[int, tuple[int, int] | str | None] = {}
+        self.page_generation = [0] * num_pages
+        self.hash_to_page: dict[int, int] = {}
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.num_usable_pages - len(self.free_pages)
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether ``seq`` can grow to hold ``num_tokens`` tokens."""
+        return self.pages_needed(num_tokens) - len(seq.block_table) <= len(self.free_pages)
+
+    def _pop_free_page(self) -> int:
+        page, _ = self.free_pages.popitem(last=False)
+        old = self.page_hash.pop(page, None)
+        if old is not None and self.hash_to_page.get(old) == page:
+            del self.hash_to_page[old]
+            self.page_tokens.pop(page, None)
+            self.page_parent.pop(page, None)
+        self.page_generation[page] += 1
+        self.ref_counts[page] = 1
+        return page
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grows ``seq.block_table`` to hold ``num_tokens`` tokens; False (and no change) if full."""
+        need = -(-num_tokens // self.page_size) - len(seq.block_table)
+        if need <= 0:  # its pages hold them already (most decode steps): nothing to change
+            return True
+        if need > len(self.free_pages):
+            return False
+        for _ in range(max(need, 0)):
+            seq.block_table.append(self._pop_free_page())
+        self.peak_used = max(self.peak_used, self.num_used_pages)
+        return True
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Shares cached full pages of ``seq``'s prefix (before it has pages); returns tokens reused.
+
+        At least one token is always left to compute, so the step that finishes the prompt has a
+        query to produce the next token's logits.
+        """
+        assert not seq.block_table, "match_prefix runs before a sequence owns pages"
+        if not self.enable_prefix_caching:
+            return 0
+        tokens = seq.token_ids
+        parent = prefix = _chain_root(seq)  # prefix: which page holds the K/V matched so far
+        matched = 0
+        for start in range(0, len(tokens) - 1 - self.page_size + 1, self.page_size):
+            chunk = tuple(tokens[start : start + self.page_size])
+            key = hash((parent, chunk))
+            page = self.hash_to_page.get(key)
+            if page is None or not self._holds(page, prefix, chunk):
+                break
+            if self.ref_counts[page] == 0:
+                del self.free_pages[page]
+            self.ref_counts[page] += 1
+            seq.block_table.append(page)
+            parent = key
+            prefix = (page, self.page_generation[page])
+            matched += self.page_size
+        self.prefix_hits += matched // self.page_size
+        self.peak_used = max(self.peak_used, self.num_used_pages)
+        return matched
+
+    def register_full_pages(self, seq: Sequence) -> None:
+        """Makes the full, computed pages of ``seq`` available for prefix reuse."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.page_size
+        full = seq.block_table[:num_full]
+        if SCRATCH_PAGE not in full and not set(full).difference(self.page_hash):
+            return  # every full page is registered already (most steps): the walk changes nothing
+        tokens = seq.token_ids
+        parent = prefix = _chain_root(seq)
+        for i in range(num_full):
+            page = seq.block_table[i]
+            chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
+            key = hash((parent, chunk))
+            if page == SCRATCH_PAGE:  # left the sliding window after it was registered
+                page = self.hash_to_page.get(key)
+                if page is None or not self._holds(page, prefix, chunk):
+                    return  # its cached copy is gone: later pages cannot name their prefix
+            if page not in self.page_hash:
+                if key not in self.hash_to_page:
+                    self.hash_to_page[key] = page
+                    self.page_tokens[page] = chunk
+                    self.page_parent[page] = prefix
+                self.page_hash[page] = key
+            # Children refer to the page a later lookup finds for this prefix (when it holds the
+            # same K/V), so pages computed after a duplicate of a cached page stay reusable.
+            found = self.hash_to_page.get(key)
+            if found is None or not self._holds(found, prefix, chunk):
+                found = page
+            parent = key
+            prefix = (found, self.page_generation[found])
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Beam search: ``child`` (no pages yet) shares ``parent``'s full computed pages, one
+        more reference each; the tokens of ``parent``'s last partial page are left for
+        ``child`` to compute into a page of its own (copy-on-write of at most one page, by
+        recomputing it), so no page is ever written by two sequences."""
+        assert not child.block_table, "fork runs before the child owns pages"
+        full = min(parent.num_computed_tokens // self.page_size, len(parent.block_table))
+        child.block_table = list(parent.block_table[:full])
+        for page in child.block_table:
+            if page != SCRATCH_PAGE:
+                self.ref_counts[page] += 1
+        child.num_computed_tokens = full * self.page_size
+        child.long_rope = parent.long_rope
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative decoding: ``seq`` keeps K/V for its first ``num_tokens`` tokens only
+        (rejected draft tokens' slots are written again later). Pages past them are released;
+        a kept page that held rejected tokens forgets its prefix-cache entry, as its contents
+        are about to change."""
+        keep = self.pages_needed(num_tokens)
+        for page in seq.block_table[keep:]:
+            if page != SCRATCH_PAGE:
+                self._release(page)
+        del seq.block_table[keep:]
+        if num_tokens % self.page_size and seq.block_table:
+            self._forget(seq.block_table[-1])
+
+    def _forget(self, page: int) -> None:
+        key = self.page_hash.pop(page, None)
+        if key is not None and self.hash_to_page.get(key) == page:
+            del self.hash_to_page[key]
+            self.page_tokens.pop(page, None)
+            self.page_parent.pop(page, None)
+
+    def _holds(
+        self, page: int, prefix: tuple[int, int] | str | None, chunk: tuple[int, ...]
+    ) -> bool:
+        """Whether cached ``page`` holds the K/V of ``chunk`` right after exactly ``prefix``."""
+        return (
+            page in self.page_tokens
+            and self.page_tokens[page] == chunk
+            and self.page_parent[page] == prefix
+        )
+
+    def free(self, seq: Sequence) -> None:
+        """Releases ``seq``'s pages (shared pages stay until their last user frees them)."""
+        for page in reversed(seq.block_table):
+            if page != SCRATCH_PAGE:
+                self._release(page)
+        seq.block_table = []
+
+    def free_before(self, seq: Sequence, position: int) -> int:
+        """Releases ``seq``'s pages that hold only tokens before ``position`` (sliding-window
+        attention reads them no more); their block-table entries become the scratch page.
+        Returns how many pages were released."""
+        released = 0
+        for i in range(min(max(position, 0) // self.page_size, len(seq.block_table))):
+            if seq.block_table[i] != SCRATCH_PAGE:
+                self._release(seq.block_table[i])
+                seq.block_table[i] = SCRATCH_PAGE
+                released += 1
+        return released
+
+    def _release(self, page: int) -> None:
+        self.ref_counts[page] -= 1
+        assert self.ref_counts[page] >= 0, f"page {page} freed twice"
+        if self.ref_counts[page] == 0:
+            self.free_pages[page] = None  # cached pages: most recently used at the end
+            if page not in self.page_hash:
+                self.free_pages.move_to_end(page, last=False)  # uncached: reuse first
+
+    def reset_prefix_cache(self) -> None:
+        self.page_hash.clear()
+        self.page_tokens.clear()
+        self.page_parent.clear()
+        self.hash_to_page.clear()
+
+
+def _chain_root(seq: Sequence) -> str | None:
+    """The start of a sequence's page-hash chain: what, besides tokens, its K/V depend on."""
+    return "long_rope" if seq.long_rope else None
+
+
+class ContiguousAllocator(Allocator):
+    """Per-slot reservation of ``max_model_len`` tokens: continuous batching without paging."""
+
+    def __init__(self, num_slots: int, max_model_len: int, page_size: int):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.pages_per_slot = -(-max_model_len // page_size)
+        super().__init__(1 + num_slots * self.pages_per_slot, page_size)
+        self.num_slots = num_slots
+        self.free_slots = list(range(num_slots))
+        self.slot_of: dict[int, int] = {}
+
+    @property
+    def num_used_pages(self) -> int:
+        return len(self.slot_of) * self.pages_per_slot
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.num_usable_pages - self.num_used_pages
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        if self.pages_needed(num_tokens) > self.pages_per_slot:
+            return False
+        return seq.seq_id in self.slot_of or bool(self.free_slots)
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        if not self.can_allocate(seq, num_tokens):
+            return False
+        if seq.seq_id not in self.slot_of:
+            slot = self.free_slots.pop(0)
+            self.slot_of[seq.seq_id] = slot
+            first = 1 + slot * self.pages_per_slot
+            seq.block_table = list(range(first, first + self.pages_per_slot))
+        self.peak_used = max(self.peak_used, self.num_used_pages)
+        return True
+
+    def match_prefix(self, seq: Sequence) -> int:
+        return 0
+
+    def register_full_pages(self, seq: Sequence) -> None:
+        pass
+
+    def free_before(self, seq: Sequence, position: int) -> int:
+        return 0  # a slot's pages are reserved whatever it holds
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.num_computed_tokens = 0  # a slot shares nothing: the child computes every token
+        child.long_rope = parent.long_rope
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        pass  # the slot keeps its pages; rejected slots are written again
+
+    def free(self, seq: Sequence) -> None:
+        slot = self.slot_of.pop(seq.seq_id, None)
+        if slot is not None:
+            self.free_slots.append(slot)
+            self.free_slots.sort()
+        seq.block_table = []
+
+    def reset_prefix_cache(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Constrained decoding on the host: llguidance matchers and their token masks, the threads filling them."""
