@@ -344,7 +344,8 @@ class ChatFormat(_Format):
                 if self.tool_deltas is None:
                     self.tool_deltas = ToolDeltas(self.parsed.tools)
                 body, finish_reason = self.tool_deltas.delta(index, delta.text, finish_reason)
-                if not body and not finish_reason and self.parsed.logprobs is None:
+                held = self.parsed.logprobs is None and not self.parsed.return_token_ids
+                if not body and not finish_reason and held:  # held back: nothing to send yet
                     continue
             if self.nothing_to_send(delta):
                 continue

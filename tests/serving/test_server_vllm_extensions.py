@@ -111,6 +111,26 @@ def test_chat_return_token_ids_streamed(oai, llm):
     assert [t for c in chunks[1:] for t in c.choices[0].token_ids] == ids
 
 
+def test_tool_call_stream_keeps_every_token_id(oai):
+    """Text a tool parser holds back still sends its token ids (in chunks with an empty delta,
+    as logprobs are sent): the streamed ids add up to the whole answer's."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+            "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}  # fmt: skip
+    body = dict(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,
+        tools=[tool],
+        tool_choice="required",
+        extra_body={"return_token_ids": True},
+    )
+    full = oai.chat.completions.create(**body)
+    chunks = list(oai.chat.completions.create(**body, stream=True))
+    streamed = [t for c in chunks[1:] for choice in c.choices for t in choice.token_ids or []]
+    assert streamed == full.choices[0].token_ids and streamed
+
+
 def test_completion_logprobs_zero_hold_the_chosen_token(oai):
     out = oai.completions.create(
         model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0, echo=True
