@@ -12,6 +12,7 @@ from serving.generation import (
     GenerationFailed,
     GenerationResult,
 )
+from serving.sampling_fields import beam_neutral_values
 from serving.validation import Fields, RequestError
 
 # Fields whose effect beam search cannot honour: set to anything but their neutral value, the
@@ -30,13 +31,7 @@ NEUTRAL = {
     "guided_grammar": (None,),
     "tools": (None, []),
     "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "top_p": (None, 1, 1.0),
-    "top_k": (None, 0, -1),
-    "min_p": (None, 0, 0.0),
-    "min_tokens": (None, 0),
+    **beam_neutral_values(),  # the penalties, top_p, top_k, min_p, min_tokens
     "seed": (None,),
     "stop_token_ids": (None, []),
     "early_stopping": (None, False),

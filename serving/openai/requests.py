@@ -11,6 +11,7 @@ from serving.common import check_text_length, encode_text
 from serving.openai.beam_search_requests import beam_search_params, uses_beam_search
 from serving.openai.prompt_logprobs import logit_bias_field, prompt_logprobs_field
 from serving.openai.tool_calls import constrain, message_tool_fields, render_prompt, tool_request
+from serving.sampling_fields import read_plain_fields
 from serving.structured_output_requests import openai_structured_outputs
 from serving.validation import (
     Fields,
@@ -86,18 +87,7 @@ def parse_common(
         max_tokens = fields.integer("max_tokens", minimum=1)
     sampling = dict(
         n=n,
-        temperature=fields.number("temperature", 1.0, minimum=0.0, maximum=2.0),
-        top_p=fields.number("top_p", 1.0, minimum=0.0, maximum=1.0, exclusive_minimum=True),
-        top_k=fields.integer("top_k", 0, minimum=-1),
-        min_p=fields.number("min_p", 0.0, minimum=0.0, maximum=1.0),
-        presence_penalty=fields.number("presence_penalty", 0.0, minimum=-2.0, maximum=2.0),
-        frequency_penalty=fields.number("frequency_penalty", 0.0, minimum=-2.0, maximum=2.0),
-        repetition_penalty=fields.number(
-            "repetition_penalty", 1.0, minimum=0.0, exclusive_minimum=True
-        ),
-        min_tokens=fields.integer("min_tokens", 0, minimum=0),
-        ignore_eos=fields.boolean("ignore_eos", False),
-        skip_special_tokens=fields.boolean("skip_special_tokens", True),
+        **read_plain_fields(fields),  # temperature, top_p, penalties... (``sampling_fields``)
         seed=fields.seed(),
         stop=fields.string_list("stop", max_items=limits.max_stop_sequences),
         stop_token_ids=stop_token_ids(fields, limits.vocab_size),

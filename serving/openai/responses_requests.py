@@ -18,6 +18,7 @@ import dataclasses
 import re
 
 from serving.openai.requests import OpenAIRequest, parse_chat
+from serving.sampling_fields import PLAIN_NAMES
 from serving.validation import Fields, RequestError
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -35,21 +36,8 @@ INCLUDES = (
     "message.input_image.image_url",
 )
 TEXT_PARTS = ("input_text", "output_text", "text")
-# Sampling fields passed on as they are (vLLM's extras included).
-PASSED_FIELDS = (
-    "model",
-    "temperature",
-    "top_p",
-    "stream",
-    "parallel_tool_calls",
-    "user",
-    "seed",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-)
+# Fields passed on as they are: the plain sampling fields (vLLM's extras included) and these.
+PASSED_FIELDS = ("model", "stream", "parallel_tool_calls", "user", "seed", *PLAIN_NAMES)
 RENAMED = [  # chat param (prefix) -> Responses param
     (re.compile(r"^messages(\[\d+\])?.*"), "input"),
     (re.compile(r"^max_completion_tokens$"), "max_output_tokens"),

@@ -1,0 +1,44 @@
+"""The plain sampling fields are declared once (``serving/sampling_fields.py``): each is a
+``SamplingParams`` field with the same default; completions, chat and the Responses API read
+them all, and beam search refuses exactly the ones it cannot honour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jaxgen.sampling_params import SamplingParams
+from serving.openai.beam_search_requests import NEUTRAL
+from serving.openai.responses_requests import PASSED_FIELDS
+from serving.sampling_fields import PLAIN_FIELDS, read_plain_fields
+from serving.validation import Fields, RequestError
+
+DEFAULTS = {field.name: field.default for field in dataclasses.fields(SamplingParams)}
+
+
+@pytest.mark.parametrize("field", PLAIN_FIELDS, ids=lambda field: field.name)
+def test_each_plain_field_is_a_sampling_param_with_its_default(field):
+    assert field.name in DEFAULTS
+    assert field.default == DEFAULTS[field.name]
+    assert field.name in PASSED_FIELDS  # the Responses API passes it on
+    if field.neutral:
+        assert NEUTRAL[field.name][0] is None and DEFAULTS[field.name] in NEUTRAL[field.name]
+
+
+def test_plain_fields_are_checked_naming_the_field():
+    values = read_plain_fields(Fields({"top_k": 5, "ignore_eos": True, "min_p": 0.5}))
+    assert SamplingParams(**values) == SamplingParams(top_k=5, ignore_eos=True, min_p=0.5)
+    for body, param in (({"top_p": 0}, "top_p"), ({"min_tokens": -1}, "min_tokens")):
+        with pytest.raises(RequestError) as error:
+            read_plain_fields(Fields(body))
+        assert error.value.param == param
+
+
+def test_responses_take_every_plain_field(http):
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 6, "temperature": 0}
+    answer = http.post("/v1/responses", json={**body, "min_tokens": 6, "ignore_eos": True})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["output_tokens"] == 6
+    refused = http.post("/v1/responses", json={**body, "min_p": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "min_p"
