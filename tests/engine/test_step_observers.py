@@ -9,7 +9,7 @@ import pytest
 
 from jaxgen import LLM, BeamSearchParams, SamplingParams
 from jaxgen.engine.step_observers import StepObservers
-from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
+from tests.engine.decoding.speculation_workload import repeating_prompts, speculation_knobs
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -1,6 +1,6 @@
 """Property tests for jaxgen.engine.scheduling.scheduler: random workloads over tight pools finish with the
 reference tokens, and a state machine of adds, aborts and steps keeps the pages balanced (on
-the fake engine of ``tests/engine/fake_scheduler_engine.py``)."""
+the fake engine of ``tests/engine/scheduling/fake_scheduler_engine.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests.engine.fake_scheduler_engine import SHARED_PROMPT, FakeEngine
+from tests.engine.scheduling.fake_scheduler_engine import SHARED_PROMPT, FakeEngine
 
 # -- random workloads over tight pools -------------------------------------------------------------
 

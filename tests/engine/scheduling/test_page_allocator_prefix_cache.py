@@ -10,7 +10,7 @@ import pytest
 
 from jaxgen.engine.scheduling import page_allocator
 from jaxgen.engine.scheduling.page_allocator import PageAllocator
-from tests.engine.page_allocator_checks import admit, check_balance, compute, make_seq
+from tests.engine.scheduling.page_allocator_checks import admit, check_balance, compute, make_seq
 
 # -- prefix reuse ---------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 
 from jaxgen import LLM, SamplingParams
 from jaxgen.backends import select_backend
-from tests.engine.speculation_workload import PAGE, repeating_prompts, speculation_knobs
+from tests.engine.decoding.speculation_workload import PAGE, repeating_prompts, speculation_knobs
 
 # pallas-tpu drafts up to 4 tokens, pallas-gpu up to 2: two verify row lengths between them, and
 # each draft's length follows its acceptance (1 up to k).

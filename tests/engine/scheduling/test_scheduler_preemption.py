@@ -1,13 +1,18 @@
 """Tests for jaxgen.engine.scheduling.scheduler's preemption by recompute, prefix sharing between requests
 and between a request's ``n`` sequences, and the long-RoPE recompute, on the fake engine of
-``tests/engine/fake_scheduler_engine.py``."""
+``tests/engine/scheduling/fake_scheduler_engine.py``."""
 
 from __future__ import annotations
 
 from jaxgen.engine.scheduling.page_allocator import PageAllocator
 from jaxgen.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
-from tests.engine.fake_scheduler_engine import FakeEngine, prompt_of, reference_tokens, run_workload
+from tests.engine.scheduling.fake_scheduler_engine import (
+    FakeEngine,
+    prompt_of,
+    reference_tokens,
+    run_workload,
+)
 
 # -- preemption -----------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Tests for jaxgen.engine.scheduling.scheduler: step order, token budgets, chunked prefill, admission,
 static and dynamic batching, aborts, on the fake engine of
-``tests/engine/fake_scheduler_engine.py`` (plain Python, no jax)."""
+``tests/engine/scheduling/fake_scheduler_engine.py`` (plain Python, no jax)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from jaxgen.engine.scheduling.page_allocator import PageAllocator
 from jaxgen.engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
-from tests.engine.fake_scheduler_engine import FakeEngine, prompt_of, run_workload
+from tests.engine.scheduling.fake_scheduler_engine import FakeEngine, prompt_of, run_workload
 
 # -- step composition -----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
-from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
+from tests.engine.decoding.speculation_workload import repeating_prompts, speculation_knobs
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 

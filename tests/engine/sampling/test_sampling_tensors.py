@@ -19,7 +19,7 @@ from jaxgen.engine.sampling.sampling_tensors import (
     take_rows,
 )
 from jaxgen.sampling_params import SamplingParams
-from tests.engine.sampler_checks import _rows
+from tests.engine.sampling.sampler_checks import _rows
 
 # --------------------------------------------------------------------------------------------
 # Host side

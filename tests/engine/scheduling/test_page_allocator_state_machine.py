@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 from jaxgen.engine.scheduling import page_allocator
 from jaxgen.engine.scheduling.page_allocator import PageAllocator
 from jaxgen.engine.scheduling.sequence import Sequence
-from tests.engine.page_allocator_checks import admit, check_balance, compute, make_seq
+from tests.engine.scheduling.page_allocator_checks import admit, check_balance, compute, make_seq
 
 # -- a stateful model: random prompts sharing prefixes, growth and frees --------------------------
 

@@ -1,6 +1,6 @@
 """Tests for jaxgen.engine.scheduling.page_allocator: paging, reference counts, the contiguous allocator,
 freeing out of a sliding window. Plain Python (no jax), over the fake KV store and balances of
-``tests/engine/page_allocator_checks.py`` (prefix caching: ``test_page_allocator_prefix_cache``)."""
+``tests/engine/scheduling/page_allocator_checks.py`` (prefix caching: ``test_page_allocator_prefix_cache``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
-from tests.engine.page_allocator_checks import (
+from tests.engine.scheduling.page_allocator_checks import (
     admit,
     check_balance,
     check_contiguous_balance,

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxgen.engine.sampling.sampling_shapes import GENERAL_FLAGS, SamplingShapes
 from jaxgen.engine.sampling.sampling_tensors import build_sampling_tensors
 from jaxgen.sampling_params import SamplingParams
-from tests.engine.sampler_checks import _rows, _sample_jit
+from tests.engine.sampling.sampler_checks import _rows, _sample_jit
 
 
 def test_the_shape_stable_sampler_sorts_no_vocabulary():

@@ -16,7 +16,7 @@ from jaxgen import LLM, SamplingParams
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.config.speculative_config import SpeculativeConfig
 from jaxgen.engine.decoding.speculative.draft_model import check_vocabulary
-from tests.engine.speculation_workload import repeating_prompts, speculation_knobs
+from tests.engine.decoding.speculation_workload import repeating_prompts, speculation_knobs
 from tests.family_models import save_tiny_model
 
 
@@ -220,7 +220,7 @@ def small_vocab(tmp_path_factory, smollm2_tokenizer):
     """A tiny Llama with a 512-token vocabulary (its directory, loaded) and its processed
     distribution of tokens 1-3 (``test_speculative_sampling.target_probs``)."""
     from jaxgen.loaders import load_model
-    from tests.engine.test_speculative_sampling import target_probs
+    from tests.engine.decoding.test_speculative_sampling import target_probs
 
     model_dir = save_tiny_model(
         str(tmp_path_factory.mktemp("tiny-llama-512")), smollm2_tokenizer, vocab_size=512
@@ -243,7 +243,7 @@ def with_head(target, transform):
 def sampled_draws(target, draft, num_draws: int):
     """The outputs of ``num_draws`` seeded requests of ``test_speculative_sampling``'s sampled
     workload (boosted top-k set, penalties) drafted by ``draft`` (k = 2), and the stats."""
-    from tests.engine.test_speculative_sampling import SAMPLED_PROMPT, sampled
+    from tests.engine.decoding.test_speculative_sampling import SAMPLED_PROMPT, sampled
 
     config = {"model": draft, "num_speculative_tokens": 2}
     llm = LLM(
@@ -262,7 +262,7 @@ def sampled_draws(target, draft, num_draws: int):
 def check_distribution(outputs, probs) -> None:
     """Chi-square goodness of fit of tokens 2 and 3 (the drafted positions) against the
     target's distribution computed from HF transformers."""
-    from tests.engine.test_speculative_sampling import P_VALUE, chi_square
+    from tests.engine.decoding.test_speculative_sampling import P_VALUE, chi_square
 
     exact_both, both = {}, {}
     for a, p_a in probs[()].items():
@@ -280,7 +280,7 @@ def test_bad_draft_keeps_the_target_distribution(small_vocab):
     """A copy of the target whose LM head only scores tokens 505 (boosted: accepted with about
     a fifth of the mass) and 506 (outside top_k: always rejected), by the sign of one hidden
     unit: rejections are frequent, the output is the target's distribution."""
-    from tests.engine.test_speculative_sampling import NUM_DRAWS
+    from tests.engine.decoding.test_speculative_sampling import NUM_DRAWS
 
     _, target, probs = small_vocab
 
@@ -301,7 +301,7 @@ def test_sampling_draft_keeps_the_target_distribution(small_vocab):
     spread over the top-k set (q not one-hot, unlike p), are accepted where its draw agrees
     with the target's on the same key, far more often than a greedy draft's; the output is
     the target's distribution, and for a seeded request the output without speculation."""
-    from tests.engine.test_speculative_sampling import NUM_DRAWS, SAMPLED_PROMPT, sampled
+    from tests.engine.decoding.test_speculative_sampling import NUM_DRAWS, SAMPLED_PROMPT, sampled
 
     _, target, probs = small_vocab
     rng = np.random.default_rng(0)

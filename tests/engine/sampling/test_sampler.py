@@ -1,6 +1,6 @@
 """Tests for jaxgen.engine.sampling.sampler: batched on-device sampling with per-request parameters.
 
-Most tests run their rows next to the SENTINEL row of ``tests/engine/sampler_checks.py``, which
+Most tests run their rows next to the SENTINEL row of ``tests/engine/sampling/sampler_checks.py``, which
 turns every feature on, so they share one compiled function (compiling the sampling path takes
 seconds on CPU). The host side: ``test_sampling_tensors.py``.
 """
@@ -22,7 +22,7 @@ from jaxgen.engine.sampling.sampling_tensors import (
     build_sampling_tensors,
 )
 from jaxgen.sampling_params import SamplingParams
-from tests.engine.sampler_checks import (
+from tests.engine.sampling.sampler_checks import (
     ALL_ON,
     BATCH,
     FAST,
