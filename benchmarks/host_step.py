@@ -32,6 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from jaxgen import LLM, SamplingParams
+    from jaxgen.engine.step.call_times import CallTimes
 
     llm = LLM(
         args.model,
@@ -42,21 +43,7 @@ def main() -> None:
     )
     engine = llm.engine
     runner = engine.runner
-    spent = {"dispatch": 0.0, "wait": 0.0, "dispatch_cpu": 0.0, "wait_cpu": 0.0}
-
-    def timed(name, function):
-        def call(*a, **k):
-            start, cpu = time.perf_counter(), time.thread_time()
-            try:
-                return function(*a, **k)
-            finally:
-                spent[name] += time.perf_counter() - start
-                spent[f"{name}_cpu"] += time.thread_time() - cpu
-
-        return call
-
-    runner.dispatch = timed("dispatch", runner.dispatch)
-    runner.fetch = timed("wait", runner.fetch)
+    spent = runner.call_times = CallTimes()  # the runner adds its dispatch and fetch times
     vocab = engine.loaded.config.vocab_size
     prompts = [
         [(7 * i + 13 * j) % (vocab - 100) + 50 for j in range(args.input_len)]
@@ -70,13 +57,13 @@ def main() -> None:
             engine.add_request(f"r{request_id}-{time.monotonic_ns()}", None, prompt, params)
         rows = []
         while engine.has_unfinished():
-            spent.update(dispatch=0.0, wait=0.0, dispatch_cpu=0.0, wait_cpu=0.0)
+            spent.reset()
             start, cpu = time.perf_counter(), time.thread_time()
             engine.step()
             wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
-            host = wall - spent["dispatch"] - spent["wait"]
-            host_cpu = cpu - spent["dispatch_cpu"] - spent["wait_cpu"]
-            rows.append((host, spent["dispatch"], spent["wait"], host_cpu))
+            host = wall - spent.dispatch - spent.wait
+            host_cpu = cpu - spent.dispatch_cpu - spent.wait_cpu
+            rows.append((host, spent.dispatch, spent.wait, host_cpu))
         decode = rows[2:-1] or rows  # the prefill step and the last (finishing) step apart
         medians = [1e3 * statistics.median(column) for column in zip(*decode, strict=True)]
         if best is None or medians[3] < best[3]:

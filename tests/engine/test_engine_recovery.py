@@ -25,22 +25,20 @@ class DeviceFault(RuntimeError):
 def inject_fault(runner, times: int | None = 1):
     """Makes the next ``times`` runs of the jitted step (every run if None) fail after the
     pool was donated to them, as a fault during execution does: the pool they were given is
-    deleted, and so is the one they produced."""
-    real = runner._step
+    deleted, and so is the one they produced (the runner's ``after_step`` hook)."""
     left = [times]
 
-    def faulty(params, kv_cache, *args, **kwargs):
+    def faulty(params, kv_cache):
         if left[0] == 0:
-            return real(params, kv_cache, *args, **kwargs)
+            return
         if left[0] is not None:
             left[0] -= 1
-        new_cache, _ = real(params, kv_cache, *args, **kwargs)
-        for leaf in jax.tree_util.tree_leaves(new_cache):
+        for leaf in jax.tree_util.tree_leaves(kv_cache):
             leaf.delete()
         raise DeviceFault("injected fault during the step")
 
-    runner._step = faulty
-    return lambda: setattr(runner, "_step", real)
+    runner.after_step = faulty
+    return lambda: setattr(runner, "after_step", None)
 
 
 async def generate_text(llm: AsyncLLM, prompt: str, params: SamplingParams = GREEDY) -> str:
@@ -147,15 +145,13 @@ def test_a_fault_on_every_step_kills_the_engine(llm):
 def test_lost_parameters_kill_the_engine_at_once(llm):
     asyncio.run(generate_text(llm, PROMPTS[0]))
     runner = llm.engine.runner
-    real = runner._step
 
-    def fault_losing_everything(params, kv_cache, *args, **kwargs):
-        real(params, kv_cache, *args, **kwargs)
+    def fault_losing_everything(params, kv_cache):
         for leaf in jax.tree_util.tree_leaves(params):
             leaf.delete()
         raise DeviceFault("injected fault that took the weights")
 
-    runner._step = fault_losing_everything
+    runner.after_step = fault_losing_everything
     result = asyncio.run(generate_all(llm))
     assert all(isinstance(r, RuntimeError) for r in result)
     assert isinstance(llm.dead, EngineDeadError) and "parameters" in str(llm.dead)

@@ -20,6 +20,7 @@ from jaxgen.engine.compiled import compile_counter
 from jaxgen.engine.sampling.prompt_logprobs import PromptLogprobsOutput
 from jaxgen.engine.sampling.sampling_shapes import GENERAL_FLAGS, SamplingShapes, host_flags
 from jaxgen.engine.sampling.sampling_tensors import SamplerOutput
+from jaxgen.engine.step.call_times import CallTimes
 from jaxgen.engine.step.flat_params import FlatParams
 from jaxgen.engine.step.step_function import jitted_sampler, jitted_step
 
@@ -81,6 +82,10 @@ class ModelRunner:
         # ``jaxgen bench``: each step waited for, its device time summed (no overlap then).
         self.time_device = False
         self.device_seconds = 0.0
+        self.call_times: CallTimes | None = None  # dispatch and fetch times added (host_step)
+        # Called with the parameter arrays and the new pool after each jitted step: a hook for
+        # tests and fault matrices to fail a step as the device would (it may delete them).
+        self.after_step = None
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
             max_model_len=max_model_len,
@@ -131,7 +136,18 @@ class ModelRunner:
         previous_tokens=None,
         num_steps: int = 1,
     ) -> InFlight:
-        """Starts the step of ``execute`` without waiting for it; ``fetch`` waits. With
+        """Starts the step of ``execute`` without waiting for it (``_launch``); ``fetch``
+        waits. With ``call_times`` set, the call's time is added to it."""
+        args = (arrays, prompt_targets, from_previous, previous_tokens, num_steps)
+        if self.call_times is None:
+            return self._launch(*args)
+        with self.call_times.measure("dispatch"):
+            return self._launch(*args)
+
+    def _launch(
+        self, arrays: tuple, prompt_targets, from_previous, previous_tokens, num_steps: int
+    ) -> InFlight:
+        """``dispatch``'s work. With
         ``previous_tokens`` (asynchronous scheduling: the feed of the step before, on the
         device) the rows where ``from_previous`` [T] is >= 0 take their token from it.
         ``num_steps`` > 1 (a decode-only step whose block tables cover that many tokens
@@ -171,6 +187,8 @@ class ModelRunner:
             flat_params=self._flat_params,
             **extra,
         )
+        if self.after_step is not None:  # a test's or a fault matrix's hook: it may raise
+            self.after_step(self._param_arrays, self.kv_cache)
         if self.time_device:  # waits for the step: its device time, at the cost of overlap
             jax.block_until_ready(result)
             self.device_seconds += time.perf_counter() - start
@@ -182,7 +200,10 @@ class ModelRunner:
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
-        return jax.device_get((step.result, step.prompt))
+        if self.call_times is None:
+            return jax.device_get((step.result, step.prompt))
+        with self.call_times.measure("wait"):
+            return jax.device_get((step.result, step.prompt))
 
     def _no_targets(self, num_tokens: int):
         """[T] int32 of -1: no row wants prompt logprobs (on the device once per bucket)."""
