@@ -147,29 +147,28 @@ def test_health_while_loading_and_after_load_failure(llm, tiny_model_dir):
 
 
 def test_engine_failure_ends_requests_with_errors(server, http):
-    engine = server.llm.engine
-    working_step = engine.__dict__.get("step", engine.step)
+    runner = server.llm.engine.runner
 
-    def broken_step():
-        engine.step = working_step  # fail once
+    def broken_step(params, kv_cache):  # a step that fails once (the runner's hook)
+        runner.after_step = None
         raise RuntimeError("injected failure")
 
     payload = {"inputs": PROMPT, "parameters": {"max_new_tokens": 50}}
-    engine.step = broken_step
+    runner.after_step = broken_step
     try:
         with http.stream("POST", "/generate_stream", json=payload) as response:
             assert response.status_code == 200
             events = sse_payloads(response.iter_lines())
         assert events[-1]["error_type"] == "generation"
         assert "injected failure" in events[-1]["error"]
-        engine.step = broken_step
+        runner.after_step = broken_step
         failed = http.post(
             "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 50}
         )
         assert failed.status_code == 500
         assert "injected failure" in failed.json()["error"]["message"]
     finally:
-        engine.step = working_step
+        runner.after_step = None
     wait_idle(server.llm)
     assert http.get("/health").status_code == 200
     again = http.post("/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 2}})
