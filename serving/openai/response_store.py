@@ -66,21 +66,27 @@ class StoredResponse:
 
     # -- a background response ---------------------------------------------------------------
     def run(self, events: AsyncIterator[bytes], on_end: Callable[[], None]) -> None:
-        """Starts the background task producing ``events``; ``on_end`` runs when it ends."""
-        self.task = asyncio.get_running_loop().create_task(self._produce(events, on_end))
+        """Starts the background task producing ``events``; ``on_end`` runs when it ends, however
+        it ends (a task cancelled before it started included)."""
+        self.task = asyncio.get_running_loop().create_task(self._produce(events))
+        self.task.add_done_callback(lambda task: self._ended(task, on_end))
 
-    async def _produce(self, events: AsyncIterator[bytes], on_end: Callable[[], None]) -> None:
+    async def _produce(self, events: AsyncIterator[bytes]) -> None:
         try:
             async for event in events:
                 self.events.append(event)
                 self._wake()
-        except asyncio.CancelledError:
-            self.builder.cancel()
         finally:
             await events.aclose()
-            self._end()
-            self._wake()
-            on_end()
+
+    def _ended(self, task: asyncio.Task, on_end: Callable[[], None]) -> None:
+        if task.cancelled():
+            self.builder.cancel()
+        elif task.exception() is not None:  # a bug: the response fails, the server goes on
+            self.builder.fail("server_error", f"the response failed: {task.exception()!r}")
+        self._end()
+        self._wake()
+        on_end()
 
     def _wake(self) -> None:
         self._grew.set()

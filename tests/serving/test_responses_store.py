@@ -5,6 +5,7 @@ its stream replayed from ``starting_after``), ``top_logprobs``; and ``ResponseSt
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -240,3 +241,31 @@ def test_store_forgets_finished_responses_after_ttl(monkeypatch):
     assert store.get("old") is None and store.get("new") is not None
     now[0] += 30
     assert store.get("new") is None and len(store) == 0
+
+
+def test_a_background_response_cancelled_before_it_starts_still_ends():
+    """Cancelled before its task's first step, the response is cancelled and its admission
+    slot released all the same."""
+
+    class Running(Builder):
+        status = "queued"
+
+        def cancel(self):
+            self.status = "cancelled"
+
+        def response(self):
+            return {"id": self.id, "status": self.status, "output": []}
+
+    async def events():
+        yield b"never"
+
+    async def scenario():
+        entry = StoredResponse(Running("bg"), [], background=True)
+        released = []
+        entry.run(events(), lambda: released.append(True))
+        await entry.cancel()  # before the task ran at all
+        return entry, released
+
+    entry, released = asyncio.run(scenario())
+    assert released == [True] and not entry.running and entry.status == "cancelled"
+    assert entry.events == []
