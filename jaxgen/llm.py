@@ -101,14 +101,19 @@ class LLM:
         params_list = _final_only(_normalize_params(sampling_params, len(items)))
         tokenizer = self.loaded.tokenizer
         order = []
-        for item, params in zip(items, params_list, strict=True):
-            if isinstance(item, str):
-                token_ids, text = tokenizer.encode(item, add_special_tokens=True), item
-            else:
-                token_ids, text = item, None
-            request_id = str(next(self._ids))
-            self.engine.add_request(request_id, text, token_ids, params)
-            order.append(request_id)
+        try:
+            for item, params in zip(items, params_list, strict=True):
+                if isinstance(item, str):
+                    token_ids, text = tokenizer.encode(item, add_special_tokens=True), item
+                else:
+                    token_ids, text = item, None
+                request_id = str(next(self._ids))
+                self.engine.add_request(request_id, text, token_ids, params)
+                order.append(request_id)
+        except BaseException:  # all or nothing: an item refused leaves none of the batch queued
+            for request_id in order:
+                self.engine.abort(request_id)
+            raise
         return self._run(order, use_tqdm)
 
     def beam_search(
