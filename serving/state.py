@@ -62,7 +62,7 @@ class Limits:
             settings.max_best_of,
             settings.max_body_bytes,
             vocab,
-            settings.max_logit_bias,
+            vocab if settings.max_logit_bias is None else min(settings.max_logit_bias, vocab),
             max_input * longest_token(llm.tokenizer),
         )
 

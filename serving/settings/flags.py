@@ -68,7 +68,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-logit-bias",
         type=int,
-        help="most logit_bias entries per request (default 300, at most 1024)",
+        help="most logit_bias entries per request (default: the whole vocabulary)",
     )
     add(
         "--responses-store-size",

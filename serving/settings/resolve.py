@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxgen.config.knobs import KnobField, environment_variables, knob_fields, property_keys
-from jaxgen.engine.sampling.sampling_shapes import LOGIT_BIAS_WIDTH
 from jaxgen.structured_outputs.limits import StructuredOutputLimits
 from jaxgen.tool_calling.formats import TOOL_CALL_PARSERS
 from serving.settings.parsers import (
@@ -44,7 +43,7 @@ DEFAULT_MAX_HEADER_BYTES = 16 << 10  # request line + headers (llhttp's and h11'
 # One compile thread per 4 CPU cores (1 to 4): compiles must leave the engine its cores.
 DEFAULT_GRAMMAR_COMPILE_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 DEFAULT_MAX_QUEUED_GRAMMAR_COMPILES = 16
-DEFAULT_MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI's API
+DEFAULT_MAX_LOGIT_BIAS = None  # entries per request: None = the vocabulary (vLLM has no cap)
 # StructuredOutputLimits' fields: each is a setting (and a flag) of the same name.
 STRUCTURED_OUTPUT_LIMITS = tuple(field.name for field in dataclasses.fields(StructuredOutputLimits))
 
@@ -121,7 +120,7 @@ class ServerSettings:
     keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
-    max_logit_bias: int = DEFAULT_MAX_LOGIT_BIAS
+    max_logit_bias: int | None = DEFAULT_MAX_LOGIT_BIAS
     responses_store_size: int = 1000  # stored Responses (0: none); a finished one kept ttl s
     responses_store_ttl: float = 3600.0
     # Structured output: what a constraint may hold, and how many compile at once.
@@ -261,11 +260,6 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         value, source = take(name)
         if value is not None:
             setattr(settings, name, parse_int(value, name, source, minimum=minimum))
-    if settings.max_logit_bias > LOGIT_BIAS_WIDTH:
-        raise SettingsError(
-            f"max_logit_bias from {settings.sources['max_logit_bias']} must be <= "
-            f"{LOGIT_BIAS_WIDTH} (the sampler's logit-bias table), got {settings.max_logit_bias}"
-        )
     limits = {}
     for name in STRUCTURED_OUTPUT_LIMITS:
         value, source = take(name)

@@ -156,6 +156,22 @@ def test_logit_bias_and_stop_token_ids(oai, http):
         assert fragment in error["message"]
 
 
+def test_logit_bias_over_the_whole_vocabulary(http, llm):
+    """A bias for every token of the vocabulary is a valid request (vLLM takes it): accepted,
+    and applied (every token down but one)."""
+    vocab = min(llm.model_config.vocab_size, len(llm.tokenizer))
+    bias = {str(token): -100 for token in range(vocab)} | {"777": 100}
+    answer = http.post(
+        "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 3, "temperature": 1.0, "logit_bias": bias},
+    )
+    assert answer.status_code == 200, answer.text[:300]
+    text = answer.json()["choices"][0]["text"]
+    assert http.post("/tokenize", json={"prompt": text}).json()["tokens"] == [777] * 3
+    beyond = http.post("/v1/completions", json={"prompt": "a", "logit_bias": {str(vocab): 1}})
+    assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "logit_bias"
+
+
 def test_tokenize_detokenize_round_trip(http, llm):
     tokenized = http.post("/tokenize", json={"model": "tiny", "prompt": PROMPT}).json()
     assert tokenized["tokens"] == llm.tokenizer.encode(PROMPT, add_special_tokens=True)
