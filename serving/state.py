@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import logging
@@ -106,8 +107,14 @@ class Ticket:
         if self.released:
             return
         self.released = True
-        self.state.in_flight -= 1
         self.state.active_request_ids.difference_update(self.request_ids)
+        waiters = self.state.waiters
+        while waiters:  # the slot goes to the oldest request waiting for one
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(Ticket(self.state))
+                return
+        self.state.in_flight -= 1
         if self.state.in_flight == 0:
             self.state.idle.set()
 
@@ -135,6 +142,7 @@ class ServerState:
             settings.grammar_compile_workers, settings.max_queued_grammar_compiles
         )
         self.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()  # for a slot
 
     def attach(self, llm) -> None:
         """Makes the server ready around a loaded engine."""
@@ -176,6 +184,24 @@ class ServerState:
             summary.update(weight_stats(loaded))
         return summary
 
+    async def admit_or_wait(self) -> Ticket:
+        """A slot for one request: at once while one is free, else after waiting in a first
+        come, first served queue of at most ``max_waiting_requests`` (a 429 once it is full;
+        a 503 when the server drains meanwhile)."""
+        full = self.limits is not None and self.in_flight >= self.limits.max_concurrent_requests
+        if not full or self.status != READY:
+            return self.admit()
+        if len(self.waiters) >= self.settings.max_waiting_requests:
+            return self.admit()  # raises the 429
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                waiter.result().release()  # handed a slot as it left: pass it on
+            raise
+
     def admit(self) -> Ticket:
         """A slot for one request, or a ``RequestError`` (503 not ready, 429 overloaded)."""
         if self.status != READY:
@@ -199,6 +225,10 @@ class ServerState:
         if self.phase in (READY, LOADING):
             self.phase = DRAINING
             logger.info("draining: %d request(s) in flight, up to %.1f s", self.in_flight, timeout)
+        while self.waiters:  # those waiting for a slot are refused: the server is going
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(RequestError("Server is shutting down", kind="unavailable"))
         try:
             await asyncio.wait_for(self.idle.wait(), timeout)
         except asyncio.TimeoutError:

@@ -75,7 +75,7 @@ async def admitted(request: Request):
     ``(state, body, ticket)``. Raises ``RequestError``."""
     state, body = await accept(request)
     check_model(state, body.get("model"))
-    ticket = state.admit()
+    ticket = await state.admit_or_wait()
     ticket.label = request_id_of(request)
     return state, body, ticket
 

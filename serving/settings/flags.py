@@ -34,7 +34,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-concurrent-requests",
         type=int,
-        help="requests in flight before 429 (default 128; env MAX_CONCURRENT_REQUESTS)",
+        help="requests in flight (default 128; env MAX_CONCURRENT_REQUESTS); more wait",
+    )
+    add(
+        "--max-waiting-requests",
+        type=int,
+        help="requests waiting for a slot, first come first served, before 429 (default 1024; "
+        "0: refuse at once past --max-concurrent-requests)",
     )
     add("--max-input-tokens", type=int, help="longest prompt (env MAX_INPUT_TOKENS)")
     add("--max-total-tokens", type=int, help="prompt + new tokens limit (env MAX_TOTAL_TOKENS)")

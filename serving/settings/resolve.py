@@ -31,6 +31,7 @@ from serving.settings.parsers import (
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_MAX_CONCURRENT_REQUESTS = 128
+DEFAULT_MAX_WAITING_REQUESTS = 1024  # requests queued for a slot before 429
 DEFAULT_DRAIN_TIMEOUT = 30.0
 DEFAULT_MAX_STOP_SEQUENCES = 4
 DEFAULT_MAX_BEST_OF = 2  # TGI's default
@@ -109,6 +110,7 @@ class ServerSettings:
     kv_cache_tokens: int | None = None
     tensor_parallel_degree: int | None = None
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
     max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES
@@ -244,6 +246,7 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         settings.dtype = parse_dtype(value, source)
     for name, minimum in (
         ("max_concurrent_requests", 1),
+        ("max_waiting_requests", 0),
         ("max_input_tokens", 1),
         ("max_total_tokens", 2),
         ("kv_cache_tokens", 1),

@@ -57,7 +57,7 @@ async def admit_and_prepare(request: Request, parse) -> tuple:
     with ``parse``): ``(state, ticket, parsed, grammar)``. Raises ``RequestError``; the ticket
     is released when preparing fails."""
     state, body = await accept(request)
-    ticket = state.admit()
+    ticket = await state.admit_or_wait()
     try:
         parsed, grammar = await prepare(request, state, body, parse, tgi_constraint)
     except BaseException:

@@ -4,7 +4,9 @@ request completes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
 
 import httpx
 import pytest
@@ -96,7 +98,10 @@ def test_sampling_param_errors_name_the_api_parameter(http):
 # -- admission, disconnects, draining ------------------------------------------------------------------
 def test_overload_gives_429_while_admitted_complete(llm, tiny_model_dir):
     settings = ServerSettings(
-        model=tiny_model_dir, max_concurrent_requests=2, served_model_name="m"
+        model=tiny_model_dir,
+        max_concurrent_requests=2,
+        max_waiting_requests=0,
+        served_model_name="m",
     )
     payload = {
         "model": "m",
@@ -142,4 +147,36 @@ def test_overload_gives_429_while_admitted_complete(llm, tiny_model_dir):
             assert after.status_code == 200
             rejected = client.get("/metrics").text
             assert metric_value(rejected, 'jaxgen_request_rejected_total{reason="overloaded"}') == 2
+    wait_idle(llm)
+
+
+def test_requests_past_the_limit_wait_for_a_slot_before_429(llm, tiny_model_dir):
+    """One slot, two waiting places: of four requests at once the first runs, the next two
+    wait and are answered in turn, the fourth is refused (429) at once."""
+    settings = ServerSettings(
+        model=tiny_model_dir,
+        max_concurrent_requests=1,
+        max_waiting_requests=2,
+        served_model_name="m",
+    )
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True}
+    with ServerThread(create_app(llm, settings)) as server:
+        state = server.server.config.app.state.server
+
+        def post(_):
+            with httpx.Client(base_url=server.url, timeout=120) as client:
+                return client.post("/v1/completions", json=body).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            first = pool.submit(post, 0)
+            deadline = time.monotonic() + 30
+            while state.in_flight < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            waiting = [pool.submit(post, i) for i in (1, 2)]
+            while len(state.waiters) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            refused = post(3)
+            statuses = [first.result(), *(f.result() for f in waiting)]
+        assert refused == 429 and statuses == [200, 200, 200]
+        assert state.in_flight == 0 and not state.waiters
     wait_idle(llm)
