@@ -139,7 +139,9 @@ class ServerState:
         self._ids = itertools.count()
         self._prefix = f"srv{id(self) & 0xFFFF:04x}"
         self.workers = Workers(
-            settings.grammar_compile_workers, settings.max_queued_grammar_compiles
+            settings.grammar_compile_workers,
+            settings.max_queued_grammar_compiles,
+            admitted=settings.max_concurrent_requests,
         )
         self.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
         self.waiters: collections.deque[asyncio.Future] = collections.deque()  # for a slot

@@ -30,11 +30,16 @@ SMALL_CONSTRAINT_BYTES = 4 << 10  # constraints up to this compile on the small 
 class Workers:
     """The server's preparation threads (see the module docstring)."""
 
-    def __init__(self, grammar_compile_workers: int, max_queued_grammar_compiles: int):
+    def __init__(
+        self, grammar_compile_workers: int, max_queued_grammar_compiles: int, admitted: int = 0
+    ):
+        """``admitted``: requests in flight at most (``--max-concurrent-requests``): the small
+        lane (constraints of a few KiB, compiled in milliseconds) queues that many, so benign
+        schemas wait their turn rather than get 429 while the threads are busy."""
         self.parse_small = ThreadPoolExecutor(1, thread_name_prefix="jaxgen-parse")
         self.parse_large = ThreadPoolExecutor(1, thread_name_prefix="jaxgen-parse-large")
         self.compile_small = GrammarThreads(
-            1, max_pending=max_queued_grammar_compiles, name="grammar-small"
+            1, max_pending=max(max_queued_grammar_compiles, admitted), name="grammar-small"
         )
         self.compile_large = GrammarThreads(
             grammar_compile_workers, max_pending=max_queued_grammar_compiles, name="grammar"

@@ -125,6 +125,21 @@ def slow_regex(index: int) -> str:
     return f"slow{index}" + "(ab|cd)" * 700
 
 
+def test_benign_small_constraints_wait_their_turn(server, monkeypatch):
+    """Twenty small constraints at once, each compile slowed, with two compiles allowed to
+    queue per lane: the small lane queues as many as the server admits, so none gets 429."""
+    slow_builds(monkeypatch, 0.05)
+
+    def post(index: int):
+        regex = f"slow{index}[0-9]{{3}}"  # distinct: none is answered from the cache
+        body = {"prompt": "x", "max_tokens": 2, "structured_outputs": {"regex": regex}}
+        return server.client.post("/v1/completions", json=body).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        statuses = list(pool.map(post, range(20)))
+    assert statuses == [200] * 20, statuses
+
+
 def test_grammar_compiles_are_admitted(server, monkeypatch):
     """12 concurrent large grammars kept a one-property schema waiting 39 s. One compile thread
     and two pending compiles allowed: the others get 429 at once naming the limit, and a small
