@@ -221,7 +221,8 @@ class LLMEngine(Engine):
         self.last_batch_size = batch_size
         if num_steps > 1:
             self.multi_step_calls += 1
-        compiles, self._compiles_seen = compile_count() - self._compiles_seen, compile_count()
+        count = compile_count()
+        compiles, self._compiles_seen = count - self._compiles_seen, count
         if self.observers:
             self.observers.emit(StepEvent(batch_size, num_steps, seconds, compiles, mode))
 

@@ -16,8 +16,6 @@ import collections
 import time
 from collections.abc import AsyncIterator, Callable
 
-RUNNING = ("queued", "in_progress")
-
 
 class StoredResponse:
     """One stored response.
@@ -138,9 +136,6 @@ class ResponseStore:
 
     def pop(self, response_id: str) -> StoredResponse | None:
         return self._entries.pop(response_id, None)
-
-    def running(self) -> list[StoredResponse]:
-        return [entry for entry in self._entries.values() if entry.running]
 
     def _evict(self) -> None:
         now = time.monotonic()
