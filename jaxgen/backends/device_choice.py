@@ -26,12 +26,11 @@ import re
 import jax
 import jax.numpy as jnp
 
+from jaxgen.families import family_of
+
 # The first compute capability with Triton (pallas-gpu) and with bfloat16 arithmetic.
 TRITON_MIN_CAPABILITY = (8, 0)
 BFLOAT16_MIN_CAPABILITY = (8, 0)
-# Families whose activations exceed float16's range (65,504): vLLM refuses float16 for them
-# ("numerical instability"); ``auto`` takes float32 on a GPU without bfloat16.
-FLOAT16_UNSTABLE_FAMILIES = ("gemma2", "gemma3", "gemma3_text")
 _PLATFORMS = {"cuda": "gpu", "gpu": "gpu", "rocm": "gpu", "tpu": "tpu", "cpu": "cpu"}
 
 
@@ -100,12 +99,15 @@ def local_device() -> DeviceDescription:
 def auto_dtype(device: DeviceDescription, model_type: str | None = None):
     """The dtype ``dtype="auto"`` loads a model in on ``device``: float32 on a CPU, bfloat16 on
     a TPU and on a GPU from compute capability 8.0; float16 below it, float32 for a family
-    float16 overflows (``FLOAT16_UNSTABLE_FAMILIES``; ``model_type``: the config's)."""
+    float16 overflows (its ``float16_stable``, ``jaxgen.families``: vLLM refuses float16 for
+    Gemma, "numerical instability"; ``model_type``: the config's)."""
     if device.platform == "cpu":
         return jnp.float32
     if device.has_bfloat16:
         return jnp.bfloat16
-    return jnp.float32 if model_type in FLOAT16_UNSTABLE_FAMILIES else jnp.float16
+    if model_type is not None and not family_of(model_type).float16_stable:
+        return jnp.float32
+    return jnp.float16
 
 
 def check_dtype(device: DeviceDescription, dtype) -> None:

@@ -1,5 +1,5 @@
-"""Configuration: the model's (``ModelConfig``, read from a Hugging Face ``config.json`` by
-``hf_config``) and the engine's (``EngineConfig``, every knob declared once; ``knobs``
+"""Configuration: the model's (``ModelConfig``, read from a Hugging Face ``config.json`` by its
+family's module in ``jaxgen.families``) and the engine's (``EngineConfig``, every knob declared once; ``knobs``
 derives its flags, environment variables and properties keys, ``knob_table`` the docs'
 table, ``speculative_config`` the speculative-decoding settings). What is kept on disk is
 ``jaxgen.caches``."""

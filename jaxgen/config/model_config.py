@@ -1,12 +1,12 @@
-"""Model configuration: a frozen, keyword-only dataclass (``jaxgen.config.hf_config`` reads one
-from a Hugging Face ``config.json``).
+"""Model configuration: a frozen, keyword-only dataclass (each family's module in
+``jaxgen.families`` reads one from a Hugging Face ``config.json``).
 
 One ``ModelConfig`` describes every supported family. The fields every decoder has come first;
 then a few typed fields that only some families set (each says which), and two nested configs
 for the parts that come as a group: ``RopeScaling`` (frequency scaling) and ``MoEConfig``
 (mixture-of-experts MLP). What differs in a block's *structure* (Gemma's four norms, Falcon's
 parallel attention and MLP) is not a flag: ``model_type`` picks the family's decoder layer
-(``jaxgen.models.causal_lm``).
+(``jaxgen.families``: the family's ``blocks``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import dataclasses
 import json
 import os
 from typing import Any
-
-from jaxgen.config.hf_config import model_config_fields
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -144,7 +142,9 @@ class ModelConfig:
     def _count_params(self, *, active: bool) -> int:
         d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
         attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
-        gates = 2 if self.model_type == "falcon" else 3
+        from jaxgen.families import family_of
+
+        gates = family_of(self.model_type).mlp_projections
         total = 0
         for layer in range(self.num_layers):
             if self.is_moe_layer(layer):
@@ -188,9 +188,11 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Builds a config from a Hugging Face ``config.json`` dictionary
-        (``jaxgen.config.hf_config``)."""
-        return cls.from_dict(model_config_fields(hf))
+        """Builds a config from a Hugging Face ``config.json`` dictionary, read by its family's
+        ``config_fields`` (``jaxgen.families``)."""
+        from jaxgen.families import family_of_hf  # plain Python, imported when first needed
+
+        return cls.from_dict(family_of_hf(hf).config_fields(hf))
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> ModelConfig:

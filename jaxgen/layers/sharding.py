@@ -1,6 +1,7 @@
 """Tensor parallelism with ``jax.sharding``: a ("data", "model") mesh, one logical-axis rule table.
 
-Every weight declares its logical axes once (``PARAM_LOGICAL_AXES``, by parameter path); the rule
+Every weight declares its logical axes once (``PARAM_LOGICAL_AXES``, by parameter path, and a
+family's own parameters in its ``logical_axes``, ``jaxgen.families``); the rule
 table (``LOGICAL_AXIS_RULES``) maps logical axes to mesh axes. Parameters are placed with
 ``NamedSharding`` as they load, through the loaders' ``place(path, array)`` hook, and the jitted
 step then runs SPMD over whatever shardings its inputs carry: q/k/v/gate/up are column-parallel,
@@ -23,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.config import ModelConfig
+from jaxgen.families import family_logical_axes
 from jaxgen.quantization.quantized_weight import QuantizedWeight, is_quantized
 
 
@@ -63,20 +65,9 @@ PARAM_LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"layers\.\d+\.mlp\.(gate|up)_proj\.bias", ("mlp",)),
     (r"layers\.\d+\.mlp\.down_proj\.kernel", ("mlp", "embed")),
     (r"layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.bias", ("embed",)),
-    (r"layers\.\d+\.self_attn\.[qk]_norm\.weight", (None,)),  # Qwen3, Gemma 3: per head_dim
-    # Gemma's four norms, Falcon's LayerNorms (weight and bias) and its ln_mlp.
-    (
-        r"(layers\.\d+\.(input|post_attention|pre_feedforward|post_feedforward|mlp)_layernorm"
-        r"|norm)\.(weight|bias)",
-        ("embed",),
-    ),
-    # Mixture of experts: router, stacked experts [E, in, out], Qwen2-MoE's shared expert.
-    (r"layers\.\d+\.mlp\.router\.kernel", ("embed", None)),
-    (r"layers\.\d+\.mlp\.experts\.(gate|up)_proj", ("expert", "embed", "expert_mlp")),
-    (r"layers\.\d+\.mlp\.experts\.down_proj", ("expert", "expert_mlp", "embed")),
-    (r"layers\.\d+\.mlp\.shared_expert\.(gate|up)_proj\.kernel", ("embed", "mlp")),
-    (r"layers\.\d+\.mlp\.shared_expert\.down_proj\.kernel", ("mlp", "embed")),
-    (r"layers\.\d+\.mlp\.shared_expert_gate\.kernel", ("embed", None)),
+    # The norms (LayerNorms have a bias too); a family's own (Gemma's feed-forward norms,
+    # q/k norms, experts) are in its module's ``logical_axes`` (jaxgen.families).
+    (r"(layers\.\d+\.(input|post_attention)_layernorm|norm)\.(weight|bias)", ("embed",)),
     (r"(local_|long_)?inv_freq", (None,)),
 )
 
@@ -84,14 +75,20 @@ PARAM_LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 KV_POOL_LOGICAL_AXES: tuple[str | None, ...] = ("kv_heads", None, None, None)
 
 
+def param_logical_axes() -> tuple[tuple[str, tuple[str | None, ...]], ...]:
+    """Every parameter rule: the shared ones, then each registered family's own."""
+    return PARAM_LOGICAL_AXES + family_logical_axes()
+
+
 def logical_axes(path: Sequence) -> tuple[str | None, ...]:
     """The logical axes declared for a parameter; ``ValueError`` for an undeclared one."""
     name = path_name(path)
-    for pattern, axes in PARAM_LOGICAL_AXES:
+    for pattern, axes in param_logical_axes():
         if re.fullmatch(pattern, name):
             return axes
     raise ValueError(
-        f"parameter {name!r} has no logical axes in jaxgen.layers.sharding.PARAM_LOGICAL_AXES"
+        f"parameter {name!r} has no logical axes in jaxgen.layers.sharding.PARAM_LOGICAL_AXES "
+        "or its family's logical_axes (jaxgen.families)"
     )
 
 

@@ -6,7 +6,7 @@ Tensors come out under Hugging Face names, with what llama.cpp's converter chang
 quantised tensors on their codes and scales alike); for Falcon it reorders the fused QKV rows
 from per-KV-head groups to all queries, all keys, all values (we restore the groups); for Gemma
 it stores every norm weight plus one (we subtract it); and it renames tensors per architecture
-(``jaxgen.loaders.gguf_names`` maps them back).
+(each family's module in ``jaxgen.families`` says what its converter does, and undoes it).
 
 ``get_tensor`` dequantises any tensor to float32 (``quantization="none"``). ``get_quantized``
 keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orientation
@@ -28,22 +28,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxgen.families import family_of_gguf
 from jaxgen.loaders.gguf_blocks import KEPT_TYPES, decode_blocks
-from jaxgen.loaders.gguf_names import (
-    GEMMA_ARCHITECTURES,
-    SUPPORTED_GGUF_ARCHITECTURES,
-    expert_tensor_names,
-    hf_tensor_name,
-)
 from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_weights_cache import GGUFWeightsCache
 from jaxgen.quantization import QuantizedWeight, pack_int4
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_QUANT_TYPES = (*FLOAT_TYPES, *KEPT_TYPES)  # KEPT_TYPES: kept exactly by get_quantized
-# Gemma-2/3 27B: llama.cpp scales queries by hidden / heads instead of head_dim (its model-size
-# rule, since GGUF has no query_pre_attn_scalar); keyed by (architecture, block count).
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 class GGUFFile:
@@ -60,22 +52,19 @@ class GGUFFile:
             ) from None
         self.path = path
         self.architecture = self.field("general.architecture")
-        if self.architecture not in SUPPORTED_GGUF_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported GGUF architecture {self.architecture!r}; supported: "
-                f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
-            )
+        self.family = family_of_gguf(self)  # ValueError for an architecture none registers
         _check_tensor_types(self.reader.tensors, path)
         self.tensors = {}  # HF name -> (GGUF tensor, expert index or None)
-        self._gguf_names = {tensor.name for tensor in self.reader.tensors}
+        self.gguf_names = gguf_names = {tensor.name for tensor in self.reader.tensors}
+        expert_names = self.family.gguf_expert_names
         for tensor in self.reader.tensors:
             # ggml order: the experts are the outermost axis, listed last.
-            experts = expert_tensor_names(tensor.name, self.architecture, int(tensor.shape[-1]))
-            if experts is not None:
+            experts = expert_names and expert_names(tensor.name, int(tensor.shape[-1]))
+            if experts:
                 for expert, name in enumerate(experts):
                     self.tensors[name] = (tensor, expert)
                 continue
-            name = hf_tensor_name(tensor.name, self.architecture, self._gguf_names)
+            name = self.family.gguf_tensor_name(tensor.name, gguf_names)
             self.tensors[name] = (tensor, None)
         self._stacked_cache: tuple[str, np.ndarray] | None = None
         self.weights_cache: GGUFWeightsCache | None = None  # opened at the first get_quantized
@@ -83,140 +72,18 @@ class GGUFFile:
     def field(self, key: str, default=None):
         return self.reader.fields.get(key, default)
 
+    def arch_field(self, key: str, default=None):
+        """The architecture's field ``key`` (``attention.head_count`` reads
+        ``{general.architecture}.attention.head_count``)."""
+        return self.field(f"{self.architecture}.{key}", default)
+
+    def vocab_size(self) -> int:
+        return self.arch_field("vocab_size") or len(self.field("tokenizer.ggml.tokens", []))
+
     def hf_config(self) -> dict:
-        """A HF ``config.json``-style dictionary from the GGUF metadata."""
-        arch = self.architecture
-        if arch == "falcon":
-            return self._falcon_config()
-        get = lambda k, d=None: self.field(f"{arch}.{k}", d)  # noqa: E731
-        num_heads = get("attention.head_count")
-        hidden = get("embedding_length")
-        vocab = get("vocab_size") or len(self.field("tokenizer.ggml.tokens", []))
-        config = {
-            "model_type": SUPPORTED_GGUF_ARCHITECTURES[arch],
-            "vocab_size": vocab,
-            "hidden_size": hidden,
-            "intermediate_size": get("feed_forward_length"),
-            "num_hidden_layers": get("block_count"),
-            "num_attention_heads": num_heads,
-            "num_key_value_heads": get("attention.head_count_kv", num_heads),
-            "head_dim": get("attention.key_length")
-            or get("rope.dimension_count")
-            or hidden // num_heads,
-            "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-5),
-            "rope_theta": get("rope.freq_base", 10000.0),
-            "max_position_embeddings": get("context_length", 4096),
-            "tie_word_embeddings": "lm_head.weight" not in self.tensors,
-            "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
-        }
-        scaling_type = get("rope.scaling.type")
-        if scaling_type == "linear":
-            config["rope_scaling"] = {
-                "rope_type": "linear",
-                "factor": get("rope.scaling.factor", 1.0),
-            }
-        sliding = get("attention.sliding_window")
-        if sliding:
-            config["sliding_window"] = sliding
-        if arch == "llama" and any(n.endswith("q_proj.bias") for n in self.tensors):
-            config["attention_bias"] = True
-        if arch in GEMMA_ARCHITECTURES:
-            config.update(self._gemma_config(config))
-        if arch == "phi3":
-            config.update(self._longrope_config(config))
-        if arch == "llama" and get("expert_count"):
-            config.update(
-                model_type="mixtral",
-                num_local_experts=get("expert_count"),
-                num_experts_per_tok=get("expert_used_count"),
-            )
-        if arch == "qwen3moe":
-            config.update(
-                num_experts=get("expert_count"),
-                num_experts_per_tok=get("expert_used_count"),
-                moe_intermediate_size=get("expert_feed_forward_length"),
-                norm_topk_prob=bool(get("expert_weights_norm", True)),  # llama.cpp's default
-            )
-        return config
-
-    def _falcon_config(self) -> dict:
-        """Falcon's ``config.json`` fields. llama.cpp runs every Falcon as parallel attention
-        and MLP without linear biases: 7B's multi-query layout, or 40B's grouped KV heads
-        (``new_decoder_architecture``) with a second LayerNorm when ``attn_norm_2`` exists. The
-        converter writes ``4 * hidden`` as the MLP width whatever the checkpoint's, so the width
-        is read from ``ffn_up``'s shape."""
-        get = lambda k, d=None: self.field(f"falcon.{k}", d)  # noqa: E731
-        num_heads = get("attention.head_count")
-        num_kv_heads = get("attention.head_count_kv", 1)
-        two_norms = "transformer.h.0.ln_attn.weight" in self.tensors
-        up = self.tensors["transformer.h.0.mlp.dense_h_to_4h.weight"][0]
-        return {
-            "model_type": "falcon",
-            "vocab_size": get("vocab_size") or len(self.field("tokenizer.ggml.tokens", [])),
-            "hidden_size": get("embedding_length"),
-            "ffn_hidden_size": int(up.shape[-1]),  # ggml order: [in, out]
-            "num_hidden_layers": get("block_count"),
-            "num_attention_heads": num_heads,
-            "num_kv_heads": num_kv_heads,
-            "multi_query": num_kv_heads == 1,
-            "new_decoder_architecture": num_kv_heads > 1 or two_norms,
-            "num_ln_in_parallel_attn": 2 if two_norms else 1,
-            "parallel_attn": True,
-            "alibi": False,
-            "bias": "transformer.h.0.self_attention.query_key_value.bias" in self.tensors,
-            "layer_norm_epsilon": get("attention.layer_norm_epsilon", 1e-5),
-            "rope_theta": get("rope.freq_base", 10000.0),
-            "max_position_embeddings": get("context_length", 2048),
-            "tie_word_embeddings": "lm_head.weight" not in self.tensors,
-            "bos_token_id": self.field("tokenizer.ggml.bos_token_id"),
-            "eos_token_id": self.field("tokenizer.ggml.eos_token_id"),
-        }
-
-    def _longrope_config(self, config: dict) -> dict:
-        """Phi-3's LongRoPE factors (stored as tensors) and original context."""
-        if "rope_factors_long.weight" not in self.tensors:
-            return {}
-        get = lambda k, d=None: self.field(f"phi3.{k}", d)  # noqa: E731
-        original = get("rope.scaling.original_context_length")
-        return {
-            "rope_scaling": {
-                "rope_type": "longrope",
-                "long_factor": self.get_tensor("rope_factors_long.weight").tolist(),
-                "short_factor": self.get_tensor("rope_factors_short.weight").tolist(),
-                "original_max_position_embeddings": original,
-                "attention_factor": get("rope.scaling.attn_factor"),
-            },
-            "original_max_position_embeddings": original,
-        }
-
-    def _gemma_config(self, config: dict) -> dict:
-        """Gemma 2/3 fields: soft caps, sliding layers, query scale, local RoPE base."""
-        arch = self.architecture
-        get = lambda k, d=None: self.field(f"{arch}.{k}", d)  # noqa: E731
-        layers = config["num_hidden_layers"]
-        pattern = get("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
-        if isinstance(pattern, int):
-            sliding = [bool((i + 1) % pattern) for i in range(layers)]
-        else:
-            sliding = [bool(x) for x in pattern]
-        scalar = config["head_dim"]
-        if layers == _GEMMA_27B_LAYERS[arch]:
-            scalar = config["hidden_size"] // config["num_attention_heads"]
-        out = {
-            "hidden_activation": "gelu_pytorch_tanh",
-            "query_pre_attn_scalar": scalar,
-            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-            "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
-        }
-        if arch == "gemma2":
-            out["attn_logit_softcapping"] = get("attn_logit_softcapping")
-            out["final_logit_softcapping"] = get("final_logit_softcapping")
-        else:
-            out["rope_local_base_freq"] = (
-                10000.0  # llama.cpp's fixed base of Gemma 3's local layers
-            )
-        return out
+        """A HF ``config.json``-style dictionary from the GGUF metadata (the family's
+        ``gguf_config``)."""
+        return self.family.gguf_hf_config(self)
 
     def get_tensor(self, name: str) -> np.ndarray:
         """Dequantised float32 tensor in HF layout (``[out, in]`` for linear weights)."""
@@ -230,8 +97,9 @@ class GGUFFile:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         shape = tuple(int(d) for d in reversed(tensor.shape))  # ggml order is innermost first
         array = self._unpermute(name, np.asarray(data, dtype=np.float32).reshape(shape))
-        if self.architecture in GEMMA_ARCHITECTURES and name.endswith("norm.weight"):
-            array = array - 1.0  # the converter stores Gemma's (1 + weight) norm scale
+        offset = self.family.gguf_norm_offset  # Gemma's converter stores (1 + weight)
+        if offset and name.endswith("norm.weight"):
+            array = array - offset
         return array
 
     def tensor_type(self, name: str) -> str:
@@ -280,18 +148,10 @@ class GGUFFile:
         )
 
     def _unpermute(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Q/K projection rows (first axis) of a llama GGUF back in HF's rotary layout; Falcon's
-        fused QKV rows back in HF's per-KV-head groups."""
-        if self.architecture == "falcon" and "query_key_value" in name:
-            heads = self.field("falcon.attention.head_count")
-            return _falcon_grouped_qkv(rows, heads, self.field("falcon.attention.head_count_kv", 1))
-        if self.architecture == "llama" and (
-            name.endswith("q_proj.weight") or name.endswith("k_proj.weight")
-        ):
-            kv = name.endswith("k_proj.weight")
-            heads = self.field(f"{self.architecture}.attention.head_count" + ("_kv" if kv else ""))
-            return _unpermute_rotary(rows, heads)
-        return rows
+        """Rows (first axis) of tensor ``name`` back in HF's order where the family's converter
+        reorders them (``gguf_rows``: llama's rotary Q/K permutation, Falcon's fused QKV)."""
+        reorder = self.family.gguf_rows
+        return rows if reorder is None else reorder(self, name, rows)
 
     def _stacked(self, tensor) -> np.ndarray:
         """A stacked expert tensor ``[E, out, in]``, dequantised once for its E reads."""
@@ -314,25 +174,3 @@ def _check_tensor_types(tensors, path: str) -> None:
                 f"GGUF file {path!r}: tensor {tensor.name!r} has quantization type {qtype}, "
                 f"which jaxgen does not load; supported: {', '.join(SUPPORTED_QUANT_TYPES)}"
             )
-
-
-def _falcon_grouped_qkv(rows: np.ndarray, num_heads: int, num_kv_heads: int) -> np.ndarray:
-    """Inverse of llama.cpp's Falcon QKV reorder: all query heads, all key heads, all value
-    heads back to per KV head its group of query heads, one key head, one value head."""
-    head_dim = rows.shape[0] // (num_heads + 2 * num_kv_heads)
-    rest = rows.shape[1:]
-    q_rows, k_rows = num_heads * head_dim, num_kv_heads * head_dim
-    q = rows[:q_rows].reshape(num_kv_heads, num_heads // num_kv_heads, head_dim, *rest)
-    k = rows[q_rows : q_rows + k_rows].reshape(num_kv_heads, 1, head_dim, *rest)
-    v = rows[q_rows + k_rows :].reshape(num_kv_heads, 1, head_dim, *rest)
-    return np.concatenate([q, k, v], axis=1).reshape(rows.shape)
-
-
-def _unpermute_rotary(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Inverse of llama.cpp's ``permute``: interleaved rotary pairs back to rotate-half halves."""
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )

@@ -3,11 +3,11 @@ LM head.
 
 Flax NNX; it knows nothing about batching strategy or parallelism: it takes a flat batch of
 tokens, their positions, the per-layer KV pages and the step's attention metadata, and returns
-hidden states plus the updated pages. What a family changes lives in its block module
-(``llama.py``, ``gemma.py``, ``falcon.py``, ``moe.py``); this module picks it by
-``config.model_type`` (:data:`FAMILY_BLOCKS`) and applies the few stack-level differences:
-Gemma's scaled embeddings and final-logit soft cap, LongRoPE's long/short choice, Gemma 3's
-local RoPE base on sliding layers.
+hidden states plus the updated pages. What a family's blocks change lives in a block module
+(``llama.py``, ``gemma.py``, ``falcon.py``, ``moe.py``); this module picks one by the family's
+``blocks`` (:data:`BLOCKS`; the family itself is declared in ``jaxgen.families``) and applies
+the few stack-level differences: Gemma's scaled embeddings and final-logit soft cap,
+LongRoPE's long/short choice, Gemma 3's local RoPE base on sliding layers.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.families import family_of
 from jaxgen.layers.attention import AttentionMetadata, row_sequences
 from jaxgen.layers.linear import (
     Embedding,
@@ -32,18 +33,10 @@ from jaxgen.models.llama import DecoderLayer, RMSNorm
 
 KVCache = list  # per layer: that layer's pool in the backend's layout
 
-# model_type -> (decoder layer, final norm)
-FAMILY_BLOCKS = {
+# A family's ``blocks`` (jaxgen.families) -> (decoder layer, final norm).
+BLOCKS = {
     "llama": (DecoderLayer, RMSNorm),
-    "mistral": (DecoderLayer, RMSNorm),
-    "qwen2": (DecoderLayer, RMSNorm),
-    "qwen3": (DecoderLayer, RMSNorm),
-    "phi3": (DecoderLayer, RMSNorm),
-    "mixtral": (DecoderLayer, RMSNorm),
-    "qwen3_moe": (DecoderLayer, RMSNorm),
-    "qwen2_moe": (DecoderLayer, RMSNorm),
-    "gemma2": (GemmaDecoderLayer, GemmaRMSNorm),
-    "gemma3_text": (GemmaDecoderLayer, GemmaRMSNorm),
+    "gemma": (GemmaDecoderLayer, GemmaRMSNorm),
     "falcon": (FalconDecoderLayer, LayerNorm),
 }
 
@@ -52,12 +45,8 @@ class CausalLM(nnx.Module):
     """Decoder stack plus LM head (tied to the embedding when the config says so)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
-        if config.model_type not in FAMILY_BLOCKS:
-            raise ValueError(
-                f"unsupported model_type {config.model_type!r}; supported: "
-                f"{', '.join(sorted(FAMILY_BLOCKS))}"
-            )
-        layer_class, norm_class = FAMILY_BLOCKS[config.model_type]
+        blocks = family_of(config.model_type).blocks  # ValueError for an unknown family
+        layer_class, norm_class = BLOCKS[blocks]
         self.config = config
         abstract = {"embedding_init": shape_only_initializer} if shapes_only(rngs) else {}
         self.embed_tokens = Embedding(
@@ -77,9 +66,7 @@ class CausalLM(nnx.Module):
                 config.hidden_size, config.vocab_size, bias=False, dtype=dtype, rngs=rngs
             )
         # Gemma scales embeddings by sqrt(hidden), rounded to the model's dtype as HF does.
-        self.embed_scale = (
-            config.hidden_size**0.5 if config.model_type.startswith("gemma") else None
-        )
+        self.embed_scale = config.hidden_size**0.5 if blocks == "gemma" else None
         # inv_freq, and LongRoPE's long_inv_freq / Gemma 3's local_inv_freq when configured.
         for name, table in rope_buffers(config).items():
             setattr(self, name, nnx.Variable(jnp.asarray(table)))

@@ -1,10 +1,10 @@
 """Hugging Face tensors (``{name: array}``, torch layout) to the Flax model's parameter state.
 
 Our parameter paths follow the Llama names for every family (``layers.3.self_attn.q_proj``,
-``layers.3.mlp.down_proj``), so the sharding rules and kernels see one vocabulary. This module
-maps each path to the family's checkpoint tensors (:func:`read_parameter`), which is where
-fused tensors are split (Phi-3's ``qkv_proj``/``gate_up_proj``, Falcon's ``query_key_value``)
-and per-expert tensors stacked (Mixtral, Qwen3-MoE).
+``layers.3.mlp.down_proj``), so the sharding rules and kernels see one vocabulary; each family's
+module (``jaxgen.families``) maps a path to its checkpoint's tensors (its ``read_parameter``:
+where Phi-3's and Falcon's fused tensors are split and experts stacked) and says which are
+one tensor each (its ``direct_name``: those a quantised checkpoint keeps as they are).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.families import family_of
+from jaxgen.families.checkpoint_names import TensorGetter
 from jaxgen.layers.linear import Embedding
 from jaxgen.layers.rope import rope_buffers
 from jaxgen.models.causal_lm import CausalLM
@@ -24,22 +26,7 @@ from jaxgen.quantization import QuantizedWeight, quantize_kernel, spec_for_path
 from jaxgen.quantization.quantize import with_int8_activations
 
 ArrayPlacer = Callable[[tuple, np.ndarray], jax.Array]
-TensorGetter = Callable[[str], np.ndarray]
 QuantizedGetter = Callable[[str], QuantizedWeight | None]
-
-_LEAF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
-# Our expert parameter -> (Mixtral's, Qwen3-MoE's) per-expert tensor name.
-_EXPERT_NAMES = {
-    "gate_proj": ("w1", "gate_proj"),
-    "up_proj": ("w3", "up_proj"),
-    "down_proj": ("w2", "down_proj"),
-}
-# Falcon: our module path -> its tensor's module path, within a layer.
-_FALCON_LAYER = {
-    "self_attn.o_proj": "self_attention.dense",
-    "mlp.up_proj": "mlp.dense_h_to_4h",
-    "mlp.down_proj": "mlp.dense_4h_to_h",
-}
 
 
 class ShapeOnlyKeys:
@@ -108,102 +95,10 @@ def _module_at(model: nnx.Module, path: tuple) -> object:
     return module
 
 
-def hf_name(path: tuple) -> str | None:
-    """HF tensor name of a Llama-named path such as ``('layers', 0, 'self_attn', 'q_proj',
-    'kernel')`` (None for RoPE tables, which are computed)."""
-    if path[-1].endswith("inv_freq"):
-        return None
-    if path[0] == "lm_head":
-        return "lm_head.weight" if path[-1] == "kernel" else "lm_head.bias"
-    parts = [str(p) for p in path[:-1]]
-    return "model." + ".".join(parts + [_LEAF[path[-1]]])
-
-
-def _torch_layout(path: tuple, array: np.ndarray) -> np.ndarray:
-    """torch Linear weight [out, in] -> Flax kernel [in, out]."""
-    return array.T if path[-1] == "kernel" else array
-
-
 def read_parameter(config: ModelConfig, path: tuple, get: TensorGetter) -> np.ndarray:
-    """The array of parameter ``path`` in our layout, read from the family's checkpoint names."""
-    family = config.model_type
-    if family == "falcon":
-        return _falcon_parameter(config, path, get)
-    if len(path) > 3 and path[2] == "mlp" and path[3] in ("router", "experts"):
-        return _moe_parameter(config, path, get)
-    if family == "phi3" and len(path) == 5:
-        fused = _phi3_fused(config, path)
-        if fused is not None:
-            name, start, stop = fused
-            return _torch_layout(path, np.asarray(get(name))[start:stop])
-    return _torch_layout(path, np.asarray(get(hf_name(path))))
-
-
-def _moe_parameter(config: ModelConfig, path: tuple, get: TensorGetter) -> np.ndarray:
-    layer, kind = path[1], path[3]
-    block = "block_sparse_moe" if config.model_type == "mixtral" else "mlp"
-    prefix = f"model.layers.{layer}.{block}"
-    if kind == "router":
-        return np.asarray(get(f"{prefix}.gate.weight")).T
-    name = _EXPERT_NAMES[path[4]][0 if config.model_type == "mixtral" else 1]
-    return np.stack(
-        [
-            np.asarray(get(f"{prefix}.experts.{e}.{name}.weight")).T
-            for e in range(config.moe.num_experts)
-        ]
-    )
-
-
-def _phi3_fused(config: ModelConfig, path: tuple) -> tuple[str, int, int] | None:
-    """(fused tensor, first row, end row) of a Phi-3 projection split at load."""
-    layer, module, proj = path[1], path[2], path[3]
-    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    f = config.intermediate_size
-    rows = {
-        ("self_attn", "q_proj"): (0, q),
-        ("self_attn", "k_proj"): (q, q + kv),
-        ("self_attn", "v_proj"): (q + kv, q + 2 * kv),
-        ("mlp", "gate_proj"): (0, f),
-        ("mlp", "up_proj"): (f, 2 * f),
-    }.get((module, proj))
-    if rows is None:
-        return None
-    fused = "qkv_proj" if module == "self_attn" else "gate_up_proj"
-    return f"model.layers.{layer}.{module}.{fused}.{_LEAF[path[-1]]}", *rows
-
-
-def _falcon_parameter(config: ModelConfig, path: tuple, get: TensorGetter) -> np.ndarray:
-    leaf = _LEAF[path[-1]]
-    if path[0] == "embed_tokens":
-        return np.asarray(get("transformer.word_embeddings.weight"))
-    if path[0] == "norm":
-        return np.asarray(get(f"transformer.ln_f.{leaf}"))
-    if path[0] == "lm_head":
-        return np.asarray(get("lm_head.weight")).T
-    layer, module = path[1], ".".join(str(p) for p in path[2:-1])
-    prefix = f"transformer.h.{layer}"
-    if module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-        fused = np.asarray(get(f"{prefix}.self_attention.query_key_value.{leaf}"))
-        return _torch_layout(path, _split_falcon_qkv(config, fused, module[-6]))
-    if module == "input_layernorm":
-        name = "ln_attn" if config.num_parallel_norms == 2 else "input_layernorm"
-    elif module == "mlp_layernorm":
-        name = "ln_mlp" if config.parallel_attention else "post_attention_layernorm"
-    else:
-        name = _FALCON_LAYER[module]
-    return _torch_layout(path, np.asarray(get(f"{prefix}.{name}.{leaf}")))
-
-
-def _split_falcon_qkv(config: ModelConfig, fused: np.ndarray, which: str) -> np.ndarray:
-    """Rows of ``q``, ``k`` or ``v`` from Falcon's fused QKV: per KV head, its group of query
-    heads, then one key head, then one value head (this covers multi-query, whose single group
-    is every query head, and the old per-head q/k/v interleave, whose groups are one head)."""
-    kv, hd = config.num_kv_heads, config.head_dim
-    group = config.num_heads // kv
-    grouped = fused.reshape(kv, group + 2, hd, *fused.shape[1:])
-    part = {"q": grouped[:, :group], "k": grouped[:, group : group + 1], "v": grouped[:, -1:]}
-    selected = part[which]
-    return selected.reshape(-1, *fused.shape[1:])
+    """The array of parameter ``path`` in our layout, read from the family's checkpoint names
+    (its ``read_parameter``)."""
+    return family_of(config.model_type).read_parameter(config, path, get)
 
 
 def params_from_hf_tensors(
@@ -308,7 +203,7 @@ def _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantiz
     checkpoint stores it when one tensor holds exactly this parameter, else quantised from its
     float array when ``quantization`` names a kind."""
     weight = None
-    name = _direct_name(config, path)
+    name = family_of(config.model_type).direct_name(config, path)
     if quantization in ("auto", "w4a8") and get_quantized is not None and name is not None:
         weight = get_quantized(name)  # kept as the checkpoint stores it
         if weight is not None and quantization == "w4a8":
@@ -321,16 +216,6 @@ def _quantized(config, path, kernel_shape, quantization, get_tensor, get_quantiz
         label = ".".join(map(str, path))
         raise ValueError(f"parameter {label!r} has shape {weight.shape}, expected {kernel_shape}")
     return weight
-
-
-def _direct_name(config: ModelConfig, path: tuple) -> str | None:
-    """The checkpoint tensor that is exactly parameter ``path`` (None when the family renames,
-    splits or stacks it: Falcon, Phi-3's fused projections, experts)."""
-    if config.model_type == "falcon" or (len(path) > 3 and path[3] in ("router", "experts")):
-        return None
-    if config.model_type == "phi3" and len(path) == 5 and _phi3_fused(config, path):
-        return None
-    return hf_name(path)
 
 
 def tensors_getter(tensors: Mapping[str, np.ndarray]) -> TensorGetter:

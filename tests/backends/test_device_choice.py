@@ -51,8 +51,10 @@ def test_auto_picks_per_device(device, backend, dtype):
 
 
 def test_families_float16_overflows_take_float32_without_bfloat16():
-    assert auto_dtype(T4, "gemma3") is jnp.float32 and auto_dtype(T4, "gemma2") is jnp.float32
-    assert auto_dtype(T4, "llama") is jnp.float16 and auto_dtype(A100, "gemma3") is jnp.bfloat16
+    assert auto_dtype(T4, "gemma3_text") is jnp.float32 and auto_dtype(T4, "gemma2") is jnp.float32
+    assert (
+        auto_dtype(T4, "llama") is jnp.float16 and auto_dtype(A100, "gemma3_text") is jnp.bfloat16
+    )
 
 
 def test_cpu_auto_falls_back_to_reference():

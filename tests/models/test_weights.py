@@ -10,10 +10,10 @@ import pytest
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.families.checkpoint_names import hf_name
 from jaxgen.models import weights
 from jaxgen.models.weights import (
     abstract_model,
-    hf_name,
     params_from_hf_tensors,
     quantisable_paths,
     tensors_getter,

@@ -18,10 +18,10 @@ from jaxgen.config import ModelConfig
 from jaxgen.layers.sharding import (
     KV_POOL_LOGICAL_AXES,
     LOGICAL_AXIS_RULES,
-    PARAM_LOGICAL_AXES,
     ShardingPlan,
     logical_axes,
     make_mesh,
+    param_logical_axes,
     path_name,
     resolve_rules,
 )
@@ -69,7 +69,7 @@ def test_every_parameter_declares_its_axes_once(overrides):
     _, state = abstract_model(tiny_config(**overrides), jnp.float32)
     for path, var in nnx.to_flat_state(state):
         name = path_name(path)
-        matches = [axes for pattern, axes in PARAM_LOGICAL_AXES if re.fullmatch(pattern, name)]
+        matches = [axes for pattern, axes in param_logical_axes() if re.fullmatch(pattern, name)]
         assert len(matches) == 1, name
         assert len(matches[0]) == var.get_value().ndim, name
         assert set(matches[0]) - {None} <= dict(LOGICAL_AXIS_RULES).keys()
@@ -339,7 +339,7 @@ def test_every_family_parameter_declares_its_axes_once(variant):
     _, state = abstract_model(config, jnp.float32)
     for path, var in nnx.to_flat_state(state):
         name = path_name(path)
-        matches = [axes for pattern, axes in PARAM_LOGICAL_AXES if re.fullmatch(pattern, name)]
+        matches = [axes for pattern, axes in param_logical_axes() if re.fullmatch(pattern, name)]
         assert len(matches) == 1, name
         assert len(matches[0]) == var.get_value().ndim, name
 
