@@ -50,7 +50,7 @@ def random_model(layers: int, hidden: int):
     from jaxgen.loaders import LoadedModel
     from jaxgen.loaders.default_model import default_model_path
     from jaxgen.loaders.tokenizer import load_tokenizer
-    from jaxgen.models.llama import LlamaForCausalLM
+    from jaxgen.models import CausalLM
 
     gguf = default_model_path()
     tokenizer = load_tokenizer(gguf)
@@ -65,7 +65,7 @@ def random_model(layers: int, hidden: int):
         tie_word_embeddings=True,
         eos_token_ids=(tokenizer.eos_token_id,),
     )
-    graphdef, params = nnx.split(LlamaForCausalLM(config, dtype=jnp.float32, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(CausalLM(config, dtype=jnp.float32, rngs=nnx.Rngs(0)))
     return LoadedModel(config, graphdef, params, tokenizer, "random", jnp.float32, 0.0)
 
 

@@ -24,6 +24,7 @@ def main() -> None:
     import jax
 
     from jaxgen import LLM, SamplingParams
+    from jaxgen.engine.step.call_times import CallTimes
 
     llm = LLM(max_model_len=512, kv_cache_memory=512 << 20, quantization=args.quantization)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
@@ -37,38 +38,27 @@ def main() -> None:
     print(f"quantization {args.quantization}: the step passes {arrays} parameter arrays "
           f"({len(leaves)} leaves) and {kv} KV pool arrays")  # fmt: skip
 
-    dispatch, wait = [], []
-    step, device_get = runner._step, jax.device_get
-
-    def timed_step(*a, **k):
-        start = time.perf_counter()
-        result = step(*a, **k)
-        dispatch.append(time.perf_counter() - start)
-        return result
-
-    def timed_get(tree):
-        start = time.perf_counter()
-        result = device_get(tree)
-        wait.append(time.perf_counter() - start)
-        return result
-
-    runner._step = timed_step
-    jax.device_get = timed_get
+    # The runner adds each dispatch's and each result wait's time to its ``call_times``; the
+    # engine's observers count the steps.
+    spent = runner.call_times = CallTimes()
+    steps = []
+    unsubscribe = llm.engine.observers.add(steps.append)
     rows = []
     try:
         for _ in range(args.repeats):
-            dispatch.clear()
-            wait.clear()
+            spent.reset()
+            steps.clear()
             start = time.perf_counter()
             out = llm.chat(messages, params, use_tqdm=False)
             wall = time.perf_counter() - start
-            steps = len(dispatch)
+            count = sum(event.num_steps for event in steps)
             tokens = len(out[0].outputs[0].token_ids)
-            rows.append((wall / steps, sum(dispatch) / steps, sum(wait) / steps, tokens / wall))
+            rows.append((wall / count, spent.dispatch / count, spent.wait / count, tokens / wall))
             print("per step: wall {:.2f} ms, dispatch {:.2f} ms, result wait {:.2f} ms; "
                   "{:.1f} tok/s".format(*(v * 1e3 for v in rows[-1][:3]), rows[-1][3]))  # fmt: skip
     finally:
-        runner._step, jax.device_get = step, device_get
+        unsubscribe()
+        runner.call_times = None
     best = min(rows)
     print("best: wall {:.2f} ms, dispatch {:.2f} ms, result wait {:.2f} ms; {:.1f} tok/s".format(
         *(v * 1e3 for v in best[:3]), best[3]))  # fmt: skip

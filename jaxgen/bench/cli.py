@@ -39,7 +39,7 @@ cmd_peers = _command("cmd_peers")
 def add_parser(subparsers) -> None:
     """Adds ``bench`` and its subcommands to the ``jaxgen`` command line."""
     bench = subparsers.add_parser("bench", help="benchmarks: offline, sweep, compare, peers")
-    sub = bench.add_subparsers(dest="bench_command", required=True)
+    sub = bench.add_subparsers(dest="bench_command", required=True, parser_class=OptionsParser)
 
     _subcommand(sub, "offline", "offline throughput of LLM.generate", cmd_offline)
     sweep = _subcommand(
@@ -122,6 +122,20 @@ def add_parser(subparsers) -> None:
     peers.add_argument("--llama-cpp-bin", default=None, help="folder with llama-batched-bench")
     peers.add_argument("--llama-cpp-types", default="F32,F16", help="requantisations to run")
     peers.add_argument("--llama-cpp-work-dir", default="/tmp/jaxgen-bench-llamacpp")
+
+
+class OptionsParser(argparse.ArgumentParser):
+    """An argument parser that lists the options added to it (``options``: argparse keeps its
+    own list private), so a command can rebuild its command line from the parsed values."""
+
+    def __init__(self, *args, **kwargs):
+        self.options: list[argparse.Action] = []  # before argparse adds its --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.options.append(action)
+        return action
 
 
 def _subcommand(sub, name: str, summary: str, func, *, workload: bool = True, **engine_flags):

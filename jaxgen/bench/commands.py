@@ -28,7 +28,7 @@ def command_of(args: argparse.Namespace) -> str:
     if "bench" in argv[1:3]:
         return results.command_line(argv)
     parts = ["jaxgen", "bench", args.bench_command]
-    for action in args.parser._actions:
+    for action in args.parser.options:
         if not action.option_strings or action.dest in ("help",):
             continue
         value = getattr(args, action.dest, None)

@@ -6,6 +6,7 @@ import dataclasses
 
 from jaxgen.sampling_params import SamplingParams
 from serving.common import encode_text, random_seed
+from serving.sampling_fields import defaults_for_absent, read_tgi_fields
 from serving.structured_output_requests import tgi_grammar
 from serving.validation import (
     Fields,
@@ -57,12 +58,9 @@ def parse_request(state, body: dict) -> TgiRequest:
     p.unsupported("watermark", allowed=lambda v: v is False)
     p.unsupported("typical_p", allowed=lambda v: isinstance(v, (int, float)) and v >= 1.0)
     max_new_tokens = p.integer("max_new_tokens", minimum=1)
-    temperature = p.number("temperature", minimum=0.0)
-    top_k = p.integer("top_k", minimum=0)
-    top_p = p.number("top_p", minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    plain = read_tgi_fields(p)  # temperature, top_k, top_p, repetition and frequency penalties
+    temperature, top_k, top_p = plain["temperature"], plain["top_k"], plain["top_p"]
     do_sample = p.boolean("do_sample", False)
-    repetition_penalty = p.number("repetition_penalty", minimum=0.0, exclusive_minimum=True)
-    frequency_penalty = p.number("frequency_penalty", minimum=-2.0, maximum=2.0)
     stop = p.string_list("stop", max_items=limits.max_stop_sequences)
     seed = p.seed()
     details = p.boolean("details", False)
@@ -97,14 +95,13 @@ def parse_request(state, body: dict) -> TgiRequest:
     check_best_of(p, best_of, sampling, seed)
     if sampling and seed is None:
         seed = random_seed()
+    plain = defaults_for_absent(plain)
+    if not sampling:
+        plain["temperature"] = 0.0
     params = build_sampling_params(
         PARAM_NAMES,
+        **plain,
         max_tokens=max_new_tokens,
-        temperature=(temperature if temperature is not None else 1.0) if sampling else 0.0,
-        top_k=top_k or 0,
-        top_p=top_p if top_p is not None else 1.0,
-        repetition_penalty=repetition_penalty or 1.0,
-        frequency_penalty=frequency_penalty or 0.0,
         stop=stop,
         seed=seed if sampling else None,
         logprobs=top_n_tokens,

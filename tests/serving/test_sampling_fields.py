@@ -42,3 +42,36 @@ def test_responses_take_every_plain_field(http):
     assert answer.json()["usage"]["output_tokens"] == 6
     refused = http.post("/v1/responses", json={**body, "min_p": 2})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "min_p"
+
+
+TGI_VALUES = {
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": 7,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.2,
+}
+
+
+def test_tgi_reads_its_fields_from_the_table():
+    """The rows marked ``tgi`` are what TGI's ``parameters`` take, each reaching the
+    ``SamplingParams`` under TGI's bounds (temperature above 2, top_k from 0)."""
+    from serving.sampling_fields import defaults_for_absent, read_tgi_fields
+
+    assert {field.name for field in PLAIN_FIELDS if field.tgi} == set(TGI_VALUES)
+    values = read_tgi_fields(Fields(TGI_VALUES, "parameters"))
+    assert values == TGI_VALUES
+    assert read_tgi_fields(Fields({"temperature": 3.0}, "parameters"))["temperature"] == 3.0
+    absent = defaults_for_absent(read_tgi_fields(Fields({}, "parameters")))
+    assert SamplingParams(**absent) == SamplingParams()
+    with pytest.raises(RequestError) as error:
+        read_tgi_fields(Fields({"top_k": -1}, "parameters"))
+    assert error.value.param == "parameters.top_k"
+
+
+def test_tgi_generate_takes_every_tgi_field(http):
+    body = {"inputs": "Hi", "parameters": {**TGI_VALUES, "max_new_tokens": 3, "seed": 1}}
+    answer = http.post("/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    refused = http.post("/generate", json={"inputs": "Hi", "parameters": {"top_p": 0}})
+    assert refused.status_code in (400, 422) and "top_p" in refused.text

@@ -120,13 +120,14 @@ def test_no_compiles_after_precompile(self_draft, prompts):
 
 
 def test_failing_draft_engine_stops_speculation(other_draft, prompts, params, expected):
-    """A draft engine that fails stops proposing; the target decodes on, output unchanged."""
+    """A draft engine whose device fails stops proposing; the target decodes on, output
+    unchanged."""
     proposer = other_draft.engine.speculator.proposer
 
-    def fail():
+    def fail(params, pool):  # the draft runner's after-step hook: its device fails
         raise RuntimeError("draft device lost")
 
-    proposer.engine.step = fail
+    proposer.engine.runner.after_step = fail
     drafts = other_draft.stats()["spec_decode_num_drafts"]
     check_identical(other_draft, prompts, params, expected[0])
     assert proposer.failed
