@@ -13,8 +13,8 @@ from flax import nnx
 
 from benchmarks.gpu.word_tokenizer import word_tokenizer
 from jaxgen.config import ModelConfig
+from jaxgen.config.loaded_model import LoadedModel
 from jaxgen.layers.rope import inverse_frequencies
-from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.models.weights import abstract_model
 
 WEIGHT_STD = 0.02

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.config.loaded_model import LoadedModel
+
 METHODS = ("ngram", "draft_model")
 # Draft tokens verified per sequence and step, at most: the verify row (k + 1 tokens) must fit
 # the step's token budget beside the other rows; vLLM's n-gram default is far below this.
@@ -100,8 +102,8 @@ def _draft_model(config: dict, model, k: int) -> SpeculativeConfig:
             raise ValueError(f"speculative_config.{key} applies to method 'ngram' only")
     if model is None:
         raise ValueError("speculative_config.model is required with method 'draft_model'")
-    loaded = all(hasattr(model, name) for name in ("config", "graphdef", "params", "tokenizer"))
-    if not isinstance(model, str) and not loaded:  # a LoadedModel (the loaders sit above)
+    loaded = isinstance(model, LoadedModel)
+    if not isinstance(model, str) and not loaded:
         raise ValueError(
             "speculative_config.model must be a path, an alias or a loaded model, "
             f"got {type(model).__name__}"

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 
 from jaxgen.backends.device_choice import auto_dtype, local_device
 from jaxgen.config import ModelConfig
+from jaxgen.config.loaded_model import LoadedModel
 from jaxgen.loaders.default_model import DEFAULT_MODEL_ALIASES, default_model_path
 from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.loaders.hf_checkpoint import hf_tensor_getter, load_hf_config
 from jaxgen.loaders.hub_download import download_model, parse_hub_id
 from jaxgen.loaders.hub_files import HubModelError
-from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.orbax_checkpoint import METADATA_FILE, load_orbax
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import params_from_hf_tensors

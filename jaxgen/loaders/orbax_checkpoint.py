@@ -20,8 +20,8 @@ import numpy as np
 from flax import nnx
 
 from jaxgen.config import ModelConfig
+from jaxgen.config.loaded_model import LoadedModel
 from jaxgen.layers.sharding import path_name
-from jaxgen.loaders.loaded_model import LoadedModel
 from jaxgen.loaders.tokenizer import load_tokenizer
 from jaxgen.models.weights import abstract_model
 

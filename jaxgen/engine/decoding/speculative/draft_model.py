@@ -57,7 +57,7 @@ def load_draft(speculative: SpeculativeConfig, target):
     from jaxgen.loaders import LoadedModel, load_model
 
     model = speculative.model
-    if not isinstance(model, LoadedModel):
+    if not isinstance(model, LoadedModel):  # a path or an alias (SpeculativeConfig checked)
         model = load_model(model, dtype=target.dtype, quantization=speculative.quantization)
     check_vocabulary(model, target)
     return model

@@ -1,10 +1,12 @@
-"""``LoadedModel``: what every loader returns and every engine runs."""
+"""``LoadedModel``: what every loader returns and every engine runs (``jaxgen.loaders``
+makes one; it sits here, with the config it carries, so that settings below the loaders, a
+draft model's among them, can name it)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from jaxgen.config import ModelConfig
+from jaxgen.config.model_config import ModelConfig
 
 
 @dataclasses.dataclass
