@@ -17,34 +17,31 @@ from benchmarks.gpu.floors import device_busy_seconds, median, trace_file_events
 
 
 class DecodeCapture:
-    """Wraps ``runner.dispatch`` to keep the arguments of the single decode-only step with the
-    most decode rows (the latest of those). Not the last one: when prefill takes several steps,
-    requests start and finish a few steps apart, and the last steps hold only the requests
-    admitted last (on an H200 at batch 64 the last step replayed below the batch-64 floor).
-    Steps dispatched with asynchronous scheduling's previous feed are not kept."""
+    """Keeps, through the runner's ``before_dispatch`` hook, the arguments of the single
+    decode-only step with the most decode rows (the latest of those). Not the last one: when
+    prefill takes several steps, requests start and finish a few steps apart, and the last
+    steps hold only the requests admitted last (on an H200 at batch 64 the last step replayed
+    below the batch-64 floor). Steps dispatched with asynchronous scheduling's previous feed
+    are not kept."""
 
     def __init__(self, runner):
         self.runner = runner
-        self.original = runner.dispatch
         self.arrays = None
         self.decode_rows = 0
-        runner.dispatch = self._dispatch
+        runner.before_dispatch = self._dispatched
 
-    def _dispatch(self, arrays, prompt_targets=None, *args, **kwargs):
-        # args: asynchronous scheduling's (from_previous, previous_tokens)
+    def _dispatched(self, arrays, prompt_targets, num_steps: int, takes_feed: bool) -> None:
         live = arrays[2].live_rows  # [[0, decode rows], [decode rows, all rows]]
-        single = kwargs.get("num_steps", 1) == 1 and prompt_targets is None
-        single = single and all(arg is None for arg in args)
+        single = num_steps == 1 and prompt_targets is None and not takes_feed
         if single and live is not None and live[0][1] > 0 and live[1][0] == live[1][1]:
             if live[0][1] >= self.decode_rows:
                 self.arrays, self.decode_rows = arrays, int(live[0][1])
-        return self.original(arrays, prompt_targets, *args, **kwargs)
 
     def release(self) -> None:
-        """Puts the runner's own ``dispatch`` back and lets go of it (the wrapper and the
-        runner refer to each other: without this the old KV pool outlives its engine)."""
+        """Unhooks the runner and lets go of it (the hook and the runner refer to each other:
+        without this the old KV pool outlives its engine)."""
         if self.runner is not None:
-            del self.runner.dispatch
+            self.runner.before_dispatch = None
         self.runner = self.arrays = None
 
     def replay_seconds(self, steps: int) -> float | None:
@@ -52,10 +49,12 @@ class DecodeCapture:
         time once the host runs ahead; the step rewrites the same pool slots each time)."""
         if self.arrays is None:
             return None
-        jax.block_until_ready(self.original(self.arrays).result)
+        dispatch = self.runner.dispatch
+        self.runner.before_dispatch = None  # the replays are not candidates
+        jax.block_until_ready(dispatch(self.arrays).result)
         start = time.perf_counter()
         for _ in range(steps):
-            last = self.original(self.arrays)
+            last = dispatch(self.arrays)
         jax.block_until_ready(last.result)
         return (time.perf_counter() - start) / steps
 
@@ -65,19 +64,7 @@ class DecodeCapture:
         if self.arrays is None:
             return None
         runner = self.runner
-        *inputs, sampling = self.arrays
-        args = (runner._param_arrays, runner.kv_cache, *inputs)
-        kwargs = dict(
-            head=None,
-            sample_rows=runner.sampling_shapes.fit(sampling).temperature.shape[0],
-            flat_params=runner._flat_params,
-        )
-        targets = None if runner.per_batch_executables else runner._no_targets(len(inputs[0]))
-        # The executable the step ran (from the executable store on one CPU), else the jit's.
-        stored = getattr(runner._step, "stored", None)
-        compiled = stored(*args, targets, **kwargs) if stored is not None else None
-        if compiled is None:
-            compiled = runner._step.lower(*args, targets, **kwargs).compile()
+        compiled = runner.compiled_step(self.arrays)
         analysis = compiled.memory_analysis()
         fields = (
             "temp_size_in_bytes",

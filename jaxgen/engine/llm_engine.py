@@ -68,6 +68,11 @@ class LLMEngine(Engine):
         self.multi_step_calls = 0  # calls that ran num_scheduler_steps decode steps
         self._last_read = 0.0
         self.observers = StepObservers()  # told of each step that ran (``StepEvent``)
+        # Called with a host stage's name, "launch" as a step's batch is built and "postprocess"
+        # as its tokens are handed on: a hook for tests and fault matrices to fail a step there
+        # as a host error would (it may raise). The device's: the runner's after_step and
+        # before_fetch.
+        self.fault_hook = None
         self._compiles_seen = compile_count()
         if config.precompile:
             self.precompile()
@@ -159,8 +164,9 @@ class LLMEngine(Engine):
 
         The step runs in the mode ``step_mode()`` picks (``jaxgen.engine.step.step_modes``): plain or
         multi-step, asynchronous step-ahead, or speculative verify; each is made of the public
-        stages below. If running the step raises, the engine recovers (``recover``) and raises
-        ``StepFailed`` naming the requests of that step, which it has failed; the others go on.
+        stages below. If launching, reading or post-processing the step raises, the engine
+        recovers (``recover``) and raises ``StepFailed`` naming the requests of that step (and of
+        the step in flight), which it has failed and freed; the others go on.
         ``EngineDeadError`` means it could not recover: every later step raises it too.
         """
         if self.dead is not None:
@@ -230,6 +236,8 @@ class LLMEngine(Engine):
         """The step's host batch: a sampling row for each sequence the step completes (its
         request's, unless ``rows`` gives them by seq_id), block tables covering ``lookahead``
         tokens more (multi-step decoding), the grammars' masks attached."""
+        if self.fault_hook is not None:
+            self.fault_hook("launch")
         if rows is None:
             rows = {
                 item.seq.seq_id: self.seq_to_request[item.seq.seq_id].sampling_row(item.seq)
@@ -291,7 +299,16 @@ class LLMEngine(Engine):
         single steps would (stops, finishes; a sequence's tokens after its stop are dropped).
         ``got_token``: the sequences the scheduler advanced with a pending token before the
         step was read (asynchronous scheduling); their tokens are put in place. Sequences that
-        ended meanwhile are skipped. Returns the outputs ``report`` gives."""
+        ended meanwhile are skipped. Returns the outputs ``report`` gives. A failure recovers
+        (the step still in flight, if any, fails with it) and raises as ``step`` does: the
+        step's requests were left part-way, so they are failed, not kept."""
+        try:
+            return self._hand_on(result, current, got_token)
+        except Exception as error:
+            raise self.recover(merged(current.scheduled, self.executor.take()), error) from error
+
+    def _hand_on(self, result: StepResult, current: DispatchedStep, got_token) -> list:
+        """``postprocess``' work."""
         for seq_id, entries in result.prompt_logprobs.items():
             if seq_id in self.seq_to_request:  # not aborted while its step was in flight
                 self.seq_to_request[seq_id].on_prompt_logprobs(entries)
@@ -313,6 +330,8 @@ class LLMEngine(Engine):
     def advance(self, got_token, logprobs) -> dict[str, Request]:
         """Each sequence's new token to its request: stops, grammar, length. Returns the
         requests that moved, by id."""
+        if self.fault_hook is not None:
+            self.fault_hook("postprocess")
         moved: dict[str, Request] = {}
         seq_to_request, matchers = self.seq_to_request, self.grammars.matchers
         for seq in got_token:
@@ -338,11 +357,13 @@ class LLMEngine(Engine):
 
     def report(self, moved: dict[str, Request]) -> list[RequestOutput]:
         """The outputs of the requests that moved in a step (once each; a ``FINAL_ONLY``
-        request's only when it finished); finished requests are let go."""
+        request's only when it finished); finished requests are let go, once every output is
+        made (a failure before leaves them all to ``recover``, none let go unheard)."""
         outputs = []
         for request in moved.values():
             if request.finished or request.params.output_kind != RequestOutputKind.FINAL_ONLY:
                 outputs.append(request.output())
+        for request in moved.values():
             if request.finished:
                 self.requests.pop(request.request_id, None)
                 for seq in request.seqs:

@@ -86,6 +86,13 @@ class ModelRunner:
         # Called with the parameter arrays and the new pool after each jitted step: a hook for
         # tests and fault matrices to fail a step as the device would (it may delete them).
         self.after_step = None
+        # Called the same way as a step's result is about to be read: where a device error
+        # surfaces, the step having consumed the donated pool (the same hook's uses).
+        self.before_fetch = None
+        # Called with each step's arguments as it is dispatched (``arrays``, ``prompt_targets``,
+        # ``num_steps``, and whether its rows take the step before's feed): a hook for a
+        # benchmark that keeps a step to replay it (``benchmarks/gpu/engine_run.py``).
+        self.before_dispatch = None
         self.sampling_shapes = SamplingShapes(
             vocab_size=self.config.vocab_size,
             max_model_len=max_model_len,
@@ -139,6 +146,8 @@ class ModelRunner:
         """Starts the step of ``execute`` without waiting for it (``_launch``); ``fetch``
         waits. With ``call_times`` set, the call's time is added to it."""
         args = (arrays, prompt_targets, from_previous, previous_tokens, num_steps)
+        if self.before_dispatch is not None:
+            self.before_dispatch(arrays, prompt_targets, num_steps, previous_tokens is not None)
         if self.call_times is None:
             return self._launch(*args)
         with self.call_times.measure("dispatch"):
@@ -200,10 +209,30 @@ class ModelRunner:
 
     def fetch(self, step: InFlight) -> tuple[SamplerOutput, PromptLogprobsOutput | None]:
         """The result of a dispatched step, as ``execute`` returns it (waits for the step)."""
+        if self.before_fetch is not None:  # a test's or a fault matrix's hook: it may raise
+            self.before_fetch(self._param_arrays, self.kv_cache)
         if self.call_times is None:
             return jax.device_get((step.result, step.prompt))
         with self.call_times.measure("wait"):
             return jax.device_get((step.result, step.prompt))
+
+    def compiled_step(self, arrays: tuple):
+        """The compiled executable that runs the single step of ``dispatch(arrays)`` (a step
+        without prompt logprobs or the step before's feed): the executable store's, else the
+        jit's, compiled now. For its memory analysis."""
+        *inputs, sampling = arrays
+        args = (self._param_arrays, self.kv_cache, *inputs)
+        kwargs = dict(
+            head=None,
+            sample_rows=self.sampling_shapes.fit(sampling).temperature.shape[0],
+            flat_params=self._flat_params,
+        )
+        targets = None if self.per_batch_executables else self._no_targets(len(inputs[0]))
+        stored = getattr(self._step, "stored", None)
+        compiled = stored(*args, targets, **kwargs) if stored is not None else None
+        if compiled is None:
+            compiled = self._step.lower(*args, targets, **kwargs).compile()
+        return compiled
 
     def _no_targets(self, num_tokens: int):
         """[T] int32 of -1: no row wants prompt logprobs (on the device once per bucket)."""

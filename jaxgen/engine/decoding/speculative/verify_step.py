@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import time
 
-import jax
-
 from jaxgen.engine.compiled.compile_counter import compile_count
 from jaxgen.engine.decoding.speculative.grammar_drafts import constrain_drafts, with_bonus_masks
 from jaxgen.engine.decoding.speculative.speculator import Draft
@@ -66,7 +64,7 @@ def speculative_step(engine) -> list[RequestOutput]:
         if verify is not None:
             batch, offset = engine.verify_shapes.merged(batch, verify)
         step = engine.executor.launch(batch, scheduled, start).step
-        output, prompt_output = jax.device_get((step.result, step.prompt))
+        output, prompt_output = engine.runner.fetch(step)
     except Exception as error:
         _strip(drafts)
         raise engine.recover(scheduled, error) from error
@@ -74,13 +72,25 @@ def speculative_step(engine) -> list[RequestOutput]:
     engine.record_step(start, len(scheduled.scheduled), mode="verify")
     if compile_count() == compiles:  # a step that compiled says nothing of its cost
         _observe_cost(engine, scheduled, drafts, seconds)
+    try:
+        return _hand_on(engine, scheduled, drafts, batch, (verify, output, offset, prompt_output))
+    except Exception as error:  # its sequences were left part-way: they fail, not kept
+        _strip(drafts)  # a draft not verified yet leaves its sequence (preempted, cut)
+        raise engine.recover(scheduled, error) from error
+
+
+def _hand_on(engine, scheduled, drafts, batch: StepBatch, verified) -> list[RequestOutput]:
+    """The read verify step's tokens handed on (``verified``: its ``VerifyRows``, sampler
+    output, first draft row and prompt logprobs): each draft's accepted prefix kept and the
+    rejected tokens' slots rolled back, then one token at a time through ``advance``."""
+    verify, output, offset, prompt_output = verified
     tokens, logprobs = unpack(batch, output)
     if batch.prompt is not None and batch.prompt.spans:
         for seq_id, entries in unpack_prompt_logprobs(batch.prompt, prompt_output).items():
             engine.seq_to_request[seq_id].on_prompt_logprobs(entries)
     drafted = {draft.seq.seq_id: draft for draft in drafts}
     plain = {seq_id: token for seq_id, token in tokens.items() if seq_id not in drafted}
-    got_token = scheduler.postprocess(scheduled, plain)
+    got_token = engine.scheduler.postprocess(scheduled, plain)
     kept = {}
     for draft in drafts:
         kept[draft.seq.seq_id] = _accept(engine, draft, verify, (output, offset), tokens, logprobs)
