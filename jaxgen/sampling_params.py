@@ -42,7 +42,9 @@ class SamplingParams:
         temperature, top_k (0 or -1 = off), top_p, min_p: the usual sampling filters.
         repetition_penalty (1 = off), presence_penalty, frequency_penalty (0 = off).
         seed: per-request seed; the same seed gives the same tokens whatever the batch.
-        stop: strings that end generation (matched on text, excluded from the output).
+        stop: strings that end generation (matched on text, excluded from the output unless
+            ``include_stop_str_in_output``).
+        include_stop_str_in_output: keep the stop string that ended generation in the text.
         stop_token_ids: token ids that end generation (besides EOS unless ``ignore_eos``).
         ignore_eos: keep generating past EOS.
         logprobs: if an int k, return per generated token the sampled token's logprob plus the top k.
@@ -70,6 +72,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True

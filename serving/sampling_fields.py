@@ -70,6 +70,7 @@ PLAIN_FIELDS = (
     ),
     PlainField("min_tokens", "integer", 0, 0, neutral=(0,)),
     PlainField("ignore_eos", "boolean", False),
+    PlainField("include_stop_str_in_output", "boolean", False),
     PlainField("skip_special_tokens", "boolean", True),
 )
 PLAIN_NAMES = tuple(field.name for field in PLAIN_FIELDS)

@@ -131,6 +131,15 @@ def test_stop_string(oai):
     )
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].text == text[: text.index(stop)]
+    kept = oai.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].text == text[: text.index(stop) + len(stop)]
 
 
 def test_completion_prompt_list_and_token_ids(server, oai):

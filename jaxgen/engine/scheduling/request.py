@@ -142,7 +142,8 @@ class Request:
             hits = [(pos, s) for pos, s in hits if pos >= 0]
             if hits:
                 pos, stop = min(hits)
-                self.texts[i] = text[:pos]
+                kept = len(stop) if self.params.include_stop_str_in_output else 0
+                self.texts[i] = text[: pos + kept]
                 self.stop_reasons[i] = stop
                 return "stop"
         if num_generated >= seq.max_tokens:

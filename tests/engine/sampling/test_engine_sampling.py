@@ -68,6 +68,19 @@ def test_stop_string_cut_across_token_boundaries(llm, smollm2_tokenizer):
     assert cut.finish_reason == "stop"
     assert cut.text == text[: text.find(stop)]
     assert cut.outputs[0].stop_reason == stop
+    kept = llm.generate(
+        PROMPTS[2],
+        SamplingParams(
+            max_tokens=30,
+            temperature=0.0,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=True,
+        ),
+        use_tqdm=False,
+    )[0]
+    assert kept.text == text[: text.find(stop) + len(stop)]
+    assert kept.outputs[0].stop_reason == stop
 
 
 def test_stop_token_ids_and_min_tokens(llm):
