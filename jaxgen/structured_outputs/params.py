@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json as json_module
 
+from jaxgen.structured_outputs.dependencies import enforced_dependencies
 from jaxgen.structured_outputs.strict_schemas import strict_schema
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -98,10 +99,13 @@ class StructuredOutputsParams:
         lenient = "(lenient)" if self.kind == "json" and not self.strict else ""
         return self.kind + lenient + ":" + json_module.dumps(value, sort_keys=True)
 
-    def schema(self):
-        """The JSON schema a ``json`` constraint compiles: strict unless ``strict`` is False."""
+    def schema(self, dependencies: bool = True):
+        """The JSON schema a ``json`` constraint compiles: strict unless ``strict`` is False;
+        with ``dependencies``, its property dependencies said in keywords llguidance enforces
+        (``jaxgen.structured_outputs.dependencies``), else left as they are."""
         value = json_module.loads(self.json) if isinstance(self.json, str) else self.json
-        return strict_schema(value) if self.strict else value
+        value = strict_schema(value) if self.strict else value
+        return enforced_dependencies(value) if dependencies else value
 
 
 def _is_set(kind: str, value) -> bool:

@@ -1,14 +1,16 @@
 """JSON Schema keywords llguidance cannot enforce, read leniently and said so.
 
 llguidance refuses a schema with a keyword it does not implement (``not``, ``if``/``then``/
-``else``, ``dependencies``, ``dependentRequired``, ``uniqueItems``, ``contains``,
-``propertyNames``...), a ``format`` it does not know, a ``oneOf`` whose branches it cannot prove
-disjoint, or ``minProperties``/``maxProperties`` beside optional properties. vLLM's ``guidance``
-backend hands llguidance the schema as it is and refuses these. jaxgen compiles such a schema a
-second time with llguidance's ``lenient`` option (``RELAXED_OPTIONS``): the keywords it cannot
-enforce are left out (each only narrows what a schema admits: the grammar admits a superset) and
-``oneOf`` is read as ``anyOf``. Everything else in the schema is still enforced, but an output may
-then break what was left out (two equal items under ``uniqueItems``, a match of ``not``).
+``else``, ``uniqueItems``, ``contains``, ``propertyNames``..., and the property dependencies
+``jaxgen.structured_outputs.dependencies`` does not rewrite: ``dependencies``,
+``dependentRequired``, ``dependentSchemas``), a ``format`` it does not know, a ``oneOf`` whose
+branches it cannot prove disjoint, or ``minProperties``/``maxProperties`` beside optional
+properties. vLLM's ``guidance`` backend hands llguidance the schema as it is and refuses these.
+jaxgen compiles such a schema a second time with llguidance's ``lenient`` option
+(``RELAXED_OPTIONS``): the keywords it cannot enforce are left out (each only narrows what a schema
+admits: the grammar admits a superset) and ``oneOf`` is read as ``anyOf``. Everything else in the
+schema is still enforced, but an output may then break what was left out (two equal items under
+``uniqueItems``, a match of ``not``).
 
 Which keywords were relaxed is part of the result: ``relaxed_keywords`` reads them off the
 compiled matcher (llguidance's grammar warnings), ``GrammarCompiler`` logs a warning when it

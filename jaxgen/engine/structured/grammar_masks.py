@@ -181,7 +181,7 @@ class GrammarCompiler:
         matcher = _matcher(tokenizer, grammar_text(constraint))
         error = matcher.get_error() if matcher.is_error() else None
         if error and constraint.kind == "json":  # read leniently, and say so
-            matcher = _matcher(tokenizer, grammar_text(constraint, relaxed=True))
+            matcher = _relaxed_matcher(tokenizer, constraint)
             if not matcher.is_error():
                 keywords = ", ".join(relaxed_keywords(matcher))
                 logger.warning("a JSON schema compiled without enforcing %s", keywords)
@@ -234,6 +234,15 @@ def _matcher(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMa
     return _llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
 
 
+def _relaxed_matcher(tokenizer, constraint: StructuredOutputsParams) -> llguidance.LLMatcher:
+    """A refused JSON schema's lenient matcher; its dependencies too left out if they fail."""
+    matcher = _matcher(tokenizer, grammar_text(constraint, relaxed=True))
+    if matcher.is_error():
+        unenforced = _matcher(tokenizer, grammar_text(constraint, relaxed=True, dependencies=False))
+        matcher = matcher if unenforced.is_error() else unenforced
+    return matcher
+
+
 _COMPILERS: dict[tuple, GrammarCompiler] = {}
 _COMPILERS_LOCK = threading.Lock()
 
@@ -249,9 +258,10 @@ def grammar_compiler(tokenizer, vocab_size: int, eos_token_ids) -> GrammarCompil
         return compiler
 
 
-def grammar_text(constraint: StructuredOutputsParams, relaxed: bool = False) -> str:
+def grammar_text(constraint: StructuredOutputsParams, relaxed=False, dependencies=True) -> str:
     """llguidance's grammar for a constraint; ``relaxed``: a JSON schema's keywords llguidance
-    cannot enforce are left out (``jaxgen.structured_outputs.relaxations``). Raises
+    cannot enforce are left out (``jaxgen.structured_outputs.relaxations``); ``dependencies``:
+    its property dependencies enforced (``StructuredOutputsParams.schema``). Raises
     ``ValueError`` naming the field for text llguidance cannot even read (the matcher checks
     the rest)."""
     kind = constraint.kind
@@ -259,7 +269,7 @@ def grammar_text(constraint: StructuredOutputsParams, relaxed: bool = False) -> 
         if kind == "json":
             options = {**JSON_OPTIONS, **RELAXED_OPTIONS} if relaxed else JSON_OPTIONS
             return _llguidance().LLMatcher.grammar_from_json_schema(
-                constraint.schema(), defaults=options
+                constraint.schema(dependencies), defaults=options
             )
         if kind == "json_object":
             return _llguidance().LLMatcher.grammar_from_json_schema(
