@@ -21,6 +21,8 @@ from jaxgen.quantization import kv_cache
 
 
 def cmd_plan(args) -> int:
+    if args.fit and args.target not in GPU_TARGETS:
+        raise ValueError(f"--fit needs a GPU --target ({', '.join(GPU_TARGETS)})")
     if args.sweep_tp:
         if args.target is None or args.target == "cuda" or args.target in GPU_TARGETS:
             raise ValueError("--sweep-tp needs --target (a TPU slice such as v5e-8)")
@@ -190,6 +192,8 @@ def cmd_plan_gpu(args) -> int:
         raise ValueError(
             "--num-scheduler-steps and --num-speculative-tokens are for a TPU --target"
         )
+    if args.fit:
+        return cmd_plan_gpu_fit(args, config_from_path(args.model))
     options = args.attention_kernel_options
     try:
         options = None if options is None else json.loads(options)
@@ -207,6 +211,35 @@ def cmd_plan_gpu(args) -> int:
         tensor_parallel_degree=args.tensor_parallel_degree or 1,
     )
     return print_compiled(args, result, gpu_report_lines)
+
+
+def cmd_plan_gpu_fit(args, config) -> int:
+    """``jaxgen plan --target t4 --fit``: whether an engine of these sizes fits the GPU (weights,
+    pool, the largest step and the sampler compiled for it: ``jaxgen.planning.gpu_fit``)."""
+    from jaxgen.planning.gpu_fit import EngineSizes, plan_gpu_fit
+
+    sizes = EngineSizes(
+        max_model_len=args.max_model_len or args.context,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=args.kv_cache_memory,
+        page_size=args.page_size,
+    )
+    fit = plan_gpu_fit(
+        config,
+        args.target,
+        [sizes],
+        dtype=explicit_dtype(args.dtype),
+        attention_backend=args.attention_backend,
+        memory_bytes=int(args.device_memory) if args.device_memory else None,
+        extrapolate=args.extrapolate_layers,
+    )
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(fit), "peak": fit.peak, "fits": fit.fits}))
+    else:
+        print(f"model: {args.model or 'smollm2 (default)'}")
+        print("\n".join(fit.lines()))
+    return 0
 
 
 def cmd_sweep_tp(args) -> int:
@@ -313,6 +346,21 @@ def add_parser(subparsers) -> None:
         default=None,
         help="a GPU --target: the pallas-gpu backend's options as a JSON object, as the engine's "
         "attention_kernel_options",
+    )
+    target.add_argument(
+        "--fit",
+        action="store_true",
+        help="a GPU --target: whether an engine of --max-model-len, --max-num-seqs, "
+        "--max-num-batched-tokens and --kv-cache-memory fits (--device-memory: the GPU's bytes "
+        "as CUDA reports them)",
+    )
+    target.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="--fit: a step's token budget"
+    )
+    target.add_argument(
+        "--extrapolate-layers",
+        action="store_true",
+        help="--fit: compile 1 and 2 layers and extend to every layer (fast), not every layer",
     )
     target.add_argument("--json", action="store_true", help="one JSON object")
     target.add_argument(
