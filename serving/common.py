@@ -130,6 +130,15 @@ def check_text_length(state: ServerState, num_chars: int, param: str) -> None:
         )
 
 
+def answer_tokens(results) -> int:
+    """The tokens a generation's answer covers, prompts and outputs (``GenerationResult``s):
+    the size ``Workers.respond`` picks its lane by."""
+    return sum(
+        len(result.prompt_token_ids) + sum(len(c.token_ids) for c in result.completions)
+        for result in results
+    )
+
+
 def random_seed() -> int:
     return random.getrandbits(63)
 
@@ -163,6 +172,7 @@ __all__ = [
     "ClientDisconnected",
     "RequestError",
     "accept",
+    "answer_tokens",
     "check_text_length",
     "encode_text",
     "prepare",

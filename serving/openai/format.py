@@ -111,6 +111,11 @@ class _Format:
             and not (self.parsed.return_token_ids and delta.token_ids)
         )
 
+    def chunk_tokens(self, prompt_index: int, deltas) -> int:
+        """The tokens ``chunks(prompt_index, deltas)`` covers (the size ``Workers.respond``
+        picks its lane by)."""
+        return sum(len(delta.token_ids) for delta in deltas)
+
     def count(self, deltas) -> None:
         self.generated += sum(len(delta.token_ids) for delta in deltas)
 
@@ -164,6 +169,12 @@ class CompletionFormat(_Format):
     def streams_prompt_logprobs(self) -> bool:
         """Whether a stream's first chunk of a prompt waits for its prompt logprobs."""
         return self.echo_logprobs or self.parsed.prompt_logprobs is not None
+
+    def chunk_tokens(self, prompt_index: int, deltas) -> int:
+        tokens = super().chunk_tokens(prompt_index, deltas)
+        if self.streams_prompt_logprobs and prompt_index not in self.echoed:  # the echo leads
+            tokens += len(self.parsed.prompts[prompt_index]) * self.parsed.n
+        return tokens
 
     def prompt_logprobs_object(self, prompt_index: int, entries) -> dict:
         ids = self.parsed.prompts[prompt_index]

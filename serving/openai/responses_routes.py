@@ -28,8 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.common import prepare, server_state
+from serving.common import answer_tokens, prepare, server_state
 from serving.generation import Generation, GenerationAborted, GenerationFailed
+from serving.json_bodies import SlicedJSONResponse
 from serving.openai.response_builder import ResponseBuilder
 from serving.openai.response_store import StoredResponse
 from serving.openai.responses_requests import (
@@ -89,13 +90,22 @@ async def responses(request: Request) -> Response:
         if parsed.stream:
             return EventStreamResponse(stream_events(builder, generation, keep), ticket.release)
         result = await run_until_disconnect(request.receive, generation.run())
-        completion = result.completions[0]
-        builder.feed(completion.text, completion.token_ids, completion.logprobs)
-        builder.finish(completion.finish_reason, result)
+        reply = await state.workers.respond(
+            answer_tokens([result]), finished_reply, builder, result
+        )
         keep()
-        return JSONResponse(builder.response())
+        return reply
 
     return await answer(request, respond)
+
+
+def finished_reply(builder: ResponseBuilder, result) -> Response:
+    """The finished response of ``result``, its output fed to ``builder``; on the format lane
+    when it is large (``Workers.respond``): the output's logprobs grow with its tokens."""
+    completion = result.completions[0]
+    builder.feed(completion.text, completion.token_ids, completion.logprobs)
+    builder.finish(completion.finish_reason, result)
+    return SlicedJSONResponse(builder.response())
 
 
 def previous_conversation(store, previous_id) -> list[dict] | None:

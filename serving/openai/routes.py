@@ -11,8 +11,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import jaxgen
-from serving.common import ERROR_STATUS, accept, error_response, prepare
+from serving.common import ERROR_STATUS, accept, answer_tokens, error_response, prepare
 from serving.generation import Generation, GenerationAborted, GenerationFailed, merge, run_all
+from serving.json_bodies import SlicedJSONResponse
 from serving.openai.beam_search_requests import BeamGeneration
 from serving.openai.format import ChatFormat, CompletionFormat, usage
 from serving.openai.requests import parse_chat, parse_chat_batch, parse_completion
@@ -129,9 +130,15 @@ async def serve(request: Request, parse, format_class) -> Response:
         if parsed.stream:
             return EventStreamResponse(stream_chunks(formatter, generations), ticket.release)
         results = await run_until_disconnect(request.receive, run_all(generations))
-        return JSONResponse(formatter.response(results))
+        return await state.workers.respond(answer_tokens(results), answer_json, formatter, results)
 
     return await answer(request, respond)
+
+
+def answer_json(formatter, results) -> Response:
+    """The whole answer (``formatter.response``) as JSON; on the format lane when it is large
+    (``Workers.respond``): echoed prompts, logprobs and token texts grow with the tokens."""
+    return SlicedJSONResponse(formatter.response(results))
 
 
 def openai_constraint(body: dict):
@@ -157,9 +164,11 @@ async def stream_chunks(formatter, generations: list[Generation]):
     try:
         for chunk in formatter.first_chunks():
             yield sse_event(chunk)
+        workers = formatter.state.workers
         async for index, deltas in merge([g.stream() for g in generations]):
-            for chunk in formatter.chunks(index, deltas):
-                yield sse_event(chunk)
+            size = formatter.chunk_tokens(index, deltas)  # a prompt's echo with its logprobs
+            for event in await workers.respond(size, chunk_events, formatter, index, deltas):
+                yield event
         if formatter.parsed.include_usage:
             yield sse_event(formatter.usage_chunk([g.result for g in generations]))
     except RequestError as error:
@@ -172,6 +181,11 @@ async def stream_chunks(formatter, generations: list[Generation]):
         yield sse_event(openai_error_body(RequestError(f"generation stopped: {error}", kind=kind)))
         return
     yield sse_event("[DONE]")
+
+
+def chunk_events(formatter, index: int, deltas) -> list[bytes]:
+    """The events of ``formatter.chunks(index, deltas)``."""
+    return [sse_event(chunk) for chunk in formatter.chunks(index, deltas)]
 
 
 def model_card(state) -> dict:

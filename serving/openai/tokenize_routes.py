@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from serving.common import accept
+from serving.json_bodies import SlicedJSONResponse
 from serving.openai.requests import chat_messages, template_options
 from serving.openai.routes import check_model, openai_error
 from serving.openai.tool_calls import render_prompt, tool_request
@@ -17,16 +18,32 @@ from serving.validation import Fields, RequestError, check_token_ids
 async def tokenize(request: Request) -> Response:
     """``POST /tokenize``: ``{"prompt"}`` or ``{"messages", ...}`` (both with
     ``add_special_tokens``) -> ``{"count", "max_model_len", "tokens", "token_strs"}``. The
-    template and the tokenizer run on a parse lane, off the event loop."""
+    template, the tokenizer and the answer's JSON run on a parse lane, off the event loop."""
+    return await on_parse_lane(request, tokenize_answer)
+
+
+async def detokenize(request: Request) -> Response:
+    """``POST /detokenize``: ``{"tokens"}`` -> ``{"prompt"}``. Checking the ids, decoding them
+    and the answer's JSON run on a parse lane, off the event loop."""
+    return await on_parse_lane(request, detokenize_answer)
+
+
+async def on_parse_lane(request: Request, answer) -> Response:
+    """``answer(state, body)`` on the parse lane of the request's body (cancelled if the client
+    leaves first); a ``RequestError`` in OpenAI's shape."""
     try:
         state, body = await accept(request)
         size = getattr(request.state, "body_bytes", 0)
-        tokens, strings = await run_until_disconnect(
-            request.receive, state.workers.parse(size, tokenize_body, state, body)
+        return await run_until_disconnect(
+            request.receive, state.workers.parse(size, answer, state, body)
         )
     except RequestError as error:
         return openai_error(error)
-    return JSONResponse(
+
+
+def tokenize_answer(state, body: dict) -> Response:
+    tokens, strings = tokenize_body(state, body)
+    return SlicedJSONResponse(
         {
             "count": len(tokens),
             "max_model_len": state.limits.max_total_tokens,
@@ -61,19 +78,14 @@ def tokenize_body(state, body: dict) -> tuple[list[int], list[str] | None]:
     return tokens, strings
 
 
-async def detokenize(request: Request) -> Response:
-    """``POST /detokenize``: ``{"tokens"}`` -> ``{"prompt"}``."""
-    try:
-        state, body = await accept(request)
-        fields = Fields(body)
-        check_model(state, fields.string("model"))
-        tokens = body.get("tokens")
-        if tokens != []:
-            tokens = check_token_ids(tokens, state.limits.vocab_size, "tokens")
-        text = state.llm.tokenizer.decode(tokens) if tokens else ""
-    except RequestError as error:
-        return openai_error(error)
-    return JSONResponse({"prompt": text})
+def detokenize_answer(state, body: dict) -> Response:
+    fields = Fields(body)
+    check_model(state, fields.string("model"))
+    tokens = body.get("tokens")
+    if tokens != []:
+        tokens = check_token_ids(tokens, state.limits.vocab_size, "tokens")
+    text = state.llm.tokenizer.decode(tokens) if tokens else ""
+    return SlicedJSONResponse({"prompt": text})
 
 
 ROUTES = [

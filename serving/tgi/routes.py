@@ -13,6 +13,7 @@ from starlette.routing import Route
 import jaxgen
 from serving.common import (
     accept,
+    answer_tokens,
     prepare,
     timing_headers,
 )
@@ -23,6 +24,7 @@ from serving.generation import (
     run_all,
     token_logprob,
 )
+from serving.json_bodies import SlicedJSONResponse
 from serving.streaming import EventStreamResponse, run_until_disconnect, sse_event
 from serving.tgi.format import finish_reason, prefill_json, tgi_error, token_json, top_tokens_json
 from serving.tgi.requests import TgiRequest, parse_request
@@ -88,6 +90,15 @@ async def generate(request: Request) -> Response:
         return tgi_error(RequestError(f"Generation failed: {error}", kind="generation"))
     finally:
         ticket.release()
+    return await state.workers.respond(
+        answer_tokens(results), generate_answer, state, parsed, results, received
+    )
+
+
+def generate_answer(state, parsed: TgiRequest, results: list, received: float) -> Response:
+    """``/generate``'s answer of ``results`` (one per ``best_of`` sequence), with its timing
+    headers; on the format lane when it is large (``Workers.respond``): the prefill
+    (``decoder_input_details``) and the tokens' details grow with the tokens."""
     sequences = [
         sequence_json(state.token_texts, parsed, result, params.seed)
         for result, params in zip(results, parsed.sequence_params, strict=True)
@@ -108,7 +119,7 @@ async def generate(request: Request) -> Response:
         received,
     )
     headers["x-compute-type"] = state.compute_type
-    return JSONResponse(answer, headers=headers)
+    return SlicedJSONResponse(answer, headers=headers)
 
 
 def mean_logprob(completion) -> float:
