@@ -63,7 +63,10 @@ def _mixed_batch(base, adapters, **knobs):
     return llm, jobs, outs
 
 
-@pytest.mark.parametrize("family", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family",
+    ["llama", *(pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3", "gemma2"))],
+)
 def test_mixed_batch_matches_peft(family, family_adapters):
     base, adapters = family_adapters(family)
     _, jobs, outs = _mixed_batch(base, adapters, max_loras=3)

@@ -32,7 +32,9 @@ class NewRequest:
     lora_request: Any = None  # a jaxgen.lora.LoRARequest, or None: the base model
 
     def add_to(self, engine) -> Request:
-        """Queues this request on ``engine`` (an ``Engine``: how a wrapper hands the request on)."""
+        """Queues this request on ``engine`` (an ``Engine``: how a wrapper hands the request on).
+        ``lora_request`` goes only when set: an engine without adapters needs no such argument."""
+        extra = {} if self.lora_request is None else {"lora_request": self.lora_request}
         return engine.add_request(
             self.request_id,
             self.prompt,
@@ -40,7 +42,7 @@ class NewRequest:
             self.params,
             arrival_time=self.arrival_time,
             compiled_grammar=self.compiled_grammar,
-            lora_request=self.lora_request,
+            **extra,
         )
 
 
