@@ -62,6 +62,8 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._stopped = threading.Event()
         self._stats: dict = engine.stats()
+        # The LoRA adapters the engine knows, by lora_int_id (``add_lora``, ``remove_lora``).
+        self.loras: dict = {}
         self.dead: EngineDeadError | None = None  # set once the engine cannot step any more
         self._thread = threading.Thread(target=self._loop, name="jaxgen-engine", daemon=True)
         self._thread.start()
@@ -94,6 +96,7 @@ class AsyncLLM:
         delta: bool = True,
         prompt_token_ids: list[int] | None = None,
         compiled_grammar=None,
+        lora_request=None,
     ) -> AsyncIterator[RequestOutput]:
         """Streams a request: each item holds the new text/tokens (``delta=True``) or all so far.
 
@@ -101,7 +104,8 @@ class AsyncLLM:
         is queued. Cancelling the consumer (or leaving the loop) aborts the request.
         ``compiled_grammar``: ``params.structured_outputs``' matcher, compiled already
         (``GrammarCompiler.compile``); without it the constraint is compiled here, off the
-        engine's thread.
+        engine's thread. ``lora_request``: a ``jaxgen.lora.LoRARequest`` (read and checked
+        here, off the engine's thread, when new: ``add_lora``).
         """
         if self._stopped.is_set():
             raise RuntimeError("AsyncLLM is shut down")
@@ -120,6 +124,8 @@ class AsyncLLM:
                 compiled_grammar = await asyncio.wrap_future(
                     default_grammar_threads().submit(compiler.build, params.structured_outputs)
                 )
+        if lora_request is not None and self.loras.get(lora_request.lora_int_id) != lora_request:
+            await self.add_lora(lora_request)
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         if request_id in self._streams:
@@ -136,6 +142,7 @@ class AsyncLLM:
                 time.monotonic(),
                 compiled_grammar,
                 done,
+                lora_request,
             )
         )
         try:
@@ -160,6 +167,31 @@ class AsyncLLM:
             self._streams.pop(request_id, None)
             if not finished:
                 self._commands.put(("abort", request_id))
+
+    async def add_lora(self, lora_request) -> None:
+        """Makes the engine know ``lora_request``'s adapter, read and checked off the engine's
+        thread; ``ValueError`` when it does not fit (nothing loaded then)."""
+        lora = getattr(self.engine, "lora", None)
+        adapter = None
+        if lora is not None:
+            adapter = await asyncio.get_running_loop().run_in_executor(
+                None, lora.read, lora_request
+            )
+        await self._call(("add_lora", lora_request, adapter))
+        self.loras[lora_request.lora_int_id] = lora_request
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        """Forgets an adapter; ``ValueError`` when unknown or in use by unfinished requests."""
+        await self._call(("remove_lora", lora_int_id))
+        self.loras.pop(lora_int_id, None)
+
+    async def _call(self, command: tuple):
+        """Runs ``command`` on the engine thread and waits for it (its error raised here)."""
+        if self.dead is not None:
+            raise self.dead
+        done = concurrent_result(asyncio.get_running_loop())
+        self._commands.put((*command, done))
+        return await done
 
     async def abort(self, request_id: str) -> None:
         """Stops a request and frees its pages (no-op if it already finished)."""
@@ -230,7 +262,7 @@ class AsyncLLM:
     def _handle(self, command) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, text, token_ids, params, arrival, grammar, done = command
+            _, request_id, text, token_ids, params, arrival, grammar, done, lora = command
             if self.dead is not None:
                 done.set_exception(self.dead)
                 return
@@ -242,6 +274,7 @@ class AsyncLLM:
                     params,
                     arrival_time=arrival,
                     compiled_grammar=grammar,
+                    lora_request=lora,
                 )
             except BaseException as e:
                 done.set_exception(e)
@@ -249,6 +282,17 @@ class AsyncLLM:
                 done.set_result(None)
         elif kind == "abort":
             self.engine.abort(command[1])
+        elif kind in ("add_lora", "remove_lora"):
+            *args, done = command[1:]
+            try:
+                if kind == "add_lora":
+                    self.engine.add_lora(*args)
+                else:
+                    self.engine.remove_lora(*args)
+            except BaseException as e:
+                done.set_exception(e)
+            else:
+                done.set_result(None)
 
     def _deliver(self, request_id: str, item) -> None:
         entry = self._streams.get(request_id)

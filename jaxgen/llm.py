@@ -94,21 +94,25 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request=None,
     ) -> list[RequestOutput]:
         """Generates for each prompt (a str, a list of str, or a list of token-id lists). The
-        engine reports each request once, finished (``RequestOutputKind.FINAL_ONLY``)."""
+        engine reports each request once, finished (``RequestOutputKind.FINAL_ONLY``).
+        ``lora_request``: a ``jaxgen.lora.LoRARequest`` for every prompt, or a list of one (or
+        None: the base model) per prompt; needs ``enable_lora=True``."""
         items = _normalize_prompts(prompts)
         params_list = _final_only(_normalize_params(sampling_params, len(items)))
+        loras = _per_prompt(lora_request, len(items), "lora_request")
         tokenizer = self.loaded.tokenizer
         order = []
         try:
-            for item, params in zip(items, params_list, strict=True):
+            for item, params, lora in zip(items, params_list, loras, strict=True):
                 if isinstance(item, str):
                     token_ids, text = tokenizer.encode(item, add_special_tokens=True), item
                 else:
                     token_ids, text = item, None
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, text, token_ids, params)
+                self.engine.add_request(request_id, text, token_ids, params, lora_request=lora)
                 order.append(request_id)
         except BaseException:  # all or nothing: an item refused leaves none of the batch queued
             for request_id in order:
@@ -300,3 +304,12 @@ def _final_only(params_list: list[SamplingParams]) -> list[SamplingParams]:
                 params, output_kind=RequestOutputKind.FINAL_ONLY
             )
     return [copies[id(params)] for params in params_list]
+
+
+def _per_prompt(value, count: int, name: str) -> list:
+    """``value`` for each of ``count`` prompts: one for all, or a list of one each."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * count
+    if len(value) != count:
+        raise ValueError(f"{name}: {len(value)} given for {count} prompts")
+    return list(value)

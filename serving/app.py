@@ -19,7 +19,7 @@ from starlette.routing import Route
 from serving import invocations
 from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
-from serving.openai import responses_routes, tokenize_routes
+from serving.openai import lora_routes, responses_routes, tokenize_routes
 from serving.openai import routes as openai_routes
 from serving.openapi import openapi_route
 from serving.settings.resolve import ServerSettings
@@ -104,6 +104,7 @@ def create_app(
         Route("/metrics", metrics_route, methods=["GET"]),
         *tgi_routes.ROUTES,
         *openai_routes.ROUTES,
+        *lora_routes.ROUTES,
         *responses_routes.ROUTES,
         *tokenize_routes.ROUTES,
         *invocations.ROUTES,

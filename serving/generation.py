@@ -107,12 +107,20 @@ class Generation:
         prompt_token_ids: the checked prompt.
         params: the request's ``SamplingParams``.
         grammar: ``params.structured_outputs``' compiled matcher (``prepare``), or None.
+        lora_request: the ``jaxgen.lora.LoRARequest`` the request's ``model`` names, or None.
     """
 
     def __init__(
-        self, state, ticket, prompt_token_ids: list[int], params: SamplingParams, grammar=None
+        self,
+        state,
+        ticket,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        grammar=None,
+        lora_request=None,
     ):
         self.state = state
+        self.lora_request = lora_request
         self.ticket = ticket
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -144,6 +152,7 @@ class Generation:
                 delta=True,
                 prompt_token_ids=self.prompt_token_ids,
                 compiled_grammar=self.grammar,
+                lora_request=self.lora_request,
             ):
                 failed = [piece for piece in output.outputs if piece.finish_reason == "error"]
                 if failed:  # never a normal answer with an invented finish reason

@@ -12,6 +12,7 @@ from jaxgen.backends.device_choice import check_device_support, local_device
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine, engine_dtype
 from jaxgen.loaders import load_model, resolve_model
+from serving.lora_adapters import register_lora_modules
 from serving.settings.parsers import SettingsError
 from serving.settings.resolve import ServerSettings, engine_knobs
 
@@ -58,5 +59,6 @@ def build_engine(settings: ServerSettings):
         knobs["kv_cache_memory"] = settings.kv_cache_tokens * per_token
         config = EngineConfig(**knobs)
     engine = create_engine(model, dtype=settings.dtype, config=config, device=device)
+    register_lora_modules(engine, settings.lora_modules)  # a bad adapter fails the start
     logger.info("loaded %s (%s)", engine.loaded.source, config)
     return engine

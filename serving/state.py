@@ -11,6 +11,7 @@ import time
 
 from jaxgen.quantization.stats import weight_stats
 from serving.generation import TokenTexts
+from serving.lora_adapters import LoRAAdapters
 from serving.metrics import ServerMetrics
 from serving.openai.response_store import ResponseStore
 from serving.settings.parsers import SettingsError
@@ -143,6 +144,7 @@ class ServerState:
             settings.max_queued_grammar_compiles,
             admitted=settings.max_concurrent_requests,
         )
+        self.loras = LoRAAdapters(settings.lora_modules)  # adapters offered as models, by name
         self.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
         self.waiters: collections.deque[asyncio.Future] = collections.deque()  # for a slot
 

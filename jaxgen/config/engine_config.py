@@ -219,6 +219,16 @@ class EngineConfig:
         "mask); not with num_scheduler_steps > 1; with async_scheduling a step that may carry "
         "drafts runs synchronously",
     )
+    enable_lora: bool = knob(
+        False,
+        help="serve PEFT LoRA adapters (a LoRARequest per request): max_loras device slots of "
+        "max_lora_rank, adapters of one step mixed per row, none recompiling",
+    )
+    max_loras: int = knob(1, help="LoRA adapters that may run in one step (device slots)")
+    max_lora_rank: int = knob(16, help="the largest LoRA rank an adapter may have")
+    max_cpu_loras: int | None = knob(
+        None, help="LoRA adapters kept read on the host (LRU); default: max_loras", minimum=1
+    )
     precompile: bool = knob(
         False,
         help="compile the step for every batch shape when the engine starts, so no request waits "
@@ -313,6 +323,13 @@ class EngineConfig:
             "must be an integer >= 1",
         )
         check(isinstance(self.precompile, bool), "precompile", "must be True or False")
+        check(isinstance(self.enable_lora, bool), "enable_lora", "must be True or False")
+        for name in ("max_loras", "max_lora_rank"):
+            check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be >= 1")
+        tp = self.tensor_parallel_degree
+        check(tp == 1 or not self.enable_lora, "tensor_parallel_degree", "must be 1 with LoRA")
+        cpu_loras = self.max_cpu_loras
+        check(cpu_loras is None or (_int(cpu_loras) and cpu_loras >= 1), "max_cpu_loras", ">= 1")
         check(isinstance(self.compile_cache, bool), "compile_cache", "must be True or False")
         check(isinstance(self.async_scheduling, bool), "async_scheduling", "must be True or False")
         check(

@@ -22,6 +22,8 @@ from jaxgen.engine.scheduling.scheduler import Scheduler
 from jaxgen.engine.step.runner import ModelRunner
 from jaxgen.engine.step.step_layout import StepLayout
 from jaxgen.engine.structured.grammar_masks import GrammarMasks, grammar_compiler
+from jaxgen.layers.lora import lora_targets
+from jaxgen.lora import LoRAManager, LoRASlots
 
 
 @dataclasses.dataclass
@@ -35,6 +37,7 @@ class EngineParts:
     grammars: GrammarMasks
     speculator: Speculator | None  # speculative decoding (``speculative/``)
     verify_shapes: VerifyShapes | None  # with a speculator
+    lora: LoRAManager | None = None  # multi-LoRA (``enable_lora``)
 
 
 def build_engine_parts(
@@ -61,8 +64,12 @@ def build_engine_parts(
             if model_config.rope_scaling.rope_type == "longrope"
             else None,
             sliding_window=model_config.every_layer_sliding_window,
+            max_loras=config.max_loras if config.enable_lora else 0,
         ),
     )
+    # The LoRA slots are allocated before the pool is planned: an accelerator's free memory,
+    # which the pool takes a fraction of, is then what they leave.
+    lora = build_lora(loaded, config, kv_sharding) if config.enable_lora else None
     pool = plan_kv_pool(
         config,
         batching,
@@ -81,6 +88,7 @@ def build_engine_parts(
         min_decode_batch=batching.min_decode_batch,
         full_width_tables=backend.full_width_tables,
         mark_decode_only=backend.marks_decode_only_steps,
+        lora=lora is not None,
     )
     runner = ModelRunner(
         loaded,
@@ -93,6 +101,7 @@ def build_engine_parts(
         per_batch_executables={"auto": None, "shared": False, "per-batch": True}[
             config.sampler_executables
         ],
+        lora_slots=None if lora is None else lora.slots,
     )
     grammars = GrammarMasks(
         grammar_compiler(loaded.tokenizer, model_config.vocab_size, model_config.eos_token_ids)
@@ -135,4 +144,16 @@ def build_engine_parts(
         grammars=grammars,
         speculator=speculator,
         verify_shapes=verify_shapes,
+        lora=lora,
     )
+
+
+def build_lora(loaded, config: EngineConfig, kv_sharding=None) -> LoRAManager:
+    """The LoRA slots of ``loaded``'s projections and their bookkeeping (``enable_lora``)."""
+    targets = lora_targets(loaded.params)
+    if not targets:
+        raise ValueError(f"enable_lora: {loaded.config.model_type} has no projection LoRA targets")
+    slots = LoRASlots(
+        targets, max_loras=config.max_loras, max_rank=config.max_lora_rank, dtype=loaded.dtype
+    )
+    return LoRAManager(slots, max_cpu_loras=config.max_cpu_loras)

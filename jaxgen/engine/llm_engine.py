@@ -44,6 +44,7 @@ class LLMEngine(StepStages, Engine):
         # drafts runs synchronously (``step_mode``).
         self.speculator = parts.speculator
         self.verify_shapes = parts.verify_shapes
+        self.lora = parts.lora  # multi-LoRA's LoRAManager (enable_lora), or None
         self.requests: dict[str, Request] = {}
         self.seq_to_request: dict[int, Request] = {}
         self.num_steps = 0  # steps that ran (a failed one does not count)
@@ -97,6 +98,7 @@ class LLMEngine(StepStages, Engine):
             vocab_size=self.loaded.config.vocab_size,
             max_model_len=self.max_model_len,
         )
+        lora_key = None if new.lora_request is None else self.add_lora(new.lora_request)
         grammar = None
         if params.structured_outputs is not None:  # compiled before the request is queued
             grammar = new.compiled_grammar or self.grammars.compiler.compile(
@@ -113,6 +115,8 @@ class LLMEngine(StepStages, Engine):
             new.arrival_time,
         )
         for seq in request.seqs:
+            if lora_key is not None:
+                seq.lora_int_id, seq.lora_key = new.lora_request.lora_int_id, lora_key
             self.scheduler.add(seq)
             self.seq_to_request[seq.seq_id] = request
         if grammar is not None:
@@ -121,6 +125,26 @@ class LLMEngine(StepStages, Engine):
         self.requests[request_id] = request
         self.prompt_tokens_total += len(prompt_token_ids)
         return request
+
+    # -- LoRA adapters (enable_lora) --------------------------------------------------------------
+    def add_lora(self, lora_request, adapter=None) -> tuple:
+        """Knows the adapter of ``lora_request`` (a ``jaxgen.lora.LoRARequest``; read and
+        checked now unless ``adapter``, its ``PeftAdapter``, is given). Returns its prefix-cache
+        key. ``ValueError`` for an adapter that does not fit or an engine without LoRA."""
+        if self.lora is None:
+            raise ValueError("lora_request needs an engine with enable_lora=True")
+        return self.lora.register(lora_request, adapter)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Forgets an adapter; ``ValueError`` when unknown or used by an unfinished request."""
+        if self.lora is None:
+            raise ValueError("remove_lora needs an engine with enable_lora=True")
+        in_use = {seq.lora_int_id for r in self.requests.values() for seq in r.seqs}
+        self.lora.remove(lora_int_id, in_use)
+
+    def list_loras(self) -> list:
+        """The adapters the engine knows (``LoRARequest``s)."""
+        return [] if self.lora is None else self.lora.loaded
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raises ``ValueError`` for an empty prompt, a token outside the vocabulary, or a

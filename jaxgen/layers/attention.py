@@ -36,6 +36,9 @@ class AttentionMetadata:
     # decides per sequence, see the scheduler). None: those holding more than the original
     # context after this step, right for a whole-sequence forward.
     long_rope: jax.Array | None = None
+    # [T] int32: each token row's LoRA slot, -1 for none (``jaxgen.layers.lora``; not attention's,
+    # but the step's per-row metadata travels here). None: the engine serves no adapters.
+    lora_slots: jax.Array | None = None
     # Static (part of the jitted step's signature): every sequence slot holds at most one row
     # and the step has one row per slot (T == S), as the engine's decode steps do when its
     # backend asks for them marked (``KernelBackend.marks_decode_only_steps``); a backend may

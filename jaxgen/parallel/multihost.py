@@ -137,6 +137,8 @@ class LeaderEngine(Engine):
     def add_request(self, new: NewRequest):
         """Queues the request here and, once accepted, on every follower (each compiles its
         constraint itself: a compiled grammar does not cross processes)."""
+        if new.lora_request is not None:  # followers would run the base model: refused
+            raise ValueError("lora_request is not supported across hosts")
         request = new.add_to(self.engine)
         # Only accepted requests: a refused one raised above on every process alike.
         command = ("add", new.request_id, new.prompt, list(new.prompt_token_ids), new.params)

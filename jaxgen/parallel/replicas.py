@@ -21,6 +21,7 @@ from jaxgen.outputs import RequestOutput
 # (One grammar compiler serves every replica: its compile time is process-wide.)
 _SHARED_STATS = (
     "batching",
+    "lora_adapters",
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_device",
     "page_size",
@@ -63,6 +64,28 @@ class ReplicatedEngine(Engine):
     def runner(self):
         """Replica 0's runner (``jaxgen bench`` times its device steps)."""
         return self.engines[0].runner
+
+    @property
+    def lora(self):
+        """Replica 0's LoRA bookkeeping (its ``read`` checks an adapter for any replica)."""
+        return self.engines[0].lora
+
+    def add_lora(self, lora_request, adapter=None):
+        """Every replica knows the adapter (``LLMEngine.add_lora``)."""
+        return [engine.add_lora(lora_request, adapter) for engine in self.engines][0]
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        """Every replica forgets it; ``ValueError`` (before any does) when one uses it."""
+        for engine in self.engines:
+            if any(
+                seq.lora_int_id == lora_int_id for r in engine.requests.values() for seq in r.seqs
+            ):
+                raise ValueError(f"LoRA adapter {lora_int_id} is in use by running requests")
+        for engine in self.engines:
+            engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list:
+        return self.engines[0].list_loras()
 
     def reset_prefix_cache(self) -> None:
         for engine in self.engines:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -65,7 +66,8 @@ async def chat_completions_batch(request: Request) -> Response:
 
 def check_model(state, model) -> None:
     """A ``model`` the server does not serve is a 404 (``model_not_found``), as OpenAI's API."""
-    if isinstance(model, str) and not state.settings.serves_model(model):
+    served = state.settings.serves_model(model) or state.loras.get(model) is not None
+    if isinstance(model, str) and not served:
         raise RequestError(
             f"The model `{model}` does not exist.", param="model", kind="model_not_found"
         )
@@ -111,8 +113,13 @@ async def serve(request: Request, parse, format_class) -> Response:
 
     async def respond(state, body, ticket) -> Response:
         parsed, grammar = await prepare(request, state, body, parse, openai_constraint(body))
+        lora = state.loras.get(body.get("model"))  # a LoRA adapter's name: the base with it
+        if lora is not None:
+            if parsed.beams is not None:
+                raise RequestError("use_beam_search with a LoRA adapter", param="model")
+            parsed = dataclasses.replace(parsed, model=lora.lora_name)
         generations = [
-            Generation(state, ticket, prompt, params, grammar)
+            Generation(state, ticket, prompt, params, grammar, lora)
             for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
         ]
         if parsed.beams is not None:  # use_beam_search: n best beams per prompt
@@ -202,14 +209,19 @@ def model_card(state) -> dict:
 
 
 async def list_models(request: Request) -> Response:
-    """``GET /v1/models``: the one served model."""
-    return JSONResponse({"object": "list", "data": [model_card(request.app.state.server)]})
+    """``GET /v1/models``: the served model, then its LoRA adapters (``parent``: it)."""
+    state = request.app.state.server
+    adapters = state.loras.cards(state.settings.model_name, int(state.started_at))
+    return JSONResponse({"object": "list", "data": [model_card(state), *adapters]})
 
 
 async def retrieve_model(request: Request) -> Response:
     """``GET /v1/models/{model}``: the served model under its name or an alias, else 404."""
     state = request.app.state.server
     name = request.path_params["model"]
+    for card in state.loras.cards(state.settings.model_name, int(state.started_at)):
+        if card["id"] == name:
+            return JSONResponse(card)
     if name != state.settings.model_name and name not in state.settings.model_aliases:
         return openai_error(
             RequestError(

@@ -23,6 +23,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="model name shown to clients (default: --model), then aliases; once given, "
         "OpenAI requests naming another model get 404",
     )
+    add(
+        "--lora-modules",
+        nargs="+",
+        help="LoRA adapters offered as models, name=path each (needs --enable-lora)",
+    )
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port (default 8080; env PORT)")
     add(

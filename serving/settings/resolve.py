@@ -16,6 +16,7 @@ from typing import Any
 from jaxgen.config.knobs import KnobField, environment_variables, knob_fields, property_keys
 from jaxgen.structured_outputs.limits import StructuredOutputLimits
 from jaxgen.tool_calling.formats import TOOL_CALL_PARSERS
+from serving.lora_adapters import parse_lora_modules
 from serving.settings.parsers import (
     SettingsError,
     parse_bool,
@@ -103,6 +104,7 @@ class ServerSettings:
     model_path: str | None = None
     served_model_name: str | None = None
     model_aliases: tuple[str, ...] = ()  # more names clients may use (``served_model_name`` set)
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, path): adapters offered as models
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     dtype: str = "float32"
@@ -233,6 +235,8 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
     names = [n.strip() for name in names for n in str(name).split(",") if n.strip()]
     if names:  # vLLM's ``--served-model-name NAME [ALIAS ...]``: the first is shown
         settings.served_model_name, settings.model_aliases = names[0], tuple(names[1:])
+    value, source = take("lora_modules")
+    settings.lora_modules = parse_lora_modules(value, source)
     value, source = take("host")
     if value is not None:
         settings.host = str(value)

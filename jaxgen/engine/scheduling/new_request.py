@@ -1,7 +1,7 @@
 """A request as an engine is asked to queue it, and the one ``add_request`` signature.
 
 ``Engine.add_request(request_id, prompt, prompt_token_ids, params, arrival_time=None,
-compiled_grammar=None)`` is the public call (as vLLM's ``LLMEngine.add_request``). Each engine
+compiled_grammar=None, lora_request=None)`` is the public call (as vLLM's ``LLMEngine.add_request``). Each engine
 writes its ``add_request`` over one ``NewRequest`` and ``@takes_request_fields`` gives it that
 call, so the signature is spelled here only; a wrapper engine hands the request on with
 ``NewRequest.add_to``.
@@ -29,9 +29,12 @@ class NewRequest:
     arrival_time: float | None = None  # time.monotonic(); None: when it is queued
     # The matcher of params.structured_outputs compiled already (GrammarCompiler), else None.
     compiled_grammar: Any = None
+    lora_request: Any = None  # a jaxgen.lora.LoRARequest, or None: the base model
 
     def add_to(self, engine) -> Request:
-        """Queues this request on ``engine`` (an ``Engine``: how a wrapper hands the request on)."""
+        """Queues this request on ``engine`` (an ``Engine``: how a wrapper hands the request on).
+        ``lora_request`` goes only when set: an engine without adapters needs no such argument."""
+        extra = {} if self.lora_request is None else {"lora_request": self.lora_request}
         return engine.add_request(
             self.request_id,
             self.prompt,
@@ -39,6 +42,7 @@ class NewRequest:
             self.params,
             arrival_time=self.arrival_time,
             compiled_grammar=self.compiled_grammar,
+            **extra,
         )
 
 
@@ -56,9 +60,16 @@ def takes_request_fields(
         params: SamplingParams,
         arrival_time: float | None = None,
         compiled_grammar=None,
+        lora_request=None,
     ) -> Request:
         fields = NewRequest(
-            request_id, prompt, prompt_token_ids, params, arrival_time, compiled_grammar
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            arrival_time,
+            compiled_grammar,
+            lora_request,
         )
         return add(self, fields)
 

@@ -237,8 +237,10 @@ class PageAllocator(Allocator):
 
 
 def _chain_root(seq: Sequence) -> str | None:
-    """The start of a sequence's page-hash chain: what, besides tokens, its K/V depend on."""
-    return "long_rope" if seq.long_rope else None
+    """The start of a sequence's page-hash chain: what, besides tokens, its K/V depend on (the
+    LongRoPE variant, the LoRA adapter)."""
+    root = "long_rope" if seq.long_rope else None
+    return root if seq.lora_key is None else (root, "lora", seq.lora_key)
 
 
 class ContiguousAllocator(Allocator):

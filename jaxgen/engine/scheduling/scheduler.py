@@ -35,6 +35,8 @@ class SchedulerConfig:
     long_rope_threshold: int | None = None
     # Every layer's sliding window (None: some layer attends to every earlier token).
     sliding_window: int | None = None
+    # Distinct LoRA adapters that may run at once (their device slots; 0: the engine has none).
+    max_loras: int = 0
 
 
 @dataclasses.dataclass
@@ -149,6 +151,9 @@ class Scheduler:
                 ):
                     skipped.append(self.waiting.popleft())
                     continue
+                if not self._adapter_fits(seq):  # waits for a LoRA slot; others go on
+                    skipped.append(self.waiting.popleft())
+                    continue
                 if not seq.block_table:
                     seq.long_rope = self._wants_long_rope(seq)
                     if not seq.wants_prompt_logprobs:  # those compute every position
@@ -182,6 +187,14 @@ class Scheduler:
         if len(self.waiting) >= cfg.max_num_seqs or not self.waiting:
             return True
         return now - self.waiting[0].arrival_time >= cfg.max_batch_delay
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s LoRA adapter may run beside the running sequences': at most
+        ``max_loras`` distinct adapters run at once (each holds a device slot)."""
+        if not seq.lora_int_id:
+            return True
+        running = {other.lora_int_id for other in self.running if other.lora_int_id}
+        return seq.lora_int_id in running or len(running) < self.config.max_loras
 
     def _prefix_ready(self, sibling: Sequence) -> bool:
         return sibling.is_finished or sibling.num_computed_tokens >= sibling.num_prompt_tokens - 1

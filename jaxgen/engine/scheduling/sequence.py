@@ -46,6 +46,12 @@ class Sequence:
         self.num_preemptions = 0
         # LongRoPE: its K/V are rotated with the long factors (set by the scheduler).
         self.long_rope = False
+        # Multi-LoRA (``jaxgen.lora``): the adapter's id (0: none), what its K/V depend on
+        # besides tokens (the prefix cache's chain root: one per load of an adapter), and the
+        # device slot of its adapter in the next step (set by the engine, -1: none).
+        self.lora_int_id = 0
+        self.lora_key: tuple | None = None
+        self.lora_slot = -1
         self.finish_reason: str | None = None
         # Set by its ``Request``: compute every prompt position (no prefix-cache reuse) until
         # the request has the prompt logprobs it asked for (``prompt_logprobs.py``).

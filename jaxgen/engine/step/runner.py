@@ -39,8 +39,12 @@ class ModelRunner:
         attention_backend: str | KernelBackend = "auto",
         kv_sharding=None,
         per_batch_executables: bool | None = None,
+        lora_slots=None,
     ):
+        """``lora_slots``: the LoRA device slots (``jaxgen.lora.LoRASlots``) every step takes,
+        or None (no adapters)."""
         compile_counter.install()
+        self.lora_slots = lora_slots
         self.config = loaded.config
         self.graphdef = loaded.graphdef
         self.params = loaded.params
@@ -185,6 +189,8 @@ class ModelRunner:
             extra["sampling_flags"] = flags
         if previous_tokens is not None:
             extra |= {"from_previous": from_previous, "previous_tokens": previous_tokens}
+        if self.lora_slots is not None:
+            extra["lora"] = self.lora_slots.stacks
         start = time.perf_counter()
         self.kv_cache, result = self._step(
             self._param_arrays,
@@ -227,6 +233,8 @@ class ModelRunner:
             sample_rows=self.sampling_shapes.fit(sampling).temperature.shape[0],
             flat_params=self._flat_params,
         )
+        if self.lora_slots is not None:
+            kwargs["lora"] = self.lora_slots.stacks
         targets = None if self.per_batch_executables else self._no_targets(len(inputs[0]))
         stored = getattr(self._step, "stored", None)
         compiled = stored(*args, targets, **kwargs) if stored is not None else None

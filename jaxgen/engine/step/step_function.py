@@ -57,11 +57,12 @@ def jitted_step(graphdef, backend: KernelBackend):
         page_size=None,
         sampling=None,
         sampling_flags=GENERAL_FLAGS,
+        lora=None,
     ):
         if flat_params is not None:  # params and head came as their distinct arrays
             params, head = flat_params.unflatten(params)
         run = functools.partial(
-            forward, graphdef, backend, params, head, logits_indices, logits_live, sample_rows
+            forward, graphdef, backend, params, head, logits_indices, logits_live, sample_rows, lora
         )
         if num_steps is not None:
 
@@ -111,6 +112,7 @@ def forward(
     logits_indices,
     logits_live,
     sample_rows,
+    lora,
     kv_cache,
     token_ids,
     positions,
@@ -119,7 +121,11 @@ def forward(
     """The model over the step's tokens (``token_ids``, ``positions`` [T]); returns the model,
     its hidden states [T, E], the updated pool and the logits rows [sample_rows, V] (only the
     rows that sample, ``logits_indices``, padded to the sampler's bucket; ``logits_live``: the
-    ``[begin, end)`` spans of the real ones, so a head that skips padding rows does)."""
+    ``[begin, end)`` spans of the real ones, so a head that skips padding rows does).
+    ``lora``: the LoRA slots (``jaxgen.lora.LoRAStacks``) applied to each row by its
+    ``md.lora_slots``, or None."""
+    if lora is not None:
+        params = lora.apply(params, md.lora_slots)
     model = nnx.merge(graphdef, params)
     hidden, kv_cache = model(token_ids, positions, kv_cache, md, backend=backend)
     logits = model.compute_logits(hidden[logits_indices], head_kernel=head, live_rows=logits_live)

@@ -67,6 +67,9 @@ class StepLayout:
     # Mark decode-only steps (``AttentionMetadata.decode_only``, static): for backends whose
     # decode-only attention is cheaper; such steps then compile apart from mixed ones.
     mark_decode_only: bool = False
+    # Each token row carries its sequence's LoRA slot (``AttentionMetadata.lora_slots``; the
+    # engine sets ``Sequence.lora_slot`` before the batch is built).
+    lora: bool = False
 
     @property
     def token_buckets(self) -> list[int]:
@@ -148,10 +151,22 @@ class StepLayout:
             live_rows=spans((0, num_decode), (num_decode, total)),
             long_rope=long_rope,
             decode_only=self.mark_decode_only and num_decode == total and num_tokens == num_seqs,
+            lora_slots=self._lora_slots(items, num_tokens),
         )
         rows: list = items + [None] * (num_seqs - len(items))
         live = spans((0, num_decode), (num_decode, len(items)))
         return StepInputs(token_ids, positions, md, logits_indices, live, rows)
+
+    def _lora_slots(self, items: list, num_tokens: int) -> np.ndarray | None:
+        """[T] int32: each row's LoRA slot in the ragged order of ``items`` (-1: none, padding
+        too); None when the engine serves no adapters."""
+        if not self.lora:
+            return None
+        counts = [item.num_new_tokens for item in items]
+        slots = np.full(num_tokens, -1, np.int32)
+        filled = np.repeat(np.array([item.seq.lora_slot for item in items], np.int32), counts)
+        slots[: len(filled)] = filled
+        return slots
 
     def _decode_rows(self, decode: list, width: int, token_ids, positions, slots, tables) -> int:
         """Fills the decode rows (one token each, at the front) in bulk: their token, position,
@@ -195,6 +210,7 @@ class StepLayout:
             live_rows=spans((0, 0), (num_tokens, num_tokens)),
             long_rope=np.zeros(num_seqs, bool),
             decode_only=self.mark_decode_only and num_tokens == num_seqs,
+            lora_slots=self._lora_slots([], num_tokens),
         )
         zeros = np.zeros(num_tokens, np.int32)
         live = spans((0, 0), (num_seqs, num_seqs))

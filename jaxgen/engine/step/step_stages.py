@@ -89,6 +89,9 @@ class StepStages:
                 for item in scheduled.scheduled
                 if item.completes
             }
+        if self.lora is not None:  # each sequence's adapter in a device slot
+            running = {seq.lora_int_id for seq in self.scheduler.running}
+            self.lora.assign((item.seq for item in scheduled.scheduled), running)
         self.step_counter += 1
         batch = build_step_batch(
             self.layout,
