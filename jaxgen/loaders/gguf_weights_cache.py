@@ -17,8 +17,8 @@ from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import ACTIVATIONS, KINDS
 
 # Bump when ``GGUFFile.get_quantized``'s output for the same file changes.
-CONVERSION_FORMAT = 2  # 2: K-quants and IQ4 kept exactly (gguf_blocks)
-_FIELDS = ("values", "scales", "mins")
+CONVERSION_FORMAT = 3  # 2: K-quants and IQ4 kept exactly (gguf_blocks); 3: two-level scales
+_FIELDS = ("values", "scales", "mins", "scale_codes", "min_codes")
 
 
 class GGUFWeightsCache:
@@ -41,7 +41,7 @@ class GGUFWeightsCache:
             return None
         kind, group_size, depth, columns, activations = (int(x) for x in meta)
         return QuantizedWeight(
-            *(self._stored.get(f"{name}/{field}") for field in _FIELDS),
+            **{field: self._stored.get(f"{name}/{field}") for field in _FIELDS},
             kind=KINDS[kind],
             group_size=group_size,
             shape=(depth, columns),

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "float_slice_tiles.h"
@@ -169,10 +170,14 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 // tile up to 5 rows, else tiles as even as the rows allow; else one int4 row: Int4RowTile;
 // int4 rows scaled once into `scratch`; 1-8 int8 rows with AVX-512: Int8RowsTileWide, the
 // same tiles, else 2-8: Int8RowsTile's 4-row tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
-// and runs float tiles over it (SIMD builds).
-template <bool kInt4, typename S>
+// and runs float tiles over it (SIMD builds). kTwoLevel (S float): a panel's scales and minimums
+// are formed from its super-block numbers and codes for the groups each pass reads
+// (ExpandPanelScales), then the same tiles run on them.
+template <bool kInt4, typename S, bool kTwoLevel = false>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
                           int64_t m1, int64_t n0, int64_t n1, std::vector<float>& scratch) {
+  static_assert(!kTwoLevel || std::is_same_v<S, float>, "two-level scales expand to float32");
+  thread_local std::vector<float> expanded;  // kTwoLevel: a panel's scales and minimums
   const int64_t K = w.depth, N = w.columns;
   const int64_t groups = K / w.group;
   const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
@@ -216,9 +221,15 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
     for (int64_t first = n0; first < n1; first += kQuantPanel) {
       const int64_t panel = first / kQuantPanel;
       const uint8_t* values = w.values + panel * K * row_bytes + k0 * row_bytes;
-      const S* scales = static_cast<const S*>(w.scales) + panel * groups * kQuantPanel;
-      const S* mins =
-          kInt4 ? static_cast<const S*>(w.mins) + panel * groups * kQuantPanel : nullptr;
+      PanelScales<S> panel_scales;
+      if constexpr (kTwoLevel) {
+        panel_scales = ExpandPanelScales(w, panel, k0 / w.group, (k1 + w.group - 1) / w.group,
+                                         expanded);
+      } else {
+        panel_scales = StoredPanelScales<S>(w, panel);
+      }
+      const S* scales = panel_scales.scales;
+      const S* mins = kInt4 ? panel_scales.mins : nullptr;
 #if defined(JAXGEN_QUANTIZED_SIMD)
       if (shared_slice) {
         DequantizeSlice<kInt4>(w, k0, k1, values, scales, mins, slice);
@@ -306,11 +317,13 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
 // minimum per group), added after QuantizedMatmulBlock's products of the codes. The int4 tiles
 // fold their minimums into each group instead; an int8 weight adds G * 16 FMAs per row and panel
 // to its K * 16 (1/32 more), so its tiles stay those of the weights without minimums.
-template <typename S>
+// kTwoLevel (S float): the minimums formed from super-block numbers and codes per panel.
+template <typename S, bool kTwoLevel = false>
 void AddGroupMins(const QuantizedPanels& w, const float* x, float* out, int64_t m0, int64_t m1,
                   int64_t n0, int64_t n1) {
+  static_assert(!kTwoLevel || std::is_same_v<S, float>, "two-level minimums expand to float32");
   const int64_t K = w.depth, N = w.columns, groups = K / w.group;
-  thread_local std::vector<float> sums;
+  thread_local std::vector<float> sums, expanded;
   sums.resize(groups);
   for (int64_t m = m0; m < m1; ++m) {
     const float* row = x + m * K;
@@ -320,7 +333,13 @@ void AddGroupMins(const QuantizedPanels& w, const float* x, float* out, int64_t 
       sums[g] = total;
     }
     for (int64_t first = n0; first < n1; first += kQuantPanel) {
-      const S* mins = static_cast<const S*>(w.mins) + first / kQuantPanel * groups * kQuantPanel;
+      const int64_t panel = first / kQuantPanel;
+      const S* mins;
+      if constexpr (kTwoLevel) {
+        mins = ExpandPanelScales(w, panel, 0, groups, expanded).mins;
+      } else {
+        mins = StoredPanelScales<S>(w, panel).mins;
+      }
       float* c = out + m * N + first;
 #if defined(JAXGEN_QUANTIZED_SIMD)
       __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
