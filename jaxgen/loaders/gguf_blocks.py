@@ -4,8 +4,8 @@ Every type jaxgen keeps dequantises, in ``gguf.quants.dequantize`` (and ggml's o
 ``dequantize_row_*``), as ``scale * code`` or ``scale * code - offset`` per group of 16 or 32
 weights, the scale and offset being float16 numbers or the float32 product of a float16
 super-block scale and a small integer sub-block scale. :func:`decode_blocks` splits a tensor's
-blocks into those codes, scales and minimums, so that ``codes * scales + mins`` in float32 is the
-file's dequantised tensor bit for bit: every product of a super-block scale (11 significant bits),
+blocks into those codes, scales and minimums, so that ``codes * scales + mins`` in float32 (a
+codebook type's codes read through its ``codebook``) is the file's dequantised tensor bit for bit: every product of a super-block scale (11 significant bits),
 a sub-block scale (at most 7 bits) and a code (at most 7 bits) fits float32's 24 bits exactly,
 and a minimum is subtracted once, as the dequantiser does. The K-quants' and IQ4_XS's scales stay
 two-level, as in the file: the float16 super-block number per 256 weights and an int8 code per
@@ -19,15 +19,16 @@ used (``QuantizedWeight.group_scales``, the native kernel per panel).
 | Q4_1 | u4 q | 32 | d (f16) | m (f16) | 5.0 (5.0) |
 | Q5_0 | int8 q - 16 | 32 | d (f16) | | 8.5 (5.5) |
 | Q5_1 | int8 q (0..31) | 32 | d (f16) | m (f16) | 9.0 (6.0) |
-| IQ4_NL | int8 kvalues[q] | 32 | d (f16) | | 8.5 (4.5) |
+| IQ4_NL | u4 q, indices into kvalues | 32 | d (f16) | | 4.5 (4.5) |
 | Q2_K | u4 q (0..3) | 16 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 5.125 (2.625) |
 | Q3_K | u4 q + 4 (symmetric: q in -4..3) | 16 | d (f16) x (sc - 32) (int8) | | 4.5625 (3.4375) |
 | Q4_K | u4 q | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 4.625 (4.5) |
 | Q5_K | int8 q (0..31) | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 8.625 (5.5) |
 | Q6_K | int8 q - 32 | 16 | d (f16) x sc (int8) | | 8.5625 (6.5625) |
-| IQ4_XS | int8 kvalues[q] | 32 | d (f16) x (ls - 32) (int8) | | 8.3125 (4.25) |
+| IQ4_XS | u4 q, indices into kvalues | 32 | d (f16) x (ls - 32) (int8) | | 4.3125 (4.25) |
 
 (``u4``: an unsigned 4-bit code, which ``QuantizedWeight``'s int4 kind stores two to a byte;
+``kvalues``: llama.cpp's 16-entry non-linear grid, ``DecodedBlocks.codebook``;
 ``x``: a float16 number per 256 weights times an int8 code per group, the product in float32.)
 """
 
@@ -47,6 +48,7 @@ BLOCK_LAYOUTS = {
     "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_XS": (256, 136),
 }  # fmt: skip
 KEPT_TYPES = tuple(BLOCK_LAYOUTS)
+CODEBOOK_TYPES = ("IQ4_NL", "IQ4_XS")  # int4 codes index IQ4_VALUES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,7 @@ class DecodedBlocks:
     group_size: int
     scale_codes: np.ndarray | None = None  # [rows, groups] int8 (two-level), else None
     min_codes: np.ndarray | None = None  # [rows, groups] int8 (two-level mins), else None
+    codebook: tuple[int, ...] | None = None  # int4 codes index these 16 numbers, or None
 
     def group_scales(self) -> np.ndarray:  # [rows, groups] float16 / float32
         return _per_group(self.scales, self.scale_codes)
@@ -99,6 +102,7 @@ def decode_blocks(qtype: str, data: np.ndarray, rows: int, depth: int) -> Decode
         group_size=group,
         scale_codes=scale_codes,
         min_codes=min_codes,
+        codebook=tuple(int(v) for v in IQ4_VALUES) if qtype in CODEBOOK_TYPES else None,
     )
 
 
@@ -156,7 +160,7 @@ def _q5_1(b):
 
 
 def _iq4_nl(b):
-    return "int8", IQ4_VALUES[_nibbles(b[:, 2:])].astype(np.int8), _half(b, 0), None, 32
+    return "int4", _nibbles(b[:, 2:]), _half(b, 0), None, 32  # indices into IQ4_VALUES
 
 
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [B, 8] uint8 each
@@ -220,8 +224,7 @@ def _iq4_xs(b):
     low = b[:, 4:8]
     low = np.stack([low & 15, low >> 4], axis=2).reshape(-1, 8)
     sub = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
-    codes = IQ4_VALUES[_nibbles(b[:, 8:136])].astype(np.int8)
-    return "int8", codes, (_half(b, 0), sub), None, 32
+    return "int4", _nibbles(b[:, 8:136]), (_half(b, 0), sub), None, 32  # IQ4_VALUES indices
 
 
 _DECODERS = {

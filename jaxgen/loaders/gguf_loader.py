@@ -16,10 +16,11 @@ Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) is integer codes
 int8 or int4 codes, float16 scales where the file's are float16, and two-level ones where they
 are a float16 super-block scale times a 6-bit sub-block scale (the float16 number per 256
 weights and an int8 code per group, as the file has them; the product, exact in float32, is
-formed where the weight is used). Memory is the file's for Q8_0 / Q4_0 / Q4_1 and close to it
-for Q4_K (4.625 bits a weight against 4.5); 5-bit, 6-bit, 2-/3-bit and codebook codes are
-widened to int8 / int4 (Q6_K 8.56 against 6.56, IQ4_NL 8.5 against 4.5). Stacked expert tensors are dequantised to float32 (exact, 32
-bits a weight). A file holding any other type (IQ2_XXS, IQ3_S, TQ1_0, Q8_1, ...) is a
+formed where the weight is used); IQ4_NL / IQ4_XS keep their 4-bit indices into llama.cpp's
+16-entry grid (``QuantizedWeight.codebook``). Memory is the file's for Q8_0 / Q4_0 / Q4_1 /
+IQ4_NL and close to it for Q4_K and IQ4_XS (4.625 and 4.3125 bits a weight against 4.5 and
+4.25); 5-bit, 6-bit and 2-/3-bit codes are widened to int8 / int4 (Q6_K 8.56 against 6.56).
+Stacked expert tensors are dequantised to float32 (exact, 32 bits a weight). A file holding any other type (IQ2_XXS, IQ3_S, TQ1_0, Q8_1, ...) is a
 ``ValueError`` naming the type and the tensor when it is opened, before any tensor is read.
 """
 
@@ -174,6 +175,7 @@ def kept_weight(decoded: DecodedBlocks, reorder=lambda rows: rows) -> QuantizedW
         shape=values.shape,
         scale_codes=column_major(decoded.scale_codes),
         min_codes=column_major(decoded.min_codes),
+        codebook=decoded.codebook,
     )
 
 

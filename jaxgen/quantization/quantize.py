@@ -75,6 +75,9 @@ def with_int8_activations(weight: QuantizedWeight) -> QuantizedWeight:
     multiples of 32, float16 scales (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL). Others (the
     K-quants' groups of 16 or two-level scales, Q5_1's int8 minimums, IQ4_XS) stay as they
     are: float activations, the file's numbers."""
+    if weight.codebook is not None:  # the integer kernels read codes that are numbers
+        plain = with_int8_activations(weight.plain_layout())
+        return plain if plain.activations == "int8" else weight
     if weight.two_level:
         return weight
     try:

@@ -6,7 +6,7 @@ A ``[K, N]`` kernel (``Linear``'s orientation: input features first) stored as i
 | kind | values | dequantised element ``[k, n]`` (``g = k // group_size``) |
 | --- | --- | --- |
 | ``int8`` | int8 ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
-| ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]`` |
+| ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]``, or with a ``codebook``: ``scales[g, n] * codebook[u]`` |
 | ``fp8`` | float8_e4m3fn ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
 
 An int8 or int4 weight may also quantise its input (``activations="int8"``: W8A8,
@@ -27,14 +27,16 @@ groups_per_super, n]) * scale_codes[g, n]``; ``min_codes`` likewise turns ``mins
 super-block minimums (``mins[g // groups_per_super, n] * min_codes[g, n]``). The products are
 formed in float32, where they are exact (an 11-bit float16 significand times a code of at most
 8 bits), so the weight is the one the float32 group scales stood for, in about 9 bits per group
-instead of 32 (:meth:`group_scales`, :meth:`one_level`).
+instead of 32 (:meth:`group_scales`, :meth:`plain_layout`). A ``codebook`` (16 integers in
+-128..127, static: GGUF's IQ4_NL / IQ4_XS non-linear grid) makes an int4 weight's codes indices
+into it, so those types keep their 4-bit codes.
 
 Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
 one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
 onto int8 / int4 / int4-with-mins with group 32 value for value (``jaxgen.loaders.gguf_loader``).
 
-It is a pytree (``values``, ``scales``, ``mins``, ``scale_codes``, ``min_codes`` are leaves; ``kind``, ``group_size`` and
-``shape`` static), so the jitted step takes it as an argument like any parameter, and it has
+It is a pytree (``values``, ``scales``, ``mins``, ``scale_codes``, ``min_codes`` are leaves;
+``kind``, ``group_size``, ``shape``, ``activations`` and ``codebook`` static), so the jitted step takes it as an argument like any parameter, and it has
 the kernel protocol of ``jaxgen.layers.linear``: :meth:`matmul` computes ``x @ dequantize()``
 in XLA (the reference path; XLA fuses the dequantisation into the dot's operand on TPU/GPU).
 Backends with native kernels replace it in ``prepare_params`` (the "cpu" backend's
@@ -61,7 +63,7 @@ VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["values", "scales", "mins", "scale_codes", "min_codes"],
-    meta_fields=["kind", "group_size", "shape", "activations"],
+    meta_fields=["kind", "group_size", "shape", "activations", "codebook"],
 )
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
@@ -76,10 +78,12 @@ class QuantizedWeight:
     activations: str = "float"  # "int8" / "int16": x's codes per row and 32 columns (docstring)
     scale_codes: jax.Array | None = None  # [K / group_size, N] int8: two-level scales, or None
     min_codes: jax.Array | None = None  # [K / group_size, N] int8: two-level mins, or None
+    codebook: tuple[int, ...] | None = None  # int4: the 16 numbers its codes index, or None
 
     def __post_init__(self):
         validate_layout(self.kind, self.group_size, self.shape, self.activations)
         validate_two_level(self)
+        validate_codebook(self)
 
     @property
     def two_level(self) -> bool:
@@ -108,22 +112,28 @@ class QuantizedWeight:
             return self.mins
         return _super_times_codes(self.mins, self.min_codes, self.groups_per_super)
 
-    def one_level(self) -> QuantizedWeight:
-        """The same weight with a (float32) scale and minimum stored per group: for consumers
-        of that layout only (arrays, or ``jax.ShapeDtypeStruct``s ahead of time)."""
-        if not self.two_level:
-            return self
-        if isinstance(self.scale_codes, jax.ShapeDtypeStruct):
-
-            def expanded(codes):
-                sharding = getattr(codes, "sharding", None)
-                return jax.ShapeDtypeStruct(codes.shape, jnp.float32, sharding=sharding)
-
-            scales = expanded(self.scale_codes)
-            mins = None if self.mins is None else expanded(self.min_codes)
+    def plain_layout(self) -> QuantizedWeight:
+        """The same weight with a (float32) scale and minimum stored per group and codes that
+        are numbers (a codebook's int4 indices as its int8 values): for consumers of that
+        layout only (arrays, or ``jax.ShapeDtypeStruct``s ahead of time)."""
+        weight = self
+        if self.two_level:
+            if isinstance(self.scale_codes, jax.ShapeDtypeStruct):
+                scales = _struct_like(self.scale_codes, jnp.float32)
+                mins = None if self.mins is None else _struct_like(self.min_codes, jnp.float32)
+            else:
+                scales, mins = self.group_scales(), self.group_mins()
+            weight = dataclasses.replace(
+                self, scales=scales, mins=mins, scale_codes=None, min_codes=None
+            )
+        if self.codebook is None:
+            return weight
+        if isinstance(self.values, jax.ShapeDtypeStruct):
+            values = _struct_like(self.values, jnp.int8, self.shape)
         else:
-            scales, mins = self.group_scales(), self.group_mins()
-        return dataclasses.replace(self, scales=scales, mins=mins, scale_codes=None, min_codes=None)
+            indices = _unpack_int4_jnp(self.values, *self.shape).astype(jnp.int32)
+            values = jnp.asarray(self.codebook, jnp.int8)[indices]
+        return dataclasses.replace(weight, values=values, kind="int8", codebook=None)
 
     @property
     def nbytes(self) -> int:
@@ -133,10 +143,11 @@ class QuantizedWeight:
         """The float weight the values and scales stand for."""
         depth, columns = self.shape
         groups = depth // self.group_size
-        if self.kind == "int4":
-            low = (self.values & 0x0F).astype(jnp.float32)
-            high = (self.values >> 4).astype(jnp.float32)
-            unsigned = jnp.stack([low, high], axis=1).reshape(depth, columns)
+        if self.kind == "int4" and self.codebook is not None:
+            indices = _unpack_int4_jnp(self.values, depth, columns).astype(jnp.int32)
+            codes = jnp.asarray(self.codebook, jnp.float32)[indices]
+        elif self.kind == "int4":
+            unsigned = _unpack_int4_jnp(self.values, depth, columns).astype(jnp.float32)
             codes = unsigned if self.mins is not None else unsigned - 8.0
         else:
             codes = self.values.astype(jnp.float32)
@@ -230,6 +241,36 @@ def validate_two_level(weight: QuantizedWeight) -> None:
                 f"{codes.dtype} {tuple(codes.shape)} and {supers_leaf.dtype} "
                 f"{tuple(supers_leaf.shape)}"
             )
+
+
+def validate_codebook(weight: QuantizedWeight) -> None:
+    """``ValueError`` unless a codebook is 16 integers in -128..127 of an int4 weight without
+    minimums taking float activations."""
+    book = weight.codebook
+    if book is None:
+        return
+    if (
+        not isinstance(book, tuple)
+        or len(book) != 16
+        or not all(isinstance(v, int) and -128 <= v <= 127 for v in book)
+    ):
+        raise ValueError(f"codebook must be a tuple of 16 integers in -128..127, got {book!r}")
+    if weight.kind != "int4" or weight.mins is not None or weight.activations != "float":
+        raise ValueError(
+            f"a codebook indexes an int4 weight without mins taking float activations, got "
+            f"{weight.kind}{' with mins' if weight.mins is not None else ''}, activations "
+            f"{weight.activations!r}"
+        )
+
+
+def _struct_like(leaf, dtype, shape=None) -> jax.ShapeDtypeStruct:
+    """A ``ShapeDtypeStruct`` of ``leaf``'s shape (or ``shape``) and sharding in ``dtype``."""
+    sharding = getattr(leaf, "sharding", None)
+    return jax.ShapeDtypeStruct(shape or leaf.shape, dtype, sharding=sharding)
+
+
+def _unpack_int4_jnp(values, depth: int, columns: int) -> jax.Array:  # [K / 2, N] -> [K, N]
+    return jnp.stack([values & 0x0F, values >> 4], axis=1).reshape(depth, columns)
 
 
 def _super_times_codes(supers, codes, per_super: int) -> jax.Array:  # -> [G, N] float32

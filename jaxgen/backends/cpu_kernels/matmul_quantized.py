@@ -3,7 +3,8 @@
 ``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8 with or without minimums, or int4 with
 or without them; float16 scales, float32 ones, or two-level ones: a GGUF K-quant's float16
 super-block scale and int8 sub-block codes, whose products the kernel forms in float32 per
-panel) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
+panel; int4 codes may index a 16-entry codebook, IQ4_NL / IQ4_XS's grid, looked up in
+registers) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
 weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
@@ -109,6 +110,7 @@ def _int4_lanes(panels: jax.Array) -> jax.Array:  # [P, K / 2, 16] -> [P, K / 2,
         "offsets",
         "activations",
         "groups_per_super",
+        "codebook",
     ],
 )
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +134,7 @@ class PackedQuantizedWeight:
     scale_codes: jax.Array | None = None
     min_codes: jax.Array | None = None
     groups_per_super: int = 1
+    codebook: tuple[int, ...] | None = None  # int4: the numbers its codes index (no mins)
 
     norms_input = True  # takes a NormedInput as x (jaxgen.layers.linear)
 
@@ -149,6 +152,7 @@ class PackedQuantizedWeight:
         scales = xp.asarray(weight.scales)
         mins, values = None, _panels(weight.values, columns, xp)
         if weight.two_level:  # the kernel forms a symmetric int4 weight's mins (-8 * scale)
+            # (a codebook's weight has none)
             panels = [
                 None if leaf is None else _panels(leaf, columns, xp)
                 for leaf in (weight.scales, weight.mins, weight.scale_codes, weight.min_codes)
@@ -162,8 +166,11 @@ class PackedQuantizedWeight:
                 min_codes=panels[3],
             )
         if weight.kind == "int4":
-            mins = xp.asarray(weight.mins) if weight.mins is not None else scales * -8  # exact
             values = _int4_lanes(values)
+            if weight.mins is not None:
+                mins = xp.asarray(weight.mins)
+            elif weight.codebook is None:
+                mins = scales * -8  # exact
         elif weight.mins is not None:
             mins = xp.asarray(weight.mins)
         if mins is not None:
@@ -177,10 +184,12 @@ class PackedQuantizedWeight:
     @property
     def layout(self) -> tuple:
         """What one native call needs its weights to share: bits, activations, scale bits,
-        whether they carry minimums, and groups per super-block scale (0: one-level)."""
+        whether they carry minimums, groups per super-block scale (0: one-level) and the
+        codebook (or None)."""
         scale_bits = SCALE_BITS[jnp.dtype(self.scales.dtype)]
         super_groups = self.groups_per_super if self.scale_codes is not None else 0
-        return (self.bits, self.activations, scale_bits, self.mins is not None, super_groups)
+        minimums = self.mins is not None
+        return (self.bits, self.activations, scale_bits, minimums, super_groups, self.codebook)
 
     @property
     def panels(self) -> int:
@@ -262,6 +271,7 @@ def matmul_quantized_cpu_group(
         scale_bits=np.int64(weights[0].layout[2]),
         has_mins=np.int64(weights[0].layout[3]),
         super_groups=np.int64(weights[0].layout[4]),
+        codebook=np.array(weights[0].codebook or (), np.int64),
         panels=np.array([w.panels for w in weights], np.int64),
         groups=np.array([w.groups for w in weights], np.int64),
         offsets=np.array([w.offsets for w in weights], np.int64).reshape(-1),
@@ -281,4 +291,5 @@ def packed_fields(weight: QuantizedWeight) -> dict:
         groups=weight.shape[0] // weight.group_size,
         activations=weight.activations,
         groups_per_super=weight.groups_per_super,
+        codebook=weight.codebook,
     )

@@ -41,7 +41,7 @@ def _packed_layout(weight: QuantizedWeight) -> PackedQuantizedWeight:
             min_codes=maybe(weight.min_codes),
         )  # fmt: skip
     mins = None
-    if weight.kind == "int4" or weight.mins is not None:
+    if (weight.kind == "int4" and weight.codebook is None) or weight.mins is not None:
         mins = panelled(weight.mins if weight.mins is not None else weight.scales)
     return PackedQuantizedWeight(
         panelled(weight.values), panelled(weight.scales), mins, **packed_fields(weight)
@@ -61,7 +61,7 @@ def _shared_host_buffers(weights, placed, sizes) -> dict[tuple, np.ndarray]:
         return _pack_host_buffers(weights, placed, sizes)
     described = [
         (w.kind, w.group_size, list(w.shape), w.activations, w.scales.dtype.name, w.mins is None)
-        + (w.groups_per_super if w.two_level else 0, w.min_codes is None)
+        + (w.groups_per_super if w.two_level else 0, w.min_codes is None, w.codebook)
         for w in weights
     ]
     key = {

@@ -153,7 +153,9 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
           const uint8_t byte = values[row / kInt4BlockRows * 4 * kQuantPanel + 4 * j +
                                       row % kInt4BlockRows / 2];
           const int u = (row & 1) ? byte >> 4 : byte & 0x0F;
-          weight = scale * static_cast<float>(u) + ScaleToFloat(mins[g * kQuantPanel + j]);
+          weight = w.codebook ? scale * w.codebook[u]
+                              : scale * static_cast<float>(u) +
+                                    ScaleToFloat(mins[g * kQuantPanel + j]);
         } else {
           weight = scale * static_cast<float>(static_cast<int8_t>(values[(k - k0) * kQuantPanel + j]));
         }
@@ -186,12 +188,13 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
       kQuantizedSimd && !kInt4 && m1 - m0 > 1 && m1 - m0 <= kInt8TileRows;
 #if defined(__AVX512F__)
   // int4 rows of 1 to kInt4TileRows: Int4RowsTileWide over tiles of up to kWideTileRows rows.
-  const bool int4_rows = kQuantizedSimd && kInt4 && m1 - m0 <= kInt4TileRows;
+  const bool int4_rows = kQuantizedSimd && kInt4 && m1 - m0 <= kInt4TileRows && !w.codebook;
 #else
   const bool int4_rows = false;
 #endif
   const bool shared_slice = kQuantizedSimd && m1 - m0 > 4 && !int8_rows && !int4_rows;
-  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1 && !int4_rows;
+  // (A codebook weight's 1-4 rows take QuantizedTile, which looks its codes up.)
+  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1 && !int4_rows && !w.codebook;
   [[maybe_unused]] const bool one_row = kQuantizedSimd && m1 - m0 == 1;
 #if defined(JAXGEN_QUANTIZED_SIMD)
   if (int4_row) {

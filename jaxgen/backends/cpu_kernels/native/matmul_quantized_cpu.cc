@@ -5,7 +5,8 @@
 // int8 with `has_mins`: GGUF's Q5_1 / Q5_K), float16 or (`scale_bits` 32: a K-quant's d times
 // its sub-block scale) float32, or two-level (`super_groups` > 0: float16 super-block scales and
 // minimums with int8 codes per group, a GGUF K-quant's own form; quantized_panels.h)
-// (matmul_quantized.h has the layout and the tile), found at element offsets of their
+// (matmul_quantized.h has the layout and the tile), int4 codes optionally indexing a 16-entry
+// `codebook` (IQ4_NL / IQ4_XS; no minimums), found at element offsets of their
 // buffers (attributes `panels`, `groups` and `offsets`, per weight): a weight's own arrays, or
 // buffers shared by every weight of a model so that a step passes three arrays, not hundreds.
 // As the float32 kernel (matmul_cpu.cc): one call per group, only the rows in the two
@@ -62,7 +63,8 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
                                ffi::Buffer<ffi::F32> norm_weight, ffi::RemainingArgs args,
                                ffi::RemainingRets outs, float eps, int64_t bits,
                                int64_t activation_bits, int64_t scale_bits, int64_t has_mins,
-                               int64_t super_groups, ffi::Span<const int64_t> panel_counts,
+                               int64_t super_groups, ffi::Span<const int64_t> book,
+                               ffi::Span<const int64_t> panel_counts,
                                ffi::Span<const int64_t> group_counts,
                                ffi::Span<const int64_t> offsets) {
   auto xd = x.dimensions();
@@ -72,11 +74,17 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
   }
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
   const bool two_level = super_groups > 0;
-  if ((scale_bits != 16 && scale_bits != 32) || (bits == 4 && !has_mins && !two_level) ||
-      super_groups < 0 || (two_level && scale_bits != 16)) {
+  const bool has_book = book.size() != 0;
+  if ((scale_bits != 16 && scale_bits != 32) ||
+      (bits == 4 && !has_mins && !two_level && !has_book) || super_groups < 0 ||
+      (two_level && scale_bits != 16) ||
+      (has_book && (book.size() != 16 || bits != 4 || has_mins || activation_bits != 32))) {
     return ffi::Error::InvalidArgument(
-        "matmul_quantized_cpu: scale_bits 16 or 32 (two-level: 16); int4 mins");
+        "matmul_quantized_cpu: scale_bits 16 or 32 (two-level: 16); int4 mins; a codebook: 16 "
+        "numbers for int4 codes without mins, float activations");
   }
+  float codebook[16];  // the numbers int4 codes index (has_book)
+  for (size_t i = 0; has_book && i < 16; ++i) codebook[i] = static_cast<float>(book[i]);
   const bool float_scales = scale_bits == 32;
   const bool integer_activations = activation_bits == 8 || activation_bits == 16;
   if (!integer_activations && activation_bits != 32) {
@@ -176,7 +184,8 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
         float_scales,
         group_codes[0],
         group_codes[1],
-        two_level ? super_groups : 1};
+        two_level ? super_groups : 1,
+        has_book ? codebook : nullptr};
     group.push_back({p, (*out)->typed_data(), block_panels[i] * jaxgen_cpu::kQuantPanel});
     column_blocks += blocks;
   }
@@ -333,6 +342,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                                   .Attr<int64_t>("scale_bits")
                                   .Attr<int64_t>("has_mins")
                                   .Attr<int64_t>("super_groups")
+                                  .Attr<ffi::Span<const int64_t>>("codebook")
                                   .Attr<ffi::Span<const int64_t>>("panels")
                                   .Attr<ffi::Span<const int64_t>>("groups")
                                   .Attr<ffi::Span<const int64_t>>("offsets"));

@@ -14,7 +14,9 @@
 //         g = k / group; or two-level (a GGUF K-quant's, IQ4_XS's): scales / mins
 //         [N / 16, K / group / S, 16] float16 super-block numbers and scale_codes / min_codes
 //         [N / 16, K / group, 16] int8, the group's scale float(super[g / S]) * code[g] (exact
-//         in float32), formed per panel and tile (ExpandPanelScales), S = groups_per_super.
+//         in float32), formed per panel and tile (ExpandPanelScales), S = groups_per_super;
+//   codebook (int4, no minimums: GGUF's IQ4_NL / IQ4_XS): w[k, n] = scale[g, n] * book[u],
+//         the 16 numbers looked up in registers (two 8-float permutes and a blend).
 // Without AVX2 + FMA + F16C a portable loop stands in (kQuantizedSimd is false; callers keep
 // the XLA path).
 
@@ -47,6 +49,7 @@ struct QuantizedPanels {
   const int8_t* scale_codes = nullptr;  // two-level: a code per group (scales per super-block)
   const int8_t* min_codes = nullptr;    // two-level minimums' codes (mins per super-block)
   int64_t groups_per_super = 1;         // groups per super-block number (two-level)
+  const float* codebook = nullptr;      // int4: the 16 numbers its codes index, or null
 };
 
 // A panel's scales and minimums as the tiles read them: [K / group, 16] rows of S (float16
@@ -128,10 +131,10 @@ inline PanelScales<float> ExpandPanelScales(const QuantizedPanels& w, int64_t pa
   if (w.min_codes) {
     SuperTimesCodes(static_cast<const uint16_t*>(w.mins) + super_at, w.min_codes + code_at,
                     w.groups_per_super, g0, g1, mins);
-  } else if (w.int4) {
+  } else if (w.int4 && !w.codebook) {
     for (int64_t i = g0 * kQuantPanel; i < g1 * kQuantPanel; ++i) mins[i] = -8.0f * scales[i];
   }
-  return {scales, (w.min_codes || w.int4) ? mins : nullptr};
+  return {scales, (w.min_codes || (w.int4 && !w.codebook)) ? mins : nullptr};
 }
 
 #if defined(JAXGEN_QUANTIZED_SIMD)
@@ -203,12 +206,58 @@ inline void ForInt4BlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m25
 #undef JAXGEN_INT4_DEQUANT
 }
 
+// Row j's codebook number book[u] (the book's first 8 numbers in `low`, the last 8 in `high`).
+template <int J>
+inline __m256 Int4LaneBookValue(__m256i lanes, __m256 low, __m256 high) {
+  const __m256i u = J == 7 ? _mm256_srli_epi32(lanes, 28)
+                           : _mm256_and_si256(_mm256_srli_epi32(lanes, 4 * J),
+                                              _mm256_set1_epi32(0xF));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, u), _mm256_permutevar8x32_ps(high, u),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(u, 28)));  // bit 3: high half
+}
+
+// ForInt4BlockRows for a codebook weight: book[u] * scale.
+template <typename F>
+inline void ForInt4BookBlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m256 low,
+                                 __m256 high, F&& f) {
+#define JAXGEN_INT4_BOOK(J)                                      \
+  f(J, _mm256_mul_ps(Int4LaneBookValue<J>(v0, low, high), s0), \
+    _mm256_mul_ps(Int4LaneBookValue<J>(v1, low, high), s1));
+  JAXGEN_INT4_BOOK(0)
+  JAXGEN_INT4_BOOK(1)
+  JAXGEN_INT4_BOOK(2)
+  JAXGEN_INT4_BOOK(3)
+  JAXGEN_INT4_BOOK(4)
+  JAXGEN_INT4_BOOK(5)
+  JAXGEN_INT4_BOOK(6)
+  JAXGEN_INT4_BOOK(7)
+#undef JAXGEN_INT4_BOOK
+}
+
 // Calls f(k, e0, e1) for every row k in [k0, k1) of an int4 panel (k0, k1 multiples of 8),
-// dequantised (u * scale + min) in two 8-float vectors; `values` points at block k0 / 8.
+// dequantised (u * scale + min, or book[u] * scale) in two 8-float vectors; `values` points at
+// block k0 / 8.
 template <typename S, typename F>
 inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
                            const uint8_t* values, const S* scales, const S* mins,
                            F&& f) {
+  if (w.codebook) {
+    const __m256 low = _mm256_loadu_ps(w.codebook), high = _mm256_loadu_ps(w.codebook + 8);
+    for (int64_t k = k0; k < k1;) {
+      const int64_t g = k / w.group;
+      const int64_t end = std::min(k1, (g + 1) * w.group);
+      const __m256 s0 = LoadScales8(scales + g * kQuantPanel);
+      const __m256 s1 = LoadScales8(scales + g * kQuantPanel + 8);
+      for (; k < end; k += kInt4BlockRows) {
+        const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+        ForInt4BookBlockRows(v0, v1, s0, s1, low, high,
+                             [&](int j, __m256 e0, __m256 e1) { f(k + j, e0, e1); });
+      }
+    }
+    return;
+  }
   for (int64_t k = k0; k < k1;) {
     const int64_t g = k / w.group;
     const int64_t end = std::min(k1, (g + 1) * w.group);
