@@ -38,6 +38,11 @@ TARGET = "jaxgen_matmul_quantized"
 QUANT_PANEL = 16  # kQuantPanel in native/quantized_panels.h
 ACTIVATION_BITS = {"float": 32, "int16": 16, "int8": 8}  # x as the kernel takes it
 INT4_BLOCK_ROWS = 8  # kInt4BlockRows: int4 rows in one 32-bit lane
+# Whether a codebook weight (IQ4_NL / IQ4_XS) is packed as its 4-bit indices, looked up by the
+# kernel, or (False, the default) as its int8 values (``QuantizedWeight.plain_layout``): the
+# lookup tiles hold it at the file's bytes but ran 1.4x (one row) to 3x (4 rows) the int8
+# tiles' time on the 2-core VM (docs/measurements/2026-12-04-*-gguf-memory.md).
+LOOK_UP_CODEBOOKS = False
 
 
 @functools.cache
@@ -141,6 +146,7 @@ class PackedQuantizedWeight:
     @classmethod
     def pack(cls, weight: QuantizedWeight, xp=jnp) -> PackedQuantizedWeight:
         """``weight`` in panels; ``xp=np`` packs on the host (numpy arrays in the fields)."""
+        weight = packed_form(weight)
         if not can_pack_quantized(weight):
             raise ValueError(
                 f"the native kernel takes int8 / int4 (groups a multiple of 8) weights with "
@@ -280,6 +286,14 @@ def matmul_quantized_cpu_group(
         out[:, : w.columns].reshape(*x.shape[:-1], w.columns)
         for out, w in zip(outs, weights, strict=True)
     ]
+
+
+def packed_form(weight: QuantizedWeight) -> QuantizedWeight:
+    """``weight`` as the kernel takes it: a codebook's indices as their int8 values unless
+    ``LOOK_UP_CODEBOOKS`` (arrays, or ``ShapeDtypeStruct``s)."""
+    if weight.codebook is None or LOOK_UP_CODEBOOKS:
+        return weight
+    return weight.plain_layout()
 
 
 def packed_fields(weight: QuantizedWeight) -> dict:

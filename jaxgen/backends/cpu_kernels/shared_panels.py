@@ -8,10 +8,12 @@ import dataclasses
 import jax
 import numpy as np
 
+from jaxgen.backends.cpu_kernels import matmul_quantized
 from jaxgen.backends.cpu_kernels.matmul_quantized import (
     QUANT_PANEL,
     PackedQuantizedWeight,
     packed_fields,
+    packed_form,
 )
 from jaxgen.caches import array_cache
 from jaxgen.caches.array_cache import ArrayCache, content_key
@@ -26,6 +28,9 @@ PACKING_FORMAT = 2  # bump when the panels' layout changes (keys the packed-weig
 def _packed_layout(weight: QuantizedWeight) -> PackedQuantizedWeight:
     """``PackedQuantizedWeight.pack(weight)`` with ``jax.ShapeDtypeStruct`` fields, from the
     shapes alone."""
+    weight = packed_form(
+        jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), weight)
+    )
     panels = -(-weight.shape[1] // QUANT_PANEL)
 
     def panelled(array):  # [R, N] -> [P, R, 16]
@@ -62,6 +67,7 @@ def _shared_host_buffers(weights, placed, sizes) -> dict[tuple, np.ndarray]:
     described = [
         (w.kind, w.group_size, list(w.shape), w.activations, w.scales.dtype.name, w.mins is None)
         + (w.groups_per_super if w.two_level else 0, w.min_codes is None, w.codebook)
+        + (matmul_quantized.LOOK_UP_CODEBOOKS,)
         for w in weights
     ]
     key = {

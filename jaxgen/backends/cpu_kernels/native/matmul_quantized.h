@@ -24,6 +24,37 @@
 namespace jaxgen_cpu {
 
 #if defined(JAXGEN_QUANTIZED_SIMD)
+// acc[2] += x[k0:k1] @ dequant(panel)[k0:k1, 16] for one row of a codebook int4 panel: per
+// group, x * book[u] summed in four FMA chains per half (k % 4), then the group's scale applied
+// once (as one int8 row's tile does); the one-row int4 tiles' 16^j trick needs linear codes.
+template <typename S>
+inline void BookRowGroups(const QuantizedPanels& w, int64_t k0, int64_t k1, const float* x,
+                          const uint8_t* values, const S* scales, __m256 (&acc)[2]) {
+  const __m256i book = LoadBook(w.codebook);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m256 sum[4][2];
+    for (auto& chain : sum) chain[0] = chain[1] = _mm256_setzero_ps();
+    for (; k < end; k += kInt4BlockRows) {
+      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+      ForInt4BookBlockRows(v0, v1, one, one, book, [&](int j, __m256 e0, __m256 e1) {
+        const __m256 a = _mm256_broadcast_ss(x + k + j);
+        sum[j & 3][0] = _mm256_fmadd_ps(a, e0, sum[j & 3][0]);
+        sum[j & 3][1] = _mm256_fmadd_ps(a, e1, sum[j & 3][1]);
+      });
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 total =
+          _mm256_add_ps(_mm256_add_ps(sum[0][h], sum[1][h]), _mm256_add_ps(sum[2][h], sum[3][h]));
+      acc[h] = _mm256_fmadd_ps(total, LoadScales8(scales + g * kQuantPanel + 8 * h), acc[h]);
+    }
+  }
+}
+
 // c[R, 16] (+)= x[R, k0:k1] @ dequant(panel)[k0:k1, 16]; `values` points at the panel's k0 row
 // (int8) or its 8-row block k0 / 8 (int4), `scales` / `mins` at the panel's first group row.
 // Codes are dequantised (integer to float, one FMA or multiply for the group's scale and
@@ -37,7 +68,16 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
                                              float* c, int64_t ldc, bool accumulate) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  if constexpr (kInt4) {
+  if constexpr (kInt4 && R == 1) {
+    if (w.codebook) {
+      BookRowGroups(w, k0, k1, x, values, scales, acc[0]);
+    } else {
+      ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
+        acc[0][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), e0, acc[0][0]);
+        acc[0][1] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), e1, acc[0][1]);
+      });
+    }
+  } else if constexpr (kInt4) {
     ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
       for (int r = 0; r < R; ++r) {
         const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
@@ -153,7 +193,7 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
           const uint8_t byte = values[row / kInt4BlockRows * 4 * kQuantPanel + 4 * j +
                                       row % kInt4BlockRows / 2];
           const int u = (row & 1) ? byte >> 4 : byte & 0x0F;
-          weight = w.codebook ? scale * w.codebook[u]
+          weight = w.codebook ? scale * static_cast<float>(w.codebook[u])
                               : scale * static_cast<float>(u) +
                                     ScaleToFloat(mins[g * kQuantPanel + j]);
         } else {

@@ -83,8 +83,13 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
         "matmul_quantized_cpu: scale_bits 16 or 32 (two-level: 16); int4 mins; a codebook: 16 "
         "numbers for int4 codes without mins, float activations");
   }
-  float codebook[16];  // the numbers int4 codes index (has_book)
-  for (size_t i = 0; has_book && i < 16; ++i) codebook[i] = static_cast<float>(book[i]);
+  int8_t codebook[16];  // the numbers int4 codes index (has_book)
+  for (size_t i = 0; has_book && i < 16; ++i) {
+    if (book[i] < -128 || book[i] > 127) {
+      return ffi::Error::InvalidArgument("matmul_quantized_cpu: codebook numbers are int8");
+    }
+    codebook[i] = static_cast<int8_t>(book[i]);
+  }
   const bool float_scales = scale_bits == 32;
   const bool integer_activations = activation_bits == 8 || activation_bits == 16;
   if (!integer_activations && activation_bits != 32) {

@@ -16,7 +16,7 @@
 //         [N / 16, K / group, 16] int8, the group's scale float(super[g / S]) * code[g] (exact
 //         in float32), formed per panel and tile (ExpandPanelScales), S = groups_per_super;
 //   codebook (int4, no minimums: GGUF's IQ4_NL / IQ4_XS): w[k, n] = scale[g, n] * book[u],
-//         the 16 numbers looked up in registers (two 8-float permutes and a blend).
+//         the 16 numbers looked up in registers (a byte shuffle per 4 rows of 8 columns).
 // Without AVX2 + FMA + F16C a portable loop stands in (kQuantizedSimd is false; callers keep
 // the XLA path).
 
@@ -49,7 +49,7 @@ struct QuantizedPanels {
   const int8_t* scale_codes = nullptr;  // two-level: a code per group (scales per super-block)
   const int8_t* min_codes = nullptr;    // two-level minimums' codes (mins per super-block)
   int64_t groups_per_super = 1;         // groups per super-block number (two-level)
-  const float* codebook = nullptr;      // int4: the 16 numbers its codes index, or null
+  const int8_t* codebook = nullptr;     // int4: the 16 numbers its codes index, or null
 };
 
 // A panel's scales and minimums as the tiles read them: [K / group, 16] rows of S (float16
@@ -206,23 +206,36 @@ inline void ForInt4BlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m25
 #undef JAXGEN_INT4_DEQUANT
 }
 
-// Row j's codebook number book[u] (the book's first 8 numbers in `low`, the last 8 in `high`).
+// The 16 int8 numbers of a codebook in both 128-bit halves (for _mm256_shuffle_epi8).
+inline __m256i LoadBook(const int8_t* book) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(book)));
+}
+
+// An int4 block's lanes looked up byte by byte: byte i of each lane of `even` is book[u] of row
+// 2i, of `odd` row 2i + 1 (a lane's byte i holds rows 2i and 2i + 1 in its two nibbles).
+struct BookBytes {
+  __m256i even, odd;
+  BookBytes(__m256i lanes, __m256i book) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    even = _mm256_shuffle_epi8(book, _mm256_and_si256(lanes, nibble));
+    odd = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(lanes, 4), nibble));
+  }
+};
+
+// Row j's book[u] as floats: its byte of each lane, sign-extended.
 template <int J>
-inline __m256 Int4LaneBookValue(__m256i lanes, __m256 low, __m256 high) {
-  const __m256i u = J == 7 ? _mm256_srli_epi32(lanes, 28)
-                           : _mm256_and_si256(_mm256_srli_epi32(lanes, 4 * J),
-                                              _mm256_set1_epi32(0xF));
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, u), _mm256_permutevar8x32_ps(high, u),
-                          _mm256_castsi256_ps(_mm256_slli_epi32(u, 28)));  // bit 3: high half
+inline __m256 BookRowValue(const BookBytes& bytes) {
+  const __m256i row = (J & 1) ? bytes.odd : bytes.even;
+  return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(row, 24 - 8 * (J / 2)), 24));
 }
 
 // ForInt4BlockRows for a codebook weight: book[u] * scale.
 template <typename F>
-inline void ForInt4BookBlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m256 low,
-                                 __m256 high, F&& f) {
-#define JAXGEN_INT4_BOOK(J)                                      \
-  f(J, _mm256_mul_ps(Int4LaneBookValue<J>(v0, low, high), s0), \
-    _mm256_mul_ps(Int4LaneBookValue<J>(v1, low, high), s1));
+inline void ForInt4BookBlockRows(__m256i v0, __m256i v1, __m256 s0, __m256 s1, __m256i book,
+                                 F&& f) {
+  const BookBytes b0(v0, book), b1(v1, book);
+#define JAXGEN_INT4_BOOK(J) \
+  f(J, _mm256_mul_ps(BookRowValue<J>(b0), s0), _mm256_mul_ps(BookRowValue<J>(b1), s1));
   JAXGEN_INT4_BOOK(0)
   JAXGEN_INT4_BOOK(1)
   JAXGEN_INT4_BOOK(2)
@@ -242,7 +255,7 @@ inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
                            const uint8_t* values, const S* scales, const S* mins,
                            F&& f) {
   if (w.codebook) {
-    const __m256 low = _mm256_loadu_ps(w.codebook), high = _mm256_loadu_ps(w.codebook + 8);
+    const __m256i book = LoadBook(w.codebook);
     for (int64_t k = k0; k < k1;) {
       const int64_t g = k / w.group;
       const int64_t end = std::min(k1, (g + 1) * w.group);
@@ -252,7 +265,7 @@ inline void ForEachInt4Row(const QuantizedPanels& w, int64_t k0, int64_t k1,
         const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
         const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
         const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-        ForInt4BookBlockRows(v0, v1, s0, s1, low, high,
+        ForInt4BookBlockRows(v0, v1, s0, s1, book,
                              [&](int j, __m256 e0, __m256 e1) { f(k + j, e0, e1); });
       }
     }
