@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxgen.loaders.gguf_blocks import BLOCK_LAYOUTS, decode_blocks
-from jaxgen.quantization import QuantizedWeight, pack_int4
+from jaxgen.loaders.gguf_loader import kept_weight as loaded_weight
+from jaxgen.quantization import QuantizedWeight
 
 KEPT_GGUF_TYPES = tuple(BLOCK_LAYOUTS)
 QUANTISED_BY_GGUF = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -44,19 +45,12 @@ def random_gguf_tensor(qtype: str, rows: int, depth: int, rng, magnitude: float 
 def kept_weight(qtype: str, depth: int, columns: int, seed: int = 0) -> QuantizedWeight:
     """A random ``[depth, columns]`` weight of GGUF type ``qtype`` as the loader keeps it."""
     import gguf
+    import jax
     import jax.numpy as jnp
 
     data = random_gguf_tensor(qtype, columns, depth, np.random.default_rng(seed))
-    decoded = decode_blocks(qtype, data, columns, depth)
-    values = decoded.codes.T
-    weight = QuantizedWeight(
-        jnp.asarray(pack_int4(values) if decoded.kind == "int4" else values),
-        jnp.asarray(decoded.scales.T),
-        None if decoded.mins is None else jnp.asarray(decoded.mins.T),
-        kind=decoded.kind,
-        group_size=decoded.group_size,
-        shape=(depth, columns),
-    )
+    weight = loaded_weight(decode_blocks(qtype, data, columns, depth))
+    weight = jax.tree_util.tree_map(jnp.asarray, weight)
     expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype])
     np.testing.assert_array_equal(np.asarray(weight.dequantize()), expected.T)
     return weight

@@ -66,6 +66,7 @@ class StreamedQuantizedWeight:
     @classmethod
     def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):
         """``weight`` (arrays, or ``ShapeDtypeStruct``s ahead of time) in the kernel's form."""
+        weight = weight.plain_layout()  # the kernel reads a scale (and min) per group, numbers
         split = split_axis(weight.values, mesh, model_axis, 0)
         degree = mesh.shape[model_axis] if split == "columns" else 1
         pieces = mesh.shape[model_axis] if split == "depth" else 1

@@ -198,12 +198,14 @@ class ShardingPlan:
         if spec[0] is not None:
             degree = self.mesh.shape[spec[0]]
             groups = weight.shape[0] // weight.group_size
-            if groups % degree:
+            # Two-level scales split at super-block boundaries (their float16 rows) too.
+            scale_rows = weight.scales.shape[0]  # groups, or super-blocks
+            if groups % degree or scale_rows % degree:
                 raise ValueError(
                     f"quantised weight {path_name(path)!r} ({weight.kind}, {groups} groups of "
                     f"{weight.group_size} along its input dim {weight.shape[0]}) cannot be split "
                     f"{degree} ways at group boundaries; use a tensor_parallel_degree dividing "
-                    f"{groups}, or quantization='none'"
+                    f"{scale_rows}, or quantization='none'"
                 )
         sharding = NamedSharding(self.mesh, spec)
         return jax.tree_util.tree_map(lambda _: sharding, weight)

@@ -4,27 +4,32 @@ Every type jaxgen keeps dequantises, in ``gguf.quants.dequantize`` (and ggml's o
 ``dequantize_row_*``), as ``scale * code`` or ``scale * code - offset`` per group of 16 or 32
 weights, the scale and offset being float16 numbers or the float32 product of a float16
 super-block scale and a small integer sub-block scale. :func:`decode_blocks` splits a tensor's
-blocks into those codes, scales and minimums, so that ``codes * scales + mins`` in float32 is the
-file's dequantised tensor bit for bit: every product of a super-block scale (11 significant bits),
+blocks into those codes, scales and minimums, so that ``codes * scales + mins`` in float32 (a
+codebook type's codes read through its ``codebook``) is the file's dequantised tensor bit for bit: every product of a super-block scale (11 significant bits),
 a sub-block scale (at most 7 bits) and a code (at most 7 bits) fits float32's 24 bits exactly,
-and a minimum is subtracted once, as the dequantiser does.
+and a minimum is subtracted once, as the dequantiser does. The K-quants' and IQ4_XS's scales stay
+two-level, as in the file: the float16 super-block number per 256 weights and an int8 code per
+group (``DecodedBlocks.scale_codes`` / ``min_codes``), the product formed where the weight is
+used (``QuantizedWeight.group_scales``, the native kernel per panel).
 
-| type | codes | group | scale | minimum |
-| --- | --- | --- | --- | --- |
-| Q8_0 | int8 q | 32 | d (f16) | |
-| Q4_0 | u4 q (symmetric: q - 8) | 32 | d (f16) | |
-| Q4_1 | u4 q | 32 | d (f16) | m (f16) |
-| Q5_0 | int8 q - 16 | 32 | d (f16) | |
-| Q5_1 | int8 q (0..31) | 32 | d (f16) | m (f16) |
-| IQ4_NL | int8 kvalues[q] | 32 | d (f16) | |
-| Q2_K | u4 q (0..3) | 16 | d * sc (f32) | -dmin * m (f32) |
-| Q3_K | u4 q + 4 (symmetric: q in -4..3) | 16 | d * (sc - 32) (f32) | |
-| Q4_K | u4 q | 32 | d * sc (f32) | -dmin * m (f32) |
-| Q5_K | int8 q (0..31) | 32 | d * sc (f32) | -dmin * m (f32) |
-| Q6_K | int8 q - 32 | 16 | d * sc (f32) | |
-| IQ4_XS | int8 kvalues[q] | 32 | d * (ls - 32) (f32) | |
+| type | codes | group | scale | minimum | bits a weight (file) |
+| --- | --- | --- | --- | --- | --- |
+| Q8_0 | int8 q | 32 | d (f16) | | 8.5 (8.5) |
+| Q4_0 | u4 q (symmetric: q - 8) | 32 | d (f16) | | 4.5 (4.5) |
+| Q4_1 | u4 q | 32 | d (f16) | m (f16) | 5.0 (5.0) |
+| Q5_0 | int8 q - 16 | 32 | d (f16) | | 8.5 (5.5) |
+| Q5_1 | int8 q (0..31) | 32 | d (f16) | m (f16) | 9.0 (6.0) |
+| IQ4_NL | u4 q, indices into kvalues | 32 | d (f16) | | 4.5 (4.5) |
+| Q2_K | u4 q (0..3) | 16 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 5.125 (2.625) |
+| Q3_K | u4 q + 4 (symmetric: q in -4..3) | 16 | d (f16) x (sc - 32) (int8) | | 4.5625 (3.4375) |
+| Q4_K | u4 q | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 4.625 (4.5) |
+| Q5_K | int8 q (0..31) | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 8.625 (5.5) |
+| Q6_K | int8 q - 32 | 16 | d (f16) x sc (int8) | | 8.5625 (6.5625) |
+| IQ4_XS | u4 q, indices into kvalues | 32 | d (f16) x (ls - 32) (int8) | | 4.3125 (4.25) |
 
-(``u4``: an unsigned 4-bit code, which ``QuantizedWeight``'s int4 kind stores two to a byte.)
+(``u4``: an unsigned 4-bit code, which ``QuantizedWeight``'s int4 kind stores two to a byte;
+``kvalues``: llama.cpp's 16-entry non-linear grid, ``DecodedBlocks.codebook``;
+``x``: a float16 number per 256 weights times an int8 code per group, the product in float32.)
 """
 
 from __future__ import annotations
@@ -43,17 +48,37 @@ BLOCK_LAYOUTS = {
     "Q5_K": (256, 176), "Q6_K": (256, 210), "IQ4_XS": (256, 136),
 }  # fmt: skip
 KEPT_TYPES = tuple(BLOCK_LAYOUTS)
+CODEBOOK_TYPES = ("IQ4_NL", "IQ4_XS")  # int4 codes index IQ4_VALUES
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodedBlocks:
-    """A ``[rows, depth]`` tensor as ``kind`` codes with per-group scales (and minimums)."""
+    """A ``[rows, depth]`` tensor as ``kind`` codes with per-group scales (and minimums), one-
+    level or (``scale_codes``) two-level: ``scales`` / ``mins`` one float16 number per row and
+    super-block, times an int8 code per group (:meth:`group_scales`)."""
 
     kind: str  # "int8" (signed codes) or "int4" (unsigned 4-bit codes)
     codes: np.ndarray  # [rows, depth] int8, or uint8 in 0..15 (int4)
-    scales: np.ndarray  # [rows, depth / group_size] float16 or float32
+    scales: np.ndarray  # [rows, groups] float16, or (two-level) [rows, depth / 256] float16
     mins: np.ndarray | None  # like scales, added after the product; None: none (int4: u - 8)
     group_size: int
+    scale_codes: np.ndarray | None = None  # [rows, groups] int8 (two-level), else None
+    min_codes: np.ndarray | None = None  # [rows, groups] int8 (two-level mins), else None
+    codebook: tuple[int, ...] | None = None  # int4 codes index these 16 numbers, or None
+
+    def group_scales(self) -> np.ndarray:  # [rows, groups] float16 / float32
+        return _per_group(self.scales, self.scale_codes)
+
+    def group_mins(self) -> np.ndarray | None:
+        return None if self.mins is None else _per_group(self.mins, self.min_codes)
+
+
+def _per_group(supers: np.ndarray, codes: np.ndarray | None) -> np.ndarray:
+    """``supers`` as they are (one-level), or each group's ``float32(super) * code``."""
+    if codes is None:
+        return supers
+    per_super = codes.shape[1] // supers.shape[1]
+    return np.repeat(supers.astype(np.float32), per_super, axis=1) * codes.astype(np.float32)
 
 
 def decode_blocks(qtype: str, data: np.ndarray, rows: int, depth: int) -> DecodedBlocks:
@@ -67,13 +92,27 @@ def decode_blocks(qtype: str, data: np.ndarray, rows: int, depth: int) -> Decode
     blocks = np.asarray(data, np.uint8).reshape(rows * depth // elements, nbytes)
     kind, codes, scales, mins, group = _DECODERS[qtype](blocks)
     groups = depth // group
+    scales, scale_codes = _rows(scales, rows, groups)
+    mins, min_codes = (None, None) if mins is None else _rows(mins, rows, groups)
     return DecodedBlocks(
         kind=kind,
         codes=codes.reshape(rows, depth),
-        scales=scales.reshape(rows, groups),
-        mins=None if mins is None else mins.reshape(rows, groups),
+        scales=scales,
+        mins=mins,
         group_size=group,
+        scale_codes=scale_codes,
+        min_codes=min_codes,
+        codebook=tuple(int(v) for v in IQ4_VALUES) if qtype in CODEBOOK_TYPES else None,
     )
+
+
+def _rows(scales, rows: int, groups: int):
+    """A decoder's scales per row: ``[B, ...]`` one-level ones as ``([rows, groups], None)``,
+    a two-level ``(super [B], codes [B, S])`` pair as ``([rows, B / rows], [rows, groups])``."""
+    if isinstance(scales, tuple):
+        supers, codes = scales
+        return supers.reshape(rows, -1), codes.astype(np.int8).reshape(rows, groups)
+    return scales.reshape(rows, groups), None
 
 
 def _half(blocks: np.ndarray, offset: int) -> np.ndarray:  # [B] float16 at byte `offset`
@@ -121,27 +160,23 @@ def _q5_1(b):
 
 
 def _iq4_nl(b):
-    return "int8", IQ4_VALUES[_nibbles(b[:, 2:])].astype(np.int8), _half(b, 0), None, 32
+    return "int4", _nibbles(b[:, 2:]), _half(b, 0), None, 32  # indices into IQ4_VALUES
 
 
-def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [B, 8] uint8 each
     """Q4_K / Q5_K's 12 bytes -> 8 six-bit scales and 8 six-bit minimums per super-block: the
     first four of each in the low 6 bits of bytes 0-3 / 4-7, the last four from bytes 8-11's
     nibbles with their top two bits in the top bits of bytes 0-3 / 4-7."""
     low, high, rest = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     scales = np.concatenate([low & 63, (rest & 15) | ((low >> 6) << 4)], axis=1)
     mins = np.concatenate([high & 63, (rest >> 4) | ((high >> 6) << 4)], axis=1)
-    return scales.astype(np.float32), mins.astype(np.float32)
-
-
-def _products(d: np.ndarray, sub: np.ndarray) -> np.ndarray:  # [B], [B, S] -> [B, S] float32
-    return d.astype(np.float32)[:, None] * sub.astype(np.float32)
+    return scales, mins
 
 
 def _q4_k(b):
     scales, mins = _k_scales(b[:, 4:16])
     codes = _q4_k_codes(b[:, 16:144])
-    return "int4", codes, _products(_half(b, 0), scales), -_products(_half(b, 2), mins), 32
+    return "int4", codes, (_half(b, 0), scales), (-_half(b, 2), mins), 32
 
 
 def _q4_k_codes(packed):  # [B, 128] -> [B, 8, 32]: 32 bytes' low nibbles, then their high ones
@@ -153,7 +188,7 @@ def _q5_k(b):
     scales, mins = _k_scales(b[:, 4:16])
     fifth = _bits(b[:, 16:48], 8, 1)  # [B, 8, 32]: bit j of byte l is sub-block j's element l
     codes = (_q4_k_codes(b[:, 48:176]) | (fifth << 4)).astype(np.int8)
-    return "int8", codes, _products(_half(b, 0), scales), -_products(_half(b, 2), mins), 32
+    return "int8", codes, (_half(b, 0), scales), (-_half(b, 2), mins), 32
 
 
 def _q6_k(b):
@@ -163,7 +198,7 @@ def _q6_k(b):
     high = np.stack([_bits(half, 4, 2) for half in (high[:, 0], high[:, 1])], axis=1)
     codes = (low | (high.reshape(-1, 2, 128) << 4)).astype(np.int8) - np.int8(32)
     sub = b[:, 192:208].copy().view(np.int8)
-    return "int8", codes, _products(_half(b, 208), sub), None, 16
+    return "int8", codes, (_half(b, 208), sub), None, 16
 
 
 def _q3_k(b):
@@ -174,13 +209,13 @@ def _q3_k(b):
     sub_low = np.concatenate([packed[:, 0:8] & 15, packed[:, 0:8] >> 4], axis=1)  # [B, 16]
     sub_high = _bits(packed[:, 8:12], 4, 2).reshape(-1, 16)
     sub = (sub_low | (sub_high << 4)).astype(np.int8) - np.int8(32)
-    return "int4", (codes + 8).astype(np.uint8), _products(_half(b, 108), sub), None, 16
+    return "int4", (codes + 8).astype(np.uint8), (_half(b, 108), sub), None, 16
 
 
 def _q2_k(b):
     sub = b[:, 0:16]
     codes = np.stack([_bits(b[:, 16 + 32 * h : 48 + 32 * h], 4, 2) for h in range(2)], axis=1)
-    scales, mins = _products(_half(b, 80), sub & 15), -_products(_half(b, 82), sub >> 4)
+    scales, mins = (_half(b, 80), sub & 15), (-_half(b, 82), sub >> 4)
     return "int4", codes.reshape(-1, 256), scales, mins, 16
 
 
@@ -189,8 +224,7 @@ def _iq4_xs(b):
     low = b[:, 4:8]
     low = np.stack([low & 15, low >> 4], axis=2).reshape(-1, 8)
     sub = (low | (high.astype(np.uint8) << 4)).astype(np.int8) - np.int8(32)
-    codes = IQ4_VALUES[_nibbles(b[:, 8:136])].astype(np.int8)
-    return "int8", codes, _products(_half(b, 0), sub), None, 32
+    return "int4", _nibbles(b[:, 8:136]), (_half(b, 0), sub), None, 32  # IQ4_VALUES indices
 
 
 _DECODERS = {

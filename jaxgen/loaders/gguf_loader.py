@@ -13,11 +13,14 @@ keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orien
 ``[in, out]`` whose dequantisation is the file's, bit for bit: every kept type (Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) is integer codes times a scale
 (plus a minimum) per group of 16 or 32 weights (``jaxgen.loaders.gguf_blocks`` has the table):
-int8 or int4 codes, float16 scales where the file's are float16, float32 where they are a
-float16 super-block scale times a 6-bit sub-block scale (exact in float32, not in float16).
-Memory is therefore above the file's bytes for the K-quants and IQ4 types (Q4_K: 6 bits a
-weight against the file's 4.5). Stacked expert tensors are dequantised to float32 (exact, 32
-bits a weight). A file holding any other type (IQ2_XXS, IQ3_S, TQ1_0, Q8_1, ...) is a
+int8 or int4 codes, float16 scales where the file's are float16, and two-level ones where they
+are a float16 super-block scale times a 6-bit sub-block scale (the float16 number per 256
+weights and an int8 code per group, as the file has them; the product, exact in float32, is
+formed where the weight is used); IQ4_NL / IQ4_XS keep their 4-bit indices into llama.cpp's
+16-entry grid (``QuantizedWeight.codebook``). Memory is the file's for Q8_0 / Q4_0 / Q4_1 /
+IQ4_NL and close to it for Q4_K and IQ4_XS (4.625 and 4.3125 bits a weight against 4.5 and
+4.25); 5-bit, 6-bit and 2-/3-bit codes are widened to int8 / int4 (Q6_K 8.56 against 6.56).
+Stacked expert tensors are dequantised to float32 (exact, 32 bits a weight). A file holding any other type (IQ2_XXS, IQ3_S, TQ1_0, Q8_1, ...) is a
 ``ValueError`` naming the type and the tensor when it is opened, before any tensor is read.
 """
 
@@ -29,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxgen.families import family_of_gguf
-from jaxgen.loaders.gguf_blocks import KEPT_TYPES, decode_blocks
+from jaxgen.loaders.gguf_blocks import KEPT_TYPES, DecodedBlocks, decode_blocks
 from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_weights_cache import GGUFWeightsCache
 from jaxgen.quantization import QuantizedWeight, pack_int4
@@ -134,18 +137,7 @@ class GGUFFile:
         tensor = self.tensors[name][0]
         rows, depth = (int(d) for d in reversed(tensor.shape))  # [out, in]
         decoded = decode_blocks(qtype, tensor.data, rows, depth)
-        values = self._unpermute(name, decoded.codes).T  # [in, out]
-        if decoded.kind == "int4":
-            values = pack_int4(values)
-        mins = None if decoded.mins is None else self._unpermute(name, decoded.mins).T
-        return QuantizedWeight(
-            np.ascontiguousarray(values),
-            np.ascontiguousarray(self._unpermute(name, decoded.scales).T),
-            None if mins is None else np.ascontiguousarray(mins),
-            kind=decoded.kind,
-            group_size=decoded.group_size,
-            shape=(depth, rows),
-        )
+        return kept_weight(decoded, lambda rows: self._unpermute(name, rows))
 
     def _unpermute(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows (first axis) of tensor ``name`` back in HF's order where the family's converter
@@ -163,6 +155,28 @@ class GGUFFile:
 
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
+
+
+def kept_weight(decoded: DecodedBlocks, reorder=lambda rows: rows) -> QuantizedWeight:
+    """``decoded`` (a ``[out, in]`` tensor's blocks) as a ``[in, out]`` ``QuantizedWeight``, its
+    rows (codes, scales, minimums and their two-level codes alike) first put in order by
+    ``reorder``."""
+
+    def column_major(rows):
+        return None if rows is None else np.ascontiguousarray(reorder(rows).T)
+
+    values = column_major(decoded.codes)
+    return QuantizedWeight(
+        pack_int4(values) if decoded.kind == "int4" else values,
+        column_major(decoded.scales),
+        column_major(decoded.mins),
+        kind=decoded.kind,
+        group_size=decoded.group_size,
+        shape=values.shape,
+        scale_codes=column_major(decoded.scale_codes),
+        min_codes=column_major(decoded.min_codes),
+        codebook=decoded.codebook,
+    )
 
 
 def _check_tensor_types(tensors, path: str) -> None:

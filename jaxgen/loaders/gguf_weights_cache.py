@@ -17,8 +17,9 @@ from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import ACTIVATIONS, KINDS
 
 # Bump when ``GGUFFile.get_quantized``'s output for the same file changes.
-CONVERSION_FORMAT = 2  # 2: K-quants and IQ4 kept exactly (gguf_blocks)
-_FIELDS = ("values", "scales", "mins")
+# 2: K-quants and IQ4 kept exactly (gguf_blocks); 3: two-level scales, IQ4's 4-bit indices
+CONVERSION_FORMAT = 3
+_FIELDS = ("values", "scales", "mins", "scale_codes", "min_codes")
 
 
 class GGUFWeightsCache:
@@ -40,12 +41,14 @@ class GGUFWeightsCache:
         if meta is None:
             return None
         kind, group_size, depth, columns, activations = (int(x) for x in meta)
+        codebook = self._stored.get(f"{name}/codebook")
         return QuantizedWeight(
-            *(self._stored.get(f"{name}/{field}") for field in _FIELDS),
+            **{field: self._stored.get(f"{name}/{field}") for field in _FIELDS},
             kind=KINDS[kind],
             group_size=group_size,
             shape=(depth, columns),
             activations=ACTIVATIONS[activations],
+            codebook=None if codebook is None else tuple(int(v) for v in codebook),
         )
 
     def record(self, name: str, weight: QuantizedWeight) -> None:
@@ -61,6 +64,8 @@ class GGUFWeightsCache:
             ],
             np.int64,
         )
+        if weight.codebook is not None:
+            self._converted[f"{name}/codebook"] = np.array(weight.codebook, np.int64)
         for field in _FIELDS:
             leaf = getattr(weight, field)
             if leaf is not None:

@@ -73,8 +73,13 @@ def with_int8_activations(weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` taking int8 activations ("w4a8" on a kept GGUF tensor) where the native
     W8A8 / W4A8 kernels take its layout: int8 without minimums or int4, K and group size
     multiples of 32, float16 scales (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL). Others (the
-    K-quants' groups of 16 or float32 scales, Q5_1's int8 minimums, IQ4_XS) stay as they are:
-    float activations, the file's numbers."""
+    K-quants' groups of 16 or two-level scales, Q5_1's int8 minimums, IQ4_XS) stay as they
+    are: float activations, the file's numbers."""
+    if weight.codebook is not None:  # the integer kernels read codes that are numbers
+        plain = with_int8_activations(weight.plain_layout())
+        return plain if plain.activations == "int8" else weight
+    if weight.two_level:
+        return weight
     try:
         validate_layout(weight.kind, weight.group_size, weight.shape, "int8")
     except ValueError:

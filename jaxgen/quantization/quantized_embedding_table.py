@@ -45,6 +45,7 @@ class QuantizedEmbeddingTable:
         """The table a ``[hidden, vocab]`` kernel stands for (arrays, or sharded
         ``ShapeDtypeStruct``s ahead of time; a split over vocab stays a split over vocab)."""
         hidden, vocab = kernel.shape
+        kernel = kernel.plain_layout()  # a scale (and minimum) per group, codes as numbers
         return cls(
             values=_transposed(kernel.values),
             scales=_transposed(kernel.scales),

@@ -6,7 +6,7 @@ A ``[K, N]`` kernel (``Linear``'s orientation: input features first) stored as i
 | kind | values | dequantised element ``[k, n]`` (``g = k // group_size``) |
 | --- | --- | --- |
 | ``int8`` | int8 ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
-| ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]`` |
+| ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]``, or with a ``codebook``: ``scales[g, n] * codebook[u]`` |
 | ``fp8`` | float8_e4m3fn ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
 
 An int8 or int4 weight may also quantise its input (``activations="int8"``: W8A8,
@@ -20,12 +20,23 @@ W4A8 kernels are held to. ``activations="int16"`` (an int8 weight quantised at l
 every other path, the reference included, uses x as it is. A GGUF's weights keep ``"float"``
 (a kept file computes its dequantised model's numbers) unless loaded with ``"w4a8"``.
 
+Two-level scales (GGUF's K-quants and IQ4_XS): with ``scale_codes`` (int8 ``[K / group_size,
+N]``), ``scales`` is one float16 super-block scale per ``groups_per_super`` groups (``[K /
+group_size / groups_per_super, N]``) and the group's scale is ``float32(scales[g //
+groups_per_super, n]) * scale_codes[g, n]``; ``min_codes`` likewise turns ``mins`` into
+super-block minimums (``mins[g // groups_per_super, n] * min_codes[g, n]``). The products are
+formed in float32, where they are exact (an 11-bit float16 significand times a code of at most
+8 bits), so the weight is the one the float32 group scales stood for, in about 9 bits per group
+instead of 32 (:meth:`group_scales`, :meth:`plain_layout`). A ``codebook`` (16 integers in
+-128..127, static: GGUF's IQ4_NL / IQ4_XS non-linear grid) makes an int4 weight's codes indices
+into it, so those types keep their 4-bit codes.
+
 Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
 one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
 onto int8 / int4 / int4-with-mins with group 32 value for value (``jaxgen.loaders.gguf_loader``).
 
-It is a pytree (``values``, ``scales``, ``mins`` are leaves; ``kind``, ``group_size`` and
-``shape`` static), so the jitted step takes it as an argument like any parameter, and it has
+It is a pytree (``values``, ``scales``, ``mins``, ``scale_codes``, ``min_codes`` are leaves;
+``kind``, ``group_size``, ``shape``, ``activations`` and ``codebook`` static), so the jitted step takes it as an argument like any parameter, and it has
 the kernel protocol of ``jaxgen.layers.linear``: :meth:`matmul` computes ``x @ dequantize()``
 in XLA (the reference path; XLA fuses the dequantisation into the dot's operand on TPU/GPU).
 Backends with native kernels replace it in ``prepare_params`` (the "cpu" backend's
@@ -51,28 +62,78 @@ VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["values", "scales", "mins"],
-    meta_fields=["kind", "group_size", "shape", "activations"],
+    data_fields=["values", "scales", "mins", "scale_codes", "min_codes"],
+    meta_fields=["kind", "group_size", "shape", "activations", "codebook"],
 )
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
     """A quantised ``[K, N]`` kernel (see the module docstring)."""
 
     values: jax.Array  # [K, N] int8 / float8_e4m3fn, or [K / 2, N] uint8 (int4)
-    scales: jax.Array  # [K / group_size, N] float16 or float32
-    mins: jax.Array | None  # [K / group_size, N] like scales (asymmetric int4), or None
+    scales: jax.Array  # [K / group_size, N] float16 / float32 (two-level: super-block, float16)
+    mins: jax.Array | None  # like scales (asymmetric int4; int8 with minimums), or None
     kind: str
     group_size: int
     shape: tuple[int, int]  # (K, N)
     activations: str = "float"  # "int8" / "int16": x's codes per row and 32 columns (docstring)
+    scale_codes: jax.Array | None = None  # [K / group_size, N] int8: two-level scales, or None
+    min_codes: jax.Array | None = None  # [K / group_size, N] int8: two-level mins, or None
+    codebook: tuple[int, ...] | None = None  # int4: the 16 numbers its codes index, or None
 
     def __post_init__(self):
         validate_layout(self.kind, self.group_size, self.shape, self.activations)
+        validate_two_level(self)
+        validate_codebook(self)
+
+    @property
+    def two_level(self) -> bool:
+        """Whether ``scales`` (and ``mins``) are super-block scales times ``scale_codes``."""
+        return self.scale_codes is not None
+
+    @property
+    def groups_per_super(self) -> int:
+        """Groups per super-block scale (1 for one-level scales)."""
+        return self.scale_codes.shape[0] // self.scales.shape[0] if self.two_level else 1
 
     @property
     def dtype(self):
-        """The dtype the weight dequantises to by default (its scales')."""
-        return jnp.dtype(self.scales.dtype)
+        """The dtype the weight dequantises to by default (its group scales')."""
+        return jnp.dtype(jnp.float32) if self.two_level else jnp.dtype(self.scales.dtype)
+
+    def group_scales(self) -> jax.Array:  # [K / group_size, N]
+        """Each group's scale: ``scales``, or (two-level) the float32 products (docstring)."""
+        if not self.two_level:
+            return self.scales
+        return _super_times_codes(self.scales, self.scale_codes, self.groups_per_super)
+
+    def group_mins(self) -> jax.Array | None:  # [K / group_size, N], or None
+        """Each group's minimum: ``mins``, or (two-level) the float32 products (docstring)."""
+        if self.min_codes is None:
+            return self.mins
+        return _super_times_codes(self.mins, self.min_codes, self.groups_per_super)
+
+    def plain_layout(self) -> QuantizedWeight:
+        """The same weight with a (float32) scale and minimum stored per group and codes that
+        are numbers (a codebook's int4 indices as its int8 values): for consumers of that
+        layout only (arrays, or ``jax.ShapeDtypeStruct``s ahead of time)."""
+        weight = self
+        if self.two_level:
+            if isinstance(self.scale_codes, jax.ShapeDtypeStruct):
+                scales = _struct_like(self.scale_codes, jnp.float32)
+                mins = None if self.mins is None else _struct_like(self.min_codes, jnp.float32)
+            else:
+                scales, mins = self.group_scales(), self.group_mins()
+            weight = dataclasses.replace(
+                self, scales=scales, mins=mins, scale_codes=None, min_codes=None
+            )
+        if self.codebook is None:
+            return weight
+        if isinstance(self.values, jax.ShapeDtypeStruct):
+            values = _struct_like(self.values, jnp.int8, self.shape)
+        else:
+            indices = _unpack_int4_jnp(self.values, *self.shape).astype(jnp.int32)
+            values = jnp.asarray(self.codebook, jnp.int8)[indices]
+        return dataclasses.replace(weight, values=values, kind="int8", codebook=None)
 
     @property
     def nbytes(self) -> int:
@@ -82,17 +143,18 @@ class QuantizedWeight:
         """The float weight the values and scales stand for."""
         depth, columns = self.shape
         groups = depth // self.group_size
-        if self.kind == "int4":
-            low = (self.values & 0x0F).astype(jnp.float32)
-            high = (self.values >> 4).astype(jnp.float32)
-            unsigned = jnp.stack([low, high], axis=1).reshape(depth, columns)
+        if self.kind == "int4" and self.codebook is not None:
+            indices = _unpack_int4_jnp(self.values, depth, columns).astype(jnp.int32)
+            codes = jnp.asarray(self.codebook, jnp.float32)[indices]
+        elif self.kind == "int4":
+            unsigned = _unpack_int4_jnp(self.values, depth, columns).astype(jnp.float32)
             codes = unsigned if self.mins is not None else unsigned - 8.0
         else:
             codes = self.values.astype(jnp.float32)
         codes = codes.reshape(groups, self.group_size, columns)
-        weight = codes * self.scales.astype(jnp.float32)[:, None, :]
+        weight = codes * self.group_scales().astype(jnp.float32)[:, None, :]
         if self.mins is not None:
-            weight = weight + self.mins.astype(jnp.float32)[:, None, :]
+            weight = weight + self.group_mins().astype(jnp.float32)[:, None, :]
         return weight.reshape(depth, columns).astype(dtype)
 
     def matmul(self, x: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
@@ -105,13 +167,8 @@ class QuantizedWeight:
     def take_columns(self, ids: jax.Array, dtype=jnp.float32) -> jax.Array:  # [T] -> [T, K]
         """Columns ``ids`` dequantised, as rows: the embedding lookup of a quantised tied
         embedding, which is held as its LM-head kernel ``[hidden, vocab]``."""
-        picked = dataclasses.replace(
-            self,
-            values=jnp.take(self.values, ids, axis=1),
-            scales=jnp.take(self.scales, ids, axis=1),
-            mins=None if self.mins is None else jnp.take(self.mins, ids, axis=1),
-            shape=(self.shape[0], int(ids.shape[0])),
-        )
+        picked = jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, ids, axis=1), self)
+        picked = dataclasses.replace(picked, shape=(self.shape[0], int(ids.shape[0])))
         return picked.dequantize(dtype).T
 
 
@@ -142,6 +199,86 @@ def validate_layout(
             f"{activations} activations need an {kinds} weight whose input width and group size "
             f"are multiples of {ACTIVATION_GROUP}, got {kind} {shape} in groups of {group_size}"
         )
+
+
+def validate_two_level(weight: QuantizedWeight) -> None:
+    """``ValueError`` unless two-level codes come with float16 super-block scales (and mins)
+    whose rows divide the groups, ``min_codes`` only with ``scale_codes`` and ``mins``, and
+    float activations (the integer-activation kernels read one float16 scale per group).
+    Leaves that are not arrays (a pytree of shardings, say) are not checked."""
+    if weight.scale_codes is None:
+        if weight.min_codes is not None:
+            raise ValueError("min_codes need scale_codes (two-level scales)")
+        return
+    if weight.activations != "float":
+        raise ValueError(f"two-level scales take float activations, got {weight.activations!r}")
+    if not all(
+        hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+        for leaf in (weight.scales, weight.scale_codes, weight.mins, weight.min_codes)
+        if leaf is not None
+    ):
+        return
+    groups = weight.shape[0] // weight.group_size
+    supers = weight.scales.shape[0]
+    leaves = [(weight.scale_codes, weight.scales)]
+    if weight.min_codes is not None or weight.mins is not None:
+        if weight.min_codes is None or weight.mins is None:
+            raise ValueError("two-level mins need both mins (super-block) and min_codes")
+        leaves.append((weight.min_codes, weight.mins))
+    for codes, supers_leaf in leaves:  # columns unchecked: a pytree map may pick some
+        if (
+            len(codes.shape) != 2
+            or codes.shape[0] != groups
+            or jnp.dtype(codes.dtype) != jnp.int8
+            or jnp.dtype(supers_leaf.dtype) != jnp.float16
+            or supers < 1
+            or groups % supers
+            or tuple(supers_leaf.shape) != (supers, codes.shape[1])
+        ):
+            raise ValueError(
+                f"two-level scales need int8 codes [{groups}, {weight.shape[1]}] and float16 "
+                f"super-block scales [{groups} / n, {weight.shape[1]}], got "
+                f"{codes.dtype} {tuple(codes.shape)} and {supers_leaf.dtype} "
+                f"{tuple(supers_leaf.shape)}"
+            )
+
+
+def validate_codebook(weight: QuantizedWeight) -> None:
+    """``ValueError`` unless a codebook is 16 integers in -128..127 of an int4 weight without
+    minimums taking float activations."""
+    book = weight.codebook
+    if book is None:
+        return
+    if (
+        not isinstance(book, tuple)
+        or len(book) != 16
+        or not all(isinstance(v, int) and -128 <= v <= 127 for v in book)
+    ):
+        raise ValueError(f"codebook must be a tuple of 16 integers in -128..127, got {book!r}")
+    if weight.kind != "int4" or weight.mins is not None or weight.activations != "float":
+        raise ValueError(
+            f"a codebook indexes an int4 weight without mins taking float activations, got "
+            f"{weight.kind}{' with mins' if weight.mins is not None else ''}, activations "
+            f"{weight.activations!r}"
+        )
+
+
+def _struct_like(leaf, dtype, shape=None) -> jax.ShapeDtypeStruct:
+    """A ``ShapeDtypeStruct`` of ``leaf``'s shape (or ``shape``) and sharding in ``dtype``."""
+    sharding = getattr(leaf, "sharding", None)
+    return jax.ShapeDtypeStruct(shape or leaf.shape, dtype, sharding=sharding)
+
+
+def _unpack_int4_jnp(values, depth: int, columns: int) -> jax.Array:  # [K / 2, N] -> [K, N]
+    return jnp.stack([values & 0x0F, values >> 4], axis=1).reshape(depth, columns)
+
+
+def _super_times_codes(supers, codes, per_super: int) -> jax.Array:  # -> [G, N] float32
+    """``float32(supers[g // per_super]) * codes[g]`` (exact in float32)."""
+    xp = np if isinstance(codes, np.ndarray) and isinstance(supers, np.ndarray) else jnp
+    return xp.repeat(xp.asarray(supers).astype(xp.float32), per_super, axis=0) * xp.asarray(
+        codes
+    ).astype(xp.float32)
 
 
 def quantize_activations(x: jax.Array, bits: int = 8) -> tuple[jax.Array, jax.Array]:

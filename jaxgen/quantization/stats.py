@@ -19,6 +19,7 @@ def weight_stats(loaded) -> dict:
         value = var.get_value()
         if isinstance(value, QuantizedWeight):
             name = value.kind if value.mins is None else f"{value.kind}+min"
+            name += "+codebook" if value.codebook is not None else ""
             name += f"/g{value.group_size}" if value.group_size < value.shape[0] else "/channel"
             name += {"int8": "/a8", "int16": "/a16"}.get(value.activations, "")
             count = math.prod(value.shape)

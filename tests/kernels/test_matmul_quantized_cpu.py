@@ -19,10 +19,10 @@ from jaxgen.backends.cpu import pack_linear_weights
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
     can_pack_quantized,
-    matmul_quantized,
     matmul_quantized_cpu_group,
     pack_shared,
     quantized_matmul_available,
+    shared_panels,
     w8a8_kernel_available,
 )
 from jaxgen.backends.cpu_kernels import matmul_quantized as matmul_quantized_module
@@ -389,11 +389,11 @@ def test_shared_buffers_compute_the_same_products(monkeypatch):
         a.offsets == b.offsets for a, b in zip(rebuilt, shared, strict=True)
     )
     # Buffers of at most 20,000 elements: the codes spread over several, each weight in one.
-    monkeypatch.setattr(matmul_quantized, "SHARED_BUFFER_ELEMENTS", 20_000)
+    monkeypatch.setattr(shared_panels, "SHARED_BUFFER_ELEMENTS", 20_000)
     split = pack_shared(weights)
     assert len(FlatParams.flatten(split, None)[0]) > 4
     for alone, in_split in zip(run(x, own), run(x, split), strict=True):
         np.testing.assert_array_equal(np.asarray(alone), np.asarray(in_split))
-    past_the_end = dataclasses.replace(shared[4], offsets=(shared[4].offsets[0] + 64, 0, 0))
+    past_the_end = dataclasses.replace(shared[4], offsets=(shared[4].offsets[0] + 64, 0, 0, 0, 0))
     with pytest.raises(Exception, match="packed weight shapes"):
         jax.block_until_ready(past_the_end.matmul(x))

@@ -14,6 +14,7 @@ import pytest
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
     can_pack_quantized,
+    matmul_quantized,
     pack_shared,
     quantized_matmul_available,
 )
@@ -47,6 +48,24 @@ def test_every_row_count_matches_the_dequantised_product(qtype):
     x = jnp.asarray(np.random.default_rng(1).standard_normal((67, 512)), jnp.float32)
     for rows in (1, 2, 3, 5, 7, 8, 9, 67):
         _close(run(x[:rows], packed), x[:rows], weight)
+
+
+@pytest.mark.parametrize("qtype", ["IQ4_NL", "IQ4_XS"])
+def test_codebook_lookups_in_the_kernel_match_the_dequantised_product(qtype, monkeypatch):
+    """Packed as their 4-bit indices (``LOOK_UP_CODEBOOKS``), looked up in registers: every
+    row-tile path, alone and in shared buffers; by default the int8 values are packed."""
+    weight = kept_weight(qtype, 512, 40)
+    assert PackedQuantizedWeight.pack(weight).bits == 8
+    monkeypatch.setattr(matmul_quantized, "LOOK_UP_CODEBOOKS", True)
+    packed = PackedQuantizedWeight.pack(weight)
+    assert packed.bits == 4 and packed.codebook == weight.codebook and packed.mins is None
+    run = jax.jit(lambda x, w: w.matmul(x))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((67, 512)), jnp.float32)
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 67):
+        _close(run(x[:rows], packed), x[:rows], weight)
+    (shared,) = pack_shared([weight])
+    assert shared.codebook == weight.codebook
+    _close(run(x[:3], shared), x[:3], weight)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q5_1", "Q6_K"])

@@ -12,20 +12,21 @@ from jaxgen.loaders.gguf_blocks import decode_blocks
 from jaxgen.loaders.gguf_loader import GGUFFile
 from tests.gguf_quant_blocks import KEPT_GGUF_TYPES, random_gguf_tensor
 
-# type -> (kind, group size, scale dtype, minimums, bits a weight in memory, in the file)
+# type -> (kind, group size, scales: "float16" per group or "two-level" (float16 per 256
+# weights times an int8 code per group), minimums, bits a weight in memory, in the file)
 LAYOUTS = {
     "Q8_0": ("int8", 32, "float16", False, 8.5, 8.5),
     "Q4_0": ("int4", 32, "float16", False, 4.5, 4.5),
     "Q4_1": ("int4", 32, "float16", True, 5.0, 5.0),
     "Q5_0": ("int8", 32, "float16", False, 8.5, 5.5),
     "Q5_1": ("int8", 32, "float16", True, 9.0, 6.0),
-    "IQ4_NL": ("int8", 32, "float16", False, 8.5, 4.5),
-    "Q2_K": ("int4", 16, "float32", True, 8.0, 2.625),
-    "Q3_K": ("int4", 16, "float32", False, 6.0, 3.4375),
-    "Q4_K": ("int4", 32, "float32", True, 6.0, 4.5),
-    "Q5_K": ("int8", 32, "float32", True, 10.0, 5.5),
-    "Q6_K": ("int8", 16, "float32", False, 10.0, 6.5625),
-    "IQ4_XS": ("int8", 32, "float32", False, 9.0, 4.25),
+    "IQ4_NL": ("int4", 32, "float16", False, 4.5, 4.5),
+    "Q2_K": ("int4", 16, "two-level", True, 5.125, 2.625),
+    "Q3_K": ("int4", 16, "two-level", False, 4.5625, 3.4375),
+    "Q4_K": ("int4", 32, "two-level", True, 4.625, 4.5),
+    "Q5_K": ("int8", 32, "two-level", True, 8.625, 5.5),
+    "Q6_K": ("int8", 16, "two-level", False, 8.5625, 6.5625),
+    "IQ4_XS": ("int4", 32, "two-level", False, 4.3125, 4.25),
 }
 
 
@@ -57,11 +58,13 @@ def test_decoded_blocks_are_the_files_numbers(qtype):
     expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[qtype]).reshape(6, 512)
     decoded = decode_blocks(qtype, data, 6, 512)
     codes = decoded.codes.astype(np.float32)
-    if decoded.kind == "int4" and decoded.mins is None:
+    if decoded.codebook is not None:  # IQ4: indices into the 16-entry grid
+        codes = np.asarray(decoded.codebook, np.float32)[decoded.codes]
+    elif decoded.kind == "int4" and decoded.mins is None:
         codes = codes - 8  # symmetric int4: u - 8
-    weight = codes.reshape(6, -1, decoded.group_size) * decoded.scales[..., None]
+    weight = codes.reshape(6, -1, decoded.group_size) * decoded.group_scales()[..., None]
     if decoded.mins is not None:
-        weight = weight + decoded.mins[..., None]
+        weight = weight + decoded.group_mins()[..., None]
     np.testing.assert_array_equal(weight.reshape(6, 512), expected)
 
 
@@ -81,7 +84,13 @@ def test_kept_weight_dequantises_to_the_file_and_has_its_layout(tmp_path, qtype)
     for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.0.self_attn.q_proj.weight"):
         weight = gguf_file.get_quantized(name)
         assert (weight.kind, weight.group_size) == (kind, group)
-        assert weight.scales.dtype == scale_dtype and (weight.mins is not None) == has_mins
+        two_level = scale_dtype == "two-level"
+        assert weight.two_level == two_level and (weight.mins is not None) == has_mins
+        assert weight.scales.dtype == "float16"
+        assert (weight.codebook is not None) == qtype.startswith("IQ4")
+        if two_level:  # a float16 number per 256 weights, an int8 code per group
+            assert weight.scales.shape == (weight.shape[0] // 256, weight.shape[1])
+            assert weight.scale_codes.shape == (weight.shape[0] // group, weight.shape[1])
         np.testing.assert_array_equal(np.asarray(weight.dequantize()), gguf_file.get_tensor(name).T)
     up_weight = gguf_file.get_quantized("model.layers.0.mlp.up_proj.weight")
     raw = gguf.quants.dequantize(up, gguf.GGMLQuantizationType[qtype])

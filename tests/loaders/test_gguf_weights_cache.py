@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxgen.backends.cpu_kernels import matmul_quantized
+from jaxgen.backends.cpu_kernels import shared_panels
 from jaxgen.caches import array_cache
 from jaxgen.loaders import gguf_loader
 from jaxgen.loaders.gguf_loader import GGUFFile
@@ -117,17 +117,17 @@ def test_unwritable_cache_warns_and_loads(tmp_path, monkeypatch):
 def test_packed_panels_read_back(tmp_path, cache_dir, monkeypatch):
     path = write_quantized_gguf(str(tmp_path / "model.gguf"))
     weights = [jax.device_put(w) for w in read_all_uncached(path).values()]
-    packed = matmul_quantized.pack_shared(weights)
+    packed = shared_panels.pack_shared(weights)
     assert len(list(cache_dir.glob("cpu-packed-*.bin"))) == 1
 
     def fail(*args):
         raise AssertionError("packed, not read from the cache")
 
-    monkeypatch.setattr(matmul_quantized, "_pack_host_buffers", fail)
-    assert_same(matmul_quantized.pack_shared(weights), packed)
+    monkeypatch.setattr(shared_panels, "_pack_host_buffers", fail)
+    assert_same(shared_panels.pack_shared(weights), packed)
     changed = [weights[1], weights[0], weights[2]]  # other contents in each place: a miss
     monkeypatch.undo()
     monkeypatch.setenv("JAXGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(array_cache, "MIN_BYTES", 0)
-    assert len(matmul_quantized.pack_shared(changed)) == 3
+    assert len(shared_panels.pack_shared(changed)) == 3
     assert len(list(cache_dir.glob("cpu-packed-*.bin"))) == 2

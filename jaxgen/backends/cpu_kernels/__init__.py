@@ -5,7 +5,8 @@
   (``paged_attention_cpu``, which takes either).
 - ``matmul``: float32 matmul over panel-packed weights (``PackedWeight``, ``matmul_cpu``).
 - ``matmul_quantized``: int8 / int4 matmul dequantising in registers (``PackedQuantizedWeight``),
-  and int8 x int8 (W8A8) on AVX-512 VNNI.
+  and int8 x int8 (W8A8) on AVX-512 VNNI; ``shared_panels``: many such weights in shared
+  buffers (``pack_shared``).
 """
 
 from jaxgen.backends.cpu_kernels.matmul import (
@@ -21,7 +22,6 @@ from jaxgen.backends.cpu_kernels.matmul_quantized import (
     PackedQuantizedWeight,
     can_pack_quantized,
     matmul_quantized_cpu_group,
-    pack_shared,
     quantized_matmul_available,
     w8a8_kernel_available,
 )
@@ -29,6 +29,7 @@ from jaxgen.backends.cpu_kernels.paged_attention import (
     cpu_kernel_available,
     paged_attention_cpu,
 )
+from jaxgen.backends.cpu_kernels.shared_panels import pack_shared
 
 
 def native_kernels_available() -> tuple[bool, ...]:

@@ -1,8 +1,10 @@
 """Quantised-weight matmul for XLA:CPU as a native kernel (C++ through the XLA FFI).
 
 ``PackedQuantizedWeight`` is a ``QuantizedWeight`` (int8 with or without minimums, or int4 with
-or without them; float16 scales, or float32 ones: a GGUF K-quant's super-block scale times its
-sub-block scale, exact only in float32) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
+or without them; float16 scales, float32 ones, or two-level ones: a GGUF K-quant's float16
+super-block scale and int8 sub-block codes, whose products the kernel forms in float32 per
+panel; int4 codes may index a 16-entry codebook, IQ4_NL / IQ4_XS's grid, looked up in
+registers) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
 weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
@@ -28,8 +30,6 @@ import numpy as np
 
 from jaxgen.backends.cpu_kernels.build import load_library, register_simd_kernel
 from jaxgen.backends.cpu_kernels.matmul import kernel_rows
-from jaxgen.caches import array_cache
-from jaxgen.caches.array_cache import ArrayCache, content_key
 from jaxgen.layers.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import fake_quantize_activations
@@ -38,6 +38,11 @@ TARGET = "jaxgen_matmul_quantized"
 QUANT_PANEL = 16  # kQuantPanel in native/quantized_panels.h
 ACTIVATION_BITS = {"float": 32, "int16": 16, "int8": 8}  # x as the kernel takes it
 INT4_BLOCK_ROWS = 8  # kInt4BlockRows: int4 rows in one 32-bit lane
+# Whether a codebook weight (IQ4_NL / IQ4_XS) is packed as its 4-bit indices, looked up by the
+# kernel, or (False, the default) as its int8 values (``QuantizedWeight.plain_layout``): the
+# lookup tiles hold it at the file's bytes but ran 1.4x (one row) to 3x (4 rows) the int8
+# tiles' time on the 2-core VM (docs/measurements/2026-12-04-*-gguf-memory.md).
+LOOK_UP_CODEBOOKS = False
 
 
 @functools.cache
@@ -61,7 +66,8 @@ SCALE_BITS = {jnp.dtype(jnp.float16): 16, jnp.dtype(jnp.float32): 32}
 
 def can_pack_quantized(weight) -> bool:
     """Whether the native kernel takes ``weight``: int8 (with or without minimums), or int4 in
-    groups of a multiple of 8 rows, with float16 or float32 scales (mins of the same dtype);
+    groups of a multiple of 8 rows, with float16, float32 or two-level scales (mins of the same
+    dtype);
     integer activations only with float16 scales and, for int8, no minimums (the W8A8 / W4A8
     tiles' layouts)."""
     if not isinstance(weight, QuantizedWeight) or weight.kind not in ("int8", "int4"):
@@ -100,8 +106,17 @@ def _int4_lanes(panels: jax.Array) -> jax.Array:  # [P, K / 2, 16] -> [P, K / 2,
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["values", "scales", "mins"],
-    meta_fields=["bits", "columns", "depth", "groups", "offsets", "activations"],
+    data_fields=["values", "scales", "mins", "scale_codes", "min_codes"],
+    meta_fields=[
+        "bits",
+        "columns",
+        "depth",
+        "groups",
+        "offsets",
+        "activations",
+        "groups_per_super",
+        "codebook",
+    ],
 )
 @dataclasses.dataclass(frozen=True)
 class PackedQuantizedWeight:
@@ -117,14 +132,21 @@ class PackedQuantizedWeight:
     columns: int  # N
     depth: int  # K
     groups: int  # K / group: scale rows per panel
-    offsets: tuple[int, int, int] = (0, 0, 0)  # of the values, scales and mins
+    offsets: tuple[int, ...] = (0,) * 5  # of the values, scales, mins, scale / min codes
     activations: str = "float"  # "int8" / "int16": x's codes (QuantizedWeight.activations)
+    # Two-level: scales / mins [P, K / group / S, 16] float16 super-block numbers, these
+    # [P, K / group, 16] int8 (S = groups_per_super); else None.
+    scale_codes: jax.Array | None = None
+    min_codes: jax.Array | None = None
+    groups_per_super: int = 1
+    codebook: tuple[int, ...] | None = None  # int4: the numbers its codes index (no mins)
 
     norms_input = True  # takes a NormedInput as x (jaxgen.layers.linear)
 
     @classmethod
     def pack(cls, weight: QuantizedWeight, xp=jnp) -> PackedQuantizedWeight:
         """``weight`` in panels; ``xp=np`` packs on the host (numpy arrays in the fields)."""
+        weight = packed_form(weight)
         if not can_pack_quantized(weight):
             raise ValueError(
                 f"the native kernel takes int8 / int4 (groups a multiple of 8) weights with "
@@ -135,23 +157,31 @@ class PackedQuantizedWeight:
         columns = weight.shape[1]
         scales = xp.asarray(weight.scales)
         mins, values = None, _panels(weight.values, columns, xp)
+        if weight.two_level:  # the kernel forms a symmetric int4 weight's mins (-8 * scale)
+            # (a codebook's weight has none)
+            panels = [
+                None if leaf is None else _panels(leaf, columns, xp)
+                for leaf in (weight.scales, weight.mins, weight.scale_codes, weight.min_codes)
+            ]
+            return cls(
+                _int4_lanes(values) if weight.kind == "int4" else values,
+                panels[0],
+                panels[1],
+                **packed_fields(weight),
+                scale_codes=panels[2],
+                min_codes=panels[3],
+            )
         if weight.kind == "int4":
-            mins = xp.asarray(weight.mins) if weight.mins is not None else scales * -8  # exact
             values = _int4_lanes(values)
+            if weight.mins is not None:
+                mins = xp.asarray(weight.mins)
+            elif weight.codebook is None:
+                mins = scales * -8  # exact
         elif weight.mins is not None:
             mins = xp.asarray(weight.mins)
         if mins is not None:
             mins = _panels(mins, columns, xp)
-        return cls(
-            values,
-            _panels(scales, columns, xp),
-            mins,
-            bits=8 if weight.kind == "int8" else 4,
-            columns=columns,
-            depth=weight.shape[0],
-            groups=weight.shape[0] // weight.group_size,
-            activations=weight.activations,
-        )
+        return cls(values, _panels(scales, columns, xp), mins, **packed_fields(weight))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -159,10 +189,13 @@ class PackedQuantizedWeight:
 
     @property
     def layout(self) -> tuple:
-        """What one native call needs its weights to share: bits, activations, scale bits and
-        whether they carry minimums."""
+        """What one native call needs its weights to share: bits, activations, scale bits,
+        whether they carry minimums, groups per super-block scale (0: one-level) and the
+        codebook (or None)."""
         scale_bits = SCALE_BITS[jnp.dtype(self.scales.dtype)]
-        return (self.bits, self.activations, scale_bits, self.mins is not None)
+        super_groups = self.groups_per_super if self.scale_codes is not None else 0
+        minimums = self.mins is not None
+        return (self.bits, self.activations, scale_bits, minimums, super_groups, self.codebook)
 
     @property
     def panels(self) -> int:
@@ -228,7 +261,8 @@ def matmul_quantized_cpu_group(
     rows, live_rows = kernel_rows(x, depth, live_rows)
     args = []
     for w in weights:
-        args += [w.values, w.scales] + ([w.mins] if w.mins is not None else [])
+        leaves = (w.values, w.scales, w.mins, w.scale_codes, w.min_codes)
+        args += [leaf for leaf in leaves if leaf is not None]
     shapes = [
         jax.ShapeDtypeStruct((rows.shape[0], w.panels * QUANT_PANEL), jnp.float32) for w in weights
     ]
@@ -242,6 +276,8 @@ def matmul_quantized_cpu_group(
         activation_bits=np.int64(activation_bits),
         scale_bits=np.int64(weights[0].layout[2]),
         has_mins=np.int64(weights[0].layout[3]),
+        super_groups=np.int64(weights[0].layout[4]),
+        codebook=np.array(weights[0].codebook or (), np.int64),
         panels=np.array([w.panels for w in weights], np.int64),
         groups=np.array([w.groups for w in weights], np.int64),
         offsets=np.array([w.offsets for w in weights], np.int64).reshape(-1),
@@ -252,137 +288,22 @@ def matmul_quantized_cpu_group(
     ]
 
 
-# Elements per shared buffer (at most): offsets inside one stay int32 for the in-place writes.
-SHARED_BUFFER_ELEMENTS = 1 << 30
-PACKING_FORMAT = 1  # bump when the panels' layout changes (keys the packed-weights cache)
+def packed_form(weight: QuantizedWeight) -> QuantizedWeight:
+    """``weight`` as the kernel takes it: a codebook's indices as their int8 values unless
+    ``LOOK_UP_CODEBOOKS`` (arrays, or ``ShapeDtypeStruct``s)."""
+    if weight.codebook is None or LOOK_UP_CODEBOOKS:
+        return weight
+    return weight.plain_layout()
 
 
-def _packed_layout(weight: QuantizedWeight) -> PackedQuantizedWeight:
-    """``PackedQuantizedWeight.pack(weight)`` with ``jax.ShapeDtypeStruct`` fields, from the
-    shapes alone."""
-    panels = -(-weight.shape[1] // QUANT_PANEL)
-
-    def panelled(array):  # [R, N] -> [P, R, 16]
-        return jax.ShapeDtypeStruct((panels, array.shape[0], QUANT_PANEL), array.dtype)
-
-    mins = None
-    if weight.kind == "int4" or weight.mins is not None:
-        mins = panelled(weight.mins if weight.mins is not None else weight.scales)
-    return PackedQuantizedWeight(
-        panelled(weight.values),
-        panelled(weight.scales),
-        mins,
+def packed_fields(weight: QuantizedWeight) -> dict:
+    """``PackedQuantizedWeight``'s static fields for ``weight``."""
+    return dict(
         bits=8 if weight.kind == "int8" else 4,
         columns=weight.shape[1],
         depth=weight.shape[0],
         groups=weight.shape[0] // weight.group_size,
         activations=weight.activations,
+        groups_per_super=weight.groups_per_super,
+        codebook=weight.codebook,
     )
-
-
-def _shared_host_buffers(weights, placed, sizes) -> dict[tuple, np.ndarray]:
-    """``pack_shared``'s host buffers (``(field, dtype), index`` -> flat array): read from
-    their ``jaxgen.caches.array_cache`` entry, keyed by the weights' contents (a SHA-256 of
-    their leaves, ~0.07 s per 100 MB against ~0.5 s to pack the default model), else packed
-    here and written there for the next run (weights under ``array_cache.MIN_BYTES``: packed,
-    not cached)."""
-    leaves = [leaf for weight in weights for leaf in jax.tree_util.tree_leaves(weight)]
-    if sum(leaf.nbytes for leaf in leaves) < array_cache.MIN_BYTES or any(
-        isinstance(leaf, jax.core.Tracer) for leaf in leaves
-    ):
-        return _pack_host_buffers(weights, placed, sizes)
-    described = [
-        (w.kind, w.group_size, list(w.shape), w.activations, w.scales.dtype.name, w.mins is None)
-        for w in weights
-    ]
-    key = {
-        "weights": described,
-        "contents": content_key(leaves),
-        "format": PACKING_FORMAT,
-        "buffer_elements": SHARED_BUFFER_ELEMENTS,
-    }
-    cache = ArrayCache("cpu-packed", key)
-    names = {
-        (field_dtype, index): f"{field_dtype[0]}-{field_dtype[1].str}-{index}"
-        for field_dtype, chunks in sizes.items()
-        for index in range(len(chunks))
-    }
-    stored = cache.load()
-    if stored is not None and all(
-        name in stored and stored[name].size == sizes[place[0]][place[1]]
-        for place, name in names.items()
-    ):
-        return {place: stored[name] for place, name in names.items()}
-    host = _pack_host_buffers(weights, placed, sizes)
-    cache.save({name: host[place] for place, name in names.items()})
-    return host
-
-
-def _pack_host_buffers(weights, placed, sizes) -> dict[tuple, np.ndarray]:
-    """Packs ``weights`` on the host, one at a time, into ``pack_shared``'s flat buffers."""
-    host = {
-        (field_dtype, index): np.empty(size, field_dtype[1])
-        for field_dtype, chunks in sizes.items()
-        for index, size in enumerate(chunks)
-    }
-    for weight, places in zip(weights, placed, strict=True):
-        packed = PackedQuantizedWeight.pack(weight, np)
-        for field, place in zip(("values", "scales", "mins"), places, strict=True):
-            if place is not None:
-                field_dtype, index, offset = place
-                part = getattr(packed, field).reshape(-1)
-                host[field_dtype, index][offset : offset + part.size] = part
-        del packed
-    return host
-
-
-def pack_shared(weights: list[QuantizedWeight]) -> list[PackedQuantizedWeight]:
-    """``[PackedQuantizedWeight.pack(w) for w in weights]``, with the weights' codes, scales and
-    mins in flat buffers shared by all of them (per field and dtype: int8 codes, int4 lanes,
-    scales, mins; a new buffer every ``SHARED_BUFFER_ELEMENTS``); each weight keeps its place as
-    ``offsets``.
-
-    Computes the same products. A step then passes a few arrays for a whole model's kernels
-    instead of two or three per kernel: on CPU every argument of a jitted call costs dispatch
-    time (``jaxgen.engine.step.flat_params.FlatParams`` passes a shared array once). The weights are
-    packed one at a time on the host (numpy: no per-weight dispatch or compile) into host
-    buffers, which then go to the device once each, so besides ``weights`` and the buffers only
-    one packed weight exists at a time."""
-    fields = ("values", "scales", "mins")
-    layouts = [_packed_layout(weight) for weight in weights]
-    sizes: dict[tuple, list[int]] = {}  # (field, dtype) -> elements in each of its buffers
-    placed = []  # per weight and field: (key, buffer index, offset) or None
-    for layout in layouts:
-        places = []
-        for field in fields:
-            leaf = getattr(layout, field)
-            if leaf is None:
-                places.append(None)
-                continue
-            chunks = sizes.setdefault((field, np.dtype(leaf.dtype)), [0])
-            if chunks[-1] and chunks[-1] + leaf.size > SHARED_BUFFER_ELEMENTS:
-                chunks.append(0)
-            places.append(((field, np.dtype(leaf.dtype)), len(chunks) - 1, chunks[-1]))
-            chunks[-1] += leaf.size
-        placed.append(places)
-    host = _shared_host_buffers(weights, placed, sizes)
-    buffers = {}
-    for place in list(host):
-        # One host buffer at a time. A buffer read from the cache (a read-only memory map,
-        # 64-byte aligned) becomes a device array without a copy on the CPU; jnp.asarray
-        # copied it (~0.1 s for the default model).
-        buffers[place] = jax.device_put(host.pop(place))
-
-    def shared(place):
-        return None if place is None else buffers[place[0], place[1]]
-
-    return [
-        dataclasses.replace(
-            layout,
-            values=shared(places[0]),
-            scales=shared(places[1]),
-            mins=shared(places[2]),
-            offsets=tuple(0 if place is None else place[2] for place in places),
-        )
-        for layout, places in zip(layouts, placed, strict=True)
-    ]

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "float_slice_tiles.h"
@@ -36,7 +37,16 @@ __attribute__((noinline)) void QuantizedTile(const QuantizedPanels& w, int64_t k
                                              float* c, int64_t ldc, bool accumulate) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  if constexpr (kInt4) {
+  if constexpr (kInt4 && R == 1) {
+    if (w.codebook) {
+      BookRowGroups(w, k0, k1, x, values, scales, acc[0]);
+    } else {
+      ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
+        acc[0][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), e0, acc[0][0]);
+        acc[0][1] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k), e1, acc[0][1]);
+      });
+    }
+  } else if constexpr (kInt4) {
     ForEachInt4Row(w, k0, k1, values, scales, mins, [&](int64_t k, __m256 e0, __m256 e1) {
       for (int r = 0; r < R; ++r) {
         const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
@@ -152,7 +162,9 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
           const uint8_t byte = values[row / kInt4BlockRows * 4 * kQuantPanel + 4 * j +
                                       row % kInt4BlockRows / 2];
           const int u = (row & 1) ? byte >> 4 : byte & 0x0F;
-          weight = scale * static_cast<float>(u) + ScaleToFloat(mins[g * kQuantPanel + j]);
+          weight = w.codebook ? scale * static_cast<float>(w.codebook[u])
+                              : scale * static_cast<float>(u) +
+                                    ScaleToFloat(mins[g * kQuantPanel + j]);
         } else {
           weight = scale * static_cast<float>(static_cast<int8_t>(values[(k - k0) * kQuantPanel + j]));
         }
@@ -169,10 +181,14 @@ void QuantizedTile(const QuantizedPanels& w, int64_t k0, int64_t k1, const float
 // tile up to 5 rows, else tiles as even as the rows allow; else one int4 row: Int4RowTile;
 // int4 rows scaled once into `scratch`; 1-8 int8 rows with AVX-512: Int8RowsTileWide, the
 // same tiles, else 2-8: Int8RowsTile's 4-row tiles); a block of more rows dequantises each 256 x 16 slice once into an L1-resident buffer
-// and runs float tiles over it (SIMD builds).
-template <bool kInt4, typename S>
+// and runs float tiles over it (SIMD builds). kTwoLevel (S float): a panel's scales and minimums
+// are formed from its super-block numbers and codes for the groups each pass reads
+// (ExpandPanelScales), then the same tiles run on them.
+template <bool kInt4, typename S, bool kTwoLevel = false>
 void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, int64_t m0,
                           int64_t m1, int64_t n0, int64_t n1, std::vector<float>& scratch) {
+  static_assert(!kTwoLevel || std::is_same_v<S, float>, "two-level scales expand to float32");
+  thread_local std::vector<float> expanded;  // kTwoLevel: a panel's scales and minimums
   const int64_t K = w.depth, N = w.columns;
   const int64_t groups = K / w.group;
   const int64_t row_bytes = kInt4 ? kQuantPanel / 2 : kQuantPanel;  // bytes of codes per k
@@ -181,12 +197,13 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
       kQuantizedSimd && !kInt4 && m1 - m0 > 1 && m1 - m0 <= kInt8TileRows;
 #if defined(__AVX512F__)
   // int4 rows of 1 to kInt4TileRows: Int4RowsTileWide over tiles of up to kWideTileRows rows.
-  const bool int4_rows = kQuantizedSimd && kInt4 && m1 - m0 <= kInt4TileRows;
+  const bool int4_rows = kQuantizedSimd && kInt4 && m1 - m0 <= kInt4TileRows && !w.codebook;
 #else
   const bool int4_rows = false;
 #endif
   const bool shared_slice = kQuantizedSimd && m1 - m0 > 4 && !int8_rows && !int4_rows;
-  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1 && !int4_rows;
+  // (A codebook weight's 1-4 rows take QuantizedTile, which looks its codes up.)
+  const bool int4_row = kQuantizedSimd && kInt4 && m1 - m0 == 1 && !int4_rows && !w.codebook;
   [[maybe_unused]] const bool one_row = kQuantizedSimd && m1 - m0 == 1;
 #if defined(JAXGEN_QUANTIZED_SIMD)
   if (int4_row) {
@@ -216,9 +233,15 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
     for (int64_t first = n0; first < n1; first += kQuantPanel) {
       const int64_t panel = first / kQuantPanel;
       const uint8_t* values = w.values + panel * K * row_bytes + k0 * row_bytes;
-      const S* scales = static_cast<const S*>(w.scales) + panel * groups * kQuantPanel;
-      const S* mins =
-          kInt4 ? static_cast<const S*>(w.mins) + panel * groups * kQuantPanel : nullptr;
+      PanelScales<S> panel_scales;
+      if constexpr (kTwoLevel) {
+        panel_scales = ExpandPanelScales(w, panel, k0 / w.group, (k1 + w.group - 1) / w.group,
+                                         expanded);
+      } else {
+        panel_scales = StoredPanelScales<S>(w, panel);
+      }
+      const S* scales = panel_scales.scales;
+      const S* mins = kInt4 ? panel_scales.mins : nullptr;
 #if defined(JAXGEN_QUANTIZED_SIMD)
       if (shared_slice) {
         DequantizeSlice<kInt4>(w, k0, k1, values, scales, mins, slice);
@@ -306,11 +329,13 @@ void QuantizedMatmulBlock(const QuantizedPanels& w, const float* x, float* out, 
 // minimum per group), added after QuantizedMatmulBlock's products of the codes. The int4 tiles
 // fold their minimums into each group instead; an int8 weight adds G * 16 FMAs per row and panel
 // to its K * 16 (1/32 more), so its tiles stay those of the weights without minimums.
-template <typename S>
+// kTwoLevel (S float): the minimums formed from super-block numbers and codes per panel.
+template <typename S, bool kTwoLevel = false>
 void AddGroupMins(const QuantizedPanels& w, const float* x, float* out, int64_t m0, int64_t m1,
                   int64_t n0, int64_t n1) {
+  static_assert(!kTwoLevel || std::is_same_v<S, float>, "two-level minimums expand to float32");
   const int64_t K = w.depth, N = w.columns, groups = K / w.group;
-  thread_local std::vector<float> sums;
+  thread_local std::vector<float> sums, expanded;
   sums.resize(groups);
   for (int64_t m = m0; m < m1; ++m) {
     const float* row = x + m * K;
@@ -320,7 +345,13 @@ void AddGroupMins(const QuantizedPanels& w, const float* x, float* out, int64_t 
       sums[g] = total;
     }
     for (int64_t first = n0; first < n1; first += kQuantPanel) {
-      const S* mins = static_cast<const S*>(w.mins) + first / kQuantPanel * groups * kQuantPanel;
+      const int64_t panel = first / kQuantPanel;
+      const S* mins;
+      if constexpr (kTwoLevel) {
+        mins = ExpandPanelScales(w, panel, 0, groups, expanded).mins;
+      } else {
+        mins = StoredPanelScales<S>(w, panel).mins;
+      }
       float* c = out + m * N + first;
 #if defined(JAXGEN_QUANTIZED_SIMD)
       __m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);

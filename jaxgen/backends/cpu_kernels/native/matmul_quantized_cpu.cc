@@ -3,7 +3,10 @@
 // out_i[M, N_i] = x[M, K] @ dequant(w_i)[K, N_i] for a group of weights of one kind that read
 // the same x (q/k/v; gate/up), each given as its packed values, scales and minimums (int4, and
 // int8 with `has_mins`: GGUF's Q5_1 / Q5_K), float16 or (`scale_bits` 32: a K-quant's d times
-// its sub-block scale) float32 (matmul_quantized.h has the layout and the tile), found at element offsets of their
+// its sub-block scale) float32, or two-level (`super_groups` > 0: float16 super-block scales and
+// minimums with int8 codes per group, a GGUF K-quant's own form; quantized_panels.h)
+// (matmul_quantized.h has the layout and the tile), int4 codes optionally indexing a 16-entry
+// `codebook` (IQ4_NL / IQ4_XS; no minimums), found at element offsets of their
 // buffers (attributes `panels`, `groups` and `offsets`, per weight): a weight's own arrays, or
 // buffers shared by every weight of a model so that a step passes three arrays, not hundreds.
 // As the float32 kernel (matmul_cpu.cc): one call per group, only the rows in the two
@@ -60,6 +63,7 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
                                ffi::Buffer<ffi::F32> norm_weight, ffi::RemainingArgs args,
                                ffi::RemainingRets outs, float eps, int64_t bits,
                                int64_t activation_bits, int64_t scale_bits, int64_t has_mins,
+                               int64_t super_groups, ffi::Span<const int64_t> book,
                                ffi::Span<const int64_t> panel_counts,
                                ffi::Span<const int64_t> group_counts,
                                ffi::Span<const int64_t> offsets) {
@@ -69,8 +73,22 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: live_rows [2, 2] expected");
   }
   if (bits != 4 && bits != 8) return ffi::Error::InvalidArgument("matmul_quantized_cpu: bits");
-  if ((scale_bits != 16 && scale_bits != 32) || (bits == 4 && !has_mins)) {
-    return ffi::Error::InvalidArgument("matmul_quantized_cpu: scale_bits 16 or 32; int4 mins");
+  const bool two_level = super_groups > 0;
+  const bool has_book = book.size() != 0;
+  if ((scale_bits != 16 && scale_bits != 32) ||
+      (bits == 4 && !has_mins && !two_level && !has_book) || super_groups < 0 ||
+      (two_level && scale_bits != 16) ||
+      (has_book && (book.size() != 16 || bits != 4 || has_mins || activation_bits != 32))) {
+    return ffi::Error::InvalidArgument(
+        "matmul_quantized_cpu: scale_bits 16 or 32 (two-level: 16); int4 mins; a codebook: 16 "
+        "numbers for int4 codes without mins, float activations");
+  }
+  int8_t codebook[16];  // the numbers int4 codes index (has_book)
+  for (size_t i = 0; has_book && i < 16; ++i) {
+    if (book[i] < -128 || book[i] > 127) {
+      return ffi::Error::InvalidArgument("matmul_quantized_cpu: codebook numbers are int8");
+    }
+    codebook[i] = static_cast<int8_t>(book[i]);
   }
   const bool float_scales = scale_bits == 32;
   const bool integer_activations = activation_bits == 8 || activation_bits == 16;
@@ -78,17 +96,19 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: activation_bits 32, 16 or 8");
   }
   if (integer_activations &&
-      (!jaxgen_cpu::kW8A8Vnni || float_scales || (bits == 8 && has_mins) || (bits == 4 && activation_bits != 8) || xd.size() != 2 ||
+      (!jaxgen_cpu::kW8A8Vnni || float_scales || two_level || (bits == 8 && has_mins) || (bits == 4 && activation_bits != 8) || xd.size() != 2 ||
        xd[1] % jaxgen_cpu::kActivationGroup != 0)) {
     return ffi::Error::InvalidArgument(
         "matmul_quantized_cpu: integer activations need int8 weights without minimums (int4 "
         "ones: 8-bit activations) with float16 scales, K a multiple of 32 and AVX-512 VNNI");
   }
   const bool int4 = bits == 4;
-  const size_t per_weight = has_mins ? 3 : 2;
+  // Per weight: values, scales, [mins], [scale codes, [min codes]] (two-level).
+  const size_t per_weight = (has_mins ? 3 : 2) + (two_level ? (has_mins ? 2 : 1) : 0);
   const size_t count = outs.size();
+  constexpr size_t kOffsets = 5;  // values, scales, mins, scale codes, min codes
   if (count == 0 || args.size() != per_weight * count || panel_counts.size() != count ||
-      group_counts.size() != count || offsets.size() != 3 * count) {
+      group_counts.size() != count || offsets.size() != kOffsets * count) {
     return ffi::Error::InvalidArgument("matmul_quantized_cpu: arguments per weight mismatch");
   }
   const int64_t rows = xd[0], depth = xd[1];
@@ -121,17 +141,20 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
       return ffi::Error::InvalidArgument("matmul_quantized_cpu: scales' dtype (scale_bits)");
     }
     // Weight i is `panels` panels of codes [code_rows, 16] and scales (and mins) [groups, 16]
-    // at element `offsets[3i..3i+2]` of its buffers: its own arrays, or buffers it shares.
+    // (two-level: [groups / super_groups, 16], and codes [groups, 16]) at element
+    // `offsets[5i..5i+4]` of its buffers: its own arrays, or buffers it shares.
     const int64_t panels = panel_counts[i], groups = group_counts[i];
-    const int64_t code_end = offsets[3 * i] + panels * code_rows * jaxgen_cpu::kQuantPanel;
-    const int64_t scale_elements = panels * groups * jaxgen_cpu::kQuantPanel;
+    const int64_t* offset = &offsets[kOffsets * i];
+    const int64_t code_end = offset[0] + panels * code_rows * jaxgen_cpu::kQuantPanel;
+    const int64_t group_elements = panels * groups * jaxgen_cpu::kQuantPanel;
+    const int64_t scale_elements = two_level ? group_elements / super_groups : group_elements;
     if (panels < 1 || groups < 1 || depth % groups != 0 ||
+        (two_level && groups % super_groups != 0) ||
         (int4 && (depth / groups) % jaxgen_cpu::kInt4BlockRows != 0) ||
         (integer_activations && (depth / groups) % jaxgen_cpu::kActivationGroup != 0) ||
-        offsets[3 * i] < 0 ||
-        offsets[3 * i + 1] < 0 || offsets[3 * i + 2] < 0 ||
+        std::any_of(offset, offset + kOffsets, [](int64_t o) { return o < 0; }) ||
         code_end > static_cast<int64_t>(values->element_count()) ||
-        offsets[3 * i + 1] + scale_elements > static_cast<int64_t>(scales->element_count()) ||
+        offset[1] + scale_elements > static_cast<int64_t>(scales->element_count()) ||
         (*out)->element_count() != static_cast<size_t>(rows * panels * jaxgen_cpu::kQuantPanel)) {
       return ffi::Error::InvalidArgument("matmul_quantized_cpu: packed weight shapes");
     }
@@ -139,24 +162,35 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     if (has_mins) {
       auto m = args.get<ffi::AnyBuffer>(per_weight * i + 2);
       if (!m.has_value() ||
-          offsets[3 * i + 2] + scale_elements > static_cast<int64_t>(m->element_count()) ||
+          offset[2] + scale_elements > static_cast<int64_t>(m->element_count()) ||
           m->element_type() != scale_type) {
         return ffi::Error::InvalidArgument("matmul_quantized_cpu: mins");
       }
-      mins = static_cast<const uint8_t*>(m->untyped_data()) +
-             offsets[3 * i + 2] * (scale_bits / 8);
+      mins = static_cast<const uint8_t*>(m->untyped_data()) + offset[2] * (scale_bits / 8);
+    }
+    const int8_t* group_codes[2] = {nullptr, nullptr};  // two-level scale and min codes
+    for (int c = 0; two_level && c < (has_mins ? 2 : 1); ++c) {
+      auto codes = args.get<ffi::AnyBuffer>(per_weight * i + (has_mins ? 3 : 2) + c);
+      if (!codes.has_value() || codes->element_type() != ffi::DataType::S8 ||
+          offset[3 + c] + group_elements > static_cast<int64_t>(codes->element_count())) {
+        return ffi::Error::InvalidArgument("matmul_quantized_cpu: two-level scale codes");
+      }
+      group_codes[c] = static_cast<const int8_t*>(codes->untyped_data()) + offset[3 + c];
     }
     const int64_t blocks = (panels + block_panels[i] - 1) / block_panels[i];
     jaxgen_cpu::QuantizedPanels p{
-        static_cast<const uint8_t*>(values->untyped_data()) + offsets[3 * i],
-        static_cast<const uint8_t*>(scales->untyped_data()) +
-            offsets[3 * i + 1] * (scale_bits / 8),
+        static_cast<const uint8_t*>(values->untyped_data()) + offset[0],
+        static_cast<const uint8_t*>(scales->untyped_data()) + offset[1] * (scale_bits / 8),
         mins,
         depth,
         panels * jaxgen_cpu::kQuantPanel,
         depth / groups,
         int4,
-        float_scales};
+        float_scales,
+        group_codes[0],
+        group_codes[1],
+        two_level ? super_groups : 1,
+        has_book ? codebook : nullptr};
     group.push_back({p, (*out)->typed_data(), block_panels[i] * jaxgen_cpu::kQuantPanel});
     column_blocks += blocks;
   }
@@ -261,7 +295,16 @@ ffi::Error QuantizedMatmulImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> li
     const Item& item = items[i];
     const Weight& w = group[item.w];
     const auto& p = w.panels;
-    if (int4 && float_scales) {
+    if (two_level && int4) {
+      jaxgen_cpu::QuantizedMatmulBlock<true, float, true>(p, xs, w.out, item.m0, item.m1,
+                                                          item.n0, item.n1, scratch);
+    } else if (two_level) {
+      jaxgen_cpu::QuantizedMatmulBlock<false, float, true>(p, xs, w.out, item.m0, item.m1,
+                                                           item.n0, item.n1, scratch);
+      if (p.mins) {
+        jaxgen_cpu::AddGroupMins<float, true>(p, xs, w.out, item.m0, item.m1, item.n0, item.n1);
+      }
+    } else if (int4 && float_scales) {
       jaxgen_cpu::QuantizedMatmulBlock<true, float>(p, xs, w.out, item.m0, item.m1, item.n0,
                                                     item.n1, scratch);
     } else if (int4) {
@@ -303,6 +346,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxgenMatmulQuantized, QuantizedMatmulImpl,
                                   .Attr<int64_t>("activation_bits")
                                   .Attr<int64_t>("scale_bits")
                                   .Attr<int64_t>("has_mins")
+                                  .Attr<int64_t>("super_groups")
+                                  .Attr<ffi::Span<const int64_t>>("codebook")
                                   .Attr<ffi::Span<const int64_t>>("panels")
                                   .Attr<ffi::Span<const int64_t>>("groups")
                                   .Attr<ffi::Span<const int64_t>>("offsets"));

@@ -1,10 +1,12 @@
 // The one-row tiles of the quantised matmul (decode's hot loop): c[16] (+)= x[k0:k1] @
 // dequant(panel)[k0:k1, 16] with the weights dequantised in registers; 512-bit where the
 // compiler targets AVX-512; and int8's tiles of 2-4 rows in the same scheme (a verify step's
-// draft rows). Layout and decoding: quantized_panels.h.
+// draft rows); a codebook int4 panel's one row (BookRowGroups). Layout and decoding:
+// quantized_panels.h.
 
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "quantized_panels.h"
@@ -121,6 +123,37 @@ __attribute__((noinline)) void Int8RowsTile(const QuantizedPanels& w, int64_t k0
       float* out = c + r * ldc;
       _mm256_storeu_ps(out, _mm256_fmadd_ps(e0, s0, _mm256_loadu_ps(out)));
       _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(e1, s1, _mm256_loadu_ps(out + 8)));
+    }
+  }
+}
+
+// acc[2] += x[k0:k1] @ dequant(panel)[k0:k1, 16] for one row of a codebook int4 panel: per
+// group, x * book[u] summed in four FMA chains per half (k % 4), then the group's scale applied
+// once (as one int8 row's tile does); the one-row int4 tiles' 16^j trick needs linear codes.
+template <typename S>
+inline void BookRowGroups(const QuantizedPanels& w, int64_t k0, int64_t k1, const float* x,
+                          const uint8_t* values, const S* scales, __m256 (&acc)[2]) {
+  const __m256i book = LoadBook(w.codebook);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t k = k0; k < k1;) {
+    const int64_t g = k / w.group;
+    const int64_t end = std::min(k1, (g + 1) * w.group);
+    __m256 sum[4][2];
+    for (auto& chain : sum) chain[0] = chain[1] = _mm256_setzero_ps();
+    for (; k < end; k += kInt4BlockRows) {
+      const uint8_t* block = values + (k - k0) * (kQuantPanel / 2);
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+      ForInt4BookBlockRows(v0, v1, one, one, book, [&](int j, __m256 e0, __m256 e1) {
+        const __m256 a = _mm256_broadcast_ss(x + k + j);
+        sum[j & 3][0] = _mm256_fmadd_ps(a, e0, sum[j & 3][0]);
+        sum[j & 3][1] = _mm256_fmadd_ps(a, e1, sum[j & 3][1]);
+      });
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 total =
+          _mm256_add_ps(_mm256_add_ps(sum[0][h], sum[1][h]), _mm256_add_ps(sum[2][h], sum[3][h]));
+      acc[h] = _mm256_fmadd_ps(total, LoadScales8(scales + g * kQuantPanel + 8 * h), acc[h]);
     }
   }
 }
