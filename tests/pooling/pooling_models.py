@@ -87,3 +87,92 @@ def agreement(ours, reference) -> tuple[float, float]:
         np.linalg.norm(ours, axis=-1) * np.linalg.norm(reference, axis=-1)
     )
     return float(np.abs(ours - reference).max()), float(cosine.min())
+
+
+WORDS = (
+    "the quick brown fox jumps over lazy dog hello world a an of to in is what capital "
+    "france paris berlin city river embeddings pool sequence hidden states into one vector"
+).split()
+ENCODERS = {  # kind -> (config class, base model class, classifier class) in transformers
+    "bert": ("BertConfig", "BertModel", "BertForSequenceClassification"),
+    "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification"),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "XLMRobertaForSequenceClassification"),
+}
+
+
+def tiny_word_piece_tokenizer(roberta: bool):
+    """A WordPiece tokenizer over a small vocabulary; BERT's specials ([CLS] a [SEP] b [SEP],
+    token types) or RoBERTa's (<s> a </s></s> b </s>, pad id 1, no token types)."""
+    import tokenizers
+    import transformers
+
+    letters = list("abcdefghijklmnopqrstuvwxyz,.!?'")
+    if roberta:
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    else:
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = specials + WORDS + letters + ["##" + c for c in letters]
+    unk = specials[3] if roberta else specials[1]
+    model = tokenizers.models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token=unk)
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = tokenizers.decoders.WordPiece()
+    if roberta:
+        tokenizer.post_processor = tokenizers.processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+        names = dict(bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>")
+        return transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer,
+            unk_token="<unk>",
+            pad_token="<pad>",
+            mask_token="<mask>",
+            model_input_names=["input_ids", "attention_mask"],
+            **names,
+        )
+    tokenizer.post_processor = tokenizers.processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    return transformers.BertTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def save_tiny_encoder(
+    path: str, kind: str, *, num_labels: int = 0, seed: int = 0, **overrides
+) -> str:
+    """A small random ``kind`` encoder (2 layers, hidden 64, 4 heads) with its tokenizer; with
+    ``num_labels`` a sequence classifier (a cross-encoder for one label)."""
+    import torch
+    import transformers
+
+    config_name, base_name, classifier_name = ENCODERS[kind]
+    roberta = kind != "bert"
+    tokenizer = tiny_word_piece_tokenizer(roberta)
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_name)(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64 + (2 if roberta else 0),
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=max(num_labels, 1),
+        **overrides,
+    )
+    model_class = getattr(transformers, classifier_name if num_labels else base_name)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+            elif "LayerNorm" in name:
+                p.normal_(1.0, 0.1)
+            else:
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
