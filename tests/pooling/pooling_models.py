@@ -152,17 +152,19 @@ def save_tiny_encoder(
     roberta = kind != "bert"
     tokenizer = tiny_word_piece_tokenizer(roberta)
     torch.manual_seed(seed)
-    config = getattr(transformers, config_name)(
+    fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=128,
-        max_position_embeddings=64 + (2 if roberta else 0),
+        max_position_embeddings=64,
         pad_token_id=tokenizer.pad_token_id,
         num_labels=max(num_labels, 1),
-        **overrides,
     )
+    fields.update(overrides)
+    fields["max_position_embeddings"] += 2 if roberta else 0  # RoBERTa's padding offset
+    config = getattr(transformers, config_name)(**fields)
     model_class = getattr(transformers, classifier_name if num_labels else base_name)
     model = model_class(config).eval()
     with torch.no_grad():

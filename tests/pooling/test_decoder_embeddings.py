@@ -138,3 +138,10 @@ def test_a_generation_model_without_pooling_refuses_embed(tiny_model_dir):
         LLM(tiny_model_dir, task="embed", max_model_len=64).embed(
             "Hello", PoolingParams(dimensions=8)
         )
+
+
+def test_more_inputs_than_a_batch_holds_take_several_batches(embedder):
+    steps = embedder.pooling.num_steps
+    outs = embedder.embed([[5, 6]] * 20)  # 8 sequences a batch at most
+    assert len(outs) == 20 and embedder.pooling.num_steps - steps == 3
+    np.testing.assert_allclose(outs[0].outputs.embedding, outs[19].outputs.embedding, atol=1e-6)

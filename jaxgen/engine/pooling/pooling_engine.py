@@ -3,8 +3,8 @@
 Inputs are checked (non-empty, ids in the vocabulary, at most ``max_model_len`` tokens: a
 ``ValueError`` naming the limit), sorted by length so a batch pads little, and cut into
 batches of at most ``max_rolling_batch_size`` sequences and ``max(max_rolling_batch_prefill_tokens,
-L)`` padded tokens. A batch is padded to an (S, L) bucket (powers of two, the last one the
-limit itself) and run by ``PoolingRunner`` in one step, with no KV pool: each input's vector
+L)`` padded tokens. A batch is padded to an (S, L) bucket (S a power of two, L one or one and
+a half of a power of two; the last of each the limit itself) and run by ``PoolingRunner`` in one step, with no KV pool: each input's vector
 is read back when its batch ends. One lock serialises callers (the server's threads), so
 concurrent requests' inputs take turns a batch at a time.
 """
@@ -37,6 +37,16 @@ class PoolingInput:
 def capped_buckets(limit: int, start: int) -> list[int]:
     """Powers of two from ``start`` below ``limit``, then ``limit`` itself."""
     return [b for b in power_of_two_buckets(limit, start) if b < limit] + [limit]
+
+
+def length_buckets(limit: int, start: int = MIN_LENGTH_BUCKET) -> list[int]:
+    """``start`` and each power of two from it with its half-way point (16, 24, 32, 48, 64,
+    96, ...) below ``limit``, then ``limit``: a short batch pads at most a third of its rows,
+    and the executables stay two per doubling of the length."""
+    steps = []
+    for b in power_of_two_buckets(limit, start):
+        steps += [b, b + b // 2]
+    return sorted({b for b in steps if b < limit} | {limit})
 
 
 class PoolingEngine:
@@ -83,7 +93,7 @@ class PoolingEngine:
             )
         self.max_model_len = max_model_len or model_limit
         self.max_batch_tokens = max_batch_tokens
-        self.length_buckets = capped_buckets(self.max_model_len, MIN_LENGTH_BUCKET)
+        self.length_buckets = length_buckets(self.max_model_len)
         self.batch_buckets = capped_buckets(max_batch_size, 1)
         self.runner = PoolingRunner(
             loaded.graphdef,
@@ -166,10 +176,10 @@ class PoolingEngine:
         current: list[int] = []
         for i in order:
             length = bucket_for(len(inputs[i].token_ids), self.length_buckets)
-            rows = bucket_for(len(current) + 1, self.batch_buckets)
-            fits = len(current) < self.batch_buckets[-1] and rows * length <= max(
-                self.max_batch_tokens, length
-            )
+            fits = len(current) < self.batch_buckets[-1]
+            if fits:  # the padded batch, with this input, within the token budget
+                rows = bucket_for(len(current) + 1, self.batch_buckets)
+                fits = rows * length <= max(self.max_batch_tokens, length)
             if current and not fits:
                 batches.append(current)
                 current = []
