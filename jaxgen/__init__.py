@@ -18,7 +18,15 @@ def __getattr__(name):  # lazy for start-up time: importing jaxgen does not impo
         from jaxgen.async_llm import AsyncLLM
 
         return AsyncLLM
+    if name in _POOLING:  # jaxgen.engine.pooling imports jax
+        from jaxgen.engine import pooling
+
+        return getattr(pooling, name)
     raise AttributeError(name)
+
+
+_POOLING = ("PoolingParams", "EmbeddingRequestOutput", "ScoringRequestOutput")
+_POOLING += ("ClassificationRequestOutput",)
 
 
 __all__ = [
@@ -33,4 +41,5 @@ __all__ = [
     "RequestOutput",
     "CompletionOutput",
     "ModelConfig",
+    *_POOLING,
 ]

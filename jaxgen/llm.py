@@ -12,6 +12,8 @@ from jaxgen.chat_template_options import ChatTemplateOptions
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
 from jaxgen.engine.decoding.beam_search import run_beam_search
+from jaxgen.engine.pooling import PoolingParams, classify_outputs, embed_outputs, score_outputs
+from jaxgen.loaders.pooling_model import open_pooling_engine, pooling_beside
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
@@ -55,16 +57,52 @@ class LLM:
         if unknown:
             raise ValueError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
         config = EngineConfig(**engine_knobs)  # validate knobs before the slow load
-        self.engine = create_engine(  # TP mesh / replicas
-            model, dtype=dtype, config=config, revision=revision, gguf_file=gguf_file
-        )
-        self.loaded = self.engine.loaded
+        source = dict(dtype=dtype, config=config, revision=revision, gguf_file=gguf_file)
+        self.pooling = open_pooling_engine(model, **source)  # None: a generation model
+        self.engine = None if self.pooling else create_engine(model, **source)  # TP, replicas
+        self.loaded = (self.pooling or self.engine).loaded
+        self._config = config
         self._ids = itertools.count()
 
     @property
     def params(self):
         """The placed parameter pytree (an ``nnx.State``) — inspect shapes and shardings here."""
-        return self.engine.params
+        return (self.engine or self.pooling).params
+
+    def embed(self, prompts, pooling_params: PoolingParams | None = None, *, use_tqdm=False):
+        """Each prompt's embedding (``EmbeddingRequestOutput``, ``.outputs.embedding``); see
+        docs/api.md, "Pooling". ``use_tqdm`` is accepted for compatibility."""
+        return embed_outputs(self._pooler(), prompts, pooling_params, self._new_id)
+
+    def classify(self, prompts, pooling_params: PoolingParams | None = None, *, use_tqdm=False):
+        """A sequence classifier's probabilities per prompt (``.outputs.probs``)."""
+        return classify_outputs(self._pooler(), prompts, pooling_params, self._new_id)
+
+    def score(self, text_1, text_2, pooling_params: PoolingParams | None = None, *, use_tqdm=False):
+        """Scores of text pairs (one text_1 against each text_2, or the lists zipped): a
+        cross-encoder's probability, or an embedding model's cosine (``.outputs.score``)."""
+        return score_outputs(self._pooler(), text_1, text_2, pooling_params, self._new_id)
+
+    def _pooler(self):
+        if self.pooling is None:
+            self.pooling = pooling_beside(self.loaded, self._config)
+        if self.pooling is None:
+            raise ValueError(
+                "this model has no pooling defined (no sentence-transformers modules.json): "
+                "load it with task='embed' to embed with it"
+            )
+        return self.pooling
+
+    def _new_id(self) -> str:
+        return str(next(self._ids))
+
+    def _generator(self):
+        if self.engine is None:
+            raise ValueError(
+                f"this model was loaded for pooling (task {self._config.task!r}): it embeds, "
+                "classifies and scores; generation needs a decoder with task 'generate'"
+            )
+        return self.engine
 
     def get_tokenizer(self):
         return self.loaded.tokenizer
@@ -74,9 +112,9 @@ class LLM:
         ``weight_dtypes`` (parameter count per stored kind), ``parameter_bytes`` and
         ``kv_cache_dtype``."""
         return {
-            **self.engine.stats(),
+            **(self.engine or self.pooling).stats(),
             **weight_stats(self.loaded),
-            "kv_cache_dtype": self.engine.config.kv_cache_dtype,
+            "kv_cache_dtype": self._config.kv_cache_dtype,
         }
 
     def precompile(self, sampling_params: SamplingParams | list[SamplingParams] | None = None):
@@ -86,7 +124,7 @@ class LLM:
         nothing); returns the compiles. ``LLM(..., precompile=True)`` does it at start."""
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params]
-        return self.engine.precompile(sampling_params)
+        return self._generator().precompile(sampling_params)
 
     def generate(
         self,
@@ -102,6 +140,7 @@ class LLM:
         None: the base model) per prompt; needs ``enable_lora=True``."""
         items = _normalize_prompts(prompts)
         params_list = _final_only(_normalize_params(sampling_params, len(items)))
+        self._generator()
         loras = _per_prompt(lora_request, len(items), "lora_request")
         tokenizer = self.loaded.tokenizer
         order = []
@@ -141,7 +180,7 @@ class LLM:
             tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else item
             for item in _normalize_prompts(items)
         ]
-        engine = getattr(self.engine, "engines", [self.engine])[0]  # data parallel: the first
+        engine = getattr(self._generator(), "engines", [self.engine])[0]  # data parallel: first
         for tokens in token_lists:
             engine.check_prompt(tokens)
         sequences = run_beam_search(engine, token_lists, params)

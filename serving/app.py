@@ -19,9 +19,16 @@ from starlette.routing import Route
 from serving import invocations
 from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
-from serving.openai import lora_routes, responses_routes, tokenize_routes
+from serving.openai import (
+    embedding_routes,
+    lora_routes,
+    responses_routes,
+    score_routes,
+    tokenize_routes,
+)
 from serving.openai import routes as openai_routes
 from serving.openapi import openapi_route
+from serving.pooling import refuse_generation_on_pooling
 from serving.settings.resolve import ServerSettings
 from serving.state import FAILED, LOADING, READY, ServerState
 from serving.streaming import ClientDisconnected
@@ -107,8 +114,12 @@ def create_app(
         *lora_routes.ROUTES,
         *responses_routes.ROUTES,
         *tokenize_routes.ROUTES,
+        *embedding_routes.ROUTES,
+        *score_routes.ROUTES,
         *invocations.ROUTES,
     ]
+    pooling = [*embedding_routes.ROUTES, *score_routes.ROUTES, *tokenize_routes.ROUTES]
+    routes = refuse_generation_on_pooling(routes, keep=pooling)
     routes.append(openapi_route(list(routes)))
     handlers = {
         HTTPException: http_error,

@@ -13,6 +13,7 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine, engine_dtype
 from jaxgen.loaders import load_model, resolve_model
 from serving.lora_adapters import register_lora_modules
+from serving.pooling import build_pooling_llm
 from serving.settings.parsers import SettingsError
 from serving.settings.resolve import ServerSettings, engine_knobs
 
@@ -28,8 +29,11 @@ def fetch_model(settings: ServerSettings) -> ServerSettings:
 
 
 def build_llm(settings: ServerSettings):
-    """Loads the model and starts an ``AsyncLLM`` with the settings' engine knobs."""
-    return AsyncLLM(engine=build_engine(settings))
+    """Loads the model and starts an ``AsyncLLM`` with the settings' engine knobs (a
+    ``PoolingLLM`` when ``--task`` or the checkpoint asks for pooling)."""
+    model = settings.model_path or fetch_model(settings).model_path
+    knobs = engine_knobs(settings, set(EngineConfig.__dataclass_fields__))
+    return build_pooling_llm(settings, knobs, model) or AsyncLLM(engine=build_engine(settings))
 
 
 def build_engine(settings: ServerSettings):

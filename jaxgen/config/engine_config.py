@@ -31,6 +31,7 @@ BYTE_UNITS = {
 }
 
 
+TASKS = ("auto", "generate", "embed", "classify", "score")
 BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
 
 
@@ -93,6 +94,15 @@ def parse_kv_cache_memory(value, source: str = "the command line") -> int | floa
 class EngineConfig:
     """How the engine batches and how much KV memory it may take (see each field's ``Knob``)."""
 
+    task: str = knob(
+        "auto",
+        help="what the model runs for (vLLM's --task): generate, embed (pooled embeddings, "
+        "no KV pool), classify (a sequence classifier's labels), score (embed or classify, as "
+        "the model allows) or auto (a decoder generates; an encoder embeds, or classifies when "
+        "it has a classifier head)",
+        serve_only=True,
+        choices=TASKS,
+    )
     batching: str = knob(
         "paged",
         help="none, static, dynamic, continuous (contiguous KV per slot) or paged",
@@ -269,6 +279,7 @@ class EngineConfig:
             if not ok:
                 raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
 
+        check(self.task in TASKS, "task", f"must be one of {TASKS}")
         check(self.batching in BATCHING_MODES, "batching", f"must be one of {BATCHING_MODES}")
         check(
             self.sampler_executables in SAMPLER_EXECUTABLES,
