@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import json
 import time
 
 import httpx
 
-from benchmarks.server_probe import start_server
+from benchmarks.server_probe import measured_on_server, print_report
 
 
 def benign_schema(salt: int) -> dict:
@@ -98,27 +97,20 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    server = None
-    if args.url is None:
-        server = start_server(args.port)
-        args.url = f"http://127.0.0.1:{args.port}"
-    try:
-        stream_request(args.url, -1)  # warm
-        report = {
-            "schemas": burst(schema_request, args.url, args.schemas),
-            "streams": burst(stream_request, args.url, args.streams),
-        }
-        time.sleep(1.0)
-        report["after"] = engine_state(args.url)
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(60)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text + "\n")
+    report = measured_on_server(args.url, args.port, lambda url: measure(url, args))
+    print_report(report, args.out)
+
+
+def measure(url: str, args) -> dict:
+    """Warm, then the schema burst and the stream burst, and the engine's state after."""
+    stream_request(url, -1)  # warm
+    report = {
+        "schemas": burst(schema_request, url, args.schemas),
+        "streams": burst(stream_request, url, args.streams),
+    }
+    time.sleep(1.0)
+    report["after"] = engine_state(url)
+    return report
 
 
 if __name__ == "__main__":

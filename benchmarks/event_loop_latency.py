@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from benchmarks.server_probe import start_server
+from benchmarks.server_probe import measured_on_server, print_report
 
 POLL_INTERVAL_S = 0.01
 LONG_PROMPT = "hello world " * 999 + "hello world"  # 2,000 SmolLM2 tokens
@@ -163,21 +163,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    server = None
-    if args.url is None:
-        server = start_server(args.port)
-        args.url = f"http://127.0.0.1:{args.port}"
-    try:
-        report = measure(args.url, args.repeat)
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(60)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text + "\n")
+    report = measured_on_server(args.url, args.port, lambda url: measure(url, args.repeat))
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

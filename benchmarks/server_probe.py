@@ -192,6 +192,30 @@ def start_server(port: int) -> subprocess.Popen:
     raise RuntimeError("jaxgen serve did not become healthy in 900 s")
 
 
+def measured_on_server(url: str | None, port: int, measure) -> dict:
+    """``measure(url)`` against the server at ``url``, or against ``jaxgen serve`` started on
+    ``port`` for it (stopped afterwards)."""
+    server = None
+    if url is None:
+        server = start_server(port)
+        url = f"http://127.0.0.1:{port}"
+    try:
+        return measure(url)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+
+
+def print_report(report: dict, path: str | None) -> None:
+    """The report as JSON on stdout, and in ``path`` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if path:
+        with open(path, "w") as out:
+            out.write(text + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", default=None, help="probe this server instead of starting one")
@@ -222,11 +246,7 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(60)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":
