@@ -160,3 +160,48 @@ def serve_from_process_0(engine) -> dict:
         llm.shutdown()
         leader.shutdown()
     return {"served_tokens": served, "published_steps": leader.steps_published}
+
+
+def mode_lora_tp(args: dict) -> dict:
+    """One mixed batch of adapters (and the base model) at each degree: greedy tokens, each
+    token's logprob, and how layer 0's q_proj (column-parallel) and o_proj (row-parallel)
+    adapter slots are split."""
+    from jaxgen import LLM, SamplingParams
+    from jaxgen.lora import LoRARequest
+
+    requests = [None] + [
+        LoRARequest(name, i, path) for i, (name, path) in enumerate(args["adapters"].items(), 1)
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=0)
+    result = {}
+    for degree in args["degrees"]:
+        llm = LLM(
+            args["model"],
+            tensor_parallel_degree=degree,
+            enable_lora=True,
+            max_lora_rank=8,
+            max_loras=2,
+            **ENGINE,
+        )
+        outs = llm.generate(
+            [prompt for prompt in args["prompts"] for _ in requests],
+            params,
+            lora_request=[lora for _ in args["prompts"] for lora in requests],
+            use_tqdm=False,
+        )
+        slots = llm.engine.lora.slots.stacks.arrays
+        result[str(degree)] = {
+            "tokens": [list(out.outputs[0].token_ids) for out in outs],
+            "logprobs": [
+                [
+                    float(getattr(entry[t], "logprob", entry[t]))
+                    for entry, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)
+                ]
+                for o in outs
+            ],
+            "slots": {
+                name: [shard_shapes(x) for x in slots[f"layers.0.self_attn.{name}"]]
+                for name in ("q_proj", "o_proj")
+            },
+        }
+    return result

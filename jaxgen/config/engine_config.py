@@ -337,8 +337,6 @@ class EngineConfig:
         check(isinstance(self.enable_lora, bool), "enable_lora", "must be True or False")
         for name in ("max_loras", "max_lora_rank"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be >= 1")
-        tp = self.tensor_parallel_degree
-        check(tp == 1 or not self.enable_lora, "tensor_parallel_degree", "must be 1 with LoRA")
         cpu_loras = self.max_cpu_loras
         check(cpu_loras is None or (_int(cpu_loras) and cpu_loras >= 1), "max_cpu_loras", ">= 1")
         check(isinstance(self.compile_cache, bool), "compile_cache", "must be True or False")

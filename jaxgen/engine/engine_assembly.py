@@ -23,7 +23,7 @@ from jaxgen.engine.step.runner import ModelRunner
 from jaxgen.engine.step.step_layout import StepLayout
 from jaxgen.engine.structured.grammar_masks import GrammarMasks, grammar_compiler
 from jaxgen.layers.lora import lora_targets
-from jaxgen.lora import LoRAManager, LoRASlots
+from jaxgen.lora import LoRAManager, LoRASlots, adapter_shardings
 
 
 @dataclasses.dataclass
@@ -154,6 +154,10 @@ def build_lora(loaded, config: EngineConfig, kv_sharding=None) -> LoRAManager:
     if not targets:
         raise ValueError(f"enable_lora: {loaded.config.model_type} has no projection LoRA targets")
     slots = LoRASlots(
-        targets, max_loras=config.max_loras, max_rank=config.max_lora_rank, dtype=loaded.dtype
+        targets,
+        max_loras=config.max_loras,
+        max_rank=config.max_lora_rank,
+        dtype=loaded.dtype,
+        shardings=adapter_shardings(loaded.params, targets) if kv_sharding is not None else None,
     )
     return LoRAManager(slots, max_cpu_loras=config.max_cpu_loras)

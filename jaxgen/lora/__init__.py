@@ -4,7 +4,7 @@
 
 from jaxgen.lora.lora_manager import LoRAManager
 from jaxgen.lora.lora_request import LoRARequest
-from jaxgen.lora.lora_slots import LoRASlots, LoRAStacks
+from jaxgen.lora.lora_slots import LoRASlots, LoRAStacks, adapter_shardings
 from jaxgen.lora.peft_adapter import PeftAdapter, read_peft_adapter
 
 __all__ = [
@@ -13,5 +13,6 @@ __all__ = [
     "LoRASlots",
     "LoRAStacks",
     "PeftAdapter",
+    "adapter_shardings",
     "read_peft_adapter",
 ]

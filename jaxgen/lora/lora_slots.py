@@ -5,6 +5,11 @@ Loading an adapter into a slot is one jitted, donated ``dynamic_update_slice`` p
 slot index is traced): one executable, compiled when the slots are made, serves every load, so
 no adapter ever compiles anything. A rank below the slots' is zero-padded, and the projections
 an adapter leaves out are zeros in its slot.
+
+Under tensor parallelism (:func:`adapter_shardings`) A is split as its base kernel's input axis
+and B as its output axis: a column-parallel projection (q/k/v, gate/up) keeps A whole on every
+device and splits B's columns, a row-parallel one (o, down) splits A's rows and keeps B whole,
+so each device's shrink and expand read only the activations its base matmul reads.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgen.layers.lora import with_adapters
 
@@ -56,7 +63,9 @@ class LoRASlots:
             else:
                 arrays[path] = tuple(map(jax.device_put, pair, shardings[path]))
         self.stacks = LoRAStacks(arrays, max_rank)
-        self._write = jax.jit(_write_slot, donate_argnums=0)
+        # The written stacks keep the slots' shardings, so the step never sees a new layout.
+        placed = jax.tree_util.tree_map(lambda leaf: leaf.sharding, self.stacks)
+        self._write = jax.jit(_write_slot, donate_argnums=0, out_shardings=placed)
         self.write(0, None)  # compiles the write now: no load compiles later
 
     @property
@@ -90,3 +99,27 @@ def _write_slot(stacks: LoRAStacks, start, new: dict) -> LoRAStacks:
             jax.lax.dynamic_update_slice(b, new_b.astype(b.dtype), (start, zero)),
         )
     return LoRAStacks(arrays, stacks.rank)
+
+
+def adapter_shardings(params, targets) -> dict | None:
+    """path -> (A's, B's) ``NamedSharding`` for the ``targets`` of ``params`` (the loaded decoder
+    stack's ``nnx.State``), from each base kernel's own split (module docstring); None when no
+    kernel is split over a mesh (one device)."""
+    kernels = {}
+    is_variable = lambda node: isinstance(node, nnx.Variable)  # noqa: E731
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_variable):
+        name = ".".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
+        kernels[name.removesuffix(".kernel")] = leaf.get_value() if is_variable(leaf) else leaf
+    shardings, split = {}, False
+    for path in targets:
+        kernel = kernels[path]
+        placed = getattr(getattr(kernel, "values", kernel), "sharding", None)
+        if not isinstance(placed, NamedSharding):
+            return None
+        spec = tuple(placed.spec) + (None,) * (2 - len(placed.spec))
+        split = split or any(axis is not None for axis in spec)
+        shardings[path] = (
+            NamedSharding(placed.mesh, PartitionSpec(spec[0], None)),
+            NamedSharding(placed.mesh, PartitionSpec(None, spec[1])),
+        )
+    return shardings if split else None

@@ -127,10 +127,3 @@ def test_prefix_cache_entries_are_kept_by_adapter(setup):
     assert llm.stats()["prefix_cache_hit_pages"] == hits  # none shared across adapters
     llm.generate([prompt], GREEDY, lora_request=first)  # the same adapter again shares them
     assert llm.stats()["prefix_cache_hit_pages"] > hits
-
-
-def test_lora_with_tensor_parallelism_is_refused():
-    from jaxgen.config.engine_config import EngineConfig
-
-    with pytest.raises(ValueError, match="tensor_parallel_degree"):
-        EngineConfig(enable_lora=True, tensor_parallel_degree=2)
