@@ -73,36 +73,39 @@ def build_pooling_llm(settings, knobs: dict, model: str) -> PoolingLLM | None:
     return PoolingLLM(engine, config.task)
 
 
-class _Beside:
-    """A pooling engine beside the generation model, made on first use (None: no pooler)."""
-
-    def __init__(self, llm):
-        engine = getattr(llm, "engine", None)
-        loaded = getattr(engine, "loaded", None)
-        config = getattr(engine, "config", None)
-        self.engine = None
-        if loaded is not None and isinstance(config, EngineConfig):
-            self.engine = pooling_beside(loaded, config)
-        self.threads = ThreadPoolExecutor(1, thread_name_prefix="jaxgen-pooling")
+def _engine_beside(llm):
+    """A pooling engine beside the generation model ``llm`` (None: its checkpoint declares no
+    pooler). Built on the pooling thread: it reads the checkpoint's files and plans a step."""
+    engine = getattr(llm, "engine", None)
+    loaded = getattr(engine, "loaded", None)
+    config = getattr(engine, "config", None)
+    if loaded is None or not isinstance(config, EngineConfig):
+        return None
+    return pooling_beside(loaded, config)
 
 
-def pooling_of(request) -> tuple[object, ThreadPoolExecutor]:
-    """The server's pooling engine and its thread; a 400 when the model has no pooling."""
+async def pooling_of(request) -> tuple[object, ThreadPoolExecutor]:
+    """The server's pooling engine and its thread; a 400 when the model has no pooling. Beside
+    a generation model the engine is made on first use, on its thread, once: later requests
+    await the same future, and the event loop never runs the build."""
     state = request.app.state.server
     llm = state.llm
     if isinstance(llm, PoolingLLM):
         return llm.engine, llm.threads
     beside = getattr(request.app.state, "pooling_beside", None)
     if beside is None or beside[0] is not llm:
-        beside = (llm, _Beside(llm))
+        threads = ThreadPoolExecutor(1, thread_name_prefix="jaxgen-pooling")
+        built = asyncio.get_running_loop().run_in_executor(threads, _engine_beside, llm)
+        beside = (llm, built, threads)
         request.app.state.pooling_beside = beside
-    if beside[1].engine is None:
+    engine = await asyncio.shield(beside[1])
+    if engine is None:
         raise RequestError(
             "this model has no pooling defined (its checkpoint ships no sentence-transformers "
             "modules.json): start the server with --task embed to embed with it",
             param="model",
         )
-    return beside[1].engine, beside[1].threads
+    return engine, beside[2]
 
 
 async def run_pooling(request, threads: ThreadPoolExecutor, fn, *args):
@@ -148,7 +151,7 @@ async def serve_pooling(request, parse, run, respond):
     ticket = None
     try:
         state, body, ticket = await admitted(request)
-        engine, threads = pooling_of(request)
+        engine, threads = await pooling_of(request)
         size = getattr(request.state, "body_bytes", 0)
         parsed = await state.workers.parse(size, lambda: parse(state, Fields(body)))
         result = await run_pooling(request, threads, run, engine, parsed)

@@ -154,3 +154,31 @@ def test_rerank_with_a_cross_encoder(tmp_path):
         assert "pooling model" in answer.json()["error"]["message"], answer.text
     finally:
         running.stop()
+
+
+def test_a_generation_model_with_a_pooler_embeds_beside_generation(embedder_dir, reference):
+    """No ``--task``: the server generates, and its first embeddings requests (concurrent) share
+    one pooling engine built off the event loop; /health answers meanwhile."""
+    import concurrent.futures
+
+    running = _serve({"model": embedder_dir, "max_model_len": 64})
+    try:
+        url = f"{running.url}/v1/embeddings"
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(
+                pool.map(lambda text: httpx.post(url, json={"input": text}, timeout=120), TEXTS)
+            )
+            health = httpx.get(f"{running.url}/health", timeout=30)
+        assert health.status_code == 200
+        expected = [o.outputs.embedding for o in reference.embed(TEXTS)]
+        for answer, embedding in zip(answers, expected, strict=True):
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_allclose(answer.json()["data"][0]["embedding"], embedding, atol=1e-5)
+        chat = httpx.post(
+            f"{running.url}/v1/completions",
+            json={"prompt": "Hello", "max_tokens": 2, "temperature": 0},
+            timeout=60,
+        )
+        assert chat.status_code == 200, chat.text
+    finally:
+        running.stop()
