@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxgen.lora import LoRARequest
 from jaxgen.sampling_params import SamplingParams
 from serving.common import encode_text, random_seed
 from serving.sampling_fields import defaults_for_absent, read_tgi_fields
@@ -44,6 +45,7 @@ class TgiRequest:
     seed: int | None
     best_of: int = 1
     sequence_params: list[SamplingParams] = dataclasses.field(default_factory=list)
+    lora_request: LoRARequest | None = None  # ``parameters.adapter_id``'s adapter; None: base
 
 
 def parse_request(state, body: dict) -> TgiRequest:
@@ -54,7 +56,7 @@ def parse_request(state, body: dict) -> TgiRequest:
     if not isinstance(inputs, str):
         raise fields.error("inputs", "must be a string")
     p = Fields(fields.data.get("parameters"), "parameters")
-    p.unsupported("adapter_id")
+    lora_request = tgi_adapter(state, p)
     p.unsupported("watermark", allowed=lambda v: v is False)
     p.unsupported("typical_p", allowed=lambda v: isinstance(v, (int, float)) and v >= 1.0)
     max_new_tokens = p.integer("max_new_tokens", minimum=1)
@@ -122,7 +124,23 @@ def parse_request(state, body: dict) -> TgiRequest:
         seed if sampling else None,
         best_of,
         sequence_params,
+        lora_request,
     )
+
+
+def tgi_adapter(state, p: Fields) -> LoRARequest | None:
+    """TGI's ``parameters.adapter_id``: a LoRA adapter the server offers (``--lora-modules``,
+    ``/v1/load_lora_adapter``), or absent / the served model's name for the base model."""
+    adapter = p.data.get("adapter_id")
+    if adapter is None or (isinstance(adapter, str) and state.settings.serves_model(adapter)):
+        return None
+    if not isinstance(adapter, str):
+        raise p.error("adapter_id", "must be a string")
+    lora = state.loras.get(adapter)
+    if lora is None:
+        offered = ", ".join(sorted(state.loras.by_name)) or "none"
+        raise p.error("adapter_id", f"names no loaded adapter (loaded: {offered})")
+    return lora
 
 
 def check_best_of(p: Fields, best_of: int, sampling: bool, seed: int | None) -> None:

@@ -78,7 +78,7 @@ async def generate(request: Request) -> Response:
         return tgi_error(error)
     try:
         generations = [
-            Generation(state, ticket, parsed.prompt_token_ids, params, grammar)
+            Generation(state, ticket, parsed.prompt_token_ids, params, grammar, parsed.lora_request)
             for params in parsed.sequence_params
         ]
         results = await run_until_disconnect(request.receive, run_all(generations))
@@ -164,7 +164,9 @@ async def generate_stream(request: Request) -> Response:
         state, ticket, parsed, grammar = await admit_and_prepare(request, parse_stream_request)
     except RequestError as error:
         return tgi_error(error)
-    generation = Generation(state, ticket, parsed.prompt_token_ids, parsed.params, grammar)
+    generation = Generation(
+        state, ticket, parsed.prompt_token_ids, parsed.params, grammar, parsed.lora_request
+    )
     return EventStreamResponse(
         stream_events(state, parsed, generation),
         ticket.release,

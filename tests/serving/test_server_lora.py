@@ -61,6 +61,37 @@ def test_adapters_are_models_with_their_own_tokens(lora_server, tiny_model_dir):
     assert base.json()["choices"][0]["text"] == decode(want_base)
 
 
+def test_tgi_adapter_id_picks_the_adapter(lora_server):
+    """TGI's ``parameters.adapter_id``: the adapter's tokens (as the OpenAI route's with that
+    ``model``), the served name or none for the base model, an unknown one a 422 naming it."""
+    text = "The sea is deep and"
+
+    def tgi(path, **parameters):
+        body = {"inputs": text, "parameters": {"max_new_tokens": 4, **parameters}}
+        return httpx.post(f"{lora_server.url}{path}", json=body, headers=KEY, timeout=120)
+
+    def openai(model):
+        body = {"model": model, "prompt": text, "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(
+            f"{lora_server.url}/v1/completions", json=body, headers=KEY, timeout=120
+        )
+        return answer.json()["choices"][0]["text"]
+
+    sql, base = tgi("/generate", adapter_id="sql"), tgi("/generate", adapter_id="tiny")
+    assert sql.status_code == base.status_code == 200, (sql.text, base.text)
+    assert sql.json()["generated_text"] == openai("sql")
+    assert (
+        base.json()["generated_text"] == tgi("/generate").json()["generated_text"] == openai("tiny")
+    )
+    assert sql.json()["generated_text"] != base.json()["generated_text"]
+    streamed = tgi("/generate_stream", adapter_id="sql")
+    assert streamed.status_code == 200
+    assert sql.json()["generated_text"] in streamed.text
+    unknown = tgi("/generate", adapter_id="nope")
+    assert unknown.status_code == 422, unknown.text
+    assert "parameters.adapter_id" in unknown.json()["error"] and "sql" in unknown.json()["error"]
+
+
 def test_load_and_unload_while_serving(lora_server, tiny_model_dir):
     url = lora_server.url
     body = {"lora_name": "b", "lora_path": lora_server.adapters["b"]}
