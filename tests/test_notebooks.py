@@ -148,7 +148,7 @@ def _scale_settings(path: Path, scale: str) -> dict:
 
 def _engines(name: str, settings: dict, config) -> list:
     """The engines the notebook builds at this scale, by the sizes that take memory."""
-    from jaxgen.config.engine_config import parse_kv_cache_memory
+    from jaxgen.config.byte_sizes import parse_kv_cache_memory
     from jaxgen.planning.gpu_fit import EngineSizes
 
     if name == "02_batching_strategies":  # five strategies and AsyncLLM, one pool size each

@@ -9,85 +9,15 @@ from these declarations (``jaxgen/config/knobs.py``). Adding a knob is adding on
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from jaxgen.config.knob_declaration import knob
 from jaxgen.quantization import QUANTIZATION_CHOICES
 from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
 SAMPLER_EXECUTABLES = ("auto", "shared", "per-batch")
-BYTE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-}
-
-
 TASKS = ("auto", "generate", "embed", "classify", "score")
 BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Knob:
-    """How one ``EngineConfig`` field meets its users.
-
-    Args:
-        help: what it means: the flag's ``--help`` and the docs' meaning column.
-        flag: the command-line flag; None: ``--`` and the name with dashes; "": no flag. A
-            boolean knob's flag turns it off if it starts with ``--no-``, else on.
-        serve_only: only ``jaxgen serve`` takes the flag (``generate`` and ``bench`` use the
-            same flag for something else, or have no use for it).
-        choices: the values it accepts.
-        minimum: the smallest integer the server's settings accept (EngineConfig checks more).
-        default_text: the docs' default column, where the value alone says too little.
-        env: environment variables ``jaxgen serve`` reads it from (first listed wins).
-        properties: ``serving.properties`` keys ``jaxgen serve`` reads it from (also as LMI's
-            ``OPTION_<KEY>`` environment variables).
-    """
-
-    help: str
-    flag: str | None = None
-    serve_only: bool = False
-    choices: tuple[str, ...] | None = None
-    minimum: int = 1
-    default_text: str | None = None
-    env: tuple[str, ...] = ()
-    properties: tuple[str, ...] = ()
-
-
-def knob(default, **declaration) -> dataclasses.Field:
-    """An ``EngineConfig`` field with its ``Knob`` declaration as metadata."""
-    return dataclasses.field(default=default, metadata={"knob": Knob(**declaration)})
-
-
-def parse_kv_cache_memory(value, source: str = "the command line") -> int | float:
-    """``kv_cache_memory`` from text: bytes (``"64MiB"``, ``"2GiB"``, ``67108864``) or a
-    fraction of free memory (``"0.9"``). Raises ``ValueError`` naming ``source``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        text = repr(value)
-    else:
-        text = str(value).strip().lower()
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]?i?b?)", text)
-    if match is None:
-        raise ValueError(
-            f"kv_cache_memory from {source} must be bytes (e.g. 64MiB) or a fraction in (0, 1], "
-            f"got {value!r}"
-        )
-    number, unit = float(match.group(1)), match.group(2)
-    if unit == "" and 0 < number <= 1:
-        return number
-    size = int(number * BYTE_UNITS[unit])
-    if size < 1 << 10:
-        raise ValueError(f"kv_cache_memory from {source} must be at least 1KiB, got {value!r}")
-    return size
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

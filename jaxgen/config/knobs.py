@@ -11,7 +11,9 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from jaxgen.config.engine_config import EngineConfig, Knob, parse_kv_cache_memory
+from jaxgen.config.byte_sizes import parse_kv_cache_memory
+from jaxgen.config.engine_config import EngineConfig
+from jaxgen.config.knob_declaration import Knob
 
 # How a knob's value is read from text, by its annotation on ``EngineConfig``.
 KINDS = {

@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from jaxgen.config.engine_config import parse_kv_cache_memory
+from jaxgen.config.byte_sizes import parse_kv_cache_memory
 
 DTYPE_ALIASES = {
     "fp32": "float32",
@@ -113,7 +113,7 @@ def parse_dtype(value: Any, source: str) -> str:
 
 
 def parse_memory(value: Any, source: str) -> int | float:
-    """``kv_cache_memory``: see ``jaxgen.config.engine_config.parse_kv_cache_memory``."""
+    """``kv_cache_memory``: see ``jaxgen.config.byte_sizes.parse_kv_cache_memory``."""
     try:
         return parse_kv_cache_memory(value, source)
     except ValueError as error:

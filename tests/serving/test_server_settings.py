@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from jaxgen.config.engine_config import parse_kv_cache_memory
+from jaxgen.config.byte_sizes import parse_kv_cache_memory
 from serving.launch.cli import FLAG_SETTINGS, add_serve_arguments, settings_from_args
 from serving.settings.parsers import SettingsError, read_properties
 from serving.settings.resolve import ServerSettings, engine_knobs, resolve_settings
