@@ -75,9 +75,21 @@ def create_engine(
     devices = jax.devices() if replicas == 1 else jax.local_devices()  # replicas: one host
     placement = DeferredPlacement(degree, replicas, devices)
     loaded = load_sharded(model, dtype=dtype, placement=placement, quantization=config.quantization)
-    engines = [LLMEngine(loaded, config, kv_sharding=placement.plans[0].kv_sharding)]
-    for plan in placement.plans[1:]:
-        engines.append(LLMEngine(shard_loaded(loaded, plan), config, kv_sharding=plan.kv_sharding))
+    rank = None if replicas == 1 else 0  # KV events say which replica (data_parallel_rank)
+    engines = [
+        LLMEngine(
+            loaded, config, kv_sharding=placement.plans[0].kv_sharding, data_parallel_rank=rank
+        )
+    ]
+    for rank, plan in enumerate(placement.plans[1:], 1):
+        engines.append(
+            LLMEngine(
+                shard_loaded(loaded, plan),
+                config,
+                kv_sharding=plan.kv_sharding,
+                data_parallel_rank=rank,
+            )
+        )
     return engines[0] if replicas == 1 else ReplicatedEngine(engines)
 
 

@@ -134,7 +134,8 @@ class LLM:
         use_tqdm: bool = True,
         lora_request=None,
     ) -> list[RequestOutput]:
-        """Generates for each prompt (a str, a list of str, or a list of token-id lists). The
+        """Generates for each prompt (a str, a token-id list, vLLM's ``{"prompt": ...}`` or
+        ``{"prompt_token_ids": ...}`` dict, or a list of them). The
         engine reports each request once, finished (``RequestOutputKind.FINAL_ONLY``).
         ``lora_request``: a ``jaxgen.lora.LoRARequest`` for every prompt, or a list of one (or
         None: the base model) per prompt; needs ``enable_lora=True``."""
@@ -169,16 +170,10 @@ class LLM:
         compatibility."""
         if not isinstance(params, BeamSearchParams):
             raise ValueError("params must be a BeamSearchParams")
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        items = [
-            p.get("prompt_token_ids", p.get("prompt")) if isinstance(p, dict) else p
-            for p in (prompts if isinstance(prompts, Seq) else [])
-        ]
         tokenizer = self.loaded.tokenizer
         token_lists = [
             tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else item
-            for item in _normalize_prompts(items)
+            for item in _normalize_prompts(prompts)
         ]
         engine = getattr(self._generator(), "engines", [self.engine])[0]  # data parallel: first
         for tokens in token_lists:
@@ -305,21 +300,41 @@ def _with_tools(params: SamplingParams, request: ToolRequest) -> SamplingParams:
 
 
 def _normalize_prompts(prompts) -> list:
-    if isinstance(prompts, str):
-        return [prompts]
+    """Strings and token-id lists, from a str, a token-id list, vLLM's prompt dicts
+    (``{"prompt": str}``, ``{"prompt_token_ids": [...]}``: ``TextPrompt`` / ``TokensPrompt``),
+    or a list of any of them."""
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
     if not isinstance(prompts, Seq) or not prompts:
         raise ValueError(
             "prompts must be a str, a non-empty list of str, or a list of token-id lists"
         )
-    if all(isinstance(p, str) for p in prompts):
-        return list(prompts)
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
         return [list(prompts)]
-    if all(isinstance(p, Seq) and not isinstance(p, str) for p in prompts):
-        lists = [list(p) for p in prompts]
-        if all(all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in lists):
-            return lists
-    raise ValueError("prompts must be a str, a list of str, or a list of token-id lists")
+    items = []
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, dict):
+            prompt = _prompt_dict(prompt, index)
+        if isinstance(prompt, Seq) and not isinstance(prompt, str):
+            prompt = list(prompt)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                prompt = None
+        if not isinstance(prompt, (str, list)):
+            raise ValueError(
+                "prompts must be a str, a list of str, of token-id lists, or of prompt dicts "
+                f"({{'prompt': str}} or {{'prompt_token_ids': [...]}}); prompts[{index}] is not"
+            )
+        items.append(prompt)
+    return items
+
+
+def _prompt_dict(prompt: dict, index: int):
+    """A ``TextPrompt`` / ``TokensPrompt`` dict's prompt: its token ids, else its text."""
+    if "prompt_token_ids" in prompt:
+        return prompt["prompt_token_ids"]
+    if isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    raise ValueError(f"prompts[{index}] must have 'prompt' (a str) or 'prompt_token_ids'")
 
 
 def _normalize_params(params, count: int) -> list[SamplingParams]:

@@ -159,6 +159,14 @@ class EngineConfig:
         "mask); not with num_scheduler_steps > 1; with async_scheduling a step that may carry "
         "drafts runs synchronously",
     )
+    kv_events_config: dict | None = knob(
+        None,
+        help="publish the prefix cache's changes (page stored with its hash, parent hash and "
+        "tokens; removed; all cleared) as vLLM's KV events, JSON with vLLM's fields: "
+        'enable_kv_cache_events, publisher ("zmq" or "null"), endpoint (tcp://*:5557), '
+        "replay_endpoint, buffer_steps, hwm, max_queue_size, topic; replica N of "
+        "data_parallel_size adds N to the ports",
+    )
     enable_lora: bool = knob(
         False,
         help="serve PEFT LoRA adapters (a LoRARequest per request): max_loras device slots of "
@@ -281,6 +289,10 @@ class EngineConfig:
             "num_scheduler_steps",
             "must be 1 with async_scheduling (each hides the host's per-step work its own way)",
         )
+        if self.kv_events_config is not None:
+            from jaxgen.engine.kv_events.kv_events_config import KVEventsConfig
+
+            KVEventsConfig.from_dict(self.kv_events_config)  # names the key
         if self.speculative_config is not None:
             from jaxgen.config.speculative_config import SpeculativeConfig
 

@@ -10,6 +10,7 @@ from jaxgen.engine.engine_assembly import build_engine_parts
 from jaxgen.engine.engine_interface import Engine
 from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError
+from jaxgen.engine.kv_events import open_cache_event_stream
 from jaxgen.engine.scheduling.new_request import NewRequest, takes_request_fields
 from jaxgen.engine.scheduling.request import Request, check_new_request
 from jaxgen.engine.step.executor import DispatchedStep, StepExecutor
@@ -27,7 +28,7 @@ class LLMEngine(StepStages, Engine):
     stages (``launch``, ``read``, ``postprocess``, ...) are ``StepStages``' public methods, which
     the step modes compose."""
 
-    def __init__(self, loaded, config: EngineConfig, *, kv_sharding=None):
+    def __init__(self, loaded, config: EngineConfig, *, kv_sharding=None, data_parallel_rank=None):
         self.loaded = loaded
         self.config = config
         self.tokenizer = loaded.tokenizer
@@ -66,6 +67,12 @@ class LLMEngine(StepStages, Engine):
         self.multi_step_calls = 0  # calls that ran num_scheduler_steps decode steps
         self._last_read = 0.0
         self.observers = StepObservers()  # told of each step that ran (``StepEvent``)
+        # The prefix cache's changes, published after each step (``kv_events_config``), or None.
+        self.cache_events = open_cache_event_stream(
+            config.kv_events_config, self.scheduler.allocator, data_parallel_rank
+        )
+        if self.cache_events is not None:
+            self.observers.add(self.cache_events.after_step)
         # Called with a host stage's name, "launch" as a step's batch is built and "postprocess"
         # as its tokens are handed on: a hook for tests and fault matrices to fail a step there
         # as a host error would (it may raise). The device's: the runner's after_step and
@@ -215,9 +222,13 @@ class LLMEngine(StepStages, Engine):
 
     def reset_prefix_cache(self) -> None:
         self.scheduler.allocator.reset_prefix_cache()
+        if self.cache_events is not None:
+            self.cache_events.after_step()
 
     def shutdown(self) -> None:
-        """Nothing to release: the engine holds no thread."""
+        """Closes the KV events' publisher, the one thread an engine may hold."""
+        if self.cache_events is not None:
+            self.cache_events.close()
 
     # -- introspection ----------------------------------------------------------------------------
     def stats(self) -> dict:

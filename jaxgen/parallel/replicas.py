@@ -209,6 +209,8 @@ class ReplicatedEngine(Engine):
         return total
 
     def shutdown(self) -> None:
+        for engine in self.engines:
+            engine.shutdown()
         self._pool.shutdown(wait=False)
 
 

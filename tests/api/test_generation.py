@@ -103,3 +103,24 @@ def test_bad_inputs_raise_value_errors(smollm2_llm):
     out = smollm2_llm.generate("Hello", SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
     assert len(out[0].token_ids) == 3
     assert np.isfinite(len(out[0].text))
+
+
+def test_vllm_prompt_dicts(smollm2_llm, smollm2_tokenizer):
+    """vLLM's ``TextPrompt`` / ``TokensPrompt`` dicts, alone, listed, or mixed with strings and
+    token-id lists, run as their text or tokens; a dict with neither is refused naming it."""
+    params = SamplingParams(max_tokens=4, temperature=0)
+    ids = smollm2_tokenizer.encode("The sea is", add_special_tokens=True)
+    want = [o.token_ids for o in smollm2_llm.generate(["Hello", ids], params, use_tqdm=False)]
+    mixed = [{"prompt": "Hello"}, {"prompt_token_ids": ids}]
+    assert [o.token_ids for o in smollm2_llm.generate(mixed, params, use_tqdm=False)] == want
+    alone = smollm2_llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)
+    assert [o.token_ids for o in alone] == want[1:]
+    assert alone[0].prompt_token_ids == ids
+    assert [o.token_ids for o in smollm2_llm.generate(["Hello", {"prompt": "Hello"}], params)] == [
+        want[0],
+        want[0],
+    ]
+    with pytest.raises(ValueError, match=r"prompts\[1\]"):
+        smollm2_llm.generate(["Hello", {"text": "Hello"}], params)
+    with pytest.raises(ValueError, match=r"prompts\[0\]"):
+        smollm2_llm.generate([{"prompt_token_ids": ["a"]}], params)

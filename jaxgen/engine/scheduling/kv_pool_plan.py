@@ -10,7 +10,9 @@ import dataclasses
 import jax
 
 from jaxgen.config.engine_config import EngineConfig
+from jaxgen.engine.kv_events.cache_event_stream import records_cache_events
 from jaxgen.engine.scheduling.batching import BatchingPlan
+from jaxgen.engine.scheduling.cache_events import CacheEvents
 from jaxgen.engine.scheduling.page_allocator import ContiguousAllocator, PageAllocator
 
 CPU_DEFAULT_KV_BYTES = 2 << 30
@@ -74,7 +76,10 @@ def plan_kv_pool(
                 f"sequence of max_model_len={max_model_len} needs ({need - 1})"
             )
         allocator = PageAllocator(
-            num_pages, page_size, enable_prefix_caching=config.enable_prefix_caching
+            num_pages,
+            page_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            events=CacheEvents() if records_cache_events(config.kv_events_config) else None,
         )
     else:
         slots = batching.num_slots

@@ -9,12 +9,15 @@ again; their block-table entries become the scratch page, so positions keep thei
 ``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
 covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
 Page 0 is never handed out: padding tokens write their K/V there.
+With ``events`` (a ``CacheEvents``) the allocator records each page it makes findable by a
+prefix lookup and each it stops finding (``jaxgen.engine.scheduling.cache_events``).
 """
 
 from __future__ import annotations
 
 import collections
 
+from jaxgen.engine.scheduling.cache_events import CacheEvents
 from jaxgen.engine.scheduling.sequence import Sequence
 
 SCRATCH_PAGE = 0
@@ -41,7 +44,14 @@ class Allocator:
 class PageAllocator(Allocator):
     """Free list, per-sequence block tables, reference counts and prefix reuse."""
 
-    def __init__(self, num_pages: int, page_size: int, *, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        events: CacheEvents | None = None,
+    ):
         if num_pages < 2:
             raise ValueError(f"num_pages must be >= 2 (page 0 is scratch), got {num_pages}")
         if page_size < 1:
@@ -61,6 +71,7 @@ class PageAllocator(Allocator):
         self.page_parent: dict[int, tuple[int, int] | str | None] = {}
         self.page_generation = [0] * num_pages
         self.hash_to_page: dict[int, int] = {}
+        self.events = events  # what the prefix cache stored and removed, or None
 
     @property
     def num_free_pages(self) -> int:
@@ -76,11 +87,7 @@ class PageAllocator(Allocator):
 
     def _pop_free_page(self) -> int:
         page, _ = self.free_pages.popitem(last=False)
-        old = self.page_hash.pop(page, None)
-        if old is not None and self.hash_to_page.get(old) == page:
-            del self.hash_to_page[old]
-            self.page_tokens.pop(page, None)
-            self.page_parent.pop(page, None)
+        self._forget(page)
         self.page_generation[page] += 1
         self.ref_counts[page] = 1
         return page
@@ -149,6 +156,11 @@ class PageAllocator(Allocator):
                     self.hash_to_page[key] = page
                     self.page_tokens[page] = chunk
                     self.page_parent[page] = prefix
+                    if self.events is not None:
+                        first = i == 0
+                        self.events.stored(
+                            key, None if first else parent, chunk, self.page_size, seq.lora_int_id
+                        )
                 self.page_hash[page] = key
             # Children refer to the page a later lookup finds for this prefix (when it holds the
             # same K/V), so pages computed after a duplicate of a cached page stay reusable.
@@ -191,6 +203,8 @@ class PageAllocator(Allocator):
             del self.hash_to_page[key]
             self.page_tokens.pop(page, None)
             self.page_parent.pop(page, None)
+            if self.events is not None:
+                self.events.removed(key)
 
     def _holds(
         self, page: int, prefix: tuple[int, int] | str | None, chunk: tuple[int, ...]
@@ -234,6 +248,8 @@ class PageAllocator(Allocator):
         self.page_tokens.clear()
         self.page_parent.clear()
         self.hash_to_page.clear()
+        if self.events is not None:
+            self.events.cleared()
 
 
 def _chain_root(seq: Sequence) -> str | None:
