@@ -51,6 +51,11 @@ class RequestOutput:
         return self.outputs[0].finish_reason
 
     @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose K/V came from the prefix cache (vLLM's name; ``metrics``')."""
+        return int((self.metrics or {}).get("num_cached_tokens") or 0)
+
+    @property
     def logprobs(self) -> list[dict[int, float]] | None:
         return self.outputs[0].logprobs
 

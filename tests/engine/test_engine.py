@@ -115,6 +115,8 @@ def test_prefix_reuse_shares_pages(smollm2_loaded, prompts, reference):
     assert stats["prefix_cache_hit_pages"] >= len(prompts) - 1  # the shared system prompt
     assert [o.token_ids for o in first + rest] == reference
     assert rest[0].metrics["num_cached_tokens"] >= 16
+    assert rest[0].num_cached_tokens == rest[0].metrics["num_cached_tokens"]  # vLLM's name
+    assert first[0].num_cached_tokens == 0
     assert stats["kv_pages_used"] == 0
 
 
