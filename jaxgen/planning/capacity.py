@@ -29,6 +29,7 @@ class Plan:
     sequences_at_context: int
     critical_batch_size: float
     decode_floor_ms_batch1: float
+    lora_bytes: int = 0  # the LoRA slots (enable_lora), on every device together
 
     def lines(self, context: int, page_size: int) -> list[str]:
         gib = 2**30
@@ -39,6 +40,11 @@ class Plan:
             f" ({self.kv_bytes_per_token_per_device:,} B per device)",
             f"  at {context} tokens, windowed {self.kv_bytes_per_token_windowed:,.0f} B"
             " (sliding-window layers hold at most their window)",
+            *(
+                [f"LoRA slots                  {self.lora_bytes / gib:,.3f} GiB"]
+                if self.lora_bytes
+                else []
+            ),
             f"KV budget                   {self.kv_budget_bytes / gib:,.2f} GiB",
             f"pages of {page_size} tokens          {self.num_pages:,}",
             f"tokens that fit             {self.tokens_that_fit:,}",
@@ -66,6 +72,32 @@ def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: Chip) ->
     return degree if heads % degree == 0 else 1
 
 
+def lora_slot_bytes(
+    config: ModelConfig, *, max_loras: int, max_lora_rank: int, itemsize: int, degree: int = 1
+) -> int:
+    """Bytes of the LoRA slots on all ``degree`` devices together: per layer, each dense
+    projection's A ``[in, L x R]`` and B ``[L x R, out]`` (``jaxgen.lora.LoRASlots``); under
+    tensor parallelism a column-parallel projection's A and a row-parallel one's B are whole on
+    every device, the other halves split (``jaxgen.lora.adapter_shardings``). A mixture-of-
+    experts layer's experts take no adapter: only its attention's slots are counted."""
+    d, f, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    column = [(d, q), (d, kv), (d, kv)]  # q/k/v: (in, out)
+    row = [(q, d)]  # o
+    mlp_column, mlp_row = [(d, f), (d, f)], [(f, d)]  # gate/up, down
+    width = max_loras * max_lora_rank
+    total = 0
+    for layer in range(config.num_layers):
+        cols, rows = column, row
+        if not config.is_moe_layer(layer):
+            cols, rows = column + mlp_column, row + mlp_row
+        # per device: A whole + B / degree (column); A / degree + B whole (row)
+        per_device = sum(n_in + n_out / degree for n_in, n_out in cols)
+        per_device += sum(n_in / degree + n_out for n_in, n_out in rows)
+        total += per_device * width * itemsize * degree
+    return int(total)
+
+
 def make_plan(
     config: ModelConfig,
     *,
@@ -77,13 +109,16 @@ def make_plan(
     tensor_parallel_degree: int = 1,
     quantization: str = "none",
     kv_cache_dtype: str = "auto",
+    max_loras: int = 0,
+    max_lora_rank: int = 16,
 ) -> Plan:
     """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``; ``quantization``
     ("int8" / "int4" / "fp8") and ``kv_cache_dtype`` ("int8" / "fp8") count the quantised
     bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``). Pages
     are counted per device: each holds its share of every page (:func:`kv_shares`). The
     batch-1 decode floor reads the active parameters only (``ModelConfig.num_active_params``:
-    the routed experts, and no untied embedding table)."""
+    the routed experts, and no untied embedding table). ``max_loras`` > 0 (``enable_lora``)
+    takes the LoRA slots out of the budget before the pages (:func:`lora_slot_bytes`)."""
     itemsize = DTYPE_BYTES[dtype]
     weight_bytes = int(config.num_params * WEIGHT_BYTES_PER_PARAM.get(quantization, itemsize))
     kv_per_token = config.kv_bytes_per_token(itemsize)
@@ -91,7 +126,17 @@ def make_plan(
         kv_per_token = kv_cache.bytes_per_token(config)
     kv_per_device = -(-kv_per_token // kv_shares(config, tensor_parallel_degree, device))
     total_memory = device.memory_bytes * tensor_parallel_degree
-    budget = max(int(total_memory * memory_utilization) - weight_bytes, 0)
+    lora = 0
+    if max_loras:
+        lora_itemsize = itemsize if quantization == "none" else DTYPE_BYTES[dtype]
+        lora = lora_slot_bytes(
+            config,
+            max_loras=max_loras,
+            max_lora_rank=max_lora_rank,
+            itemsize=lora_itemsize,
+            degree=tensor_parallel_degree,
+        )
+    budget = max(int(total_memory * memory_utilization) - weight_bytes - lora, 0)
     num_pages = budget // tensor_parallel_degree // (kv_per_device * page_size)
     tokens = num_pages * page_size
     pages_per_seq = -(-context // page_size)
@@ -114,6 +159,7 @@ def make_plan(
         tokens_that_fit=tokens,
         sequences_at_context=num_pages // pages_per_seq,
         critical_batch_size=critical,
+        lora_bytes=lora,
         decode_floor_ms_batch1=weight_bytes
         * config.num_active_params
         / config.num_params

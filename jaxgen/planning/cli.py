@@ -55,6 +55,8 @@ def cmd_plan(args) -> int:
         tensor_parallel_degree=args.tensor_parallel_degree or 1,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        max_loras=args.max_loras if args.enable_lora else 0,
+        max_lora_rank=args.max_lora_rank,
     )
     print(
         f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
@@ -305,6 +307,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--memory-utilization", type=float, default=0.9)
     parser.add_argument("--tensor-parallel-degree", type=int, default=None)
+    parser.add_argument("--enable-lora", action="store_true", help="count the LoRA slots")
+    parser.add_argument("--max-loras", type=int, default=1)
+    parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
