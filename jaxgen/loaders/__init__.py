@@ -25,11 +25,12 @@ from jaxgen.quantization import validate_quantization
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-def resolve_dtype(dtype) -> object:
+def resolve_dtype(dtype, model_type: str | None = None) -> object:
     """``"float32"``/``"bfloat16"``/``"float16"`` (or ``"auto"``: what jax's default device
-    computes fastest in, ``jaxgen.backends.device_choice.auto_dtype``) to a dtype."""
+    computes fastest in for ``model_type``'s family, ``jaxgen.backends.device_choice.auto_dtype``:
+    float32 rather than float16 for a family float16 overflows) to a dtype."""
     if dtype == "auto":
-        return auto_dtype(local_device())
+        return auto_dtype(local_device(), model_type)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} or 'auto', got {dtype!r}")
@@ -139,6 +140,7 @@ def load_model(
             raise ValueError(f"model file {path!r} is not a .gguf file")
         gguf_file = GGUFFile(path)
         config = ModelConfig.from_hf_dict(gguf_file.hf_config())
+        jdtype = resolve_dtype(dtype, config.model_type)
         # First: a tokenizer jaxgen cannot reproduce exactly is refused before any weight loads.
         tokenizer = load_tokenizer(path, reader=gguf_file.reader)
         graphdef, params = params_from_hf_tensors(
@@ -152,6 +154,7 @@ def load_model(
         gguf_file.save_cache()  # the converted quantised tensors, for the next run
     else:
         config = load_hf_config(path)
+        jdtype = resolve_dtype(dtype, config.model_type)
         graphdef, params = params_from_hf_tensors(
             config,
             hf_tensor_getter(path),

@@ -94,7 +94,7 @@ def load_decoder(path: str, hf: dict, *, dtype, quantization: str) -> LoadedMode
     def base_tensor(name: str):
         return get(name if name in names else name.removeprefix("model."))
 
-    jdtype = resolve_dtype(dtype)
+    jdtype = resolve_dtype(dtype, config.model_type)
     graphdef, params = params_from_hf_tensors(
         config, base_tensor, dtype=jdtype, quantization=quantization
     )

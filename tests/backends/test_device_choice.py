@@ -57,6 +57,19 @@ def test_families_float16_overflows_take_float32_without_bfloat16():
     )
 
 
+def test_load_model_auto_dtype_follows_the_family(monkeypatch, tmp_path, smollm2_tokenizer):
+    """``load_model(dtype="auto")`` (what notebooks call) on a T4: a Gemma 2 loads in float32,
+    a Llama in float16, as the engine's own ``dtype="auto"`` picks."""
+    import jaxgen.loaders
+    from tests.family_models import save_family_model, save_tiny_model
+
+    monkeypatch.setattr(jaxgen.loaders, "local_device", lambda: T4)
+    gemma = save_family_model(str(tmp_path / "gemma2"), smollm2_tokenizer, "gemma2")
+    llama = save_tiny_model(str(tmp_path / "llama"), smollm2_tokenizer)
+    assert jaxgen.loaders.load_model(gemma, dtype="auto").dtype is jnp.float32
+    assert jaxgen.loaders.load_model(llama, dtype="auto").dtype is jnp.float16
+
+
 def test_cpu_auto_falls_back_to_reference():
     assert auto_attention_backend(CPU, dtype=jnp.bfloat16, cpu_kernels=True) == "reference"
     assert auto_attention_backend(CPU, sharded=True, cpu_kernels=True) == "reference"
