@@ -4,6 +4,9 @@ backend (embeddings, scores; ``jaxgen.engine.pooling``).
 A pooling step is ``S`` sequences padded to ``L`` rows each, laid out flat (``T = S * L``
 rows; ``md.cu_q_lens`` = ``0, L, 2L, ...``), ``md.kv_lens`` their real lengths. Each row
 attends to the real rows of its own sequence: causally for a decoder, both ways for an encoder.
+A layer's ``sliding_window`` W keeps a row to the keys fewer than W rows from it: the W - 1
+before it for a decoder, W - 1 on each side for an encoder (ModernBERT's local layers, whose
+window of ``local_attention`` rows is W = ``local_attention // 2 + 1``).
 Nothing is written anywhere, so nothing is kept once the step ends. The weights, the
 projections and RoPE are those of ``base`` (the engine's backend: on the CPU the native
 matmuls over packed panels), whose pool this backend never touches.
@@ -40,8 +43,8 @@ class DenseBackend(KernelBackend):
 
     def attention(self, q, k, v, kv_layer, md, *, scale, soft_cap=None, sliding_window=None):
         """``q`` [S * L, Hq, D], ``k``/``v`` [S * L, Hkv, D]; ``kv_layer`` is passed through
-        (None). Rows past a sequence's length are padding: they attend like its last real row
-        and nothing reads them."""
+        (None). Rows past a sequence's length are padding: they attend to the real rows in
+        their reach (zeros where a window leaves them none), and nothing reads them."""
         out = dense_attention(
             q,
             k,
@@ -82,8 +85,11 @@ def dense_attention(
     query = key[:, None]
     if causal:
         valid = valid & (key[None, :] <= query)[None]  # [S, L, L]
-    if sliding_window is not None:
-        valid = valid & (key[None, :] > query - sliding_window)[None]
+    if sliding_window is not None:  # a window of W rows: up to W - 1 away (before it if causal)
+        near = key[None, :] > query - sliding_window
+        if not causal:
+            near = near & (key[None, :] < query + sliding_window)
+        valid = valid & near[None]
     valid = valid[:, None, None]  # [S, 1, 1, Lq or 1, Lk]
     probs = jax.nn.softmax(jnp.where(valid, scores, MASK_VALUE), axis=-1)
     out = jnp.einsum("shgqk,skhd->sqhgd", jnp.where(valid, probs, 0.0), vs)

@@ -92,6 +92,13 @@ def shape_only_initializer(key, shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
 
 
+def embedding_table(rows: int, dim: int, *, dtype, rngs) -> Embedding:
+    """A ``rows`` x ``dim`` ``Embedding`` held in ``dtype`` (its shape alone when the model is
+    built for its shapes alone)."""
+    abstract = {"embedding_init": shape_only_initializer} if shapes_only(rngs) else {}
+    return Embedding(rows, dim, dtype=dtype, param_dtype=dtype, rngs=rngs, **abstract)
+
+
 class Linear(nnx.Module):
     """``x @ kernel + bias`` with ``nnx.Linear``'s parameters and initialisers."""
 

@@ -1,5 +1,5 @@
 """Rotary position embeddings, HF's rotate-half layout: default, linear, llama3 and LongRoPE
-(Phi-3) frequency scaling, and Gemma 3's separate base for its sliding layers.
+(Phi-3) frequency scaling, and a separate base for sliding layers (Gemma 3, ModernBERT).
 
 A model's RoPE tables are non-trainable buffers (:func:`rope_buffers`), computed from the config
 at load: ``inv_freq`` always, ``long_inv_freq`` for LongRoPE, ``local_inv_freq`` for Gemma 3.
@@ -16,7 +16,9 @@ import numpy as np
 from jaxgen.config import ModelConfig
 
 
-def _base_frequencies(dim: int, theta: float) -> np.ndarray:
+def base_frequencies(dim: int, theta: float) -> np.ndarray:  # [dim // 2] float64
+    """Unscaled inverse frequencies ``theta ** (-2i / dim)`` of a rotary base (every model's
+    RoPE starts here; ModernBERT's global and local layers each have their own base)."""
     return 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
 
 
@@ -24,7 +26,7 @@ def inverse_frequencies(config: ModelConfig) -> np.ndarray:
     """Per-pair inverse frequencies ``[head_dim // 2]`` after the configured scaling (LongRoPE:
     the short factors)."""
     dim = config.head_dim
-    inv_freq = _base_frequencies(dim, config.rope_theta)
+    inv_freq = base_frequencies(dim, config.rope_theta)
     scaling = config.rope_scaling
     if scaling.rope_type == "linear":
         inv_freq = inv_freq / scaling.factor
@@ -50,11 +52,11 @@ def rope_buffers(config: ModelConfig) -> dict[str, np.ndarray]:
     buffers = {"inv_freq": inverse_frequencies(config)}
     scaling = config.rope_scaling
     if scaling.rope_type == "longrope":
-        base = _base_frequencies(config.head_dim, config.rope_theta)
+        base = base_frequencies(config.head_dim, config.rope_theta)
         long = base / np.asarray(scaling.long_factor, np.float64)
         buffers["long_inv_freq"] = long.astype(np.float32)
     if config.local_rope_theta is not None:
-        local = _base_frequencies(config.head_dim, config.local_rope_theta)
+        local = base_frequencies(config.head_dim, config.local_rope_theta)
         buffers["local_inv_freq"] = local.astype(np.float32)
     return buffers
 

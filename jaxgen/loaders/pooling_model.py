@@ -1,5 +1,6 @@
-"""Loading a model to pool: a BERT-family encoder from safetensors, or a decoder run as an
-embedder, with the pooler its sentence-transformers files declare (``PoolingEngine``)."""
+"""Loading a model to pool: an encoder (BERT, RoBERTa, XLM-R, ModernBERT) from safetensors, or
+a decoder run as an embedder, with the pooler its sentence-transformers files declare
+(``PoolingEngine``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jaxgen.families.encoders import encoder_family_of_hf
 from jaxgen.loaders import load_model, resolve_dtype, resolve_model
 from jaxgen.loaders.hf_checkpoint import hf_tensor_getter, read_hf_config, safetensors_files
 from jaxgen.loaders.tokenizer import load_tokenizer
-from jaxgen.models.bert_weights import encoder_from_tensors
+from jaxgen.models.encoder_weights import encoder_from_tensors
 from jaxgen.models.weights import params_from_hf_tensors
 
 # The pooler of a model whose checkpoint declares none (vLLM's defaults).
@@ -104,7 +105,8 @@ def load_decoder(path: str, hf: dict, *, dtype, quantization: str) -> LoadedMode
 
 
 def load_encoder(path: str, hf: dict, *, dtype="float32") -> LoadedModel:
-    """A BERT / RoBERTa / XLM-R checkpoint directory (config.json, safetensors, tokenizer)."""
+    """A BERT / RoBERTa / XLM-R / ModernBERT checkpoint directory (config.json, safetensors,
+    tokenizer)."""
     start = time.perf_counter()
     names = safetensors_files(path)
     prefix = encoder_family_of_hf(hf)[0].prefix

@@ -18,8 +18,7 @@ from flax import nnx
 
 from jaxgen.config.encoder_config import EncoderConfig
 from jaxgen.layers.attention import AttentionMetadata
-from jaxgen.layers.linear import Embedding, Linear, apply_linears, shape_only_initializer
-from jaxgen.layers.linear import shapes_only as shapes_only_keys
+from jaxgen.layers.linear import Embedding, Linear, apply_linears, embedding_table
 from jaxgen.models.falcon import LayerNorm
 
 ACTIVATIONS = {
@@ -74,10 +73,9 @@ class BertModel(nnx.Module):
     def __init__(self, config: EncoderConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.config = config
         d = config.hidden_size
-        abstract = {"embedding_init": shape_only_initializer} if shapes_only_keys(rngs) else {}
 
         def table(rows: int) -> Embedding:
-            return Embedding(rows, d, dtype=dtype, param_dtype=dtype, rngs=rngs, **abstract)
+            return embedding_table(rows, d, dtype=dtype, rngs=rngs)
 
         self.embed_tokens = table(config.vocab_size)
         self.position_embeddings = table(config.max_position_embeddings)

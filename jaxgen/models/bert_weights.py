@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxgen.config.encoder_config import EncoderConfig
-from jaxgen.families.checkpoint_names import TensorGetter, torch_layout
-from jaxgen.models.bert import BertModel
-from jaxgen.models.weights import ShapeOnlyKeys
+from jaxgen.families.checkpoint_names import LEAF, TensorGetter, torch_layout
 
 # Our layer's module -> its transformers name under ``encoder.layer.N.``.
 LAYER_NAMES = {
@@ -37,7 +32,6 @@ HEAD_NAMES = {
     "classifier_dense": "classifier.dense",
     "classifier_out": "classifier.out_proj",
 }
-LEAF = {"kernel": "weight", "embedding": "weight", "weight": "weight", "bias": "bias"}
 
 
 def checkpoint_name(config: EncoderConfig, path: tuple) -> str:
@@ -50,23 +44,7 @@ def checkpoint_name(config: EncoderConfig, path: tuple) -> str:
     return f"{config.checkpoint_prefix}{BASE_NAMES[path[0]]}.{leaf}"
 
 
-def encoder_from_tensors(
-    config: EncoderConfig, get_tensor: TensorGetter, *, dtype=jnp.float32
-) -> tuple[nnx.GraphDef, nnx.State]:
-    """The encoder's graph and parameters (on the default device), each read through
-    ``get_tensor(name)``; a tensor of the wrong shape is a ``ValueError`` naming it."""
-    graphdef, abstract = nnx.split(BertModel(config, dtype=dtype, rngs=ShapeOnlyKeys()))
-    leaves, values = [], []
-    for path, var in nnx.to_flat_state(abstract):
-        name = checkpoint_name(config, path)
-        array = torch_layout(path, np.asarray(get_tensor(name)))
-        expected = tuple(var.get_value().shape)
-        if tuple(array.shape) != expected:
-            raise ValueError(f"tensor {name!r} has shape {array.shape}, expected {expected}")
-        leaves.append((path, var))
-        values.append(array.astype(jnp.dtype(dtype)))
-    placed = jax.device_put(values)
-    state = nnx.from_flat_state(
-        [(path, var.replace(value)) for (path, var), value in zip(leaves, placed, strict=True)]
-    )
-    return graphdef, state
+def read_parameter(config: EncoderConfig, path: tuple, get: TensorGetter) -> tuple[str, np.ndarray]:
+    """The tensor parameter ``path`` comes from, and its array in our layout."""
+    name = checkpoint_name(config, path)
+    return name, torch_layout(path, np.asarray(get(name)))

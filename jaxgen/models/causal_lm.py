@@ -19,13 +19,7 @@ from flax import nnx
 from jaxgen.config import ModelConfig
 from jaxgen.families import family_of
 from jaxgen.layers.attention import AttentionMetadata, row_sequences
-from jaxgen.layers.linear import (
-    Embedding,
-    Linear,
-    matmul,
-    shape_only_initializer,
-    shapes_only,
-)
+from jaxgen.layers.linear import Linear, embedding_table, matmul
 from jaxgen.layers.rope import rope_angles, rope_buffers
 from jaxgen.models.falcon import FalconDecoderLayer, LayerNorm
 from jaxgen.models.gemma import GemmaDecoderLayer, GemmaRMSNorm
@@ -48,14 +42,8 @@ class CausalLM(nnx.Module):
         blocks = family_of(config.model_type).blocks  # ValueError for an unknown family
         layer_class, norm_class = BLOCKS[blocks]
         self.config = config
-        abstract = {"embedding_init": shape_only_initializer} if shapes_only(rngs) else {}
-        self.embed_tokens = Embedding(
-            config.vocab_size,
-            config.hidden_size,
-            dtype=dtype,
-            param_dtype=dtype,
-            rngs=rngs,
-            **abstract,
+        self.embed_tokens = embedding_table(
+            config.vocab_size, config.hidden_size, dtype=dtype, rngs=rngs
         )
         self.layers = nnx.List(
             [layer_class(config, i, dtype=dtype, rngs=rngs) for i in range(config.num_layers)]

@@ -20,19 +20,20 @@ from jaxgen.models.llama import Attention
 
 
 class LayerNorm(nnx.Module):
-    """``(x - mean) / std * weight + bias`` in float32 (torch ``nn.LayerNorm``)."""
+    """``(x - mean) / std * weight + bias`` in float32 (torch ``nn.LayerNorm``; ``bias``
+    False: no bias, as ModernBERT's ``norm_bias``)."""
 
-    def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs):
+    def __init__(self, dim: int, eps: float, *, dtype, rngs: nnx.Rngs, bias: bool = True):
         self.weight = nnx.Param(ones_initializer(rngs)(None, (dim,), dtype))
-        self.bias = nnx.Param(zeros_initializer(rngs)(None, (dim,), dtype))
+        self.bias = nnx.Param(zeros_initializer(rngs)(None, (dim,), dtype)) if bias else None
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-        out = (xf - mean) * jax.lax.rsqrt(var + self.eps)
-        return (out * self.weight[...] + self.bias[...]).astype(x.dtype)
+        out = (xf - mean) * jax.lax.rsqrt(var + self.eps) * self.weight[...]
+        return (out if self.bias is None else out + self.bias[...]).astype(x.dtype)
 
 
 class FeedForward(nnx.Module):

@@ -1,6 +1,7 @@
 """Tiny random pooling checkpoints (sentence-transformers files written beside a decoder, BERT /
-RoBERTa / XLM-R encoders and cross-encoders built with transformers) and the references their
-outputs are checked against: transformers' hidden states pooled as sentence-transformers does."""
+RoBERTa / XLM-R / ModernBERT encoders and cross-encoders built with transformers) and the
+references their outputs are checked against: transformers' hidden states pooled as
+sentence-transformers does."""
 
 from __future__ import annotations
 
@@ -64,20 +65,34 @@ def pooled(hidden: np.ndarray, pooling_type: str, normalize: bool = True) -> np.
     return vector / np.linalg.norm(vector) if normalize else vector
 
 
-def hf_hidden_states(path: str, token_lists: list[list[int]], token_types=None) -> list[np.ndarray]:
-    """transformers' (fp32) ``AutoModel`` last hidden states, one sequence at a time."""
+def hf_outputs(path: str, token_lists: list[list[int]], *, classifier: bool = False) -> list:
+    """transformers' (fp32, eager attention) outputs, one sequence at a time (no padding):
+    ``AutoModel``'s last hidden states [L, D] each, or with ``classifier`` its sequence
+    classifier's logits [C] each."""
     import torch
     import transformers
 
-    model = transformers.AutoModel.from_pretrained(path, dtype=torch.float32).eval()
-    out = []
-    for i, tokens in enumerate(token_lists):
-        kwargs = {}
-        if token_types is not None:
-            kwargs["token_type_ids"] = torch.tensor([token_types[i]])
-        with torch.no_grad():
-            out.append(model(torch.tensor([tokens]), **kwargs).last_hidden_state[0].numpy())
-    return out
+    auto = transformers.AutoModelForSequenceClassification if classifier else transformers.AutoModel
+    model = auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        outs = [model(torch.tensor([tokens])) for tokens in token_lists]
+    return [(o.logits if classifier else o.last_hidden_state)[0].numpy() for o in outs]
+
+
+def hf_hidden_states(path: str, token_lists: list[list[int]]) -> list[np.ndarray]:
+    """transformers' ``AutoModel`` last hidden states [L, D], one sequence at a time."""
+    return hf_outputs(path, token_lists)
+
+
+def assert_probabilities_are_the_softmax_of_its_logits(path: str, texts: list[str]) -> None:
+    """``LLM.classify``'s probabilities of ``texts`` are the softmax of transformers' logits."""
+    from jaxgen import LLM
+
+    outs = LLM(path).classify(texts)
+    logits = hf_outputs(path, [out.prompt_token_ids for out in outs], classifier=True)
+    for out, row in zip(outs, logits, strict=True):
+        expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+        np.testing.assert_allclose(out.outputs.probs, expected, atol=1e-5)
 
 
 def agreement(ours, reference) -> tuple[float, float]:
@@ -97,12 +112,15 @@ ENCODERS = {  # kind -> (config class, base model class, classifier class) in tr
     "bert": ("BertConfig", "BertModel", "BertForSequenceClassification"),
     "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification"),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "XLMRobertaForSequenceClassification"),
+    "modernbert": ("ModernBertConfig", "ModernBertModel", "ModernBertForSequenceClassification"),
 }
+ROBERTA_KINDS = ("roberta", "xlm-roberta")  # fairseq's specials and position offset
 
 
-def tiny_word_piece_tokenizer(roberta: bool):
+def tiny_word_piece_tokenizer(roberta: bool, token_types: bool = True):
     """A WordPiece tokenizer over a small vocabulary; BERT's specials ([CLS] a [SEP] b [SEP],
-    token types) or RoBERTa's (<s> a </s></s> b </s>, pad id 1, no token types)."""
+    token types unless ``token_types`` is false, as ModernBERT's) or RoBERTa's
+    (<s> a </s></s> b </s>, pad id 1, no token types)."""
     import tokenizers
     import transformers
 
@@ -130,6 +148,7 @@ def tiny_word_piece_tokenizer(roberta: bool):
             **names,
         )
     tokenizer.post_processor = tokenizers.processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    inputs = {} if token_types else {"model_input_names": ["input_ids", "attention_mask"]}
     return transformers.BertTokenizerFast(
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
@@ -137,6 +156,7 @@ def tiny_word_piece_tokenizer(roberta: bool):
         cls_token="[CLS]",
         sep_token="[SEP]",
         mask_token="[MASK]",
+        **inputs,
     )
 
 
@@ -149,8 +169,8 @@ def save_tiny_encoder(
     import transformers
 
     config_name, base_name, classifier_name = ENCODERS[kind]
-    roberta = kind != "bert"
-    tokenizer = tiny_word_piece_tokenizer(roberta)
+    roberta = kind in ROBERTA_KINDS
+    tokenizer = tiny_word_piece_tokenizer(roberta, token_types=kind != "modernbert")
     torch.manual_seed(seed)
     fields = dict(
         vocab_size=len(tokenizer),
@@ -162,6 +182,9 @@ def save_tiny_encoder(
         pad_token_id=tokenizer.pad_token_id,
         num_labels=max(num_labels, 1),
     )
+    if kind == "modernbert":  # its specials default to ids past a tiny vocabulary
+        cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+        fields.update(bos_token_id=cls, cls_token_id=cls, eos_token_id=sep, sep_token_id=sep)
     fields.update(overrides)
     fields["max_position_embeddings"] += 2 if roberta else 0  # RoBERTa's padding offset
     config = getattr(transformers, config_name)(**fields)
@@ -171,7 +194,7 @@ def save_tiny_encoder(
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
-            elif "LayerNorm" in name:
+            elif "norm" in name.lower():  # BERT's LayerNorm, ModernBERT's *norm
                 p.normal_(1.0, 0.1)
             else:
                 p.normal_(0.0, 0.05)

@@ -10,6 +10,7 @@ import pytest
 from jaxgen import LLM, PoolingParams
 from tests.pooling.pooling_models import (
     agreement,
+    assert_probabilities_are_the_softmax_of_its_logits,
     hf_hidden_states,
     pooled,
     save_tiny_encoder,
@@ -80,16 +81,7 @@ def test_cross_encoder_scores_equal_its_logits(tmp_path, kind):
 
 def test_classifier_probabilities_are_the_softmax_of_its_logits(tmp_path):
     path = save_tiny_encoder(str(tmp_path), "roberta", num_labels=3, seed=4)
-    outs = LLM(path).classify(TEXTS)
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
-    for out in outs:
-        with torch.no_grad():
-            row = model(torch.tensor([out.prompt_token_ids])).logits[0].numpy()
-        expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
-        np.testing.assert_allclose(out.outputs.probs, expected, atol=1e-5)
+    assert_probabilities_are_the_softmax_of_its_logits(path, TEXTS)
 
 
 def test_inputs_past_the_position_table_are_refused(tmp_path):

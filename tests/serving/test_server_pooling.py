@@ -182,3 +182,21 @@ def test_a_generation_model_with_a_pooler_embeds_beside_generation(embedder_dir,
         assert chat.status_code == 200, chat.text
     finally:
         running.stop()
+
+
+def test_embeddings_of_a_modernbert_embedder(tmp_path):
+    """A rotary encoder with sliding-window layers (window 8) behind ``/v1/embeddings``: the
+    Python API's vectors, inputs past the window included."""
+    fields = dict(num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=8)
+    path = save_tiny_encoder(str(tmp_path), "modernbert", seed=6, **fields)
+    write_pooling_files(path, "MEAN")
+    texts = [*TEXTS, " ".join(["the quick brown fox"] * 6)]
+    expected = [o.outputs.embedding for o in LLM(path).embed(texts)]
+    running = _serve({"model": path})  # an encoder embeds by default
+    try:
+        answer = httpx.post(f"{running.url}/v1/embeddings", json={"input": texts}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        got = [d["embedding"] for d in answer.json()["data"]]
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+    finally:
+        running.stop()

@@ -3,7 +3,8 @@
 A batch is ``token_ids`` [S, L] (each sequence's tokens from row 0, right-padded), with
 ``lengths`` [S] (0 for a padding slot); the model runs on its ``S * L`` rows flat, as a
 generation step's, with a ``DenseBackend`` attending within each sequence, and the step
-returns one pooled vector [S, D] (or a classifier's logits [S, C]) per sequence. Nothing
+returns one pooled vector [S, D] (or a classifier's logits [S, C], from the rows its
+``classifier_pooling`` pools: the first, or the mean) per sequence. Nothing
 outlives the call: no pages are allocated, written or kept. Executables are keyed by the
 batch's shape alone, so their count is bounded by the engine's (S, L) buckets.
 """
@@ -22,7 +23,6 @@ from jaxgen.backends.dense import DenseBackend
 from jaxgen.config.encoder_config import EncoderConfig
 from jaxgen.engine.pooling.pooling import pool
 from jaxgen.layers.attention import AttentionMetadata
-from jaxgen.models.bert import BertModel
 
 
 def dense_metadata(lengths: jax.Array, length: int) -> AttentionMetadata:
@@ -44,8 +44,11 @@ def dense_metadata(lengths: jax.Array, length: int) -> AttentionMetadata:
 
 
 @functools.lru_cache(maxsize=16)
-def jitted_pooling_step(graphdef, backend: DenseBackend, pooling_type: str, classify: bool):
-    """The pooling step of one model graph, backend and head (see the module docstring)."""
+def jitted_pooling_step(
+    graphdef, backend: DenseBackend, pooling_type: str, classify: bool, encoder: bool
+):
+    """The pooling step of one model graph, backend and head (see the module docstring);
+    ``encoder``: a ``BertModel`` or ``ModernBertModel`` (else a decoder)."""
 
     def step(params, token_ids, token_type_ids, lengths):  # [S, L], [S, L], [S]
         num_seqs, length = token_ids.shape
@@ -53,13 +56,12 @@ def jitted_pooling_step(graphdef, backend: DenseBackend, pooling_type: str, clas
         md = dense_metadata(lengths, length)
         positions = jnp.tile(jnp.arange(length, dtype=jnp.int32), num_seqs)
         flat = token_ids.reshape(-1)
-        if isinstance(model, BertModel):
+        if encoder:
             hidden = model(flat, token_type_ids.reshape(-1), positions, md, backend=backend)
         else:  # a decoder: its final hidden states (before the LM head), with no pool
             hidden, _ = model(flat, positions, [None] * len(model.layers), md, backend=backend)
-        if classify:
-            return model.classify(hidden.reshape(num_seqs, length, -1)[:, 0])
-        return pool(hidden, lengths, pooling_type)
+        pooled = pool(hidden, lengths, pooling_type)
+        return model.classify(pooled.astype(hidden.dtype)) if classify else pooled
 
     return jax.jit(step)
 
@@ -68,20 +70,24 @@ class PoolingRunner:
     """Owns the step's parameters (in the backend's prepared form) and runs batches.
 
     Args:
-        graphdef, params: the model (a ``CausalLM`` or a ``BertModel``).
+        graphdef, params: the model (a ``CausalLM``, a ``BertModel`` or a ``ModernBertModel``).
         config: its config (``ModelConfig`` or ``EncoderConfig``).
         backend: the engine's backend; its prepared weights and RoPE serve the step, its pool
             is never used.
         pooling_type: ``PoolerConfig.pooling_type``; ``classify``: return the sequence
-            classifier's logits instead (an encoder with labels).
+            classifier's logits instead (an encoder with labels, over the rows its config's
+            ``classifier_pooling`` pools).
     """
 
     def __init__(self, graphdef, params, config, backend, *, pooling_type: str, classify: bool):
-        dense = DenseBackend(causal=not isinstance(config, EncoderConfig), base=backend)
+        encoder = isinstance(config, EncoderConfig)
+        dense = DenseBackend(causal=not encoder, base=backend)
         # A pooling step has no LM head: a tied embedding is not prepared as one.
         plain = dataclasses.replace(config, tie_word_embeddings=False)
         self.params, _ = dense.prepare_params(params, plain)
-        self._step = jitted_pooling_step(graphdef, dense, pooling_type, classify)
+        if classify:
+            pooling_type = config.classifier_pooling
+        self._step = jitted_pooling_step(graphdef, dense, pooling_type, classify, encoder)
         self.shapes: set[tuple[int, int]] = set()  # the (S, L) shapes run: one executable each
 
     def run(self, token_ids: np.ndarray, token_type_ids: np.ndarray, lengths: np.ndarray):
