@@ -290,7 +290,7 @@ class EngineConfig:
             "must be 1 with async_scheduling (each hides the host's per-step work its own way)",
         )
         if self.kv_events_config is not None:
-            from jaxgen.engine.kv_events.kv_events_config import KVEventsConfig
+            from jaxgen.config.kv_events_config import KVEventsConfig
 
             KVEventsConfig.from_dict(self.kv_events_config)  # names the key
         if self.speculative_config is not None:

@@ -4,7 +4,7 @@ one batch."""
 
 from __future__ import annotations
 
-from jaxgen.engine.kv_events.kv_events_config import KVEventsConfig
+from jaxgen.config.kv_events_config import KVEventsConfig
 from jaxgen.engine.kv_events.zmq_publisher import ZmqEventPublisher
 from jaxgen.engine.scheduling.cache_events import CacheEvents
 

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 
-from jaxgen.engine.kv_events.kv_events_config import KVEventsConfig
+from jaxgen.config.kv_events_config import KVEventsConfig
 from jaxgen.engine.scheduling.cache_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 logger = logging.getLogger("jaxgen")
