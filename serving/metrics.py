@@ -40,6 +40,7 @@ class EngineStatsCollector:
                 "precompile_compiles",
             ),
             ("jaxgen_precompile_seconds", "Seconds the engine spent precompiling.", "precompile_s"),
+            ("jaxgen_host_kv_pages", "KV pages held in the host tier.", "host_kv_pages"),
         )
         for name, documentation, key in gauges:
             yield GaugeMetricFamily(name, documentation, value=float(stats.get(key, 0)))
@@ -49,6 +50,26 @@ class EngineStatsCollector:
             ("jaxgen_generation_tokens", "Tokens generated.", "generation_tokens_total"),
             ("jaxgen_engine_steps", "Engine steps run.", "steps"),
             ("jaxgen_engine_failed_steps", "Engine steps that raised.", "failed_steps"),
+            (
+                "jaxgen_prefix_cache_hit_pages",
+                "KV pages reused from the prefix cache.",
+                "prefix_cache_hit_pages",
+            ),
+            (
+                "jaxgen_host_kv_hit_pages",
+                "Prefix-hit KV pages copied back from the host tier.",
+                "host_kv_hit_pages",
+            ),
+            (
+                "jaxgen_kv_offloaded_bytes",
+                "KV bytes copied from the device pool to the host tier.",
+                "kv_offloaded_bytes",
+            ),
+            (
+                "jaxgen_kv_onloaded_bytes",
+                "KV bytes copied from the host tier to the device pool.",
+                "kv_onloaded_bytes",
+            ),
             (
                 "jaxgen_compiles",
                 "XLA compilations in this process (precompiling included); none after ready.",

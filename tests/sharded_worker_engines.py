@@ -205,3 +205,27 @@ def mode_lora_tp(args: dict) -> dict:
             },
         }
     return result
+
+
+def mode_kv_offload_tp(args: dict) -> dict:
+    """Conversations overflowing the device pool, with the host KV tier, at each degree: the
+    greedy tokens and the host tier's counters (pages copied each way)."""
+    from jaxgen import LLM
+    from tests.engine.kv_offload.test_host_tier_engine import KNOBS, PAGE_BYTES, conversations
+
+    result = {}
+    for degree in args["degrees"]:
+        llm = LLM(
+            args["model"],
+            tensor_parallel_degree=degree,
+            kv_offloading_size=256 * PAGE_BYTES,
+            **KNOBS,
+        )
+        tokens = conversations(llm)
+        stats = llm.stats()
+        result[str(degree)] = {
+            "tokens": tokens,
+            "host_kv_hit_pages": stats["host_kv_hit_pages"],
+            "kv_offloaded_pages": stats["kv_offloaded_pages"],
+        }
+    return result

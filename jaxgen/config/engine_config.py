@@ -159,6 +159,14 @@ class EngineConfig:
         "mask); not with num_scheduler_steps > 1; with async_scheduling a step that may carry "
         "drafts runs synchronously",
     )
+    kv_offloading_size: int | None = knob(
+        None,
+        help="bytes of host memory for a second KV tier (vLLM's name): full prefix-cache pages "
+        "evicted from the device pool are copied there, and a prefix hit on one is copied back "
+        "before its sequence's step; LRU; paged batching only",
+        properties=("option.kv_offloading_size",),
+        minimum=0,
+    )
     kv_events_config: dict | None = knob(
         None,
         help="publish the prefix cache's changes (page stored with its hash, parent hash and "
@@ -288,6 +296,10 @@ class EngineConfig:
             self.num_scheduler_steps == 1 or not self.async_scheduling,
             "num_scheduler_steps",
             "must be 1 with async_scheduling (each hides the host's per-step work its own way)",
+        )
+        size = self.kv_offloading_size
+        check(
+            size is None or (_int(size) and size >= 0), "kv_offloading_size", "must be bytes >= 0"
         )
         if self.kv_events_config is not None:
             from jaxgen.config.kv_events_config import KVEventsConfig

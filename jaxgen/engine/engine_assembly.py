@@ -19,6 +19,7 @@ from jaxgen.engine.decoding.speculative.verify_sampling import VerifyShapes
 from jaxgen.engine.scheduling.batching import BatchingPlan, batching_plan
 from jaxgen.engine.scheduling.kv_pool_plan import KVPoolPlan, plan_kv_pool
 from jaxgen.engine.scheduling.scheduler import Scheduler
+from jaxgen.engine.step.kv_page_mover import KVPageMover, page_axes
 from jaxgen.engine.step.runner import ModelRunner
 from jaxgen.engine.step.step_layout import StepLayout
 from jaxgen.engine.structured.grammar_masks import GrammarMasks, grammar_compiler
@@ -102,6 +103,9 @@ def build_engine_parts(
             config.sampler_executables
         ],
         lora_slots=None if lora is None else lora.slots,
+        page_mover=None
+        if pool.allocator.host is None
+        else KVPageMover(page_axes(backend, model_config, config.page_size, loaded.dtype)),
     )
     grammars = GrammarMasks(
         grammar_compiler(loaded.tokenizer, model_config.vocab_size, model_config.eos_token_ids)

@@ -44,4 +44,27 @@ def engine_stats(engine) -> dict:
         "grammar_masked_rows": engine.grammars.stats.masked_rows,
         "grammar_compile_s": engine.grammars.compiler.compile_seconds,
         **(engine.speculator.stats() if engine.speculator is not None else {}),
+        **host_tier_stats(allocator.host),
+    }
+
+
+def host_tier_stats(host) -> dict:
+    """The host KV tier's counters (``kv_offloading_size``): pages held and their capacity,
+    prefix-hit pages copied back, pages and bytes moved each way; zeros without a tier."""
+    if host is None:
+        return {
+            "host_kv_pages": 0,
+            "host_kv_pages_total": 0,
+            "host_kv_hit_pages": 0,
+            "kv_offloaded_pages": 0,
+            "kv_offloaded_bytes": 0,
+            "kv_onloaded_bytes": 0,
+        }
+    return {
+        "host_kv_pages": len(host),
+        "host_kv_pages_total": host.capacity_pages,
+        "host_kv_hit_pages": host.hit_pages,
+        "kv_offloaded_pages": host.offloaded_pages,
+        "kv_offloaded_bytes": host.offloaded_bytes,
+        "kv_onloaded_bytes": host.onloaded_bytes,
     }

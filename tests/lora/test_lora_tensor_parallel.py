@@ -47,7 +47,9 @@ def test_adapters_under_tensor_parallelism_equal_unsharded_and_peft(lora_checkpo
         assert diff.max() < 1e-4, (degree, diff.max())
         peft_diff = np.abs(np.array(result[degree]["logprobs"]) - [lp for _, lp in expected])
         assert peft_diff.max() < 2e-4, (degree, peft_diff.max())
-        print(f"degree {degree}: max |Δ logprob| vs degree 1 {diff.max():.2e}, vs peft {peft_diff.max():.2e}")
+        print(
+            f"degree {degree}: max |Δ logprob| vs degree 1 {diff.max():.2e}, vs peft {peft_diff.max():.2e}"
+        )
     # Two slots of rank 8: width 16; hidden size and projection widths from the checkpoint.
     q_a, q_b = result["4"]["slots"]["q_proj"]
     o_a, o_b = result["4"]["slots"]["o_proj"]

@@ -16,7 +16,7 @@ def precompile_engine(engine) -> int:
     decode-only steps (prefill-holding steps compile when first met). With
     ``num_scheduler_steps`` > 1 the multi-step decode calls too; with speculative decoding
     each shape's verify steps (one per verify-row bucket it can carry), and a draft model's
-    engine its own steps. Returns the compiles it took."""
+    engine its own steps; with ``kv_offloading_size`` the host tier's page copies. Returns the compiles it took."""
     start = time.perf_counter()
     before = compile_counter.compile_count()
     layout, executor = engine.layout, engine.executor
@@ -29,6 +29,8 @@ def precompile_engine(engine) -> int:
         if engine.verify_shapes is not None:
             for verify_batch in engine.verify_shapes.padding(batch):
                 executor.run_now(verify_batch)
+    if engine.runner.page_mover is not None:  # the host KV tier's page copies, every bucket
+        engine.runner.precompile_page_moves()
     draft_engine = getattr(getattr(engine.speculator, "proposer", None), "engine", None)
     if draft_engine is not None:  # the draft model's engine (``speculative/draft_model.py``)
         draft_engine.precompile()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-# vLLM's ``medium`` of a page held in the accelerator's KV pool.
+# vLLM's ``medium`` of a page held in the accelerator's KV pool, and in host memory.
 DEVICE_MEDIUM = "GPU"
+HOST_MEDIUM = "CPU"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +48,16 @@ class CacheEvents:
     def __init__(self):
         self.pending: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
 
-    def stored(self, key: int, parent: int | None, tokens, page_size: int, lora_id) -> None:
-        self.pending.append(BlockStored([key], parent, list(tokens), page_size, lora_id or None))
+    def stored(
+        self, key: int, parent, tokens, page_size: int, lora_id, medium: str = DEVICE_MEDIUM
+    ) -> None:
+        """``parent``: the previous page's key; anything else (a chain root) is told as None."""
+        parent = parent if isinstance(parent, int) else None
+        event = BlockStored([key], parent, list(tokens), page_size, lora_id or None, medium)
+        self.pending.append(event)
 
-    def removed(self, key: int) -> None:
-        self.pending.append(BlockRemoved([key]))
+    def removed(self, key: int, medium: str = DEVICE_MEDIUM) -> None:
+        self.pending.append(BlockRemoved([key], medium))
 
     def cleared(self) -> None:
         self.pending.append(AllBlocksCleared())

@@ -6,6 +6,7 @@ batching plan's slots."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 
@@ -13,7 +14,9 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine.kv_events.cache_event_stream import records_cache_events
 from jaxgen.engine.scheduling.batching import BatchingPlan
 from jaxgen.engine.scheduling.cache_events import CacheEvents
-from jaxgen.engine.scheduling.page_allocator import ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.contiguous_allocator import ContiguousAllocator
+from jaxgen.engine.scheduling.host_kv_tier import HostKVTier
+from jaxgen.engine.scheduling.page_allocator import PageAllocator
 
 CPU_DEFAULT_KV_BYTES = 2 << 30
 ACCELERATOR_KV_FRACTION = 0.9
@@ -80,8 +83,14 @@ def plan_kv_pool(
             page_size,
             enable_prefix_caching=config.enable_prefix_caching,
             events=CacheEvents() if records_cache_events(config.kv_events_config) else None,
+            host=host_tier(config, page_bytes),
         )
     else:
+        if config.kv_offloading_size:
+            raise ValueError(
+                f"kv_offloading_size needs batching='paged' (the host tier keeps prefix-cache "
+                f"pages), not {config.batching!r}"
+            )
         slots = batching.num_slots
         allocator = ContiguousAllocator(slots, max_model_len, page_size)
         if (allocator.num_pages - 1) * page_bytes > kv_bytes:
@@ -93,3 +102,31 @@ def plan_kv_pool(
         num_pages = allocator.num_pages
     per_token = page_bytes // page_size
     return KVPoolPlan(num_pages, allocator, per_token, per_token // shares)
+
+
+def host_tier(config: EngineConfig, page_bytes: int) -> HostKVTier | None:
+    """The host-memory KV tier ``kv_offloading_size`` bytes hold, or None (off). A size over
+    the host's physical memory, or under one page, is a ``ValueError`` naming it."""
+    size = config.kv_offloading_size
+    if not size:
+        return None
+    if not config.enable_prefix_caching:
+        raise ValueError("kv_offloading_size needs enable_prefix_caching (it keeps cached pages)")
+    physical = host_memory_bytes()
+    if physical is not None and size > physical:
+        raise ValueError(
+            f"kv_offloading_size ({size} bytes) is more than this host's memory ({physical} bytes)"
+        )
+    if size < page_bytes:
+        raise ValueError(
+            f"kv_offloading_size ({size} bytes) holds no page (a page takes {page_bytes} bytes)"
+        )
+    return HostKVTier(size // page_bytes, page_bytes)
+
+
+def host_memory_bytes() -> int | None:
+    """The host's physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

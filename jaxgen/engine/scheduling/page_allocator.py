@@ -6,18 +6,22 @@ chain starts from the sequence's K/V variant, so keys rotated with LongRoPE's lo
 never shared with a sequence that uses the short ones). When every layer of the model attends
 within a sliding window, ``free_before`` releases a sequence's pages that no query will read
 again; their block-table entries become the scratch page, so positions keep their pages.
-``ContiguousAllocator`` is the non-paged baseline: each running slot reserves a fixed run of pages
-covering ``max_model_len`` tokens, as a contiguous per-slot KV cache does.
+The non-paged baseline is ``contiguous_allocator.ContiguousAllocator``.
 Page 0 is never handed out: padding tokens write their K/V there.
 With ``events`` (a ``CacheEvents``) the allocator records each page it makes findable by a
 prefix lookup and each it stops finding (``jaxgen.engine.scheduling.cache_events``).
+With ``host`` (a ``HostKVTier``, ``kv_offloading_size``) a findable page evicted for reuse is
+queued to be copied to the host first, and a lookup that misses the pool finds the page there
+and queues it to be copied into a fresh page: ``take_page_moves`` hands the runner both lists
+before the step that would overwrite or read those pages.
 """
 
 from __future__ import annotations
 
 import collections
 
-from jaxgen.engine.scheduling.cache_events import CacheEvents
+from jaxgen.engine.scheduling.cache_events import HOST_MEDIUM, CacheEvents
+from jaxgen.engine.scheduling.host_kv_tier import HostKVTier, HostPage
 from jaxgen.engine.scheduling.sequence import Sequence
 
 SCRATCH_PAGE = 0
@@ -32,6 +36,7 @@ class Allocator:
         self.page_size = page_size
         self.prefix_hits = 0  # pages reused
         self.peak_used = 0
+        self.host: HostKVTier | None = None  # the host-memory tier (PageAllocator's ``host``)
 
     @property
     def num_usable_pages(self) -> int:
@@ -51,6 +56,7 @@ class PageAllocator(Allocator):
         *,
         enable_prefix_caching: bool = True,
         events: CacheEvents | None = None,
+        host: HostKVTier | None = None,
     ):
         if num_pages < 2:
             raise ValueError(f"num_pages must be >= 2 (page 0 is scratch), got {num_pages}")
@@ -72,6 +78,10 @@ class PageAllocator(Allocator):
         self.page_generation = [0] * num_pages
         self.hash_to_page: dict[int, int] = {}
         self.events = events  # what the prefix cache stored and removed, or None
+        self.host = host  # the host-memory tier, or None
+        self.page_parent_key: dict[int, object] = {}  # page -> the key of the prefix before it
+        self.pending_offloads: list[tuple[int, HostPage]] = []  # (device page, its host copy)
+        self.pending_loads: dict[int, HostPage] = {}  # device page -> the host page to copy in
 
     @property
     def num_free_pages(self) -> int:
@@ -87,6 +97,8 @@ class PageAllocator(Allocator):
 
     def _pop_free_page(self) -> int:
         page, _ = self.free_pages.popitem(last=False)
+        if self.host is not None:
+            self._offload(page)
         self._forget(page)
         self.page_generation[page] += 1
         self.ref_counts[page] = 1
@@ -121,10 +133,13 @@ class PageAllocator(Allocator):
             key = hash((parent, chunk))
             page = self.hash_to_page.get(key)
             if page is None or not self._holds(page, prefix, chunk):
-                break
-            if self.ref_counts[page] == 0:
-                del self.free_pages[page]
-            self.ref_counts[page] += 1
+                page = self._onload(seq, key, parent, prefix, chunk)
+                if page is None:
+                    break
+            else:
+                if self.ref_counts[page] == 0:
+                    del self.free_pages[page]
+                self.ref_counts[page] += 1
             seq.block_table.append(page)
             parent = key
             prefix = (page, self.page_generation[page])
@@ -156,6 +171,7 @@ class PageAllocator(Allocator):
                     self.hash_to_page[key] = page
                     self.page_tokens[page] = chunk
                     self.page_parent[page] = prefix
+                    self.page_parent_key[page] = parent
                     if self.events is not None:
                         first = i == 0
                         self.events.stored(
@@ -203,6 +219,7 @@ class PageAllocator(Allocator):
             del self.hash_to_page[key]
             self.page_tokens.pop(page, None)
             self.page_parent.pop(page, None)
+            self.page_parent_key.pop(page, None)
             if self.events is not None:
                 self.events.removed(key)
 
@@ -248,8 +265,58 @@ class PageAllocator(Allocator):
         self.page_tokens.clear()
         self.page_parent.clear()
         self.hash_to_page.clear()
+        self.page_parent_key.clear()
+        self.pending_offloads.clear()
+        self.pending_loads.clear()
+        if self.host is not None:
+            self.host.clear()
         if self.events is not None:
             self.events.cleared()
+
+    # -- the host tier (``host``) ----------------------------------------------------------------
+    def take_page_moves(self) -> tuple[list[tuple[int, HostPage]], list[tuple[int, HostPage]]]:
+        """The pages to copy to the host (before anything writes them again), then the pages
+        to copy in from it (before a step reads them); both lists are emptied."""
+        offloads, self.pending_offloads = self.pending_offloads, []
+        loads, self.pending_loads = list(self.pending_loads.items()), {}
+        return offloads, loads
+
+    def _offload(self, page: int) -> None:
+        """Queues findable ``page``'s copy to the host before the page is reused."""
+        if self.pending_loads.pop(page, None) is not None:
+            return  # never written from the host copy it was to get: the host still has it
+        key = self.page_hash.get(page)
+        if key is None or self.hash_to_page.get(key) != page or key in self.host.pages:
+            return
+        copy = HostPage(self.page_tokens[page], self.page_parent_key.get(page))
+        self.host.put(key, copy)
+        self.pending_offloads.append((page, copy))
+        if self.events is not None:
+            self.events.stored(key, copy.parent_key, copy.tokens, self.page_size, None, HOST_MEDIUM)
+            for old in self.host.evicted:
+                self.events.removed(old, HOST_MEDIUM)
+        self.host.evicted.clear()
+
+    def _onload(self, seq: Sequence, key: int, parent, prefix, chunk) -> int | None:
+        """A fresh device page for the host tier's copy of ``chunk`` (after ``parent``'s
+        prefix), registered as the pool's own and queued to be copied in; None: not there, or
+        no free page."""
+        if self.host is None or not self.free_pages:
+            return None
+        copy = self.host.find(key, parent, chunk)
+        if copy is None:
+            return None
+        page = self._pop_free_page()
+        self.hash_to_page[key] = page
+        self.page_hash[page] = key
+        self.page_tokens[page] = chunk
+        self.page_parent[page] = prefix
+        self.page_parent_key[page] = parent
+        self.pending_loads[page] = copy
+        self.host.hit_pages += 1
+        if self.events is not None:
+            self.events.stored(key, parent, chunk, self.page_size, seq.lora_int_id)
+        return page
 
 
 def _chain_root(seq: Sequence) -> str | None:
@@ -257,66 +324,3 @@ def _chain_root(seq: Sequence) -> str | None:
     LongRoPE variant, the LoRA adapter)."""
     root = "long_rope" if seq.long_rope else None
     return root if seq.lora_key is None else (root, "lora", seq.lora_key)
-
-
-class ContiguousAllocator(Allocator):
-    """Per-slot reservation of ``max_model_len`` tokens: continuous batching without paging."""
-
-    def __init__(self, num_slots: int, max_model_len: int, page_size: int):
-        if num_slots < 1:
-            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        self.pages_per_slot = -(-max_model_len // page_size)
-        super().__init__(1 + num_slots * self.pages_per_slot, page_size)
-        self.num_slots = num_slots
-        self.free_slots = list(range(num_slots))
-        self.slot_of: dict[int, int] = {}
-
-    @property
-    def num_used_pages(self) -> int:
-        return len(self.slot_of) * self.pages_per_slot
-
-    @property
-    def num_free_pages(self) -> int:
-        return self.num_usable_pages - self.num_used_pages
-
-    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        if self.pages_needed(num_tokens) > self.pages_per_slot:
-            return False
-        return seq.seq_id in self.slot_of or bool(self.free_slots)
-
-    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        if not self.can_allocate(seq, num_tokens):
-            return False
-        if seq.seq_id not in self.slot_of:
-            slot = self.free_slots.pop(0)
-            self.slot_of[seq.seq_id] = slot
-            first = 1 + slot * self.pages_per_slot
-            seq.block_table = list(range(first, first + self.pages_per_slot))
-        self.peak_used = max(self.peak_used, self.num_used_pages)
-        return True
-
-    def match_prefix(self, seq: Sequence) -> int:
-        return 0
-
-    def register_full_pages(self, seq: Sequence) -> None:
-        pass
-
-    def free_before(self, seq: Sequence, position: int) -> int:
-        return 0  # a slot's pages are reserved whatever it holds
-
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        child.num_computed_tokens = 0  # a slot shares nothing: the child computes every token
-        child.long_rope = parent.long_rope
-
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
-        pass  # the slot keeps its pages; rejected slots are written again
-
-    def free(self, seq: Sequence) -> None:
-        slot = self.slot_of.pop(seq.seq_id, None)
-        if slot is not None:
-            self.free_slots.append(slot)
-            self.free_slots.sort()
-        seq.block_table = []
-
-    def reset_prefix_cache(self) -> None:
-        pass

@@ -40,11 +40,13 @@ class ModelRunner:
         kv_sharding=None,
         per_batch_executables: bool | None = None,
         lora_slots=None,
+        page_mover=None,
     ):
         """``lora_slots``: the LoRA device slots (``jaxgen.lora.LoRASlots``) every step takes,
-        or None (no adapters)."""
+        or None (no adapters); ``page_mover``: the host KV tier's ``KVPageMover``, or None."""
         compile_counter.install()
         self.lora_slots = lora_slots
+        self.page_mover = page_mover
         self.config = loaded.config
         self.graphdef = loaded.graphdef
         self.params = loaded.params
@@ -113,6 +115,18 @@ class ModelRunner:
         return self.backend.allocate_kv_pool(
             self.config, self.num_pages, self.page_size, self.dtype, self.kv_sharding
         )
+
+    def move_pages(self, offloads: list, onloads: list) -> None:
+        """The host tier's page copies (``page_mover``): ``offloads`` read from the pool,
+        then ``onloads`` written into it, before the next step runs."""
+        if offloads:
+            self.page_mover.offload(self.kv_cache, offloads)
+        if onloads:
+            self.kv_cache = self.page_mover.onload(self.kv_cache, onloads)
+
+    def precompile_page_moves(self) -> None:
+        """Compiles every bucket of the host tier's page copies (on the scratch page)."""
+        self.kv_cache = self.page_mover.precompile(self.kv_cache)
 
     def recover(self) -> bool:
         """Makes the runner usable after a step raised. The pool was donated to that step, so

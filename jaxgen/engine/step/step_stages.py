@@ -83,6 +83,9 @@ class StepStages:
         tokens more (multi-step decoding), the grammars' masks attached."""
         if self.fault_hook is not None:
             self.fault_hook("launch")
+        allocator = self.scheduler.allocator
+        if allocator.host is not None:  # the host tier's copies, before the step reads pages
+            self.runner.move_pages(*allocator.take_page_moves())
         if rows is None:
             rows = {
                 item.seq.seq_id: self.seq_to_request[item.seq.seq_id].sampling_row(item.seq)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.contiguous_allocator import ContiguousAllocator
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, PageAllocator
 from jaxgen.engine.scheduling.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import collections
 
-from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.contiguous_allocator import ContiguousAllocator
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, PageAllocator
 from jaxgen.engine.scheduling.sequence import Sequence
 
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, ContiguousAllocator, PageAllocator
+from jaxgen.engine.scheduling.contiguous_allocator import ContiguousAllocator
+from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, PageAllocator
 from tests.engine.scheduling.page_allocator_checks import (
     admit,
     check_balance,
