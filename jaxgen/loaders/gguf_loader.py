@@ -29,13 +29,14 @@ Stacked expert tensors are dequantised to float32 (exact, 32 bits a weight). A f
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
 import numpy as np
 
 from jaxgen.families import family_of_gguf
-from jaxgen.loaders.gguf_blocks import KEPT_TYPES, DecodedBlocks, decode_blocks
+from jaxgen.loaders.gguf_blocks import BLOCK_LAYOUTS, KEPT_TYPES, DecodedBlocks, decode_blocks
 from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_weights_cache import GGUFWeightsCache
 from jaxgen.quantization import QuantizedWeight, pack_int4
@@ -159,6 +160,35 @@ class GGUFFile:
 
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
+
+    def kept_weight_bytes(self, float_bytes: int) -> int:
+        """Bytes the file's tensors take loaded with ``quantization="auto"`` (``jaxgen plan``):
+        each quantised matrix (a stacked expert tensor excepted) as its kept
+        ``QuantizedWeight`` (:func:`kept_bytes`), every other tensor at ``float_bytes`` an
+        element (the load's dtype). From the tensor table alone: no tensor is read."""
+        experts = {tensor.name for tensor, expert in self.tensors.values() if expert is not None}
+        total = 0
+        for tensor in self.reader.tensors:
+            qtype = tensor.tensor_type.name
+            if qtype in KEPT_TYPES and len(tensor.shape) == 2 and tensor.name not in experts:
+                depth, rows = (int(d) for d in tensor.shape)  # ggml order: innermost first
+                total += kept_bytes(qtype, rows, depth)
+            else:
+                total += int(tensor.n_elements) * float_bytes
+        return total
+
+
+def kept_bytes(qtype: str, rows: int, depth: int) -> int:
+    """Bytes of a ``[rows, depth]`` tensor of kept type ``qtype`` as ``get_quantized`` holds it
+    (each leaf grows with the number of blocks, so: blocks x one block's)."""
+    return rows * depth // BLOCK_LAYOUTS[qtype][0] * _block_bytes(qtype)
+
+
+@functools.cache
+def _block_bytes(qtype: str) -> int:
+    """The kept bytes of one block of ``qtype`` (a zero block, converted as the loader does)."""
+    elements, nbytes = BLOCK_LAYOUTS[qtype]
+    return kept_weight(decode_blocks(qtype, np.zeros((1, nbytes), np.uint8), 1, elements)).nbytes
 
 
 def kept_weight(decoded: DecodedBlocks, reorder=lambda rows: rows) -> QuantizedWeight:

@@ -14,6 +14,7 @@ from jaxgen.config.engine_config import BACKENDS
 from jaxgen.engine.decoding.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
 from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
+from jaxgen.planning.capacity import auto_weight_bytes as gguf_kept_bytes
 from jaxgen.planning.gpu_targets import GPU_TARGETS
 from jaxgen.planning.hardware import DEVICES
 from jaxgen.planning.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
@@ -55,6 +56,7 @@ def cmd_plan(args) -> int:
         tensor_parallel_degree=args.tensor_parallel_degree or 1,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        weight_bytes=gguf_kept_bytes(args.quantization, args.model, args.dtype),  # a GGUF's
     )
     print(
         f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
@@ -96,6 +98,11 @@ def cmd_plan_target(args) -> int:
     if args.attention_backend != "auto" and args.target not in GPU_TARGETS:
         raise ValueError(
             f"--attention-backend is for a GPU --target ({gpus}); a TPU's is pallas-tpu"
+        )
+    if args.quantization == "auto":
+        raise ValueError(
+            "--quantization auto (a GGUF's kept bytes) is for the capacity plan and --sweep-tp; "
+            "a --target compile takes none, int8, int4 or fp8"
         )
     if args.target in GPU_TARGETS:
         return cmd_plan_gpu(args)
@@ -264,12 +271,15 @@ def cmd_sweep_tp(args) -> int:
                 )
             except ValueError as error:  # the weights (or one sequence) do not fit a chip
                 print(f"TP {degree}: not compiled: {error}", file=sys.stderr)
+    dtype = "bfloat16" if explicit_dtype(args.dtype) is None else args.dtype
+    kept = gguf_kept_bytes(args.quantization, args.model, dtype)  # a GGUF's under auto, else None
+    per_param = WEIGHT_BYTES_PER_PARAM.get(args.quantization, kept and kept / config.num_params)
     sweep = sweep_tp(
         config,
         args.target,
-        dtype="bfloat16" if explicit_dtype(args.dtype) is None else args.dtype,
-        weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM.get(args.quantization),
-        weights_label=None if args.quantization == "none" else args.quantization,
+        dtype=dtype,
+        weight_bytes_per_param=per_param,
+        weights_label=None if per_param is None else args.quantization,
         context=args.context,
         page_size=args.page_size,
         memory_utilization=args.memory_utilization,
@@ -299,7 +309,13 @@ def add_parser(subparsers) -> None:
         help="default: bfloat16 for the capacity plan, auto for a --target's compile; auto: "
         "what the engine's dtype='auto' loads on the device (float16 on a T4)",
     )
-    parser.add_argument("--quantization", default="none", choices=["none", *WEIGHT_BYTES_PER_PARAM])
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "auto", *WEIGHT_BYTES_PER_PARAM],
+        help="the weights: none (--dtype), int8 / int4 / fp8 (quantised at load), auto (a GGUF's "
+        "tensors as a quantization='auto' load keeps them)",
+    )
     parser.add_argument("--kv-cache-dtype", default="auto", choices=kv_cache.KV_CACHE_DTYPES)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--page-size", type=int, default=16)
