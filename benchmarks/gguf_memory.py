@@ -4,11 +4,11 @@ decode-shaped time on them.
 Per type: one ``[rows, depth]`` tensor of random valid blocks (``tests.gguf_quant_blocks``)
 written to a GGUF and read back with ``GGUFFile.get_quantized`` (``quantization="auto"``'s
 form): bits a weight in the file, in the ``QuantizedWeight`` and in the "cpu" backend's packed
-panels (``PackedQuantizedWeight``); and a whole file, the 2-layer tiny model of
-``tests/loaders/test_gguf_kept_models.py`` with every matrix in the type, loaded with
-``quantization="auto"``: its parameter bytes (``weight_stats``) against the file's size.
-``--time TYPES``: the median (and best) time of
-``x @ w`` for 1 and 4 rows of x over four such weights packed together (``pack_shared``).
+panels (``PackedQuantizedWeight``, which widen bit planes to int8 / int4 codes); and a whole
+file, the 2-layer tiny model of ``tests/loaders/test_gguf_kept_models.py`` with every matrix in
+the type, loaded with ``quantization="auto"``: its parameter bytes (``weight_stats``) against
+the file's size. ``--time TYPES``: the median (and best) time of ``x @ w`` for 1 and 4 rows of
+x over four such weights packed together (``pack_shared``).
 
     python benchmarks/gguf_memory.py [--rows 1024 --depth 2048] [--time Q4_K Q6_K] [--json OUT]
 """

@@ -199,6 +199,64 @@ def mode_packed_scales_depth_split(args: dict) -> dict:
     }
 
 
+def mode_bit_planes_tp(args: dict) -> dict:
+    """GGUF types kept as bit planes (``args["qtypes"]``, ``[1024, 64]``), placed by a
+    ``ShardingPlan`` at each degree as o_proj (input dim split) and up_proj (columns split):
+    per case whether the jitted dequantisation equals the unsplit one bit for bit and needs no
+    all-gather, the matmul's max error, and each device's values / scale-code shard shapes; and
+    the error for 4-bit scale codes whose byte pairs a split would cut."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxgen.layers.sharding import LOGICAL_AXIS_RULES, ShardingPlan, make_mesh
+    from jaxgen.quantization import QuantizedWeight
+    from jaxgen.quantization.bit_planes import pack_planes
+    from tests.gguf_quant_blocks import kept_weight
+
+    paths = {
+        "o_proj": ("layers", 0, "self_attn", "o_proj", "kernel"),
+        "up_proj": ("layers", 0, "mlp", "up_proj", "kernel"),
+    }
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 1024)), jnp.float32)
+    result = {}
+    for qtype in args["qtypes"]:
+        weight = kept_weight(qtype, 1024, 64)
+        dense = np.asarray(weight.dequantize())
+        for degree in args["degrees"]:
+            plan = ShardingPlan(mesh=make_mesh(degree), rules=LOGICAL_AXIS_RULES)
+            for name, path in paths.items():
+                placed = plan.place_quantized(path, weight)
+                dequantize = jax.jit(lambda w: w.dequantize())
+                hlo = dequantize.lower(placed).compile().as_text()
+                out = jax.jit(lambda x, w: w.matmul(x))(x, placed)
+                result[f"{qtype}/{degree}/{name}"] = {
+                    "exact": bool(np.array_equal(np.asarray(dequantize(placed)), dense)),
+                    "all_gather": "all-gather" in hlo,
+                    "matmul_error": float(np.abs(np.asarray(out) - np.asarray(x) @ dense).max()),
+                    "values": [list(s.data.shape) for s in placed.values.addressable_shards],
+                    "scale_codes": [
+                        list(s.data.shape) for s in placed.scale_codes.addressable_shards
+                    ]
+                    if placed.scale_codes is not None
+                    else None,
+                }
+    # 6 groups of 16, one per super-block, 4-bit codes two a byte: 3 rows do not split 2 ways.
+    odd = QuantizedWeight(
+        pack_planes(np.zeros((96, 8), np.uint8), "int2"), jnp.ones((6, 8), jnp.float16),
+        jnp.ones((6, 8), jnp.float16), kind="int2", group_size=16, shape=(96, 8),
+        scale_codes=jnp.ones((3, 8), jnp.uint8), min_codes=jnp.ones((3, 8), jnp.uint8),
+    )  # fmt: skip
+    try:
+        ShardingPlan(mesh=make_mesh(2), rules=LOGICAL_AXIS_RULES).quantized_shardings(
+            paths["o_proj"], odd
+        )
+        result["split_error"] = None
+    except ValueError as error:
+        result["split_error"] = str(error)
+    return result
+
+
 FAMILY_PROMPTS = [[101, 202, 303, 404, 505], [7, 8, 9], [1000, 2000, 3000, 4000, 5000, 6000, 7000]]
 FAMILY_IDS = list(range(100, 140))
 

@@ -34,7 +34,8 @@ from jaxgen.quantization import is_quantized
 
 def pack_kernel(kernel):
     """``kernel`` in the native matmul's form: a float32 array as a ``PackedWeight``, an int8 /
-    int4 ``QuantizedWeight`` as a ``PackedQuantizedWeight``; others unchanged (XLA's path)."""
+    int4 ``QuantizedWeight`` (or a bit-plane one, widened to them: the panels have no 2-, 3-,
+    5- or 6-bit tiles) as a ``PackedQuantizedWeight``; others unchanged (XLA's path)."""
     if is_quantized(kernel):
         if kernel.kind == "fp8":
             raise ValueError(

@@ -71,7 +71,7 @@ class PallasTPUBackend(KernelBackend):
     def prepare_params(self, params, config):
         """``Linear`` kernels as ``StreamedWeight``s (streamed from HBM by a Pallas matmul in
         decode steps; int8 / int4 ``QuantizedWeight``s as ``StreamedQuantizedWeight``s,
-        dequantised in VMEM), and a tied embedding wrapped, untransposed, as the LM head kernel
+        dequantised in VMEM; bit-plane ones keep XLA's dot at their own bytes), and a tied embedding wrapped, untransposed, as the LM head kernel
         (a quantised table is held as its head kernel already). An untied quantised embedding
         is held row-major (``QuantizedEmbeddingTable``), so its lookup is a row gather."""
         placement = dict(mesh=self.mesh, model_axis=self.model_axis, interpret=self.interpret)
@@ -79,7 +79,11 @@ class PallasTPUBackend(KernelBackend):
         def wrap(kernel, transposed=False):
             if is_quantized(kernel):
                 if kernel.kind not in ("int8", "int4") or kernel.activations == "int8":
-                    return None  # fp8, W8A8 / W4A8: XLA's dot (QuantizedWeight.matmul)
+                    # fp8, W8A8 / W4A8, and bit planes (GGUF's 2-, 3-, 5- and 6-bit codes):
+                    # XLA's dot (QuantizedWeight.matmul, the unpacking fused into its operand).
+                    # The streamed kernel reads int8 / int4 codes, so planes would be widened
+                    # (Q6_K 8.56 bits a weight in HBM against the file's 6.56).
+                    return None
                 return StreamedQuantizedWeight.wrap(kernel, **placement)
             if not _streamable(kernel):
                 return None

@@ -66,7 +66,9 @@ class StreamedQuantizedWeight:
     @classmethod
     def wrap(cls, weight: QuantizedWeight, *, mesh=None, model_axis=None, interpret=False):
         """``weight`` (arrays, or ``ShapeDtypeStruct``s ahead of time) in the kernel's form."""
-        weight = weight.plain_layout()  # the kernel reads a scale (and min) per group, numbers
+        # The kernel reads a scale (and min) per group and int8 / int4 codes (bit planes
+        # widened; the backend keeps those on XLA's dot instead, at the file's bytes).
+        weight = weight.plain_layout()
         split = split_axis(weight.values, mesh, model_axis, 0)
         degree = mesh.shape[model_axis] if split == "columns" else 1
         pieces = mesh.shape[model_axis] if split == "depth" else 1

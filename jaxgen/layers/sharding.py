@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgen.config import ModelConfig
 from jaxgen.families import family_logical_axes
+from jaxgen.quantization.bit_planes import BLOCK_ROWS, PLANE_KINDS
 from jaxgen.quantization.quantized_weight import QuantizedWeight, is_quantized
 
 
@@ -189,7 +190,8 @@ class ShardingPlan:
         """Shardings of a ``QuantizedWeight``'s leaves (a ``QuantizedWeight`` of
         ``NamedSharding``s): values, scales and mins split along the weight's logical axes, as
         the float kernel would be (an embedding is held as its [hidden, vocab] head kernel).
-        Columns split freely; the input dim only at group boundaries (``ValueError`` naming the
+        Columns split freely; the input dim only at group boundaries, which keeps bit planes'
+        8-row blocks and 4-bit two-level codes' byte pairs whole (``ValueError`` naming the
         tensor otherwise)."""
         axes = logical_axes(path)
         if path[-1] == "embedding":
@@ -206,6 +208,20 @@ class ShardingPlan:
                     f"{weight.group_size} along its input dim {weight.shape[0]}) cannot be split "
                     f"{degree} ways at group boundaries; use a tensor_parallel_degree dividing "
                     f"{scale_rows}, or quantization='none'"
+                )
+            packed_rows = [  # bit planes' bytes; 4-bit two-level codes, two groups a byte
+                leaf.shape[0]
+                for leaf in (weight.values, weight.scale_codes, weight.min_codes)
+                if leaf is not None
+            ]
+            block = BLOCK_ROWS if weight.kind in PLANE_KINDS else 1
+            if (weight.shape[0] // degree) % block or any(rows % degree for rows in packed_rows):
+                raise ValueError(
+                    f"quantised weight {path_name(path)!r} ({weight.kind}, {groups} groups of "
+                    f"{weight.group_size}) cannot be split {degree} ways along its input dim "
+                    f"{weight.shape[0]} at the boundaries of its packed codes (bit planes in "
+                    f"blocks of {BLOCK_ROWS} rows, two 4-bit group codes a byte: rows "
+                    f"{packed_rows}); use a tensor_parallel_degree dividing them"
                 )
         sharding = NamedSharding(self.mesh, spec)
         return jax.tree_util.tree_map(lambda _: sharding, weight)

@@ -8,8 +8,8 @@ blocks into those codes, scales and minimums, so that ``codes * scales + mins`` 
 codebook type's codes read through its ``codebook``) is the file's dequantised tensor bit for bit: every product of a super-block scale (11 significant bits),
 a sub-block scale (at most 7 bits) and a code (at most 7 bits) fits float32's 24 bits exactly,
 and a minimum is subtracted once, as the dequantiser does. The K-quants' and IQ4_XS's scales stay
-two-level, as in the file: the float16 super-block number per 256 weights and an int8 code per
-group (``DecodedBlocks.scale_codes`` / ``min_codes``), the product formed where the weight is
+two-level, as in the file: the float16 super-block number per 256 weights and a small integer
+code per group (``DecodedBlocks.scale_codes`` / ``min_codes``), the product formed where the weight is
 used (``QuantizedWeight.group_scales``, the native kernel per panel).
 
 | type | codes | group | scale | minimum | bits a weight (file) |
@@ -17,19 +17,23 @@ used (``QuantizedWeight.group_scales``, the native kernel per panel).
 | Q8_0 | int8 q | 32 | d (f16) | | 8.5 (8.5) |
 | Q4_0 | u4 q (symmetric: q - 8) | 32 | d (f16) | | 4.5 (4.5) |
 | Q4_1 | u4 q | 32 | d (f16) | m (f16) | 5.0 (5.0) |
-| Q5_0 | int8 q - 16 | 32 | d (f16) | | 8.5 (5.5) |
-| Q5_1 | int8 q (0..31) | 32 | d (f16) | m (f16) | 9.0 (6.0) |
+| Q5_0 | u5 q (symmetric: q - 16) | 32 | d (f16) | | 5.5 (5.5) |
+| Q5_1 | u5 q | 32 | d (f16) | m (f16) | 6.0 (6.0) |
 | IQ4_NL | u4 q, indices into kvalues | 32 | d (f16) | | 4.5 (4.5) |
-| Q2_K | u4 q (0..3) | 16 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 5.125 (2.625) |
-| Q3_K | u4 q + 4 (symmetric: q in -4..3) | 16 | d (f16) x (sc - 32) (int8) | | 4.5625 (3.4375) |
+| Q2_K | u2 q | 16 | d (f16) x sc (u4) | -dmin (f16) x m (u4) | 2.625 (2.625) |
+| Q3_K | u3 q (symmetric: q - 4) | 16 | d (f16) x (sc - 32) (int8) | | 3.5625 (3.4375) |
 | Q4_K | u4 q | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 4.625 (4.5) |
-| Q5_K | int8 q (0..31) | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 8.625 (5.5) |
-| Q6_K | int8 q - 32 | 16 | d (f16) x sc (int8) | | 8.5625 (6.5625) |
+| Q5_K | u5 q | 32 | d (f16) x sc (int8) | -dmin (f16) x m (int8) | 5.625 (5.5) |
+| Q6_K | u6 q (symmetric: q - 32) | 16 | d (f16) x sc (int8) | | 6.5625 (6.5625) |
 | IQ4_XS | u4 q, indices into kvalues | 32 | d (f16) x (ls - 32) (int8) | | 4.3125 (4.25) |
 
-(``u4``: an unsigned 4-bit code, which ``QuantizedWeight``'s int4 kind stores two to a byte;
-``kvalues``: llama.cpp's 16-entry non-linear grid, ``DecodedBlocks.codebook``;
-``x``: a float16 number per 256 weights times an int8 code per group, the product in float32.)
+(``uB``: an unsigned B-bit code, ``DecodedBlocks.kind`` ``"intB"``, which ``QuantizedWeight``
+keeps at B bits: int4 two to a byte, 2-, 3-, 5- and 6-bit codes as bit planes packed along K
+(``jaxgen.quantization.bit_planes``), as the file splits them; ``kvalues``: llama.cpp's 16-entry
+non-linear grid, ``DecodedBlocks.codebook``; ``x``: a float16 number per 256 weights times a code
+per group, the product in float32; ``(u4)`` sub-block codes are kept two to a byte
+(``DecodedBlocks.scale_code_bits``). The bits over the file's are the 6-bit sub-block codes of
+Q3_K / Q4_K / Q5_K and IQ4_XS held in 8.)
 """
 
 from __future__ import annotations
@@ -57,14 +61,15 @@ class DecodedBlocks:
     level or (``scale_codes``) two-level: ``scales`` / ``mins`` one float16 number per row and
     super-block, times an int8 code per group (:meth:`group_scales`)."""
 
-    kind: str  # "int8" (signed codes) or "int4" (unsigned 4-bit codes)
-    codes: np.ndarray  # [rows, depth] int8, or uint8 in 0..15 (int4)
+    kind: str  # "int8" (signed codes) or "int2" .. "int6" (unsigned codes of that width)
+    codes: np.ndarray  # [rows, depth] int8, or uint8 in 0..2^b - 1 (symmetric: u - 2^(b-1))
     scales: np.ndarray  # [rows, groups] float16, or (two-level) [rows, depth / 256] float16
     mins: np.ndarray | None  # like scales, added after the product; None: none (int4: u - 8)
     group_size: int
     scale_codes: np.ndarray | None = None  # [rows, groups] int8 (two-level), else None
     min_codes: np.ndarray | None = None  # [rows, groups] int8 (two-level mins), else None
     codebook: tuple[int, ...] | None = None  # int4 codes index these 16 numbers, or None
+    scale_code_bits: int = 8  # 4: two-level codes in 0..15 (Q2_K), kept two a byte
 
     def group_scales(self) -> np.ndarray:  # [rows, groups] float16 / float32
         return _per_group(self.scales, self.scale_codes)
@@ -91,6 +96,7 @@ def decode_blocks(qtype: str, data: np.ndarray, rows: int, depth: int) -> Decode
         raise ValueError(f"a {qtype} row of {depth} elements is not whole {elements}-blocks")
     blocks = np.asarray(data, np.uint8).reshape(rows * depth // elements, nbytes)
     kind, codes, scales, mins, group = _DECODERS[qtype](blocks)
+    code_bits = 4 if qtype == "Q2_K" else 8  # its sub-block scales and minimums: 4 bits
     groups = depth // group
     scales, scale_codes = _rows(scales, rows, groups)
     mins, min_codes = (None, None) if mins is None else _rows(mins, rows, groups)
@@ -103,6 +109,7 @@ def decode_blocks(qtype: str, data: np.ndarray, rows: int, depth: int) -> Decode
         scale_codes=scale_codes,
         min_codes=min_codes,
         codebook=tuple(int(v) for v in IQ4_VALUES) if qtype in CODEBOOK_TYPES else None,
+        scale_code_bits=code_bits,
     )
 
 
@@ -151,12 +158,11 @@ def _five_bit(b, high_at: int) -> np.ndarray:  # Q5_0 / Q5_1: [B, 32] codes 0..3
 
 
 def _q5_0(b):
-    codes = _five_bit(b, 2).astype(np.int8) - np.int8(16)
-    return "int8", codes, _half(b, 0), None, 32
+    return "int5", _five_bit(b, 2), _half(b, 0), None, 32  # symmetric: q - 16
 
 
 def _q5_1(b):
-    return "int8", _five_bit(b, 4).astype(np.int8), _half(b, 0), _half(b, 2), 32
+    return "int5", _five_bit(b, 4), _half(b, 0), _half(b, 2), 32
 
 
 def _iq4_nl(b):
@@ -187,8 +193,8 @@ def _q4_k_codes(packed):  # [B, 128] -> [B, 8, 32]: 32 bytes' low nibbles, then 
 def _q5_k(b):
     scales, mins = _k_scales(b[:, 4:16])
     fifth = _bits(b[:, 16:48], 8, 1)  # [B, 8, 32]: bit j of byte l is sub-block j's element l
-    codes = (_q4_k_codes(b[:, 48:176]) | (fifth << 4)).astype(np.int8)
-    return "int8", codes, (_half(b, 0), scales), (-_half(b, 2), mins), 32
+    codes = _q4_k_codes(b[:, 48:176]) | (fifth << 4)
+    return "int5", codes, (_half(b, 0), scales), (-_half(b, 2), mins), 32
 
 
 def _q6_k(b):
@@ -196,27 +202,27 @@ def _q6_k(b):
     low = np.concatenate([low & 0x0F, low >> 4], axis=2).reshape(-1, 2, 128)
     high = b[:, 128:192].reshape(-1, 2, 32)  # per half: 2-bit fields j of 32 bytes
     high = np.stack([_bits(half, 4, 2) for half in (high[:, 0], high[:, 1])], axis=1)
-    codes = (low | (high.reshape(-1, 2, 128) << 4)).astype(np.int8) - np.int8(32)
+    codes = low | (high.reshape(-1, 2, 128) << 4)  # symmetric: q - 32
     sub = b[:, 192:208].copy().view(np.int8)
-    return "int8", codes, (_half(b, 208), sub), None, 16
+    return "int6", codes, (_half(b, 208), sub), None, 16
 
 
 def _q3_k(b):
     low = np.stack([_bits(b[:, 32 + 32 * h : 64 + 32 * h], 4, 2) for h in range(2)], axis=1)
-    high = _bits(b[:, 0:32], 8, 1)  # [B, 8, 32]; a clear bit subtracts 4
-    codes = low.reshape(-1, 8, 32).astype(np.int8) - ((1 - high) << 2).astype(np.int8)
+    high = _bits(b[:, 0:32], 8, 1)  # [B, 8, 32]; a clear bit subtracts 4: q - 4 with q's
+    codes = low.reshape(-1, 8, 32) | (high << 2)  # third bit from the high mask
     packed = b[:, 96:108]
     sub_low = np.concatenate([packed[:, 0:8] & 15, packed[:, 0:8] >> 4], axis=1)  # [B, 16]
     sub_high = _bits(packed[:, 8:12], 4, 2).reshape(-1, 16)
     sub = (sub_low | (sub_high << 4)).astype(np.int8) - np.int8(32)
-    return "int4", (codes + 8).astype(np.uint8), (_half(b, 108), sub), None, 16
+    return "int3", codes, (_half(b, 108), sub), None, 16
 
 
 def _q2_k(b):
     sub = b[:, 0:16]
     codes = np.stack([_bits(b[:, 16 + 32 * h : 48 + 32 * h], 4, 2) for h in range(2)], axis=1)
     scales, mins = (_half(b, 80), sub & 15), (-_half(b, 82), sub >> 4)
-    return "int4", codes.reshape(-1, 256), scales, mins, 16
+    return "int2", codes.reshape(-1, 256), scales, mins, 16
 
 
 def _iq4_xs(b):

@@ -13,29 +13,34 @@ keeps a quantised 2-D tensor quantised, as a ``QuantizedWeight`` in kernel orien
 ``[in, out]`` whose dequantisation is the file's, bit for bit: every kept type (Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) is integer codes times a scale
 (plus a minimum) per group of 16 or 32 weights (``jaxgen.loaders.gguf_blocks`` has the table):
-int8 or int4 codes, float16 scales where the file's are float16, and two-level ones where they
-are a float16 super-block scale times a 6-bit sub-block scale (the float16 number per 256
-weights and an int8 code per group, as the file has them; the product, exact in float32, is
-formed where the weight is used); IQ4_NL / IQ4_XS keep their 4-bit indices into llama.cpp's
-16-entry grid (``QuantizedWeight.codebook``). Memory is the file's for Q8_0 / Q4_0 / Q4_1 /
-IQ4_NL and close to it for Q4_K and IQ4_XS (4.625 and 4.3125 bits a weight against 4.5 and
-4.25); 5-bit, 6-bit and 2-/3-bit codes are widened to int8 / int4 (Q6_K 8.56 against 6.56).
+codes at the file's width (int8, int4, and 2-, 3-, 5- and 6-bit codes as bit planes packed along
+K, ``jaxgen.quantization.bit_planes``), float16 scales where the file's are float16, and
+two-level ones where they are a float16 super-block scale times a 4- or 6-bit sub-block scale
+(the float16 number per 256 weights and a code per group, as the file has them: 4-bit ones two
+a byte, 6-bit ones in an int8; the product, exact in float32, is formed where the weight is
+used); IQ4_NL / IQ4_XS keep their 4-bit indices into llama.cpp's 16-entry grid
+(``QuantizedWeight.codebook``). Memory is the file's for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+IQ4_NL / Q2_K / Q6_K and within 0.125 bits a weight of it for Q3_K, Q4_K, Q5_K and IQ4_XS (their
+6-bit sub-block codes held in 8: 3.5625, 4.625, 5.625 and 4.3125 against 3.4375, 4.5, 5.5 and
+4.25).
 Stacked expert tensors are dequantised to float32 (exact, 32 bits a weight). A file holding any other type (IQ2_XXS, IQ3_S, TQ1_0, Q8_1, ...) is a
 ``ValueError`` naming the type and the tensor when it is opened, before any tensor is read.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
 import numpy as np
 
 from jaxgen.families import family_of_gguf
-from jaxgen.loaders.gguf_blocks import KEPT_TYPES, DecodedBlocks, decode_blocks
+from jaxgen.loaders.gguf_blocks import BLOCK_LAYOUTS, KEPT_TYPES, DecodedBlocks, decode_blocks
 from jaxgen.loaders.gguf_reader import GGUFReader
 from jaxgen.loaders.gguf_weights_cache import GGUFWeightsCache
 from jaxgen.quantization import QuantizedWeight, pack_int4
+from jaxgen.quantization.bit_planes import PLANE_KINDS, pack_planes
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_QUANT_TYPES = (*FLOAT_TYPES, *KEPT_TYPES)  # KEPT_TYPES: kept exactly by get_quantized
@@ -156,6 +161,35 @@ class GGUFFile:
     def getter(self) -> Callable[[str], np.ndarray]:
         return self.get_tensor
 
+    def kept_weight_bytes(self, float_bytes: int) -> int:
+        """Bytes the file's tensors take loaded with ``quantization="auto"`` (``jaxgen plan``):
+        each quantised matrix (a stacked expert tensor excepted) as its kept
+        ``QuantizedWeight`` (:func:`kept_bytes`), every other tensor at ``float_bytes`` an
+        element (the load's dtype). From the tensor table alone: no tensor is read."""
+        experts = {tensor.name for tensor, expert in self.tensors.values() if expert is not None}
+        total = 0
+        for tensor in self.reader.tensors:
+            qtype = tensor.tensor_type.name
+            if qtype in KEPT_TYPES and len(tensor.shape) == 2 and tensor.name not in experts:
+                depth, rows = (int(d) for d in tensor.shape)  # ggml order: innermost first
+                total += kept_bytes(qtype, rows, depth)
+            else:
+                total += int(tensor.n_elements) * float_bytes
+        return total
+
+
+def kept_bytes(qtype: str, rows: int, depth: int) -> int:
+    """Bytes of a ``[rows, depth]`` tensor of kept type ``qtype`` as ``get_quantized`` holds it
+    (each leaf grows with the number of blocks, so: blocks x one block's)."""
+    return rows * depth // BLOCK_LAYOUTS[qtype][0] * _block_bytes(qtype)
+
+
+@functools.cache
+def _block_bytes(qtype: str) -> int:
+    """The kept bytes of one block of ``qtype`` (a zero block, converted as the loader does)."""
+    elements, nbytes = BLOCK_LAYOUTS[qtype]
+    return kept_weight(decode_blocks(qtype, np.zeros((1, nbytes), np.uint8), 1, elements)).nbytes
+
 
 def kept_weight(decoded: DecodedBlocks, reorder=lambda rows: rows) -> QuantizedWeight:
     """``decoded`` (a ``[out, in]`` tensor's blocks) as a ``[in, out]`` ``QuantizedWeight``, its
@@ -165,16 +199,28 @@ def kept_weight(decoded: DecodedBlocks, reorder=lambda rows: rows) -> QuantizedW
     def column_major(rows):
         return None if rows is None else np.ascontiguousarray(reorder(rows).T)
 
+    def codes(rows):  # two-level codes: 4-bit ones two a byte (group 2i in the low nibble)
+        rows = column_major(rows)
+        if rows is None or decoded.scale_code_bits == 8:
+            return rows
+        return pack_int4(rows.astype(np.uint8))
+
     values = column_major(decoded.codes)
+    if decoded.kind == "int4":
+        stored = pack_int4(values)
+    elif decoded.kind in PLANE_KINDS:
+        stored = pack_planes(values, decoded.kind)
+    else:
+        stored = values
     return QuantizedWeight(
-        pack_int4(values) if decoded.kind == "int4" else values,
+        stored,
         column_major(decoded.scales),
         column_major(decoded.mins),
         kind=decoded.kind,
         group_size=decoded.group_size,
         shape=values.shape,
-        scale_codes=column_major(decoded.scale_codes),
-        min_codes=column_major(decoded.min_codes),
+        scale_codes=codes(decoded.scale_codes),
+        min_codes=codes(decoded.min_codes),
         codebook=decoded.codebook,
     )
 

@@ -17,8 +17,9 @@ from jaxgen.quantization import QuantizedWeight
 from jaxgen.quantization.quantized_weight import ACTIVATIONS, KINDS
 
 # Bump when ``GGUFFile.get_quantized``'s output for the same file changes.
-# 2: K-quants and IQ4 kept exactly (gguf_blocks); 3: two-level scales, IQ4's 4-bit indices
-CONVERSION_FORMAT = 3
+# 2: K-quants and IQ4 kept exactly (gguf_blocks); 3: two-level scales, IQ4's 4-bit indices;
+# 4: 2-, 3-, 5- and 6-bit codes as bit planes, Q2_K's 4-bit sub-block codes two a byte
+CONVERSION_FORMAT = 4
 _FIELDS = ("values", "scales", "mins", "scale_codes", "min_codes")
 
 

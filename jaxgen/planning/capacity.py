@@ -4,8 +4,11 @@ size where decode turns compute-bound. ``jaxgen plan`` prints it."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from jaxgen.config import ModelConfig
+from jaxgen.loaders import resolve_model
+from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.planning.hardware import Chip
 from jaxgen.quantization import kv_cache
 
@@ -61,6 +64,19 @@ class Plan:
 WEIGHT_BYTES_PER_PARAM = {"int8": 1 + 2 / 32, "int4": 0.5 + 4 / 32, "fp8": 1.0}
 
 
+def auto_weight_bytes(quantization: str, model: str | None, dtype: str) -> int | None:
+    """The weights' bytes under ``quantization="auto"``: a GGUF's as a load keeps them (its
+    quantised matrices at their kept bytes, bit planes and two-level scales included; other
+    tensors in ``dtype``: ``GGUFFile.kept_weight_bytes``, from the tensor table); None for a
+    float checkpoint, which ``auto`` keeps float, and for any other ``quantization``."""
+    if quantization != "auto":
+        return None
+    path = resolve_model(model, config_only=True)
+    if not os.path.isfile(path) or path.endswith(".json"):  # a directory, or a config.json
+        return None
+    return GGUFFile(path).kept_weight_bytes(DTYPE_BYTES[dtype])
+
+
 def kv_shares(config: ModelConfig, tensor_parallel_degree: int, device: Chip) -> int:
     """How many ways a token's KV splits over ``tensor_parallel_degree`` devices, as the engine
     lays the pool out: the paired pool (reference, cpu, pallas-gpu) over KV heads when the degree
@@ -111,16 +127,21 @@ def make_plan(
     kv_cache_dtype: str = "auto",
     max_loras: int = 0,
     max_lora_rank: int = 16,
+    weight_bytes: int | None = None,
 ) -> Plan:
     """Capacity of ``device`` (times ``tensor_parallel_degree``) for ``config``; ``quantization``
     ("int8" / "int4" / "fp8") and ``kv_cache_dtype`` ("int8" / "fp8") count the quantised
-    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``). Pages
+    bytes: codes plus scales (``WEIGHT_BYTES_PER_PARAM``, ``kv_cache.bytes_per_token``);
+    ``weight_bytes``, when given, are the weights' bytes instead (a GGUF kept under
+    ``quantization="auto"``: :func:`auto_weight_bytes`). Pages
     are counted per device: each holds its share of every page (:func:`kv_shares`). The
     batch-1 decode floor reads the active parameters only (``ModelConfig.num_active_params``:
     the routed experts, and no untied embedding table). ``max_loras`` > 0 (``enable_lora``)
     takes the LoRA slots out of the budget before the pages (:func:`lora_slot_bytes`)."""
     itemsize = DTYPE_BYTES[dtype]
-    weight_bytes = int(config.num_params * WEIGHT_BYTES_PER_PARAM.get(quantization, itemsize))
+    if weight_bytes is None:
+        per_param = WEIGHT_BYTES_PER_PARAM.get(quantization, itemsize)
+        weight_bytes = int(config.num_params * per_param)
     kv_per_token = config.kv_bytes_per_token(itemsize)
     if kv_cache_dtype != "auto":
         kv_per_token = kv_cache.bytes_per_token(config)
@@ -128,12 +149,11 @@ def make_plan(
     total_memory = device.memory_bytes * tensor_parallel_degree
     lora = 0
     if max_loras:
-        lora_itemsize = itemsize if quantization == "none" else DTYPE_BYTES[dtype]
-        lora = lora_slot_bytes(
+        lora = lora_slot_bytes(  # the slots take the model's float dtype
             config,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
-            itemsize=lora_itemsize,
+            itemsize=itemsize,
             degree=tensor_parallel_degree,
         )
     budget = max(int(total_memory * memory_utilization) - weight_bytes - lora, 0)

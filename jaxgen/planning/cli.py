@@ -14,8 +14,9 @@ from jaxgen.config.engine_config import BACKENDS
 from jaxgen.engine.decoding.speculative.plan import plan_verify
 from jaxgen.loaders import model_config_only
 from jaxgen.planning.capacity import DTYPE_BYTES, WEIGHT_BYTES_PER_PARAM, make_plan
+from jaxgen.planning.capacity import auto_weight_bytes as gguf_kept_bytes
 from jaxgen.planning.gpu_targets import GPU_TARGETS
-from jaxgen.planning.hardware import DEVICES
+from jaxgen.planning.hardware import DEVICES, overridden
 from jaxgen.planning.tp_sweep import divisor_degrees, slice_spec, sweep_lines, sweep_tp
 from jaxgen.quantization import kv_cache
 
@@ -35,16 +36,9 @@ def cmd_plan(args) -> int:
         raise ValueError("--attention-backend is for a GPU --target's compile")
     config = model_config_only(args.model)
     args.dtype = capacity_dtype(args.dtype, args.device, config)
-    base = DEVICES[args.device]
-    device = base
-    if args.device_memory or args.bandwidth or args.peak_flops:
-        device = dataclasses.replace(
-            base,
-            name=f"{base.name} (overridden)",
-            memory_bytes=int(args.device_memory or base.memory_bytes),
-            bandwidth_bytes_per_s=float(args.bandwidth or base.bandwidth_bytes_per_s),
-            peak_flops={args.dtype: float(args.peak_flops)} if args.peak_flops else base.peak_flops,
-        )
+    device = overridden(
+        DEVICES[args.device], args.device_memory, args.bandwidth, args.peak_flops, args.dtype
+    )
     plan = make_plan(
         config,
         device=device,
@@ -57,6 +51,7 @@ def cmd_plan(args) -> int:
         kv_cache_dtype=args.kv_cache_dtype,
         max_loras=args.max_loras if args.enable_lora else 0,
         max_lora_rank=args.max_lora_rank,
+        weight_bytes=gguf_kept_bytes(args.quantization, args.model, args.dtype),  # a GGUF's
     )
     print(
         f"model: {args.model or 'smollm2 (default)'}  device: {device.name} x"
@@ -98,6 +93,11 @@ def cmd_plan_target(args) -> int:
     if args.attention_backend != "auto" and args.target not in GPU_TARGETS:
         raise ValueError(
             f"--attention-backend is for a GPU --target ({gpus}); a TPU's is pallas-tpu"
+        )
+    if args.quantization == "auto":
+        raise ValueError(
+            "--quantization auto (a GGUF's kept bytes) is for the capacity plan and --sweep-tp; "
+            "a --target compile takes none, int8, int4 or fp8"
         )
     if args.target in GPU_TARGETS:
         return cmd_plan_gpu(args)
@@ -266,12 +266,15 @@ def cmd_sweep_tp(args) -> int:
                 )
             except ValueError as error:  # the weights (or one sequence) do not fit a chip
                 print(f"TP {degree}: not compiled: {error}", file=sys.stderr)
+    dtype = "bfloat16" if explicit_dtype(args.dtype) is None else args.dtype
+    kept = gguf_kept_bytes(args.quantization, args.model, dtype)  # a GGUF's under auto, else None
+    per_param = WEIGHT_BYTES_PER_PARAM.get(args.quantization, kept and kept / config.num_params)
     sweep = sweep_tp(
         config,
         args.target,
-        dtype="bfloat16" if explicit_dtype(args.dtype) is None else args.dtype,
-        weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM.get(args.quantization),
-        weights_label=None if args.quantization == "none" else args.quantization,
+        dtype=dtype,
+        weight_bytes_per_param=per_param,
+        weights_label=None if per_param is None else args.quantization,
         context=args.context,
         page_size=args.page_size,
         memory_utilization=args.memory_utilization,
@@ -301,7 +304,13 @@ def add_parser(subparsers) -> None:
         help="default: bfloat16 for the capacity plan, auto for a --target's compile; auto: "
         "what the engine's dtype='auto' loads on the device (float16 on a T4)",
     )
-    parser.add_argument("--quantization", default="none", choices=["none", *WEIGHT_BYTES_PER_PARAM])
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "auto", *WEIGHT_BYTES_PER_PARAM],
+        help="the weights: none (--dtype), int8 / int4 / fp8 (quantised at load), auto (a GGUF's "
+        "tensors as a quantization='auto' load keeps them)",
+    )
     parser.add_argument("--kv-cache-dtype", default="auto", choices=kv_cache.KV_CACHE_DTYPES)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--page-size", type=int, default=16)

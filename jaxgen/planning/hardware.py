@@ -84,3 +84,17 @@ DEVICES = {
 CHIPS = {
     name.removeprefix("tpu-"): chip for name, chip in DEVICES.items() if name.startswith("tpu-")
 }
+
+
+def overridden(base: Chip, memory=None, bandwidth=None, peak_flops=None, dtype="bfloat16") -> Chip:
+    """``base`` with the figures given (``jaxgen plan --device-memory/--bandwidth/--peak-flops``:
+    bytes, bytes/s, FLOP/s in ``dtype``) in place of its datasheet's; ``base`` if none is."""
+    if not (memory or bandwidth or peak_flops):
+        return base
+    return dataclasses.replace(
+        base,
+        name=f"{base.name} (overridden)",
+        memory_bytes=int(memory or base.memory_bytes),
+        bandwidth_bytes_per_s=float(bandwidth or base.bandwidth_bytes_per_s),
+        peak_flops={dtype: float(peak_flops)} if peak_flops else base.peak_flops,
+    )

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxgen.quantization.bit_planes import PLANE_KINDS
 from jaxgen.quantization.quantized_weight import QuantizedWeight, pack_int4, validate_layout
 
 # What users pass: ``auto`` keeps a GGUF's quantised types and a float checkpoint float; ``none``
@@ -72,10 +73,10 @@ def spec_for_path(quantization: str, path: tuple) -> QuantizationSpec | None:
 def with_int8_activations(weight: QuantizedWeight) -> QuantizedWeight:
     """``weight`` taking int8 activations ("w4a8" on a kept GGUF tensor) where the native
     W8A8 / W4A8 kernels take its layout: int8 without minimums or int4, K and group size
-    multiples of 32, float16 scales (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, IQ4_NL). Others (the
-    K-quants' groups of 16 or two-level scales, Q5_1's int8 minimums, IQ4_XS) stay as they
-    are: float activations, the file's numbers."""
-    if weight.codebook is not None:  # the integer kernels read codes that are numbers
+    multiples of 32, float16 scales (GGUF's Q8_0, Q4_0, Q4_1, Q5_0 widened to int8, IQ4_NL).
+    Others (the K-quants' groups of 16 or two-level scales, Q5_1's minimums, IQ4_XS) stay as
+    they are: float activations, the file's numbers."""
+    if weight.codebook is not None or weight.kind in PLANE_KINDS:  # codes that are numbers
         plain = with_int8_activations(weight.plain_layout())
         return plain if plain.activations == "int8" else weight
     if weight.two_level:

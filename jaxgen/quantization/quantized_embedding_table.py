@@ -45,7 +45,8 @@ class QuantizedEmbeddingTable:
         """The table a ``[hidden, vocab]`` kernel stands for (arrays, or sharded
         ``ShapeDtypeStruct``s ahead of time; a split over vocab stays a split over vocab)."""
         hidden, vocab = kernel.shape
-        kernel = kernel.plain_layout()  # a scale (and minimum) per group, codes as numbers
+        # A scale (and minimum) per group, codes as numbers (bit planes widened to int8 / int4).
+        kernel = kernel.plain_layout()
         return cls(
             values=_transposed(kernel.values),
             scales=_transposed(kernel.scales),

@@ -8,6 +8,7 @@ A ``[K, N]`` kernel (``Linear``'s orientation: input features first) stored as i
 | ``int8`` | int8 ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
 | ``int4`` | uint8 ``[K / 2, N]``, two 4-bit ``u`` per byte | ``scales[g, n] * (u - 8)``, or with ``mins``: ``scales[g, n] * u + mins[g, n]``, or with a ``codebook``: ``scales[g, n] * codebook[u]`` |
 | ``fp8`` | float8_e4m3fn ``[K, N]`` | ``scales[g, n] * values[k, n]`` |
+| ``int2`` / ``int3`` / ``int5`` / ``int6`` | uint8 ``[K * b / 8, N]``, bit planes of ``b``-bit ``u`` (``bit_planes``) | ``scales[g, n] * (u - 2 ** (b - 1))``, or with ``mins``: ``scales[g, n] * u + mins[g, n]`` |
 
 An int8 or int4 weight may also quantise its input (``activations="int8"``: W8A8,
 ``quantization="w8a8"``; W4A8, ``quantization="w4a8"``): x is taken per row and 32 columns as
@@ -23,13 +24,17 @@ every other path, the reference included, uses x as it is. A GGUF's weights keep
 Two-level scales (GGUF's K-quants and IQ4_XS): with ``scale_codes`` (int8 ``[K / group_size,
 N]``), ``scales`` is one float16 super-block scale per ``groups_per_super`` groups (``[K /
 group_size / groups_per_super, N]``) and the group's scale is ``float32(scales[g //
-groups_per_super, n]) * scale_codes[g, n]``; ``min_codes`` likewise turns ``mins`` into
+groups_per_super, n]) * scale_codes[g, n]`` (4-bit codes, GGUF's Q2_K: uint8 ``[K / group_size
+/ 2, N]``, two a byte, group ``2i`` in the low nibble); ``min_codes`` likewise turns ``mins`` into
 super-block minimums (``mins[g // groups_per_super, n] * min_codes[g, n]``). The products are
 formed in float32, where they are exact (an 11-bit float16 significand times a code of at most
 8 bits), so the weight is the one the float32 group scales stood for, in about 9 bits per group
 instead of 32 (:meth:`group_scales`, :meth:`plain_layout`). A ``codebook`` (16 integers in
 -128..127, static: GGUF's IQ4_NL / IQ4_XS non-linear grid) makes an int4 weight's codes indices
-into it, so those types keep their 4-bit codes.
+into it, so those types keep their 4-bit codes. The bit-plane kinds keep GGUF's 2-, 3-, 5- and
+6-bit codes at their width (Q2_K, Q3_K, Q5_0, Q5_1, Q5_K, Q6_K), unpacked with shifts and masks
+in the jitted dequantisation; :meth:`plain_layout` widens them to int8 / int4
+(``bit_planes.widen``) for consumers that read codes as numbers.
 
 Byte ``i`` of an int4 column holds row ``2i`` in its low nibble and row ``2i + 1`` in its high
 one. ``group_size == K`` is per-output-channel scaling. GGUF's Q8_0, Q4_0 and Q4_1 blocks map
@@ -52,12 +57,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-KINDS = ("int8", "int4", "fp8")
+from jaxgen.quantization.bit_planes import (
+    BLOCK_ROWS,
+    CODE_BITS,
+    PLANE_KINDS,
+    unpack_planes,
+    unpack_scale_codes,
+    widen,
+)
+
+KINDS = ("int8", "int4", "fp8", *PLANE_KINDS)  # appended only: the weights cache stores indices
 ACTIVATIONS = ("float", "int16", "int8")  # what an int8 weight does with its input
 ACTIVATION_GROUP = 32  # columns of x per activation scale (int8 / int16 activations)
 # The weight kinds each integer activation type applies to (W8A8 / W4A8; W8A16).
 INTEGER_ACTIVATION_KINDS = {"int8": ("int8", "int4"), "int16": ("int8",)}
 VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
+VALUE_DTYPES.update({kind: jnp.uint8 for kind in PLANE_KINDS})
 
 
 @functools.partial(
@@ -69,15 +84,15 @@ VALUE_DTYPES = {"int8": jnp.int8, "int4": jnp.uint8, "fp8": jnp.float8_e4m3fn}
 class QuantizedWeight:
     """A quantised ``[K, N]`` kernel (see the module docstring)."""
 
-    values: jax.Array  # [K, N] int8 / float8_e4m3fn, or [K / 2, N] uint8 (int4)
+    values: jax.Array  # [K, N] int8 / fp8, [K / 2, N] uint8 (int4), [K * b / 8, N] planes
     scales: jax.Array  # [K / group_size, N] float16 / float32 (two-level: super-block, float16)
     mins: jax.Array | None  # like scales (asymmetric int4; int8 with minimums), or None
     kind: str
     group_size: int
     shape: tuple[int, int]  # (K, N)
     activations: str = "float"  # "int8" / "int16": x's codes per row and 32 columns (docstring)
-    scale_codes: jax.Array | None = None  # [K / group_size, N] int8: two-level scales, or None
-    min_codes: jax.Array | None = None  # [K / group_size, N] int8: two-level mins, or None
+    scale_codes: jax.Array | None = None  # [G, N] int8 ([G / 2, N] uint8: 4-bit), or None
+    min_codes: jax.Array | None = None  # like scale_codes: two-level mins, or None
     codebook: tuple[int, ...] | None = None  # int4: the 16 numbers its codes index, or None
 
     def __post_init__(self):
@@ -93,7 +108,8 @@ class QuantizedWeight:
     @property
     def groups_per_super(self) -> int:
         """Groups per super-block scale (1 for one-level scales)."""
-        return self.scale_codes.shape[0] // self.scales.shape[0] if self.two_level else 1
+        groups = self.shape[0] // self.group_size
+        return groups // self.scales.shape[0] if self.two_level else 1
 
     @property
     def dtype(self):
@@ -114,17 +130,18 @@ class QuantizedWeight:
 
     def plain_layout(self) -> QuantizedWeight:
         """The same weight with a (float32) scale and minimum stored per group and codes that
-        are numbers (a codebook's int4 indices as its int8 values): for consumers of that
-        layout only (arrays, or ``jax.ShapeDtypeStruct``s ahead of time)."""
-        weight = self
+        are numbers (a codebook's int4 indices as its int8 values, bit planes widened to int8 /
+        int4): for consumers of that layout only (arrays, or ``jax.ShapeDtypeStruct``s ahead
+        of time)."""
+        weight = widen(self)  # bit planes and 4-bit two-level codes as int8 / int4 codes
         if self.two_level:
             if isinstance(self.scale_codes, jax.ShapeDtypeStruct):
-                scales = _struct_like(self.scale_codes, jnp.float32)
-                mins = None if self.mins is None else _struct_like(self.min_codes, jnp.float32)
+                scales = _struct_like(weight.scale_codes, jnp.float32)
+                mins = None if self.mins is None else _struct_like(weight.min_codes, jnp.float32)
             else:
-                scales, mins = self.group_scales(), self.group_mins()
+                scales, mins = weight.group_scales(), weight.group_mins()
             weight = dataclasses.replace(
-                self, scales=scales, mins=mins, scale_codes=None, min_codes=None
+                weight, scales=scales, mins=mins, scale_codes=None, min_codes=None
             )
         if self.codebook is None:
             return weight
@@ -146,9 +163,14 @@ class QuantizedWeight:
         if self.kind == "int4" and self.codebook is not None:
             indices = _unpack_int4_jnp(self.values, depth, columns).astype(jnp.int32)
             codes = jnp.asarray(self.codebook, jnp.float32)[indices]
-        elif self.kind == "int4":
-            unsigned = _unpack_int4_jnp(self.values, depth, columns).astype(jnp.float32)
-            codes = unsigned if self.mins is not None else unsigned - 8.0
+        elif self.kind == "int4" or self.kind in PLANE_KINDS:
+            if self.kind == "int4":
+                unsigned = _unpack_int4_jnp(self.values, depth, columns)
+            else:
+                unsigned = unpack_planes(self.values, self.kind, depth, columns)
+            unsigned = unsigned.astype(jnp.float32)
+            half = float(1 << (CODE_BITS[self.kind] - 1))  # symmetric: u - 8 for int4
+            codes = unsigned if self.mins is not None else unsigned - half
         else:
             codes = self.values.astype(jnp.float32)
         codes = codes.reshape(groups, self.group_size, columns)
@@ -189,6 +211,11 @@ def validate_layout(
         )
     if kind == "int4" and group_size % 2:
         raise ValueError(f"int4 group_size must be even, got {group_size}")
+    if kind in PLANE_KINDS and group_size % BLOCK_ROWS:
+        raise ValueError(
+            f"{kind} group_size must be a multiple of {BLOCK_ROWS} (a block of bit planes), "
+            f"got {group_size}"
+        )
     if activations != "float" and (
         kind not in INTEGER_ACTIVATION_KINDS[activations]
         or depth % ACTIVATION_GROUP
@@ -226,17 +253,19 @@ def validate_two_level(weight: QuantizedWeight) -> None:
             raise ValueError("two-level mins need both mins (super-block) and min_codes")
         leaves.append((weight.min_codes, weight.mins))
     for codes, supers_leaf in leaves:  # columns unchecked: a pytree map may pick some
+        nibbles = jnp.dtype(codes.dtype) == jnp.uint8  # 4-bit codes, two a byte
         if (
             len(codes.shape) != 2
-            or codes.shape[0] != groups
-            or jnp.dtype(codes.dtype) != jnp.int8
+            or codes.shape[0] * (2 if nibbles else 1) != groups
+            or jnp.dtype(codes.dtype) not in (jnp.int8, jnp.uint8)
             or jnp.dtype(supers_leaf.dtype) != jnp.float16
             or supers < 1
             or groups % supers
             or tuple(supers_leaf.shape) != (supers, codes.shape[1])
         ):
             raise ValueError(
-                f"two-level scales need int8 codes [{groups}, {weight.shape[1]}] and float16 "
+                f"two-level scales need int8 codes [{groups}, {weight.shape[1]}] (or uint8 "
+                f"[{groups} / 2, {weight.shape[1]}]: 4-bit) and float16 "
                 f"super-block scales [{groups} / n, {weight.shape[1]}], got "
                 f"{codes.dtype} {tuple(codes.shape)} and {supers_leaf.dtype} "
                 f"{tuple(supers_leaf.shape)}"
@@ -276,6 +305,7 @@ def _unpack_int4_jnp(values, depth: int, columns: int) -> jax.Array:  # [K / 2, 
 def _super_times_codes(supers, codes, per_super: int) -> jax.Array:  # -> [G, N] float32
     """``float32(supers[g // per_super]) * codes[g]`` (exact in float32)."""
     xp = np if isinstance(codes, np.ndarray) and isinstance(supers, np.ndarray) else jnp
+    codes = unpack_scale_codes(codes)
     return xp.repeat(xp.asarray(supers).astype(xp.float32), per_super, axis=0) * xp.asarray(
         codes
     ).astype(xp.float32)

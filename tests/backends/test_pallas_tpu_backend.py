@@ -232,3 +232,28 @@ def test_autos_choice_compiles_for_the_notebook_tpu_slices(target):
     assert (result["attention_backend"], result["dtype"]) == ("pallas-tpu", "bfloat16")
     assert {"ragged_paged_attention", "kv_cache_update"} <= set(result["kernels"])
     assert result["tensor_parallel_degree"] == result["num_chips"] == int(target.split("-")[1])
+
+
+@pytest.mark.parametrize("qtype, streamed", [("Q6_K", False), ("Q4_K", True)])
+def test_kept_gguf_weights_stream_or_keep_xlas_dot(tmp_path, qtype, streamed):
+    """A kept GGUF's matrices on the pallas-tpu backend: int4 codes (Q4_K) are streamed by the
+    quantised Pallas matmul; bit planes (Q6_K's 6-bit codes) stay ``QuantizedWeight``s on XLA's
+    dot, at the file's bytes; either way the logits are the reference backend's."""
+    import numpy as np
+    from flax import nnx
+
+    from jaxgen.backends.pallas_tpu import PallasTPUBackend
+    from jaxgen.backends.streamed_quantized_weight import StreamedQuantizedWeight
+    from jaxgen.evaluation.agreement import sequence_logits
+    from jaxgen.quantization import QuantizedWeight
+    from tests.loaders.test_gguf_kept_models import VOCAB, load_tiny, write_tiny_gguf
+
+    loaded = load_tiny(write_tiny_gguf(str(tmp_path / f"{qtype}.gguf"), qtype), "auto")
+    params, _ = PallasTPUBackend(interpret=True).prepare_params(loaded.params, loaded.config)
+    kernels = [var.get_value() for path, var in nnx.to_flat_state(params) if path[-1] == "kernel"]
+    kind = StreamedQuantizedWeight if streamed else QuantizedWeight
+    assert len(kernels) == 14 and all(isinstance(kernel, kind) for kernel in kernels)
+    sequences = np.random.default_rng(0).integers(0, VOCAB, (2, 8))
+    expected = sequence_logits(loaded, sequences, backend="reference")
+    actual = sequence_logits(loaded, sequences, backend="pallas-tpu")
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)

@@ -1,9 +1,12 @@
 """A tiny model written to a GGUF in each kept quantisation type computes what the same file
 dequantised to float32 computes (``quantization="auto"`` against ``"none"``): the greedy token
 at every step of the float model's greedy continuation, and every log-probability within 1e-3,
-through XLA's reference path and the native CPU kernels."""
+through XLA's reference path and the native CPU kernels; and the types kept as bit planes
+(2-, 3-, 5- and 6-bit codes) compute what their codes widened to int8 / int4 did."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import gguf
 import jax
@@ -17,6 +20,7 @@ from jaxgen.loaders import LoadedModel
 from jaxgen.loaders.gguf_loader import GGUFFile
 from jaxgen.models.weights import params_from_hf_tensors
 from jaxgen.quantization import is_quantized
+from jaxgen.quantization.bit_planes import PLANE_KINDS, widen
 from tests.gguf_quant_blocks import KEPT_GGUF_TYPES, random_gguf_tensor
 
 BACKENDS = ["reference"] + (["cpu"] if jax.default_backend() == "cpu" else [])
@@ -112,3 +116,28 @@ def test_kept_model_is_its_dequantised_self(tmp_path, qtype, backend):
     print(f"{qtype} {backend}: max |delta logprob| {delta.max():.2e}")
     assert delta.max() <= 1e-3, delta.max()
     np.testing.assert_array_equal(logprobs[:, 7:-1].argmax(-1), sequences[:, 8:])
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bit_planes_compute_what_widened_codes_did(tmp_path, qtype, backend):
+    """The kept planes against the same weights widened to int8 / int4 codes (``widen``: the
+    layout these types were kept in before): the same logits, so the same greedy tokens, at
+    under 80% of the widened parameter bytes."""
+    path = write_tiny_gguf(str(tmp_path / f"tiny-{qtype}.gguf"), qtype)
+    kept = load_tiny(path, "auto")
+    kinds = {leaf.kind for leaf in jax.tree.leaves(kept.params, is_leaf=is_quantized)
+             if is_quantized(leaf)}  # fmt: skip
+    assert kinds <= set(PLANE_KINDS) and kinds
+    params = jax.tree.map(
+        lambda leaf: widen(leaf) if is_quantized(leaf) else leaf, kept.params, is_leaf=is_quantized
+    )
+    widened = dataclasses.replace(kept, params=params)
+    nbytes = [sum(leaf.nbytes for leaf in jax.tree.leaves(m.params)) for m in (kept, widened)]
+    assert nbytes[0] < 0.8 * nbytes[1], nbytes
+    prompts = np.random.default_rng(2).integers(0, VOCAB, (2, 8))
+    sequences = greedy(widened, prompts, 6, backend)
+    np.testing.assert_array_equal(greedy(kept, prompts, 6, backend), sequences)
+    logits = sequence_logits(kept, sequences, backend=backend)
+    np.testing.assert_allclose(logits, sequence_logits(widened, sequences, backend=backend),
+                               rtol=0, atol=1e-6)  # fmt: skip

@@ -10,22 +10,24 @@ import pytest
 
 from jaxgen.loaders.gguf_blocks import decode_blocks
 from jaxgen.loaders.gguf_loader import GGUFFile
+from jaxgen.quantization.bit_planes import CODE_BITS
 from tests.gguf_quant_blocks import KEPT_GGUF_TYPES, random_gguf_tensor
 
 # type -> (kind, group size, scales: "float16" per group or "two-level" (float16 per 256
-# weights times an int8 code per group), minimums, bits a weight in memory, in the file)
+# weights times a code per group: int8, or 4-bit two a byte), minimums, bits a weight in
+# memory, in the file)
 LAYOUTS = {
     "Q8_0": ("int8", 32, "float16", False, 8.5, 8.5),
     "Q4_0": ("int4", 32, "float16", False, 4.5, 4.5),
     "Q4_1": ("int4", 32, "float16", True, 5.0, 5.0),
-    "Q5_0": ("int8", 32, "float16", False, 8.5, 5.5),
-    "Q5_1": ("int8", 32, "float16", True, 9.0, 6.0),
+    "Q5_0": ("int5", 32, "float16", False, 5.5, 5.5),
+    "Q5_1": ("int5", 32, "float16", True, 6.0, 6.0),
     "IQ4_NL": ("int4", 32, "float16", False, 4.5, 4.5),
-    "Q2_K": ("int4", 16, "two-level", True, 5.125, 2.625),
-    "Q3_K": ("int4", 16, "two-level", False, 4.5625, 3.4375),
+    "Q2_K": ("int2", 16, "two-level", True, 2.625, 2.625),
+    "Q3_K": ("int3", 16, "two-level", False, 3.5625, 3.4375),
     "Q4_K": ("int4", 32, "two-level", True, 4.625, 4.5),
-    "Q5_K": ("int8", 32, "two-level", True, 8.625, 5.5),
-    "Q6_K": ("int8", 16, "two-level", False, 8.5625, 6.5625),
+    "Q5_K": ("int5", 32, "two-level", True, 5.625, 5.5),
+    "Q6_K": ("int6", 16, "two-level", False, 6.5625, 6.5625),
     "IQ4_XS": ("int4", 32, "two-level", False, 4.3125, 4.25),
 }
 
@@ -60,8 +62,8 @@ def test_decoded_blocks_are_the_files_numbers(qtype):
     codes = decoded.codes.astype(np.float32)
     if decoded.codebook is not None:  # IQ4: indices into the 16-entry grid
         codes = np.asarray(decoded.codebook, np.float32)[decoded.codes]
-    elif decoded.kind == "int4" and decoded.mins is None:
-        codes = codes - 8  # symmetric int4: u - 8
+    elif decoded.kind != "int8" and decoded.mins is None:
+        codes = codes - 2 ** (CODE_BITS[decoded.kind] - 1)  # symmetric: u - 2^(b-1)
     weight = codes.reshape(6, -1, decoded.group_size) * decoded.group_scales()[..., None]
     if decoded.mins is not None:
         weight = weight + decoded.group_mins()[..., None]
@@ -88,14 +90,18 @@ def test_kept_weight_dequantises_to_the_file_and_has_its_layout(tmp_path, qtype)
         assert weight.two_level == two_level and (weight.mins is not None) == has_mins
         assert weight.scales.dtype == "float16"
         assert (weight.codebook is not None) == qtype.startswith("IQ4")
-        if two_level:  # a float16 number per 256 weights, an int8 code per group
+        if two_level:  # a float16 number per 256 weights, a code per group
             assert weight.scales.shape == (weight.shape[0] // 256, weight.shape[1])
-            assert weight.scale_codes.shape == (weight.shape[0] // group, weight.shape[1])
+            per_byte = 2 if qtype == "Q2_K" else 1  # Q2_K's 4-bit codes, two a byte
+            assert weight.scale_codes.shape == (
+                weight.shape[0] // group // per_byte,
+                weight.shape[1],
+            )
         np.testing.assert_array_equal(np.asarray(weight.dequantize()), gguf_file.get_tensor(name).T)
     up_weight = gguf_file.get_quantized("model.layers.0.mlp.up_proj.weight")
     raw = gguf.quants.dequantize(up, gguf.GGMLQuantizationType[qtype])
     np.testing.assert_array_equal(np.asarray(up_weight.dequantize()), raw.reshape(40, 512).T)
-    assert up_weight.nbytes * 8 / up_weight.values.size / (2 if kind == "int4" else 1) == bits
+    assert up_weight.nbytes * 8 / (40 * 512) == bits
     assert up.nbytes * 8 / (40 * 512) == file_bits
 
 

@@ -19,6 +19,7 @@ NAMES = {  # HF name -> (GGUF name, type)
     "model.layers.0.mlp.up_proj.weight": ("blk.0.ffn_up.weight", "Q8_0"),
     "model.layers.0.mlp.down_proj.weight": ("blk.0.ffn_down.weight", "Q4_1"),
     "model.layers.0.mlp.gate_proj.weight": ("blk.0.ffn_gate.weight", "Q4_0"),
+    "model.layers.0.self_attn.o_proj.weight": ("blk.0.attn_output.weight", "Q5_1"),  # planes
 }
 
 

@@ -288,6 +288,31 @@ def test_quantized_weights_stay_quantised_under_tensor_parallelism(mha_dir):
         assert "group boundaries" in row["degree4_error"], kind
 
 
+def test_bit_plane_weights_split_along_either_axis_exactly():
+    """GGUF's 2-, 3-, 5- and 6-bit types kept as bit planes, placed on 2 and 4 simulated
+    devices: split along the input dim (o_proj: each device whole 8-row blocks of planes, its
+    super-blocks' scales and codes) or the columns (up_proj), the jitted dequantisation is the
+    unsplit weight bit for bit without gathering it, and the matmul agrees; a split through
+    4-bit codes' byte pairs is a ValueError naming the tensor."""
+    qtypes = ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K"]
+    result = run_worker("bit_planes_tp", {"qtypes": qtypes, "degrees": [2, 4]}, num_devices=4)
+    bits = {"Q5_0": 5, "Q5_1": 5, "Q2_K": 2, "Q3_K": 3, "Q5_K": 5, "Q6_K": 6}
+    for qtype in qtypes:
+        for degree in (2, 4):
+            depth_split = result[f"{qtype}/{degree}/o_proj"]
+            column_split = result[f"{qtype}/{degree}/up_proj"]
+            for case in (depth_split, column_split):
+                assert case["exact"] and not case["all_gather"], (qtype, degree)
+                assert case["matmul_error"] < 1e-4, (qtype, degree)
+            rows = 1024 * bits[qtype] // 8
+            assert depth_split["values"] == [[rows // degree, 64]] * degree, qtype
+            assert column_split["values"] == [[rows, 64 // degree]] * degree, qtype
+    assert result["Q2_K/2/o_proj"]["scale_codes"] == [[16, 64]] * 2  # 64 groups, two a byte
+    assert result["Q6_K/4/o_proj"]["scale_codes"] == [[16, 64]] * 4
+    error = result["split_error"]
+    assert "layers.0.self_attn.o_proj.kernel" in error and "two 4-bit group codes a byte" in error
+
+
 def test_streamed_weights_are_placed_as_xla_would_split_the_dot():
     """The pallas-tpu backend's weights inside shard_map: column-split (outputs split),
     depth-split (partial products summed over chips), replicated, and a vocab-split embedding

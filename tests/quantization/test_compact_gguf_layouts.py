@@ -28,12 +28,16 @@ def test_plain_layout_is_the_same_weight_and_every_lookup_agrees(qtype):
     assert weight.two_level and weight.dtype == jnp.float32
     flat = weight.plain_layout()
     assert not flat.two_level and flat.scales.dtype == jnp.float32
-    assert flat.scales.shape == weight.scale_codes.shape
-    assert flat.codebook is None and flat.kind == ("int8" if qtype == "IQ4_XS" else weight.kind)
+    assert flat.scales.shape == (weight.shape[0] // weight.group_size, weight.shape[1])
+    widened = {"IQ4_XS": "int8", "Q2_K": "int4", "Q3_K": "int4", "Q5_K": "int8", "Q6_K": "int8"}
+    assert flat.codebook is None and flat.kind == widened.get(qtype, weight.kind)
     np.testing.assert_array_equal(np.asarray(flat.dequantize()), np.asarray(weight.dequantize()))
     supers = np.repeat(np.asarray(weight.scales, np.float32), weight.groups_per_super, axis=0)
+    codes = np.asarray(weight.scale_codes)
+    if qtype == "Q2_K":  # 4-bit codes, two a byte: group 2i in the low nibble
+        codes = np.stack([codes & 15, codes >> 4], axis=1).reshape(-1, codes.shape[1])
     np.testing.assert_array_equal(
-        np.asarray(weight.group_scales()), supers * np.asarray(weight.scale_codes, np.float32)
+        np.asarray(weight.group_scales()), supers * codes.astype(np.float32)
     )
     ids = jnp.asarray([3, 0, 23, 3], jnp.int32)
     columns = np.asarray(weight.take_columns(ids))
@@ -43,22 +47,24 @@ def test_plain_layout_is_the_same_weight_and_every_lookup_agrees(qtype):
     assert with_int8_activations(weight) is weight  # the integer kernels read one-level scales
 
 
-def test_plain_layout_of_shapes_alone():
-    weight = kept_weight("Q4_K", 256, 16)
+@pytest.mark.parametrize("qtype, groups, kind", [("Q4_K", 8, "int4"), ("Q2_K", 16, "int4")])
+def test_plain_layout_of_shapes_alone(qtype, groups, kind):
+    weight = kept_weight(qtype, 256, 16)
     abstract = jax.tree_util.tree_map(
         lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), weight
     )
     flat = abstract.plain_layout()
-    assert (flat.scales.shape, flat.scales.dtype) == ((8, 16), jnp.float32)
-    assert (flat.mins.shape, flat.scale_codes) == ((8, 16), None)
+    assert (flat.scales.shape, flat.scales.dtype) == ((groups, 16), jnp.float32)
+    assert (flat.mins.shape, flat.scale_codes) == ((groups, 16), None)
+    assert (flat.kind, flat.values.shape) == (kind, (128, 16))
 
 
 def test_two_level_weights_pass_through_jit_and_count_their_bytes():
     weight = kept_weight("Q6_K", 256, 32)
     twice = jax.jit(lambda w: w.dequantize() * 2)(weight)
     np.testing.assert_array_equal(np.asarray(twice), 2 * np.asarray(weight.dequantize()))
-    # codes 8 bits, an int8 code per 16 weights, a float16 number per 256
-    assert weight.nbytes * 8 / (256 * 32) == 8 + 8 / 16 + 16 / 256
+    # 6-bit codes (bit planes), an int8 code per 16 weights, a float16 number per 256
+    assert weight.nbytes * 8 / (256 * 32) == 6 + 8 / 16 + 16 / 256
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,10 @@ super-block scale and int8 sub-block codes, whose products the kernel forms in f
 panel; int4 codes may index a 16-entry codebook, IQ4_NL / IQ4_XS's grid, looked up in
 registers) repacked into 16-column panels (``native/quantized_panels.h``) that the kernel
 dequantises in registers: per step it reads the 8- or 4-bit codes, never a float copy of the
-weight. int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
+weight. The panels have no 2-, 3-, 5- or 6-bit tiles: a bit-plane weight (GGUF's Q2_K, Q3_K,
+Q5_0, Q5_1, Q5_K, Q6_K) is widened to int4 / int8 codes as it is packed (``packed_form``;
+``bit_planes.widen``, the same numbers), so on this backend it takes those bytes (Q6_K 8.56
+bits a weight against the file's 6.56). int4 panels hold each 8 rows of a column in one 32-bit lane (group sizes a multiple of
 8; others keep XLA's path). Like ``PackedWeight`` it carries its own ``matmul`` / ``matmul_group``, so models run it
 through ``jaxgen.layers.linear`` without importing this module. It takes a ``NormedInput``
 (``norms_input``): the kernel norms the rows before the products, saving XLA's four small norm
@@ -32,6 +35,7 @@ from jaxgen.backends.cpu_kernels.build import load_library, register_simd_kernel
 from jaxgen.backends.cpu_kernels.matmul import kernel_rows
 from jaxgen.layers.linear import NormedInput
 from jaxgen.quantization import QuantizedWeight
+from jaxgen.quantization.bit_planes import WIDENED_KINDS, widen
 from jaxgen.quantization.quantized_weight import fake_quantize_activations
 
 TARGET = "jaxgen_matmul_quantized"
@@ -66,21 +70,24 @@ SCALE_BITS = {jnp.dtype(jnp.float16): 16, jnp.dtype(jnp.float32): 32}
 
 def can_pack_quantized(weight) -> bool:
     """Whether the native kernel takes ``weight``: int8 (with or without minimums), or int4 in
-    groups of a multiple of 8 rows, with float16, float32 or two-level scales (mins of the same
+    groups of a multiple of 8 rows (bit planes: the kind they widen to), with float16, float32 or two-level scales (mins of the same
     dtype);
     integer activations only with float16 scales and, for int8, no minimums (the W8A8 / W4A8
     tiles' layouts)."""
-    if not isinstance(weight, QuantizedWeight) or weight.kind not in ("int8", "int4"):
+    if not isinstance(weight, QuantizedWeight):
+        return False
+    kind = WIDENED_KINDS.get(weight.kind, weight.kind)  # bit planes: packed widened
+    if kind not in ("int8", "int4"):
         return False
     scale_dtype = jnp.dtype(weight.scales.dtype)
     if scale_dtype not in SCALE_BITS or (
         weight.mins is not None and jnp.dtype(weight.mins.dtype) != scale_dtype
     ):
         return False
-    if weight.kind == "int4" and weight.group_size % INT4_BLOCK_ROWS:
+    if kind == "int4" and weight.group_size % INT4_BLOCK_ROWS:
         return False
     if weight.activations != "float" and (
-        SCALE_BITS[scale_dtype] != 16 or (weight.kind == "int8" and weight.mins is not None)
+        SCALE_BITS[scale_dtype] != 16 or (kind == "int8" and weight.mins is not None)
     ):
         return False
     return True
@@ -289,8 +296,10 @@ def matmul_quantized_cpu_group(
 
 
 def packed_form(weight: QuantizedWeight) -> QuantizedWeight:
-    """``weight`` as the kernel takes it: a codebook's indices as their int8 values unless
+    """``weight`` as the kernel takes it: bit planes widened to int8 / int4 and 4-bit two-level
+    codes to int8 (``widen``), a codebook's indices as their int8 values unless
     ``LOOK_UP_CODEBOOKS`` (arrays, or ``ShapeDtypeStruct``s)."""
+    weight = widen(weight)
     if weight.codebook is None or LOOK_UP_CODEBOOKS:
         return weight
     return weight.plain_layout()
