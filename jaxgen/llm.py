@@ -16,6 +16,7 @@ from jaxgen.engine.pooling import PoolingParams, classify_outputs, embed_outputs
 from jaxgen.loaders.pooling_model import open_pooling_engine, pooling_beside
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
+from jaxgen.reasoning import ReasoningRequest, get_reasoning_format
 from jaxgen.sampling_params import RequestOutputKind, SamplingParams
 from jaxgen.tool_calling import ToolRequest, chat_template_of, check_conversation, render_chat
 
@@ -33,6 +34,11 @@ class LLM:
         dtype: "float32" (default), "bfloat16", "float16" or "auto".
         revision: a hub id's branch, tag or commit (default: its main branch).
         gguf_file: the GGUF file of a hub repository (or of a local directory) to load.
+        reasoning_parser: how ``chat`` reads a reasoning model's thinking apart from its
+            answer: "deepseek_r1", "deepseek_v3" or "qwen3" (``jaxgen.reasoning``; vLLM's
+            names); each completion then has ``reasoning_content`` and ``content``, and a
+            constraint (or a tool call) applies to the answer only. None (default): the
+            output is read as it is.
         **engine_knobs: ``EngineConfig`` fields: batching, max_rolling_batch_size,
             max_rolling_batch_prefill_tokens, batch_size, max_batch_delay, page_size,
             max_model_len, kv_cache_memory, attention_backend, enable_prefix_caching, seed,
@@ -51,12 +57,16 @@ class LLM:
         dtype: str = "float32",
         revision: str | None = None,
         gguf_file: str | None = None,
+        reasoning_parser: str | None = None,
         **engine_knobs,
     ):
         unknown = set(engine_knobs) - set(EngineConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown LLM argument(s): {', '.join(sorted(unknown))}")
         config = EngineConfig(**engine_knobs)  # validate knobs before the slow load
+        if reasoning_parser is not None:
+            get_reasoning_format(reasoning_parser)  # a ValueError naming the known parsers
+        self.reasoning_parser = reasoning_parser
         source = dict(dtype=dtype, config=config, revision=revision, gguf_file=gguf_file)
         self.pooling = open_pooling_engine(model, **source)  # None: a generation model
         self.engine = None if self.pooling else create_engine(model, **source)  # TP, replicas
@@ -204,6 +214,9 @@ class LLM:
         constrain the output to calls; "none" offers the tools but reads no calls). Messages may
         hold assistant ``tool_calls`` and ``tool`` results. ``tool_call_parser``: "auto" (from
         the chat template), "hermes", "llama3_json", "mistral" or "pythonic".
+        With ``LLM(..., reasoning_parser=...)`` each completion's ``reasoning_content`` and
+        ``content`` hold the thinking and the answer (the calls are read from the answer; a
+        constraint applies to it: the thinking is free).
         ``add_generation_prompt`` (default: true unless ``continue_final_message``),
         ``continue_final_message`` (continue the final assistant message rather than start a
         new turn) and ``chat_template_kwargs`` (extra template variables) are vLLM's
@@ -220,7 +233,7 @@ class LLM:
             tool_call_parser=tool_call_parser,
             chat_template=chat_template_of(tokenizer, chat_template),
         )
-        prompts = []
+        prompts, reasonings = [], []
         for conversation in conversations:
             conversation = check_conversation(conversation)
             options = ChatTemplateOptions.build(
@@ -238,17 +251,27 @@ class LLM:
                     options=options,
                 )
             )
+            reasonings.append(
+                ReasoningRequest.build(
+                    self.reasoning_parser,
+                    prompts[-1],
+                    chat_template_kwargs=chat_template_kwargs,
+                    tokenizer=tokenizer,
+                )
+            )
+        params = _normalize_params(sampling_params, len(prompts))
         if request.parses_output:
-            sampling_params = [
-                _with_tools(p, request) for p in _normalize_params(sampling_params, len(prompts))
-            ]
+            params = [_with_tools(p, request) for p in params]
+        if self.reasoning_parser is not None:  # a constraint applies after the thinking
+            params = [r.constrain(p) for p, r in zip(params, reasonings, strict=True)]
         token_lists = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        outs = self.generate(token_lists, sampling_params, use_tqdm=use_tqdm)
-        for out, prompt in zip(outs, prompts, strict=True):
+        outs = self.generate(token_lists, params, use_tqdm=use_tqdm)
+        for out, prompt, reasoning in zip(outs, prompts, reasonings, strict=True):
             out.prompt = prompt
-            if request.parses_output:
-                for completion in out.outputs:
-                    completion.tool_calls = request.parse(completion.text)[1]
+            for completion in out.outputs:
+                answer = completion.text if reasoning is None else reasoning.fill(completion)
+                if request.parses_output:
+                    completion.tool_calls = request.parse(answer)[1]
         return outs
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -18,6 +18,16 @@ class CompletionOutput:
     # ``LLM.chat(..., tools=...)``: the calls read from ``text`` (``jaxgen.tool_calling.ToolCall``)
     tool_calls: list | None = None
     error: str | None = None  # why ``finish_reason`` is "error", when the engine knows
+    # ``LLM(..., reasoning_parser=...)``'s ``chat``: ``text`` split into the thinking and the
+    # answer (the chat message's ``reasoning_content`` and ``content``; ``text`` stays whole).
+    # None: none of it (``content`` None: the output ended inside the reasoning).
+    reasoning_content: str | None = None
+    content: str | None = None
+
+    @property
+    def reasoning(self) -> str | None:
+        """``reasoning_content`` under vLLM's newer name."""
+        return self.reasoning_content
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ RULES = [
     ("jaxgen.lora", "jaxgen.models", "adapters reach the models through jaxgen.layers.lora"),
     ("jaxgen.layers", "jaxgen.lora", "layers never import the adapters' bookkeeping"),
     ("jaxgen.structured_outputs", "jaxgen.engine", "a request's constraint needs no engine"),
+    ("jaxgen.reasoning", "jaxgen.engine", "reading reasoning needs no engine"),
     ("jaxgen.engine", "jaxgen.parallel", "the engine never imports its parallel forms"),
     ("jaxgen.engine", "jaxgen.planning", "the engine never imports planning tools"),
     ("jaxgen.engine", "jaxgen.bench", "the engine never imports bench"),

@@ -18,6 +18,7 @@ from jaxgen.engine.step.step_modes import plain_step, step_ahead
 from jaxgen.engine.step.step_stages import StepStages
 from jaxgen.engine.step_observers import StepObservers
 from jaxgen.outputs import RequestOutput
+from jaxgen.reasoning import gate_grammar
 from jaxgen.sampling_params import SamplingParams
 from jaxgen.structured_outputs.relaxations import relaxed_keywords
 
@@ -95,7 +96,8 @@ class LLMEngine(StepStages, Engine):
         """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt, or
         a constraint that does not compile. ``compiled_grammar``: the matcher of
         ``params.structured_outputs`` compiled already (``GrammarCompiler``; the server and
-        ``AsyncLLM`` compile off the engine's thread), else it is compiled here."""
+        ``AsyncLLM`` compile off the engine's thread), else it is compiled here; a constraint's
+        ``reasoning`` span puts it behind a ``jaxgen.reasoning.ReasoningGate``."""
         request_id, prompt_token_ids, params = new.request_id, new.prompt_token_ids, new.params
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
@@ -107,10 +109,11 @@ class LLMEngine(StepStages, Engine):
         )
         lora_key = None if new.lora_request is None else self.add_lora(new.lora_request)
         grammar = None
-        if params.structured_outputs is not None:  # compiled before the request is queued
-            grammar = new.compiled_grammar or self.grammars.compiler.compile(
-                params.structured_outputs
-            )
+        constraint = params.structured_outputs
+        if constraint is not None:  # compiled before the request is queued
+            grammar = new.compiled_grammar or self.grammars.compiler.compile(constraint)
+            # With a reasoning span, the grammar waits for the reasoning's end tag.
+            grammar = gate_grammar(grammar, constraint.reasoning, self.tokenizer)
         request = Request(
             request_id,
             new.prompt,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json as json_module
 
+from jaxgen.reasoning.grammar_gate import ReasoningSpan
 from jaxgen.structured_outputs.dependencies import enforced_dependencies
 from jaxgen.structured_outputs.strict_schemas import strict_schema
 
@@ -25,6 +26,10 @@ class StructuredOutputsParams:
             and vLLM's xgrammar): no property or array item it does not declare, unless it
             allows them (``additionalProperties``, ``items``); False gives JSON Schema's own
             lenient reading. See ``jaxgen.structured_outputs.strict_schemas``.
+        reasoning: a ``jaxgen.reasoning.ReasoningSpan``: the constraint applies after the
+            reasoning it names (free thinking, then the constrained answer). ``LLM.chat`` and
+            the server's chat routes set it when a reasoning parser reads the output; not part
+            of the grammar (``key``).
     """
 
     json: dict | str | None = None
@@ -33,6 +38,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     strict: bool = True
+    reasoning: ReasoningSpan | None = None
 
     def __post_init__(self):
         set_kinds = [kind for kind in KINDS if _is_set(kind, getattr(self, kind))]
@@ -52,6 +58,8 @@ class StructuredOutputsParams:
                     raise ValueError("json: a JSON Schema must be an object")
             elif not isinstance(self.json, dict):
                 raise ValueError(f"json: must be a dict or a JSON string, got {self.json!r}")
+        if self.reasoning is not None and not isinstance(self.reasoning, ReasoningSpan):
+            raise ValueError(f"reasoning: must be a ReasoningSpan, got {self.reasoning!r}")
         if not isinstance(self.strict, bool):
             raise ValueError(f"strict: must be a bool, got {self.strict!r}")
         if not isinstance(self.json_object, bool):

@@ -9,6 +9,12 @@ from serving.openai.prompt_logprobs import (
     token_label,
     vllm_prompt_logprobs,
 )
+from serving.openai.reasoning import (
+    ReasoningDeltas,
+    reasoning_message,
+    reasoning_of,
+    with_reasoning_tokens,
+)
 from serving.openai.tool_calls import ToolDeltas, tool_message
 
 
@@ -276,12 +282,19 @@ class ChatFormat(_Format):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
     tool_deltas: ToolDeltas | None = None
+    reasoning_deltas: ReasoningDeltas | None = None
 
     def response(self, results: list[GenerationResult]) -> dict:
         body = super().response(results)
+        body["usage"] = with_reasoning_tokens(body["usage"], self.parsed, results)
         # vLLM's, beside the choices (null unless asked for)
         body["prompt_logprobs"] = self.prompt_logprobs_json(0, results[0].prompt_logprobs)
         body["prompt_token_ids"] = self.ids_or_none(self.parsed.prompts[0])
+        return body
+
+    def usage_chunk(self, results: list[GenerationResult]) -> dict:
+        body = super().usage_chunk(results)
+        body["usage"] = with_reasoning_tokens(body["usage"], self.parsed, results)
         return body
 
     def echoed_content(self, prompt_index: int) -> str:
@@ -307,10 +320,14 @@ class ChatFormat(_Format):
         return {"content": content}
 
     def choice(self, prompt_index: int, completion) -> dict:
-        message = {"role": "assistant", "content": completion.text}
-        finish_reason = completion.finish_reason
-        if self.parsed.tools is not None:  # content and tool_calls read from the text
-            message, finish_reason = tool_message(self.parsed.tools, completion.text, finish_reason)
+        text, finish_reason, thinking = completion.text, completion.finish_reason, {}
+        reasoning = reasoning_of(self.parsed, prompt_index)
+        if reasoning is not None:  # the thinking apart: the rest is the content
+            thinking, text = reasoning_message(reasoning, text, self.parsed.include_reasoning)
+        message = {"role": "assistant", "content": text}
+        if self.parsed.tools is not None and text is not None:  # content and tool_calls
+            message, finish_reason = tool_message(self.parsed.tools, text, finish_reason)
+        message.update(thinking)
         echoed = self.echoed_content(prompt_index)
         if echoed:  # ``echo``: the continued message leads the answer
             message["content"] = echoed + (message["content"] or "")
@@ -346,18 +363,24 @@ class ChatFormat(_Format):
     def chunks(self, prompt_index: int, deltas) -> list[dict]:
         """One chunk per choice that gained something (as vLLM)."""
         self.count(deltas)
+        if self.reasoning_deltas is None and self.parsed.reasonings:
+            self.reasoning_deltas = ReasoningDeltas(self.parsed)
         chunks = []
         for delta in deltas:
             index = self.choice_index(prompt_index, delta.index)
-            body = {"content": delta.text} if delta.text or not delta.finish_reason else {}
-            finish_reason = delta.finish_reason
+            text, finish_reason, body = delta.text, delta.finish_reason, {}
+            if self.reasoning_deltas is not None:  # the thinking split from the answer
+                body, text = self.reasoning_deltas.split(prompt_index, index, text, finish_reason)
             if self.parsed.tools is not None:  # content and tool_calls split as they come
                 if self.tool_deltas is None:
                     self.tool_deltas = ToolDeltas(self.parsed.tools)
-                body, finish_reason = self.tool_deltas.delta(index, delta.text, finish_reason)
-                held = self.parsed.logprobs is None and not self.parsed.return_token_ids
-                if not body and not finish_reason and held:  # held back: nothing to send yet
-                    continue
+                calls, finish_reason = self.tool_deltas.delta(index, text, finish_reason)
+                body.update(calls)
+            elif text or not (finish_reason or self.reasoning_deltas is not None):
+                body["content"] = text
+            held = self.parsed.logprobs is None and not self.parsed.return_token_ids
+            if not body and not finish_reason and held:  # held back: nothing to send yet
+                continue
             if self.nothing_to_send(delta):
                 continue
             choice = {

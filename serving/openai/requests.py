@@ -10,6 +10,7 @@ from jaxgen.chat_template_options import ChatTemplateError, ChatTemplateOptions
 from serving.common import check_text_length, encode_text
 from serving.openai.beam_search_requests import beam_search_params, uses_beam_search
 from serving.openai.prompt_logprobs import logit_bias_field, prompt_logprobs_field
+from serving.openai.reasoning import reasoning_params, reasoning_request
 from serving.openai.tool_calls import constrain, message_tool_fields, render_prompt, tool_request
 from serving.sampling_fields import read_plain_fields
 from serving.structured_output_requests import openai_structured_outputs
@@ -55,6 +56,10 @@ class OpenAIRequest:
     return_token_ids: bool = False  # vLLM's: prompt and completion token ids in the answer
     tokens_as_ids: bool = False  # vLLM's ``return_tokens_as_token_ids``: logprobs name ids
     continuous_usage: bool = False  # ``stream_options.continuous_usage_stats``: usage per chunk
+    # chat with ``--reasoning-parser``: per prompt, its ``jaxgen.reasoning.ReasoningRequest``;
+    # empty: no parser. ``include_reasoning`` (vLLM's): the thinking is in the answer.
+    reasonings: list = dataclasses.field(default_factory=list)
+    include_reasoning: bool = True
 
 
 def parse_common(
@@ -200,6 +205,8 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
     check_text_length(state, sum(len(message["content"]) for message in messages), "messages")
     text = render_prompt(state, messages, tools, options)
     check_text_length(state, len(text), "messages")
+    reasoning = reasoning_request(state, text, options)
+    include_reasoning = fields.boolean("include_reasoning", True)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     prompt_logprobs = prompt_logprobs_field(fields)
     if prompt_logprobs is not None and fields.data.get("stream") is True:  # as vLLM
@@ -215,7 +222,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         max_tokens_key="max_completion_tokens",
         prompt_logprobs=prompt_logprobs,
     )
-    params = constrain(params, tools, body)
+    params = reasoning_params(constrain(params, tools, body), reasoning, body)
     return OpenAIRequest(
         state.settings.model_name,
         [prompt],
@@ -230,6 +237,8 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         echoed_contents=[echoed_content(messages) if echo else ""],
         beams=beam_search_params(fields, params, n),
         **vllm_output_fields(fields, include_usage),
+        reasonings=[] if reasoning is None else [reasoning],
+        include_reasoning=include_reasoning,
     )
 
 
@@ -272,6 +281,7 @@ def parse_chat_batch(state, body: dict) -> OpenAIRequest:
         prompt_texts=[p.prompt_texts[0] for p in parsed],
         params=[p.params[0] for p in parsed],
         echoed_contents=[p.echoed_contents[0] for p in parsed],
+        reasonings=[r for p in parsed for r in p.reasonings],
         beams=None if first.beams is None else [p.beams[0] for p in parsed],
     )
 

@@ -1,9 +1,11 @@
 """A Responses ``response`` object and its stream events, built from the output text as it
 grows (whole or streamed: the same code).
 
-Output items stream one after the other, as OpenAI's do: a ``message`` item (one
-``output_text`` part, with its tokens' ``logprobs`` when the request asked for
-``top_logprobs``), one ``function_call`` item per tool call. The response's ``status`` goes
+Output items stream one after the other, as OpenAI's do: with ``--reasoning-parser`` a
+``reasoning`` item first (one ``reasoning_text`` part: ``response.reasoning_text.delta`` /
+``.done`` events), a ``message`` item (one ``output_text`` part, with its tokens'
+``logprobs`` when the request asked for ``top_logprobs``), one ``function_call`` item per tool
+call. The response's ``status`` goes
 ``queued`` (background) / ``in_progress``, then ``completed``, ``incomplete``
 (``max_output_tokens``), ``failed`` or ``cancelled``.
 """
@@ -15,6 +17,7 @@ import time
 import uuid
 
 from serving.openai.format import ChatFormat, cached_tokens
+from serving.openai.reasoning import reasoning_of
 
 RUNNING = ("queued", "in_progress")
 
@@ -34,6 +37,9 @@ class ResponseBuilder:
         self.message: dict | None = None  # the open message item
         self.calls: dict[int, dict] = {}  # tool-call index -> function_call item
         self.tool_stream = parsed.chat.tools.stream() if parsed.chat.tools is not None else None
+        self.reasoning = reasoning_of(parsed.chat, 0)
+        self.reasoning_stream = self.reasoning.stream() if self.reasoning is not None else None
+        self.reasoning_item: dict | None = None
         self.background = bool(getattr(parsed, "background", False))
         self.status = "queued" if self.background else "in_progress"
         self.error: dict | None = None
@@ -76,21 +82,26 @@ class ResponseBuilder:
             self.pending_logprobs += shown["content"] if shown else []
         if not text:
             return []
-        if self.tool_stream is None:
-            return self._content(text)
-        update = self.tool_stream.feed(text)
-        return self._content(update.content) + self._calls(update.tool_call_deltas)
+        if self.reasoning_stream is None:
+            return self._answer(text)
+        split = self.reasoning_stream.feed(text)
+        if not split.content:  # the tokens so far were the thinking's: no text of the message
+            self.pending_logprobs = []
+        return self._reasoning(split.reasoning) + self._answer(split.content)
 
     def finish(self, finish_reason: str | None, result) -> list[bytes]:
         """Events that close the items and the response."""
         events = []
+        if self.reasoning_stream is not None:
+            end = self.reasoning_stream.finish()
+            events += self._reasoning(end.reasoning) + self._answer(end.content)
         if self.tool_stream is not None:
             end = self.tool_stream.finish()
             events += self._content(end.content) + self._calls(end.tool_call_deltas)
-        if self.message is None and not self.calls:
+        if self.message is None and not self.calls and self.reasoning_item is None:
             events += self._open_message()
         events += self._close_open_items()
-        self.usage = usage(result)
+        self.usage = usage(result, self.reasoning)
         if finish_reason == "length":
             self.status = "incomplete"
             self.incomplete_details = {"reason": "max_output_tokens"}
@@ -124,9 +135,69 @@ class ResponseBuilder:
 
     def _shown(self, index: int) -> dict:
         item = dict(self.items[index])
-        if item["type"] == "message":
+        if item["type"] in ("message", "reasoning"):
             item["content"] = []
         return item
+
+    def _answer(self, text: str) -> list[bytes]:
+        """Events for answer text: the message's, or tool calls read from it."""
+        if self.tool_stream is None or not text:
+            return self._content(text)
+        update = self.tool_stream.feed(text)
+        return self._content(update.content) + self._calls(update.tool_call_deltas)
+
+    def _reasoning(self, text: str) -> list[bytes]:
+        if not text:
+            return []
+        events = []
+        if self.reasoning_item is None:
+            events = self._close_open_items() + self._open_reasoning()
+        part = self.reasoning_item["content"][0]
+        part["text"] += text
+        events.append(
+            self.event(
+                "response.reasoning_text.delta",
+                item_id=self.reasoning_item["id"],
+                output_index=self.items.index(self.reasoning_item),
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _open_reasoning(self) -> list[bytes]:
+        part = {"type": "reasoning_text", "text": ""}
+        self.reasoning_item = {
+            "type": "reasoning",
+            "id": f"rs_{uuid.uuid4().hex}",
+            "summary": [],
+            "content": [part],
+            "encrypted_content": None,
+            "status": "in_progress",
+        }
+        self.items.append(self.reasoning_item)
+        index = len(self.items) - 1
+        return [
+            self.event("response.output_item.added", output_index=index, item=self._shown(index)),
+            self.event(
+                "response.content_part.added",
+                item_id=self.reasoning_item["id"],
+                output_index=index,
+                content_index=0,
+                part=dict(part),
+            ),
+        ]
+
+    def _close_reasoning(self) -> list[bytes]:
+        index = self.items.index(self.reasoning_item)
+        part = self.reasoning_item["content"][0]
+        self.reasoning_item["status"] = "completed"
+        common = dict(item_id=self.reasoning_item["id"], output_index=index, content_index=0)
+        return [
+            self.event("response.reasoning_text.done", text=part["text"], **common),
+            self.event("response.content_part.done", part=dict(part), **common),
+            self.event("response.output_item.done", output_index=index, item=self.reasoning_item),
+        ]
 
     def _content(self, text: str) -> list[bytes]:
         if not text:
@@ -159,6 +230,9 @@ class ResponseBuilder:
                 continue
             if item is self.message:
                 events += self._close_message()
+                continue
+            if item is self.reasoning_item:
+                events += self._close_reasoning()
                 continue
             index = self.items.index(item)
             events.append(
@@ -255,14 +329,18 @@ class ResponseBuilder:
         }
 
 
-def usage(result) -> dict:
-    """Responses' ``usage``: input and output tokens, cached input tokens."""
+def usage(result, reasoning=None) -> dict:
+    """Responses' ``usage``: input and output tokens, cached input tokens, the output's
+    reasoning tokens (``reasoning``: the request's ``ReasoningRequest``, or None)."""
     prompt = len(result.prompt_token_ids)
     output = sum(len(c.token_ids) for c in result.completions)
+    thinking = 0
+    if reasoning is not None:
+        thinking = sum(reasoning.count_tokens(c.token_texts) for c in result.completions)
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached_tokens(result)},
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": thinking},
         "total_tokens": prompt + output,
     }

@@ -24,8 +24,8 @@ from serving.validation import Fields, RequestError
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 MAX_TOP_LOGPROBS = 20
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-# ``include`` values taken: the logprobs, and ones naming what jaxgen never outputs (reasoning
-# content, tool results): nothing to include.
+# ``include`` values taken: the logprobs, and ones naming what jaxgen never outputs (encrypted
+# reasoning: its reasoning items carry their text; tool results): nothing to include.
 INCLUDES = (
     LOGPROBS_INCLUDE,
     "reasoning.encrypted_content",

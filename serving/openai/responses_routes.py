@@ -3,10 +3,12 @@
 
 A request is admitted, prepared (parsed as the chat request it amounts to, see
 ``serving.openai.responses_requests``, and its grammar compiled) and run like a chat completion. The
-answer is a ``response`` object whose ``output`` holds a ``message`` item (``output_text``) and
-one ``function_call`` item per tool call; streamed, it is Responses' event sequence:
+answer is a ``response`` object whose ``output`` holds, with ``--reasoning-parser``, a
+``reasoning`` item (``reasoning_text``), a ``message`` item (``output_text``) and one
+``function_call`` item per tool call; streamed, it is Responses' event sequence:
 ``response.created``, ``response.in_progress``, ``response.output_item.added``,
-``response.content_part.added``, ``response.output_text.delta``... ``.done``,
+``response.content_part.added``, ``response.reasoning_text.delta``... ``.done``,
+``response.output_text.delta``... ``.done``,
 ``response.function_call_arguments.delta``/``.done``, ``response.output_item.done``, then
 ``response.completed`` (or ``response.incomplete`` when ``max_output_tokens`` cut it).
 

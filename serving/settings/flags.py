@@ -126,6 +126,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "llama3_json, mistral or pythonic (default auto)",
     )
     add(
+        "--reasoning-parser",
+        help="how a reasoning model's chat output is read: its thinking apart from its answer "
+        "(message.reasoning_content, the Responses API's reasoning items), the answer alone "
+        "constrained and read for tool calls: deepseek_r1, deepseek_v3 or qwen3 "
+        "(default: none, the output is the answer; env OPTION_REASONING_PARSER)",
+    )
+    add(
         "--api-key",
         help="Bearer token required on every route but /health, /ping and "
         "/metrics (env JAXGEN_API_KEY or VLLM_API_KEY)",

@@ -1,5 +1,5 @@
-"""Parsers of one setting's value (integers, numbers, booleans, lists, dtypes, quantization,
-KV memory) and of an LMI ``serving.properties`` file; a bad value is a ``SettingsError`` that
+"""Parsers of one setting's value (integers, numbers, booleans, choices, lists, dtypes,
+quantization, KV memory) and of an LMI ``serving.properties`` file; a bad value is a ``SettingsError`` that
 names the setting and where it came from."""
 
 from __future__ import annotations
@@ -73,6 +73,15 @@ QUANTIZATION_ALIASES = {
     "bitsandbytes": "int8",
     "bitsandbytes8": "int8",
 }
+
+
+def parse_choice(value: Any, name: str, source: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``; the message lists them."""
+    if str(value) not in choices:
+        raise SettingsError(
+            f"{name} from {source} must be one of {', '.join(choices)}, got {value!r}"
+        )
+    return str(value)
 
 
 def parse_string_list(value: Any, name: str, source: str) -> tuple[str, ...]:

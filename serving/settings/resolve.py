@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxgen.config.knobs import KnobField, environment_variables, knob_fields, property_keys
+from jaxgen.reasoning import REASONING_PARSERS
 from jaxgen.structured_outputs.limits import StructuredOutputLimits
 from jaxgen.tool_calling.formats import TOOL_CALL_PARSERS
 from serving.lora_adapters import parse_lora_modules
 from serving.settings.parsers import (
     SettingsError,
     parse_bool,
+    parse_choice,
     parse_dtype,
     parse_float,
     parse_int,
@@ -81,6 +83,7 @@ PROPERTY_KEYS = {
     "option.rolling_batch": "rolling_batch",  # -> batching
     "max_batch_delay": "max_batch_delay_ms",  # -> max_batch_delay, in milliseconds
     "option.max_batch_delay": "max_batch_delay_ms",
+    "option.reasoning_parser": "reasoning_parser",
     **property_keys(),
 }
 
@@ -135,6 +138,7 @@ class ServerSettings:
     max_queued_grammar_compiles: int = DEFAULT_MAX_QUEUED_GRAMMAR_COMPILES
     log_level: str = "info"
     tool_call_parser: str = "auto"  # how chat output is read for tool calls (jaxgen.tool_calling)
+    reasoning_parser: str | None = None  # how chat output's thinking is read (jaxgen.reasoning)
     api_key: str | None = None  # Bearer token every route but /health, /ping, /metrics needs
     # CORS (vLLM's flags and defaults): origins, methods and headers allowed, credentials
     allowed_origins: tuple[str, ...] = ("*",)
@@ -283,12 +287,13 @@ def _apply(settings: ServerSettings, raw: dict[str, tuple[Any, str]]) -> None:
         settings.log_level = str(value).lower()
     value, source = take("tool_call_parser")
     if value is not None:
-        if str(value) not in ("auto", *TOOL_CALL_PARSERS):
-            raise SettingsError(
-                f"tool_call_parser from {source} must be one of auto, "
-                f"{', '.join(TOOL_CALL_PARSERS)}, got {value!r}"
-            )
-        settings.tool_call_parser = str(value)
+        choices = ("auto", *TOOL_CALL_PARSERS)
+        settings.tool_call_parser = parse_choice(value, "tool_call_parser", source, choices)
+    value, source = take("reasoning_parser")
+    if value is not None and str(value) != "":
+        settings.reasoning_parser = parse_choice(
+            value, "reasoning_parser", source, REASONING_PARSERS
+        )
     value, _ = take("api_key")
     if value is not None and str(value) != "":
         settings.api_key = str(value)
