@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence as Seq
 
 from jaxgen.beam_search_params import BeamSearchOutput, BeamSearchParams
 from jaxgen.chat_template_options import ChatTemplateOptions
@@ -13,6 +12,7 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
 from jaxgen.engine.decoding.beam_search import run_beam_search
 from jaxgen.engine.pooling import PoolingParams, classify_outputs, embed_outputs, score_outputs
+from jaxgen.engine.scheduling.prompt_inputs import normalize_params, normalize_prompts, per_prompt
 from jaxgen.loaders.pooling_model import open_pooling_engine, pooling_beside
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
@@ -149,10 +149,10 @@ class LLM:
         engine reports each request once, finished (``RequestOutputKind.FINAL_ONLY``).
         ``lora_request``: a ``jaxgen.lora.LoRARequest`` for every prompt, or a list of one (or
         None: the base model) per prompt; needs ``enable_lora=True``."""
-        items = _normalize_prompts(prompts)
-        params_list = _final_only(_normalize_params(sampling_params, len(items)))
+        items = normalize_prompts(prompts)
+        params_list = _final_only(normalize_params(sampling_params, len(items)))
         self._generator()
-        loras = _per_prompt(lora_request, len(items), "lora_request")
+        loras = per_prompt(lora_request, len(items), "lora_request")
         tokenizer = self.loaded.tokenizer
         order = []
         try:
@@ -183,7 +183,7 @@ class LLM:
         tokenizer = self.loaded.tokenizer
         token_lists = [
             tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else item
-            for item in _normalize_prompts(prompts)
+            for item in normalize_prompts(prompts)
         ]
         engine = getattr(self._generator(), "engines", [self.engine])[0]  # data parallel: first
         for tokens in token_lists:
@@ -259,7 +259,7 @@ class LLM:
                     tokenizer=tokenizer,
                 )
             )
-        params = _normalize_params(sampling_params, len(prompts))
+        params = normalize_params(sampling_params, len(prompts))
         if request.parses_output:
             params = [_with_tools(p, request) for p in params]
         if self.reasoning_parser is not None:  # a constraint applies after the thinking
@@ -322,56 +322,6 @@ def _with_tools(params: SamplingParams, request: ToolRequest) -> SamplingParams:
     )
 
 
-def _normalize_prompts(prompts) -> list:
-    """Strings and token-id lists, from a str, a token-id list, vLLM's prompt dicts
-    (``{"prompt": str}``, ``{"prompt_token_ids": [...]}``: ``TextPrompt`` / ``TokensPrompt``),
-    or a list of any of them."""
-    if isinstance(prompts, (str, dict)):
-        prompts = [prompts]
-    if not isinstance(prompts, Seq) or not prompts:
-        raise ValueError(
-            "prompts must be a str, a non-empty list of str, or a list of token-id lists"
-        )
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
-        return [list(prompts)]
-    items = []
-    for index, prompt in enumerate(prompts):
-        if isinstance(prompt, dict):
-            prompt = _prompt_dict(prompt, index)
-        if isinstance(prompt, Seq) and not isinstance(prompt, str):
-            prompt = list(prompt)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                prompt = None
-        if not isinstance(prompt, (str, list)):
-            raise ValueError(
-                "prompts must be a str, a list of str, of token-id lists, or of prompt dicts "
-                f"({{'prompt': str}} or {{'prompt_token_ids': [...]}}); prompts[{index}] is not"
-            )
-        items.append(prompt)
-    return items
-
-
-def _prompt_dict(prompt: dict, index: int):
-    """A ``TextPrompt`` / ``TokensPrompt`` dict's prompt: its token ids, else its text."""
-    if "prompt_token_ids" in prompt:
-        return prompt["prompt_token_ids"]
-    if isinstance(prompt.get("prompt"), str):
-        return prompt["prompt"]
-    raise ValueError(f"prompts[{index}] must have 'prompt' (a str) or 'prompt_token_ids'")
-
-
-def _normalize_params(params, count: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * count
-    if isinstance(params, SamplingParams):
-        return [params] * count
-    if isinstance(params, Seq) and all(isinstance(p, SamplingParams) for p in params):
-        if len(params) != count:
-            raise ValueError(f"sampling_params has {len(params)} entries for {count} prompts")
-        return list(params)
-    raise ValueError("sampling_params must be a SamplingParams or a list of them")
-
-
 def _final_only(params_list: list[SamplingParams]) -> list[SamplingParams]:
     """``params_list`` asking for final outputs only (a copy of each distinct object)."""
     copies: dict[int, SamplingParams] = {}
@@ -381,12 +331,3 @@ def _final_only(params_list: list[SamplingParams]) -> list[SamplingParams]:
                 params, output_kind=RequestOutputKind.FINAL_ONLY
             )
     return [copies[id(params)] for params in params_list]
-
-
-def _per_prompt(value, count: int, name: str) -> list:
-    """``value`` for each of ``count`` prompts: one for all, or a list of one each."""
-    if not isinstance(value, (list, tuple)):
-        return [value] * count
-    if len(value) != count:
-        raise ValueError(f"{name}: {len(value)} given for {count} prompts")
-    return list(value)
