@@ -1,22 +1,25 @@
 """Priority scheduling against first come, first served when a batch job floods the engine:
 ``--low`` long requests (``--low-prompt`` random prompt tokens, ``--low-tokens`` new tokens
 each, priority ``--low-priority``) are queued at once and saturate the engine's ``--slots``
-slots; from ``--first`` s on, ``--high`` short requests (``--high-prompt`` tokens, ``--high-tokens``
-new tokens, priority 0) arrive every ``--gap`` s. For each scheduling policy, the short
-requests' time to first token (p50, p99) and end-to-end latency, the long ones' last finish and
-the preemptions. Under ``fcfs`` every request has priority 0 (a non-zero one is refused there).
+slots; from ``--first`` s on, ``--high`` short requests (``--high-prompt`` tokens,
+``--high-tokens`` new tokens, priority 0) arrive every ``--gap`` s. For each scheduling policy,
+the short requests' time to first token (p50, p99) and end-to-end latency, the long ones' last
+finish and the preemptions (``--out``: every run and each short request's TTFT, as JSON).
+Under ``fcfs`` every request has priority 0 (a non-zero one is refused there).
 
 One ``AsyncLLM`` per policy over one loaded default model, precompiled and warmed; the
 policies' runs alternate ``--repeats`` times. Greedy, ``ignore_eos``: every run does the same
 tokens.
 
     python benchmarks/priority_scheduling.py [--low 24] [--high 12] [--slots 8] [--repeats 2]
+        [--out priority.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import subprocess
@@ -63,6 +66,7 @@ async def flood(llm, policy: str, workload: dict, args) -> dict:
         "low_ttft_p50": float(np.percentile([first for first, _ in lows], 50)),
         "low_last_finish": max(e2e for _, e2e in lows),
         "preemptions": llm.stats()["preemptions"] - preemptions,
+        "high_ttft": [round(first, 3) for first in high_ttft],  # in arrival order
     }
 
 
@@ -88,8 +92,10 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.5, help="s between short requests")
     parser.add_argument("--slots", type=int, default=8, help="max_rolling_batch_size")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default=None, help="also write the runs here, as JSON")
     args = parser.parse_args()
-    print(machine())
+    context = machine()
+    print(context)
     loaded = load_model(None)
     rng = np.random.default_rng(0)
     vocab = loaded.config.vocab_size
@@ -127,6 +133,11 @@ def main() -> None:
             f"| {row['high_e2e_p50']:.3f} | {row['low_ttft_p50']:.3f} "
             f"| {row['low_last_finish']:.2f} | {row['preemptions']} |"
         )
+    for row in rows:
+        print(f"{row['policy']}: short TTFTs in arrival order {row['high_ttft']}")
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump({"machine": context, "args": vars(args), "runs": rows}, out, indent=2)
 
 
 if __name__ == "__main__":
