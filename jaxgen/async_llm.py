@@ -19,6 +19,7 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
 from jaxgen.engine.errors import EngineDeadError, StepFailed
 from jaxgen.engine.llm_engine import LLMEngine
+from jaxgen.engine.scheduling.policy import check_priority
 from jaxgen.engine.structured.grammar_masks import grammar_compiler
 from jaxgen.engine.structured.grammar_threads import default_grammar_threads
 from jaxgen.outputs import CompletionOutput, RequestOutput
@@ -97,6 +98,7 @@ class AsyncLLM:
         prompt_token_ids: list[int] | None = None,
         compiled_grammar=None,
         lora_request=None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Streams a request: each item holds the new text/tokens (``delta=True``) or all so far.
 
@@ -105,12 +107,14 @@ class AsyncLLM:
         ``compiled_grammar``: ``params.structured_outputs``' matcher, compiled already
         (``GrammarCompiler.compile``); without it the constraint is compiled here, off the
         engine's thread. ``lora_request``: a ``jaxgen.lora.LoRARequest`` (read and checked
-        here, off the engine's thread, when new: ``add_lora``).
+        here, off the engine's thread, when new: ``add_lora``). ``priority``: an int, lower
+        first (vLLM's); a non-zero one needs ``scheduling_policy="priority"``.
         """
         if self._stopped.is_set():
             raise RuntimeError("AsyncLLM is shut down")
         if self.dead is not None:
             raise self.dead
+        priority = check_priority(priority, self.scheduling_policy)
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         if prompt_token_ids is None:
@@ -143,6 +147,7 @@ class AsyncLLM:
                 compiled_grammar,
                 done,
                 lora_request,
+                priority,
             )
         )
         try:
@@ -199,6 +204,11 @@ class AsyncLLM:
         entry = self._streams.get(request_id)
         if entry is not None:
             entry[0].call_soon_threadsafe(entry[1].put_nowait, _FINISHED)
+
+    @property
+    def scheduling_policy(self) -> str:
+        """The engine's ``scheduling_policy``: "fcfs" or "priority"."""
+        return self.engine.config.scheduling_policy
 
     def stats(self) -> dict:
         """The engine's counters as of its last step."""
@@ -262,7 +272,7 @@ class AsyncLLM:
     def _handle(self, command) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, text, token_ids, params, arrival, grammar, done, lora = command
+            _, request_id, text, token_ids, params, arrival, grammar, done, lora, priority = command
             if self.dead is not None:
                 done.set_exception(self.dead)
                 return
@@ -275,6 +285,7 @@ class AsyncLLM:
                     arrival_time=arrival,
                     compiled_grammar=grammar,
                     lora_request=lora,
+                    priority=priority,
                 )
             except BaseException as e:
                 done.set_exception(e)

@@ -12,6 +12,7 @@ from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
 from jaxgen.engine.decoding.beam_search import run_beam_search
 from jaxgen.engine.pooling import PoolingParams, classify_outputs, embed_outputs, score_outputs
+from jaxgen.engine.scheduling.policy import check_priority
 from jaxgen.engine.scheduling.prompt_inputs import normalize_params, normalize_prompts, per_prompt
 from jaxgen.loaders.pooling_model import open_pooling_engine, pooling_beside
 from jaxgen.outputs import RequestOutput
@@ -143,26 +144,34 @@ class LLM:
         *,
         use_tqdm: bool = True,
         lora_request=None,
+        priority: list[int] | int | None = None,
     ) -> list[RequestOutput]:
         """Generates for each prompt (a str, a token-id list, vLLM's ``{"prompt": ...}`` or
         ``{"prompt_token_ids": ...}`` dict, or a list of them). The
         engine reports each request once, finished (``RequestOutputKind.FINAL_ONLY``).
         ``lora_request``: a ``jaxgen.lora.LoRARequest`` for every prompt, or a list of one (or
-        None: the base model) per prompt; needs ``enable_lora=True``."""
+        None: the base model) per prompt; needs ``enable_lora=True``. ``priority``: a list of
+        one int per prompt (vLLM's; or one int for all), lower first; non-zero ones need
+        ``scheduling_policy="priority"``. A bad item refuses the whole call (``ValueError``),
+        nothing of it queued."""
         items = normalize_prompts(prompts)
         params_list = _final_only(normalize_params(sampling_params, len(items)))
-        self._generator()
+        policy = self._generator().config.scheduling_policy
         loras = per_prompt(lora_request, len(items), "lora_request")
+        priorities = per_prompt(0 if priority is None else priority, len(items), "priority")
+        priorities = [check_priority(rank, policy) for rank in priorities]
         tokenizer = self.loaded.tokenizer
         order = []
         try:
-            for item, params, lora in zip(items, params_list, loras, strict=True):
+            for item, params, lora, rank in zip(items, params_list, loras, priorities, strict=True):
                 if isinstance(item, str):
                     token_ids, text = tokenizer.encode(item, add_special_tokens=True), item
                 else:
                     token_ids, text = item, None
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, text, token_ids, params, lora_request=lora)
+                self.engine.add_request(
+                    request_id, text, token_ids, params, lora_request=lora, priority=rank
+                )
                 order.append(request_id)
         except BaseException:  # all or nothing: an item refused leaves none of the batch queued
             for request_id in order:

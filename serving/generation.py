@@ -108,6 +108,7 @@ class Generation:
         params: the request's ``SamplingParams``.
         grammar: ``params.structured_outputs``' compiled matcher (``prepare``), or None.
         lora_request: the ``jaxgen.lora.LoRARequest`` the request's ``model`` names, or None.
+        priority: the request's ``priority`` (checked), lower first.
     """
 
     def __init__(
@@ -118,9 +119,11 @@ class Generation:
         params: SamplingParams,
         grammar=None,
         lora_request=None,
+        priority: int = 0,
     ):
         self.state = state
         self.lora_request = lora_request
+        self.priority = priority
         self.ticket = ticket
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -153,6 +156,7 @@ class Generation:
                 prompt_token_ids=self.prompt_token_ids,
                 compiled_grammar=self.grammar,
                 lora_request=self.lora_request,
+                priority=self.priority,
             ):
                 failed = [piece for piece in output.outputs if piece.finish_reason == "error"]
                 if failed:  # never a normal answer with an invented finish reason

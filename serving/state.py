@@ -40,6 +40,8 @@ class Limits:
     # A prompt of more characters than this cannot fit max_input_tokens: each token covers at
     # most the longest vocabulary entry. Longer prompts are refused without tokenizing them.
     max_prompt_chars: int
+    # The engine's: under "fcfs" a request's non-zero ``priority`` is refused.
+    scheduling_policy: str = "fcfs"
 
     @classmethod
     def resolve(cls, settings: ServerSettings, llm) -> Limits:
@@ -66,6 +68,7 @@ class Limits:
             vocab,
             vocab if settings.max_logit_bias is None else min(settings.max_logit_bias, vocab),
             max_input * longest_token(llm.tokenizer),
+            scheduling_policy=getattr(llm, "scheduling_policy", "fcfs"),
         )
 
 

@@ -16,6 +16,7 @@ from jaxgen.quantization.kv_cache import KV_CACHE_DTYPES
 
 BATCHING_MODES = ("none", "static", "dynamic", "continuous", "paged")
 SAMPLER_EXECUTABLES = ("auto", "shared", "per-batch")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # jaxgen.engine.scheduling.policy.POLICIES
 TASKS = ("auto", "generate", "embed", "classify", "score")
 BACKENDS = ("auto", "reference", "pallas-tpu", "pallas-gpu", "cpu", "pallas")
 
@@ -60,6 +61,16 @@ class EngineConfig:
         0.1,
         help="seconds dynamic batching waits to fill a batch",
         default_text="0.1 (s)",
+    )
+    scheduling_policy: str = knob(
+        "fcfs",
+        help="fcfs (first come, first served) or priority: requests go by their priority (an "
+        "int, lower first; default 0), then arrival, and a waiting request preempts a running "
+        "one of a lower priority for its slot or KV pages (recomputed later); under fcfs a "
+        "non-zero priority is refused",
+        choices=SCHEDULING_POLICIES,
+        env=("SCHEDULING_POLICY",),
+        properties=("option.scheduling_policy",),
     )
     page_size: int = knob(
         16,
@@ -225,13 +236,11 @@ class EngineConfig:
             if not ok:
                 raise ValueError(f"{name} {what}, got {getattr(self, name)!r}")
 
-        check(self.task in TASKS, "task", f"must be one of {TASKS}")
-        check(self.batching in BATCHING_MODES, "batching", f"must be one of {BATCHING_MODES}")
-        check(
-            self.sampler_executables in SAMPLER_EXECUTABLES,
-            "sampler_executables",
-            f"must be one of {SAMPLER_EXECUTABLES}",
-        )
+        for field in dataclasses.fields(self):  # task, batching, quantization, ...
+            choices = getattr(field.metadata.get("knob"), "choices", None)
+            if choices is not None:
+                shown = ", ".join(repr(name) for name in choices)
+                check(getattr(self, field.name) in choices, field.name, f"must be one of {shown}")
         check(
             _int(self.max_rolling_batch_size) and self.max_rolling_batch_size >= 1,
             "max_rolling_batch_size",
@@ -321,21 +330,6 @@ class EngineConfig:
                 "speculative_config",
                 "needs num_scheduler_steps 1 (a draft is verified by the step after it)",
             )
-        check(
-            self.quantization in QUANTIZATION_CHOICES,
-            "quantization",
-            f"must be one of {', '.join(repr(name) for name in QUANTIZATION_CHOICES)}",
-        )
-        check(
-            self.kv_cache_dtype in KV_CACHE_DTYPES,
-            "kv_cache_dtype",
-            f"must be one of {', '.join(repr(name) for name in KV_CACHE_DTYPES)}",
-        )
-        check(
-            self.attention_backend in BACKENDS,
-            "attention_backend",
-            f"must be one of {', '.join(repr(name) for name in BACKENDS)}",
-        )
         check(
             self.attention_kernel_options is None
             or (

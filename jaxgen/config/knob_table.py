@@ -36,6 +36,7 @@ EQUIVALENTS = {
     ),
     "batch_size": ("—", "`batch_size`", "—"),
     "max_batch_delay": ("—", "`max_batch_delay` (**ms**)", "—"),
+    "scheduling_policy": ("—", "—", "`--scheduling-policy` (`fcfs`, `priority`)"),
     "page_size": ("— (fixed by the attention backend)", "—", "`--block-size`"),
     "max_model_len": ("`--max-total-tokens`", "`option.max_model_len`", "`--max-model-len`"),
     "kv_cache_memory": (

@@ -41,7 +41,7 @@ class Engine(Protocol):
     def add_request(self, new: NewRequest) -> Request:
         """Queues a request; ``ValueError`` for one that cannot run. Called with the request's
         fields: ``add_request(request_id, prompt, prompt_token_ids, params, arrival_time=None,
-        compiled_grammar=None)``."""
+        compiled_grammar=None, lora_request=None, priority=0)``."""
         ...
 
     def abort(self, request_id: str) -> RequestOutput | None:

@@ -12,6 +12,7 @@ from jaxgen.engine.engine_stats import engine_stats
 from jaxgen.engine.errors import EngineDeadError
 from jaxgen.engine.kv_events import open_cache_event_stream
 from jaxgen.engine.scheduling.new_request import NewRequest, takes_request_fields
+from jaxgen.engine.scheduling.policy import check_priority
 from jaxgen.engine.scheduling.request import Request, check_new_request
 from jaxgen.engine.step.executor import DispatchedStep, StepExecutor
 from jaxgen.engine.step.step_modes import plain_step, step_ahead
@@ -93,14 +94,16 @@ class LLMEngine(StepStages, Engine):
     # -- requests --------------------------------------------------------------------------------
     @takes_request_fields
     def add_request(self, new: NewRequest) -> Request:
-        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt, or
-        a constraint that does not compile. ``compiled_grammar``: the matcher of
+        """Queues a request; raises ``ValueError`` for an empty, too long or invalid prompt, a
+        constraint that does not compile, or a ``priority`` that is no int (or not 0 under
+        the ``fcfs`` scheduling policy). ``compiled_grammar``: the matcher of
         ``params.structured_outputs`` compiled already (``GrammarCompiler``; the server and
         ``AsyncLLM`` compile off the engine's thread), else it is compiled here; a constraint's
         ``reasoning`` span puts it behind a ``jaxgen.reasoning.ReasoningGate``."""
         request_id, prompt_token_ids, params = new.request_id, new.prompt_token_ids, new.params
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
+        priority = check_priority(new.priority, self.config.scheduling_policy)
         check_new_request(
             prompt_token_ids,
             params,
@@ -123,6 +126,7 @@ class LLMEngine(StepStages, Engine):
             self.loaded.config.eos_token_ids,
             self.max_model_len,
             new.arrival_time,
+            priority,
         )
         for seq in request.seqs:
             if lora_key is not None:

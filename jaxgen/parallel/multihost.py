@@ -141,7 +141,14 @@ class LeaderEngine(Engine):
             raise ValueError("lora_request is not supported across hosts")
         request = new.add_to(self.engine)
         # Only accepted requests: a refused one raised above on every process alike.
-        command = ("add", new.request_id, new.prompt, list(new.prompt_token_ids), new.params)
+        command = (
+            "add",
+            new.request_id,
+            new.prompt,
+            list(new.prompt_token_ids),
+            new.params,
+            new.priority,
+        )
         self.pending.append(command)
         return request
 
@@ -177,9 +184,14 @@ def follow_leader(engine, channel: StepChannel, *, poll_s: float = 60.0) -> int:
             return index
         for command in commands:
             if command[0] == "add":
-                _, request_id, prompt, token_ids, params = command
+                _, request_id, prompt, token_ids, params, priority = command
                 engine.add_request(
-                    request_id, prompt, token_ids, params, arrival_time=time.monotonic()
+                    request_id,
+                    prompt,
+                    token_ids,
+                    params,
+                    arrival_time=time.monotonic(),
+                    priority=priority,
                 )
             elif command[0] == "abort":
                 engine.abort(command[1])

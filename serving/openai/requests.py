@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxgen.chat_template_options import ChatTemplateError, ChatTemplateOptions
+from jaxgen.engine.scheduling.policy import check_priority
 from serving.common import check_text_length, encode_text
 from serving.openai.beam_search_requests import beam_search_params, uses_beam_search
 from serving.openai.prompt_logprobs import logit_bias_field, prompt_logprobs_field
@@ -60,6 +61,7 @@ class OpenAIRequest:
     # empty: no parser. ``include_reasoning`` (vLLM's): the thinking is in the answer.
     reasonings: list = dataclasses.field(default_factory=list)
     include_reasoning: bool = True
+    priority: int = 0  # vLLM's ``priority``: lower first under ``--scheduling-policy priority``
 
 
 def parse_common(
@@ -128,6 +130,18 @@ def vllm_output_fields(fields: Fields, include_usage: bool) -> dict:
     }
 
 
+def priority_field(state, fields: Fields) -> int:
+    """vLLM's ``priority`` (an integer, default 0; lower runs first): 400 naming it for
+    anything else, or for a non-zero one when the server schedules first come, first served."""
+    priority = fields.integer("priority", 0)
+    try:
+        return check_priority(priority, state.limits.scheduling_policy)
+    except ValueError as error:
+        raise RequestError(
+            str(error).replace("priority", "`priority`", 1), param="priority"
+        ) from None
+
+
 def stop_token_ids(fields: Fields, vocab_size: int) -> list[int]:
     value = fields.data.get("stop_token_ids")
     if value is None or value == []:
@@ -184,6 +198,7 @@ def parse_completion(state, body: dict) -> OpenAIRequest:
         echo,
         prompt_logprobs=prompt_logprobs,
         beams=beam_search_params(fields, params, n),
+        priority=priority_field(state, fields),
         **vllm_output_fields(fields, include_usage),
     )
 
@@ -236,6 +251,7 @@ def parse_chat(state, body: dict) -> OpenAIRequest:
         prompt_logprobs=prompt_logprobs,
         echoed_contents=[echoed_content(messages) if echo else ""],
         beams=beam_search_params(fields, params, n),
+        priority=priority_field(state, fields),
         **vllm_output_fields(fields, include_usage),
         reasonings=[] if reasoning is None else [reasoning],
         include_reasoning=include_reasoning,

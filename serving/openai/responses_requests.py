@@ -37,7 +37,15 @@ INCLUDES = (
 )
 TEXT_PARTS = ("input_text", "output_text", "text")
 # Fields passed on as they are: the plain sampling fields (vLLM's extras included) and these.
-PASSED_FIELDS = ("model", "stream", "parallel_tool_calls", "user", "seed", *PLAIN_NAMES)
+PASSED_FIELDS = (
+    "model",
+    "stream",
+    "parallel_tool_calls",
+    "user",
+    "seed",
+    "priority",
+    *PLAIN_NAMES,
+)
 RENAMED = [  # chat param (prefix) -> Responses param
     (re.compile(r"^messages(\[\d+\])?.*"), "input"),
     (re.compile(r"^max_completion_tokens$"), "max_output_tokens"),

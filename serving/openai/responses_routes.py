@@ -75,7 +75,9 @@ async def responses(request: Request) -> Response:
                 param="background",
             )
         chat = parsed.chat
-        generation = Generation(state, ticket, chat.prompts[0], chat.params[0], grammar)
+        generation = Generation(
+            state, ticket, chat.prompts[0], chat.params[0], grammar, priority=chat.priority
+        )
         builder = ResponseBuilder(parsed, f"resp_{uuid.uuid4().hex}", state, stored=stored)
         if parsed.background:
             entry = StoredResponse(builder, parsed.messages, background=True)

@@ -119,7 +119,7 @@ async def serve(request: Request, parse, format_class) -> Response:
                 raise RequestError("use_beam_search with a LoRA adapter", param="model")
             parsed = dataclasses.replace(parsed, model=lora.lora_name)
         generations = [
-            Generation(state, ticket, prompt, params, grammar, lora)
+            Generation(state, ticket, prompt, params, grammar, lora, parsed.priority)
             for prompt, params in zip(parsed.prompts, parsed.params, strict=True)
         ]
         if parsed.beams is not None:  # use_beam_search: n best beams per prompt

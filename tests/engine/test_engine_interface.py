@@ -9,7 +9,7 @@ import pytest
 
 from jaxgen.engine.engine_interface import Engine
 from jaxgen.engine.llm_engine import LLMEngine
-from jaxgen.parallel.multihost import LeaderEngine
+from jaxgen.parallel.multihost import LeaderEngine, follow_leader
 from jaxgen.parallel.replicas import ReplicatedEngine
 
 METHODS = sorted(
@@ -77,5 +77,28 @@ def test_the_leader_passes_a_compiled_grammar_on_and_publishes_the_request():
         ("r0", None, [1, 2], "params"),
         {"arrival_time": None, "compiled_grammar": "grammar"},
     )
+    leader.add_request("r1", None, [3], "params", priority=-2)
+    assert engine.calls[-1] == (
+        "add_request",
+        ("r1", None, [3], "params"),
+        {"arrival_time": None, "compiled_grammar": None, "priority": -2},
+    )
     leader.step()
-    assert channel.published == [(0, [("add", "r0", None, [1, 2], "params")])]
+    assert channel.published == [
+        (0, [("add", "r0", None, [1, 2], "params", 0), ("add", "r1", None, [3], "params", -2)])
+    ]
+
+
+def test_a_follower_repeats_the_leaders_requests_with_their_priority():
+    engine, channel = _Recording(), _Channel()
+    leader = LeaderEngine(engine, channel)
+    leader.add_request("r0", None, [1, 2], "params", priority=3)
+    leader.step()
+    leader.shutdown()
+    steps = iter(commands for _, commands in channel.published)
+    follower = _Recording()
+    reader = types.SimpleNamespace(receive=lambda index, timeout_s: next(steps))
+    assert follow_leader(follower, reader) == 1
+    name, args, kwargs = follower.calls[0]
+    assert (name, args, kwargs["priority"]) == ("add_request", ("r0", None, [1, 2], "params"), 3)
+    assert follower.calls[1][0] == "step"

@@ -177,6 +177,20 @@ def test_tool_call_parser_flag():
     )
 
 
+def test_scheduling_policy_from_flag_environment_and_properties(tmp_path):
+    path = tmp_path / "serving.properties"
+    path.write_text("option.scheduling_policy=priority\n")
+    assert resolve_settings({}, {}, str(path)).engine["scheduling_policy"] == "priority"
+    assert resolve_settings({}, {"SCHEDULING_POLICY": "priority"}).engine["scheduling_policy"] == (
+        "priority"
+    )
+    args = parse(["--scheduling-policy", "fcfs"])
+    settings = settings_from_args(args, {"SCHEDULING_POLICY": "priority"})
+    assert settings.engine["scheduling_policy"] == "fcfs"  # the flag wins
+    with pytest.raises(SettingsError, match="scheduling_policy from flags must be one of fcfs"):
+        settings_from_args(parse(["--scheduling-policy", "lifo"]), {})
+
+
 def test_unset_flags_fall_through():
     args = parse([])
     assert all(getattr(args, dest) is None for dest in FLAG_SETTINGS)
@@ -214,6 +228,8 @@ def test_kv_cache_memory_units(text, value):
         ({"enable_prefix_caching": "maybe"}, {}, "enable_prefix_caching"),
         ({}, {"OPTION_PRECOMPILE": "sometimes"}, "precompile from environment"),
         ({"tool_call_parser": "xml"}, {}, "tool_call_parser from flags"),
+        ({"scheduling_policy": "lifo"}, {}, "scheduling_policy from flags must be one of"),
+        ({}, {"SCHEDULING_POLICY": "sjf"}, "scheduling_policy from environment"),
     ],
 )
 def test_bad_values_name_their_source(flags, environ, message):

@@ -58,6 +58,7 @@ def batching_plan(config: EngineConfig, max_model_len: int) -> BatchingPlan:
         max_model_len=max_model_len,
         batch_at_a_time=not rolling,
         max_batch_delay=config.max_batch_delay if mode == "dynamic" else 0.0,
+        policy=config.scheduling_policy,
     )
     return BatchingPlan(
         scheduler=scheduler,

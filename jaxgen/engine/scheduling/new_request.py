@@ -1,7 +1,7 @@
 """A request as an engine is asked to queue it, and the one ``add_request`` signature.
 
 ``Engine.add_request(request_id, prompt, prompt_token_ids, params, arrival_time=None,
-compiled_grammar=None, lora_request=None)`` is the public call (as vLLM's ``LLMEngine.add_request``). Each engine
+compiled_grammar=None, lora_request=None, priority=0)`` is the public call (as vLLM's ``LLMEngine.add_request``). Each engine
 writes its ``add_request`` over one ``NewRequest`` and ``@takes_request_fields`` gives it that
 call, so the signature is spelled here only; a wrapper engine hands the request on with
 ``NewRequest.add_to``.
@@ -30,11 +30,15 @@ class NewRequest:
     # The matcher of params.structured_outputs compiled already (GrammarCompiler), else None.
     compiled_grammar: Any = None
     lora_request: Any = None  # a jaxgen.lora.LoRARequest, or None: the base model
+    priority: int = 0  # lower first under scheduling_policy "priority" (vLLM's meaning)
 
     def add_to(self, engine) -> Request:
         """Queues this request on ``engine`` (an ``Engine``: how a wrapper hands the request on).
-        ``lora_request`` goes only when set: an engine without adapters needs no such argument."""
+        ``lora_request`` and ``priority`` go only when set: an engine without adapters or
+        priorities needs no such argument."""
         extra = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        if self.priority != 0:
+            extra["priority"] = self.priority
         return engine.add_request(
             self.request_id,
             self.prompt,
@@ -61,6 +65,7 @@ def takes_request_fields(
         arrival_time: float | None = None,
         compiled_grammar=None,
         lora_request=None,
+        priority: int = 0,
     ) -> Request:
         fields = NewRequest(
             request_id,
@@ -70,6 +75,7 @@ def takes_request_fields(
             arrival_time,
             compiled_grammar,
             lora_request,
+            priority,
         )
         return add(self, fields)
 

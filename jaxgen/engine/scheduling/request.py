@@ -25,6 +25,7 @@ class Request:
         eos_token_ids: tuple[int, ...],
         max_model_len: int,
         arrival_time: float | None = None,
+        priority: int = 0,
     ):
         self.request_id = request_id
         self.prompt = prompt
@@ -54,6 +55,7 @@ class Request:
                     params=seq_params,
                     arrival_time=self.arrival_time,
                     depends_on=self.seqs[0] if i > 0 else None,
+                    priority=priority,
                 )
             )
         self.detokenizers = [

@@ -4,6 +4,10 @@ Each step: running sequences first (decodes, then unfinished prefill chunks), FC
 sequences are admitted while slots, the token budget and pages last. A prompt longer than the
 budget is prefilled in chunks, so no step stalls the running decodes by more than one budget.
 When pages run out, the newest running sequence is preempted (its pages freed, recomputed later).
+The scheduling policy (``policy.py``) sets the orders: ``fcfs`` as above, or ``priority``, where
+the queue and the running sequences go by (priority, arrival), the one served last is the one
+preempted, and a waiting sequence of a higher priority preempts a running one for its slot or
+pages.
 LongRoPE models (Phi-3) rotate a sequence longer than their original context with other factors:
 a sequence that grows past it is recomputed in place, as transformers' generation does. When
 every layer attends within a sliding window (Mistral), pages that left every query's window are
@@ -19,6 +23,7 @@ import dataclasses
 import time
 
 from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE
+from jaxgen.engine.scheduling.policy import scheduling_policy
 from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
 
 
@@ -37,6 +42,7 @@ class SchedulerConfig:
     sliding_window: int | None = None
     # Distinct LoRA adapters that may run at once (their device slots; 0: the engine has none).
     max_loras: int = 0
+    policy: str = "fcfs"  # the scheduling policy (``policy.SCHEDULING_POLICIES``)
 
 
 @dataclasses.dataclass
@@ -78,6 +84,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, allocator):
         self.config = config
         self.allocator = allocator
+        self.policy = scheduling_policy(config.policy)
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -95,7 +102,7 @@ class Scheduler:
         if self.allocator.pages_needed(self.config.max_model_len) > self.allocator.num_usable_pages:
             raise ValueError("the KV pool cannot hold one sequence of max_model_len tokens")
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self.policy.queue(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -118,16 +125,16 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
 
-        # Running sequences, oldest first; decodes before unfinished prefills so they never wait.
-        order = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1,))
-        for seq in order:
+        # Running sequences in the policy's order (fcfs: oldest first); decodes before
+        # unfinished prefills so they never wait.
+        for seq in self.policy.running_order(self.running):
             if budget <= 0:
                 break
-            if seq not in self.running:  # preempted below to make room for an older one
+            if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not self.allocator.allocate(seq, seq.num_computed_tokens + num_new):
-                victim = self.running[-1]
+                victim = self.policy.victim(self.running)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
@@ -136,36 +143,55 @@ class Scheduler:
                 scheduled.append(ScheduledSequence(seq, num_new))
                 budget -= num_new
         scheduled = [s for s in scheduled if s.seq.status == SequenceStatus.RUNNING]
-        budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
-
         if self._may_admit(now):
-            skipped: list[Sequence] = []
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                seq = self.waiting[0]
-                # n > 1: wait for the sibling's prompt to share its pages; not under a batch policy,
-                # where waiting would push this sample into the next batch.
-                if (
-                    seq.depends_on is not None
-                    and not self.config.batch_at_a_time
-                    and not self._prefix_ready(seq.depends_on)
-                ):
-                    skipped.append(self.waiting.popleft())
-                    continue
-                if not self._adapter_fits(seq):  # waits for a LoRA slot; others go on
-                    skipped.append(self.waiting.popleft())
-                    continue
-                if not seq.block_table:
-                    seq.long_rope = self._wants_long_rope(seq)
-                    if not seq.wants_prompt_logprobs:  # those compute every position
-                        seq.num_computed_tokens = self.allocator.match_prefix(seq)
-                        seq.num_cached_tokens = seq.num_computed_tokens
-                num_new = min(seq.num_uncomputed_tokens, budget)
-                if not self.allocator.allocate(seq, seq.num_computed_tokens + num_new):
-                    if not self.running and not scheduled:
-                        raise RuntimeError("KV pool too small for a single sequence")
-                    self.allocator.free(seq)
-                    seq.num_computed_tokens = 0
+            scheduled = self._admit(now, scheduled, preempted)
+        self._track_peak(scheduled)
+        return SchedulerOutput(scheduled, preempted)
+
+    def _admit(
+        self, now: float, scheduled: list[ScheduledSequence], preempted: list[Sequence]
+    ) -> list[ScheduledSequence]:
+        """Admits waiting sequences, first in the queue first, while slots, the token budget
+        and pages last; under the priority policy one that finds no slot or pages preempts a
+        running sequence of a lower priority for them (``policy.displaced_by``). Returns the
+        step's sequences, the preempted ones taken out."""
+        budget = self.config.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
+        skipped: list[Sequence] = []
+        displaced: list[Sequence] = []
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if seq in displaced:  # preempted for a waiting one this step: not back at once
+                break
+            if len(self.running) >= self.config.max_num_seqs:
+                victim = self.policy.displaced_by(seq, self.running)
+                if victim is None:
                     break
+                budget += self._displace(victim, scheduled, displaced)
+                continue
+            # n > 1: wait for the sibling's prompt to share its pages; not under a batch policy,
+            # where waiting would push this sample into the next batch.
+            if (
+                seq.depends_on is not None
+                and not self.config.batch_at_a_time
+                and not self._prefix_ready(seq.depends_on)
+            ):
+                skipped.append(self.waiting.popleft())
+                continue
+            if not self._adapter_fits(seq):  # waits for a LoRA slot; others go on
+                skipped.append(self.waiting.popleft())
+                continue
+            if not seq.block_table:
+                seq.long_rope = self._wants_long_rope(seq)
+                if not seq.wants_prompt_logprobs:  # those compute every position
+                    seq.num_computed_tokens = self.allocator.match_prefix(seq)
+                    seq.num_cached_tokens = seq.num_computed_tokens
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.allocator.allocate(seq, seq.num_computed_tokens + num_new):
+                victim = self.policy.displaced_by(seq, self.running)
+                if victim is None:
+                    break
+                budget += self._displace(victim, scheduled, displaced)
+            else:
                 self.waiting.popleft()
                 seq.status = SequenceStatus.RUNNING
                 if seq.first_scheduled_time is None:
@@ -173,10 +199,24 @@ class Scheduler:
                 self.running.append(seq)
                 scheduled.append(ScheduledSequence(seq, num_new))
                 budget -= num_new
-            self.waiting.extendleft(reversed(skipped))
+                continue
+            if not self.running and not scheduled:
+                raise RuntimeError("KV pool too small for a single sequence")
+            self.allocator.free(seq)
+            seq.num_computed_tokens = 0
+            break
+        self.waiting.extendleft(reversed(skipped))
+        preempted.extend(displaced)
+        return [s for s in scheduled if s.seq.status == SequenceStatus.RUNNING]
 
-        self._track_peak(scheduled)
-        return SchedulerOutput(scheduled, preempted)
+    def _displace(
+        self, victim: Sequence, scheduled: list[ScheduledSequence], displaced: list[Sequence]
+    ) -> int:
+        """Preempts ``victim`` for a waiting sequence of a higher priority; returns the tokens
+        of this step's budget it held."""
+        self._preempt(victim)
+        displaced.append(victim)
+        return sum(s.num_new_tokens for s in scheduled if s.seq is victim)
 
     def _may_admit(self, now: float) -> bool:
         cfg = self.config
@@ -219,13 +259,14 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _requeue(self, seq: Sequence) -> None:
-        """Frees ``seq``'s pages and puts it first in the queue, to recompute from its tokens."""
+        """Frees ``seq``'s pages and puts it back in the queue (fcfs: first), to recompute from
+        its tokens."""
         self.running.remove(seq)
         self.allocator.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self.policy.requeue(self.waiting, seq)
 
     def requeue_all(self) -> list[Sequence]:
         """Sends every running sequence back to the queue to be recomputed from its tokens (the

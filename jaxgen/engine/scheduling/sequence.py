@@ -28,6 +28,7 @@ class Sequence:
         params=None,
         arrival_time: float | None = None,
         depends_on: Sequence | None = None,
+        priority: int = 0,
     ):
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
@@ -41,6 +42,7 @@ class Sequence:
         self.num_cached_tokens = 0  # of those, tokens reused from the prefix cache
         self.block_table: list[int] = []  # page ids, in order
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority  # lower first under the ``priority`` scheduling policy
         self.first_scheduled_time: float | None = None
         self.depends_on = depends_on  # a sibling whose prompt pages this one waits to share
         self.num_preemptions = 0

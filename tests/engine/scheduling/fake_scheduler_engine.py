@@ -14,6 +14,7 @@ import dataclasses
 
 from jaxgen.engine.scheduling.contiguous_allocator import ContiguousAllocator
 from jaxgen.engine.scheduling.page_allocator import SCRATCH_PAGE, PageAllocator
+from jaxgen.engine.scheduling.policy import priority_key
 from jaxgen.engine.scheduling.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from jaxgen.engine.scheduling.sequence import Sequence, SequenceStatus
 
@@ -54,6 +55,7 @@ class FakeEngine:
         max_batch_delay: float = 0.0,
         enable_prefix_caching: bool = True,
         contiguous: bool = False,
+        scheduling_policy: str = "fcfs",
     ):
         if contiguous:
             allocator = ContiguousAllocator(max_num_seqs, max_model_len, page_size)
@@ -69,6 +71,7 @@ class FakeEngine:
             max_model_len=max_model_len,
             batch_at_a_time=batch_at_a_time,
             max_batch_delay=max_batch_delay,
+            policy=scheduling_policy,
         )
         self.scheduler = Scheduler(self.config, allocator)
         self.kv: dict[int, list[tuple[int, ...] | None]] = {}
@@ -87,6 +90,7 @@ class FakeEngine:
         *,
         n: int = 1,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Req:
         """As ``Request``: n sequences, siblings depend on the first, max_tokens fits the model."""
         arrival = self.now if arrival_time is None else arrival_time
@@ -101,6 +105,7 @@ class FakeEngine:
                     index=i,
                     arrival_time=arrival,
                     depends_on=seqs[0] if i else None,
+                    priority=priority,
                 )
             )
         for seq in seqs:
@@ -197,11 +202,14 @@ class FakeEngine:
             else:
                 kinds.append(2)
         assert kinds == sorted(kinds), f"decodes, then prefill chunks, then admissions: {kinds}"
-        # Preemption takes the newest running sequences: every survivor is older than a victim.
-        victims = [order[seq.seq_id] for seq in out.preempted if seq.seq_id in order]
-        survivors = [order[s.seq_id] for s in before_running if s not in out.preempted]
+        # Preemption takes the running sequences served last (fcfs: the newest; priority: the
+        # highest priority number, then the latest arrival): every survivor comes before a victim.
+        keys = {seq.seq_id: priority_key(seq) for seq in before_running}
+        rank = order.get if cfg.policy == "fcfs" else keys.get
+        victims = [rank(seq.seq_id) for seq in out.preempted if seq.seq_id in order]
+        survivors = [rank(s.seq_id) for s in before_running if s not in out.preempted]
         if victims and survivors:
-            assert max(survivors) < min(victims), "preempted an older sequence before a newer one"
+            assert max(survivors) < min(victims), "preempted a sequence served before another"
         # With budget for every running sequence, no running decode waits (unless preempted).
         if cfg.max_num_batched_tokens >= cfg.max_num_seqs:
             for seq in before_running:
