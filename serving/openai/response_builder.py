@@ -339,7 +339,11 @@ def usage(result, reasoning=None) -> dict:
         thinking = sum(reasoning.count_tokens(c.token_texts) for c in result.completions)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached_tokens(result)},
+        # cache_write_tokens (the openai SDK's field): prompt tokens computed into the KV cache.
+        "input_tokens_details": {
+            "cached_tokens": cached_tokens(result),
+            "cache_write_tokens": prompt - cached_tokens(result),
+        },
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": thinking},
         "total_tokens": prompt + output,

@@ -53,6 +53,9 @@ def test_responses_text_and_usage(oai):
     assert response.output_text == message.content[0].text and response.output_text
     assert response.usage.output_tokens == 6
     assert response.usage.input_tokens_details.cached_tokens >= 0
+    details = response.usage.input_tokens_details
+    assert details.cached_tokens + details.cache_write_tokens == response.usage.input_tokens
+    type(response).model_validate(response.model_dump())  # every field the SDK requires
     assert response.instructions == "Be brief."
     chat = oai.chat.completions.create(
         model="tiny",
