@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,7 +46,7 @@ def measure(model: str | None, quantization: str, kv_cache_memory: int) -> dict:
             compiles = compile_count() - before
         rows.append((label, memory_in_use(), seconds, compiles))
 
-    weights = {name: np.array(value) for name, value in named_values(llm.params).items()}
+    weights = jax.tree.map(np.array, named_values(llm.params))  # quantised weights too
     step("sleep(level=1)", llm.sleep, 1)
     step("wake_up()", llm.wake_up)
     step("sleep(level=2)", llm.sleep, 2)

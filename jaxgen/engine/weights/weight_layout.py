@@ -111,10 +111,12 @@ class _Entry:
 
 def _describe(value) -> str:
     if isinstance(value, QuantizedWeight):
-        return f"a {value.kind} QuantizedWeight of shape {tuple(value.shape)}"
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"a {np.dtype(value.dtype)} array of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
+        what = f"{value.kind} QuantizedWeight of shape {tuple(value.shape)}"
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):
+        what = f"{np.dtype(value.dtype)} array of shape {tuple(value.shape)}"
+    else:
+        what = type(value).__name__
+    return ("an " if what[0] in "aeiou" else "a ") + what
 
 
 class WeightLayout:
