@@ -6,6 +6,8 @@ state does not allow are clear errors."""
 
 from __future__ import annotations
 
+import gc
+
 import jax
 import numpy as np
 import pytest
@@ -36,6 +38,7 @@ def before(llm):
 
 
 def live_bytes() -> int:
+    gc.collect()  # what other tests left in reference cycles does not count
     return memory_in_use()["live_array_bytes"]
 
 
