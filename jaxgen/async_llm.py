@@ -17,11 +17,13 @@ from collections.abc import AsyncIterator
 
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.create_engine import create_engine
-from jaxgen.engine.errors import EngineDeadError, StepFailed
+from jaxgen.engine.errors import EngineDeadError, EngineSleepingError, StepFailed
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.engine.scheduling.policy import check_priority
 from jaxgen.engine.structured.grammar_masks import grammar_compiler
 from jaxgen.engine.structured.grammar_threads import default_grammar_threads
+from jaxgen.engine.thread_results import concurrent_result
+from jaxgen.loaders.checkpoint_weights import read_checkpoint_weights
 from jaxgen.outputs import CompletionOutput, RequestOutput
 from jaxgen.sampling_params import SamplingParams
 
@@ -66,6 +68,9 @@ class AsyncLLM:
         # The LoRA adapters the engine knows, by lora_int_id (``add_lora``, ``remove_lora``).
         self.loras: dict = {}
         self.dead: EngineDeadError | None = None  # set once the engine cannot step any more
+        # Set as ``sleep`` is asked for (new requests are refused from then on), cleared once
+        # ``wake_up`` has woken every part: what the server's admission reads.
+        self.sleeping = engine.is_sleeping()
         self._thread = threading.Thread(target=self._loop, name="jaxgen-engine", daemon=True)
         self._thread.start()
 
@@ -114,6 +119,8 @@ class AsyncLLM:
             raise RuntimeError("AsyncLLM is shut down")
         if self.dead is not None:
             raise self.dead
+        if self.sleeping:
+            raise EngineSleepingError("the engine is asleep: await wake_up() before generating")
         priority = check_priority(priority, self.scheduling_policy)
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
@@ -182,20 +189,50 @@ class AsyncLLM:
             adapter = await asyncio.get_running_loop().run_in_executor(
                 None, lora.read, lora_request
             )
-        await self._call(("add_lora", lora_request, adapter))
+        await self._call(self.engine.add_lora, lora_request, adapter)
         self.loras[lora_request.lora_int_id] = lora_request
 
     async def remove_lora(self, lora_int_id: int) -> None:
         """Forgets an adapter; ``ValueError`` when unknown or in use by unfinished requests."""
-        await self._call(("remove_lora", lora_int_id))
+        await self._call(self.engine.remove_lora, lora_int_id)
         self.loras.pop(lora_int_id, None)
 
-    async def _call(self, command: tuple):
-        """Runs ``command`` on the engine thread and waits for it (its error raised here)."""
+    # -- weights that change, and sleep mode (``LLM``'s, on the engine thread; docs/rl.md) --------
+    async def update_weights(self, params) -> None:
+        """``LLM.update_weights``, between two steps (``EngineBusyError`` while requests run)."""
+        await self._call(self.engine.update_weights, params)
+
+    async def update_weights_from_path(self, path: str) -> None:
+        """Reads the checkpoint off the engine's thread, then swaps it in (``update_weights``)."""
+        loop = asyncio.get_running_loop()
+        params = await loop.run_in_executor(None, read_checkpoint_weights, path, self.engine.loaded)
+        await self.update_weights(params)
+
+    async def sleep(self, level: int = 1) -> None:
+        """``LLM.sleep``: new requests are refused from the call on (``EngineSleepingError``)."""
+        self.sleeping = True
+        try:
+            await self._call(self.engine.sleep, level)
+        finally:
+            self.sleeping = self.engine.is_sleeping()
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """``LLM.wake_up``; requests are taken again once every part is awake."""
+        try:
+            await self._call(self.engine.wake_up, tags)
+        finally:
+            self.sleeping = self.engine.is_sleeping()
+
+    async def is_sleeping(self) -> bool:
+        return self.sleeping
+
+    async def _call(self, function, *args):
+        """Runs ``function(*args)`` on the engine thread, between steps, and waits for it (its
+        result returned, its error raised here)."""
         if self.dead is not None:
             raise self.dead
         done = concurrent_result(asyncio.get_running_loop())
-        self._commands.put((*command, done))
+        self._commands.put(("call", function, args, done))
         return await done
 
     async def abort(self, request_id: str) -> None:
@@ -293,17 +330,14 @@ class AsyncLLM:
                 done.set_result(None)
         elif kind == "abort":
             self.engine.abort(command[1])
-        elif kind in ("add_lora", "remove_lora"):
-            *args, done = command[1:]
+        elif kind == "call":  # adapters, weights, sleep mode: between two steps
+            _, function, args, done = command
             try:
-                if kind == "add_lora":
-                    self.engine.add_lora(*args)
-                else:
-                    self.engine.remove_lora(*args)
+                result = function(*args)
             except BaseException as e:
                 done.set_exception(e)
             else:
-                done.set_result(None)
+                done.set_result(result)
 
     def _deliver(self, request_id: str, item) -> None:
         entry = self._streams.get(request_id)
@@ -321,32 +355,6 @@ class AsyncLLM:
         for request_id in list(self.engine.requests):
             self.engine.abort(request_id)
             self._deliver(request_id, RuntimeError(message))
-
-
-class concurrent_result:  # noqa: N801 - awaitable set from another thread
-    """A future on ``loop`` that the engine thread resolves."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.future = loop.create_future()
-
-    def set_result(self, value) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.future, value, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.future, None, error)
-
-    def __await__(self):
-        return self.future.__await__()
-
-
-def _settle(future: asyncio.Future, value, error) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
 
 
 def _delta(out: RequestOutput, sent: dict) -> RequestOutput:

@@ -14,6 +14,7 @@ from jaxgen.engine.decoding.beam_search import run_beam_search
 from jaxgen.engine.pooling import PoolingParams, classify_outputs, embed_outputs, score_outputs
 from jaxgen.engine.scheduling.policy import check_priority
 from jaxgen.engine.scheduling.prompt_inputs import normalize_params, normalize_prompts, per_prompt
+from jaxgen.loaders.checkpoint_weights import read_checkpoint_weights
 from jaxgen.loaders.pooling_model import open_pooling_engine, pooling_beside
 from jaxgen.outputs import RequestOutput
 from jaxgen.quantization.stats import weight_stats
@@ -71,14 +72,45 @@ class LLM:
         source = dict(dtype=dtype, config=config, revision=revision, gguf_file=gguf_file)
         self.pooling = open_pooling_engine(model, **source)  # None: a generation model
         self.engine = None if self.pooling else create_engine(model, **source)  # TP, replicas
-        self.loaded = (self.pooling or self.engine).loaded
         self._config = config
         self._ids = itertools.count()
+
+    @property
+    def loaded(self):
+        """The ``LoadedModel``: config, tokenizer, graph and the weights as they are now."""
+        return (self.engine or self.pooling).loaded
 
     @property
     def params(self):
         """The placed parameter pytree (an ``nnx.State``) — inspect shapes and shardings here."""
         return (self.engine or self.pooling).params
+
+    # -- weights that change, and sleep mode (vLLM's and SGLang's names; docs/rl.md) -------------
+    def update_weights(self, params) -> None:
+        """Swaps in new weights between generate calls: ``params`` in the model's naming (an
+        ``nnx.State`` like ``params``, a nested or dotted-name dict), each of the model's dtype
+        and shape; ``ValueError`` naming the first that does not fit (the old weights stay).
+        No compile; arrays already on the engine's devices and shardings are held, not copied.
+        The prefix cache is emptied. ``jaxgen.engine.weights``."""
+        self._generator().update_weights(params)
+
+    def update_weights_from_path(self, path: str) -> None:
+        """``update_weights`` from an HF checkpoint directory (safetensors) or a ``jaxgen
+        convert`` (orbax) directory, read in the model's dtype and quantisation."""
+        self.update_weights(read_checkpoint_weights(path, self._generator().loaded))
+
+    def sleep(self, level: int = 1) -> None:
+        """Frees the device memory (vLLM's sleep mode): level 1 keeps the weights on the
+        host, level 2 discards them (``update_weights`` brings new ones); generation raises
+        ``EngineSleepingError`` until ``wake_up``."""
+        self._generator().sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Takes back what ``sleep`` freed: ``tags`` "weights", "kv_cache" (None: both)."""
+        self._generator().wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self._generator().is_sleeping()
 
     def embed(self, prompts, pooling_params: PoolingParams | None = None, *, use_tqdm=False):
         """Each prompt's embedding (``EmbeddingRequestOutput``, ``.outputs.embedding``); see

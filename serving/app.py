@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving import invocations
+from serving import admin_routes, invocations
 from serving.metrics import ServerMetrics, watch_engine_steps
 from serving.middleware import ApiKeyMiddleware, RequestIdMiddleware
 from serving.openai import (
@@ -117,6 +117,7 @@ def create_app(
         *embedding_routes.ROUTES,
         *score_routes.ROUTES,
         *invocations.ROUTES,
+        *admin_routes.ROUTES,
     ]
     pooling = [*embedding_routes.ROUTES, *score_routes.ROUTES, *tokenize_routes.ROUTES]
     routes = refuse_generation_on_pooling(routes, keep=pooling)

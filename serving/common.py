@@ -26,6 +26,7 @@ ERROR_STATUS = {
     "timeout": 408,
     "overloaded": 429,
     "unavailable": 503,
+    "conflict": 409,
     "not_found": 404,
     "model_not_found": 404,
     "generation": 500,

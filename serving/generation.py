@@ -9,9 +9,10 @@ import functools
 import math
 from collections.abc import AsyncIterator
 
+from jaxgen.engine.errors import EngineSleepingError
 from jaxgen.outputs import RequestOutput
 from jaxgen.sampling_params import SamplingParams
-from serving.validation import RequestError
+from serving.validation import RequestError, sleeping_error
 
 
 class TokenTexts:
@@ -171,6 +172,9 @@ class Generation:
         except ValueError as error:  # the engine refused the request (checks missed by validation)
             outcome = "rejected"
             raise RequestError(str(error)) from None
+        except EngineSleepingError as error:  # put to sleep after this request was admitted
+            outcome = "rejected"
+            raise sleeping_error(str(error)) from None
         except RuntimeError as error:
             if "shut down" in str(error):
                 raise GenerationAborted("the engine is shut down") from None

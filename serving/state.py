@@ -17,7 +17,7 @@ from serving.openai.response_store import ResponseStore
 from serving.settings.parsers import SettingsError
 from serving.settings.resolve import ServerSettings
 from serving.structured_output_requests import compiler_of
-from serving.validation import RequestError
+from serving.validation import RequestError, sleeping_error
 from serving.workers import Workers
 
 logger = logging.getLogger("serving")
@@ -210,7 +210,8 @@ class ServerState:
             raise
 
     def admit(self) -> Ticket:
-        """A slot for one request, or a ``RequestError`` (503 not ready, 429 overloaded)."""
+        """A slot for one request, or a ``RequestError`` (503 not ready or asleep, 429
+        overloaded)."""
         if self.status != READY:
             self.metrics.rejected.labels(reason="unavailable").inc()
             if self.load_error is not None:
@@ -220,6 +221,9 @@ class ServerState:
             else:
                 message = "Model is loading" if self.phase == LOADING else "Server is shutting down"
             raise RequestError(message, kind="unavailable")
+        if getattr(self.llm, "sleeping", False):  # sleep mode (serving/admin_routes.py)
+            self.metrics.rejected.labels(reason="sleeping").inc()
+            raise sleeping_error()
         if self.in_flight >= self.limits.max_concurrent_requests:
             self.metrics.rejected.labels(reason="overloaded").inc()
             raise RequestError("Model is overloaded", kind="overloaded")

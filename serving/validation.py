@@ -25,20 +25,41 @@ class RequestError(Exception):
         message: shown to the client.
         param: the offending parameter (OpenAI's ``param``), if any.
         kind: "validation", "invalid_json", "too_large", "unsupported_media_type", "timeout",
-            "overloaded", "unavailable", "not_found", "model_not_found" or "generation"; each
-            route family maps it to a status code.
+            "overloaded", "unavailable", "conflict", "not_found", "model_not_found" or
+            "generation"; each route family maps it to a status code.
+        retry_after: seconds for the response's ``Retry-After`` (a sleeping model's 503).
     """
 
-    def __init__(self, message: str, *, param: str | None = None, kind: str = "validation"):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        kind: str = "validation",
+        retry_after: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
         self.kind = kind
+        self.retry_after = retry_after
 
     @property
     def headers(self) -> dict[str, str] | None:
-        """Response headers: a body read that timed out leaves the connection unusable."""
-        return {"connection": "close"} if self.kind == "timeout" else None
+        """Response headers: a body read that timed out leaves the connection unusable; a
+        refusal to retry later says when."""
+        headers = {"connection": "close"} if self.kind == "timeout" else {}
+        if self.retry_after is not None:
+            headers["retry-after"] = str(self.retry_after)
+        return headers or None
+
+
+SLEEPING_RETRY_AFTER_S = 5  # what a request refused while the model sleeps is told to wait
+
+
+def sleeping_error(message: str = "The model is sleeping (POST /wake_up wakes it)") -> RequestError:
+    """The 503 of a request that arrives while the model sleeps, with ``Retry-After``."""
+    return RequestError(message, kind="unavailable", retry_after=SLEEPING_RETRY_AFTER_S)
 
 
 def check_content_type(content_type: str | None) -> None:

@@ -68,6 +68,25 @@ class Engine(Protocol):
         """Forgets every cached prompt page (a benchmark's warm pass starts without reuse)."""
         ...
 
+    def update_weights(self, params) -> None:
+        """Runs on new weights (a tree in the model's naming) from the next step, between
+        steps of an idle engine; ``ValueError`` naming the first parameter that does not fit
+        (the old weights stay)."""
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Frees the KV pool and the weights on the devices (1: weights kept on the host, 2:
+        discarded), vLLM's sleep mode; an idle engine only."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Takes back what ``sleep`` freed ("weights", "kv_cache"; None: both)."""
+        ...
+
+    def is_sleeping(self) -> bool:
+        """Whether any part sleeps (requests are refused meanwhile)."""
+        ...
+
     def shutdown(self) -> None:
         """Releases what the engine holds besides memory (threads, followers)."""
         ...

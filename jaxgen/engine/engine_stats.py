@@ -33,6 +33,8 @@ def engine_stats(engine) -> dict:
         "multi_step_calls": engine.multi_step_calls,
         "failed_steps": engine.failed_steps,
         "engine_dead": engine.dead is not None,
+        "is_sleeping": engine.is_sleeping(),
+        "sleep_level": engine.sleep_mode.level,
         "step_time_s": engine.step_time,
         "compiles": compile_counter.compile_count(),
         "compile_cache_hits": compile_counter.cache_hit_count(),

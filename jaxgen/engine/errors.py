@@ -1,4 +1,5 @@
-"""Errors an engine step raises, so front ends can tell a failed step from a dead engine."""
+"""Errors an engine step raises, so front ends can tell a failed step from a dead engine; and
+those of its sleep mode and weight updates (``jaxgen.engine.weights``)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ class EngineDeadError(RuntimeError):
     def __init__(self, message: str, request_ids: list[str] | None = None):
         super().__init__(message)
         self.request_ids = list(request_ids or [])
+
+
+class EngineBusyError(RuntimeError):
+    """``sleep`` or ``update_weights`` asked of an engine with unfinished requests: refused
+    (vLLM's sleep mode needs an idle engine), and the requests go on."""
+
+
+class SleepModeError(RuntimeError):
+    """A sleep-mode call the engine's state does not allow: ``sleep`` while asleep, ``wake_up``
+    while awake, ``update_weights`` while the weights wait on the host (level 1), waking weights
+    that ``sleep(level=2)`` discarded."""
+
+
+class EngineSleepingError(SleepModeError):
+    """A request (or a precompile) for an engine that is asleep: ``wake_up()`` first."""

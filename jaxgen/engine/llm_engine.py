@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from jaxgen.config.engine_config import EngineConfig
 from jaxgen.engine.compiled.compile_counter import compile_count
 from jaxgen.engine.compiled.precompile import precompile_engine
@@ -18,6 +20,7 @@ from jaxgen.engine.step.executor import DispatchedStep, StepExecutor
 from jaxgen.engine.step.step_modes import plain_step, step_ahead
 from jaxgen.engine.step.step_stages import StepStages
 from jaxgen.engine.step_observers import StepObservers
+from jaxgen.engine.weights import SleepMode, WeightLayout, named_values, require_idle
 from jaxgen.outputs import RequestOutput
 from jaxgen.reasoning import gate_grammar
 from jaxgen.sampling_params import SamplingParams
@@ -81,6 +84,9 @@ class LLMEngine(StepStages, Engine):
         # before_fetch.
         self.fault_hook = None
         self._compiles_seen = compile_count()
+        # What new weights must match (``update_weights``), and what sleeps (``sleep``).
+        self.weight_layout = WeightLayout.of(loaded.params)
+        self.sleep_mode = SleepMode()
         if config.precompile:
             self.precompile()
 
@@ -89,6 +95,7 @@ class LLMEngine(StepStages, Engine):
         every row bucket (``precompile.precompile_engine``); every sampling configuration runs
         those executables, so ``sampling_params`` changes nothing (accepted for compatibility).
         Call it before requests arrive. Returns the compiles it took."""
+        self.sleep_mode.check_awake("precompile()")
         return precompile_engine(self)
 
     # -- requests --------------------------------------------------------------------------------
@@ -101,6 +108,7 @@ class LLMEngine(StepStages, Engine):
         ``AsyncLLM`` compile off the engine's thread), else it is compiled here; a constraint's
         ``reasoning`` span puts it behind a ``jaxgen.reasoning.ReasoningGate``."""
         request_id, prompt_token_ids, params = new.request_id, new.prompt_token_ids, new.params
+        self.sleep_mode.check_awake("adding requests")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         priority = check_priority(new.priority, self.config.scheduling_policy)
@@ -231,6 +239,58 @@ class LLMEngine(StepStages, Engine):
         self.scheduler.allocator.reset_prefix_cache()
         if self.cache_events is not None:
             self.cache_events.after_step()
+
+    # -- weights that change, and sleep mode (``jaxgen.engine.weights``; docs/rl.md) -------------
+    def update_weights(self, params) -> None:
+        """Runs on ``params`` from the next step: a tree in the model's naming
+        (``WeightLayout.place``: every parameter is checked before any is placed, a
+        ``ValueError`` names the first that does not fit and the old weights stay). No
+        compile; device arrays of the engine's shardings are held as given. The prefix cache
+        is emptied. After ``sleep(level=2)`` this is how weights come back."""
+        require_idle(self, "update_weights")
+        self.sleep_mode.check_update()
+        asleep = self.sleep_mode.weights_asleep
+        kept = self.sleep_mode.buffers if asleep else named_values(self.runner.params)
+        self._run_on(self.weight_layout.place(params, kept))
+        self.sleep_mode.weights_restored()
+        self.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Frees the KV pool and the weights on the devices (``sleep_mode``): level 1 keeps
+        the weights on the host, level 2 discards them. ``EngineBusyError`` while requests
+        are unfinished, ``SleepModeError`` when asleep already."""
+        self.sleep_mode.check_sleep(level)
+        require_idle(self, "sleep")
+        self.sleep_mode.fall_asleep(level, self.runner.params, self.weight_layout)
+        self.runner.release_pool()
+        self.runner.release_params(self.weight_layout.abstract_state())
+        self.loaded = dataclasses.replace(self.loaded, params=self.runner.params)
+        self.reset_prefix_cache()  # the pages' K/V are gone
+        draft = None if self.speculator is None else self.speculator.draft_engine
+        if draft is not None:  # offloaded at either level: new weights are the target's
+            draft.sleep(1)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Takes back what ``sleep`` freed: ``tags`` ("weights", "kv_cache"; None: both).
+        ``SleepModeError`` when awake, or for weights ``sleep(level=2)`` discarded."""
+        weights, kv_cache = self.sleep_mode.check_wake(tags)
+        if weights:
+            self._run_on(self.weight_layout.place(self.sleep_mode.host_weights))
+            self.sleep_mode.weights_restored()
+        if kv_cache:
+            self.runner.allocate_pool()
+            self.sleep_mode.kv_restored()
+        draft = None if self.speculator is None else self.speculator.draft_engine
+        if draft is not None and not self.is_sleeping() and draft.is_sleeping():
+            draft.wake_up()
+
+    def is_sleeping(self) -> bool:
+        """Whether the weights or the KV pool sleep (requests are refused meanwhile)."""
+        return self.sleep_mode.asleep
+
+    def _run_on(self, params) -> None:
+        self.runner.set_params(params)
+        self.loaded = dataclasses.replace(self.loaded, params=params)
 
     def shutdown(self) -> None:
         """Closes the KV events' publisher, the one thread an engine may hold."""

@@ -93,6 +93,12 @@ def load_orbax(path: str, *, dtype, place=None, start: float | None = None):
     return LoadedModel(config, graphdef, params, tokenizer, path, dtype, seconds)
 
 
+def read_orbax_params(path: str, *, dtype):
+    """The parameter state of a converted directory alone, in ``dtype``, on the default device
+    (no tokenizer: ``LLM.update_weights_from_path``)."""
+    return _restore(path, read_metadata(path), dtype, None)[0]
+
+
 def _restore(path: str, metadata: dict, dtype, place):
     import orbax.checkpoint as ocp  # start-up time: 0.5 s to import, for converted models only
 

@@ -132,6 +132,19 @@ class LeaderEngine(Engine):
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()
 
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
+    # -- refused: the followers' weights and memory are their own --------------------------------
+    def update_weights(self, params) -> None:
+        raise ValueError("update_weights is not supported across hosts")
+
+    def sleep(self, level: int = 1) -> None:
+        raise ValueError("sleep is not supported across hosts")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        raise ValueError("wake_up is not supported across hosts (nor is sleep)")
+
     # -- published to the followers -------------------------------------------------------------
     @takes_request_fields
     def add_request(self, new: NewRequest):

@@ -15,6 +15,7 @@ from jaxgen.engine.engine_interface import Engine
 from jaxgen.engine.errors import StepFailed
 from jaxgen.engine.llm_engine import LLMEngine
 from jaxgen.engine.scheduling.new_request import NewRequest, takes_request_fields
+from jaxgen.engine.weights import require_idle
 from jaxgen.outputs import RequestOutput
 
 # stats() keys that are per-engine settings (taken from replica 0) or process-wide, not summed.
@@ -29,6 +30,8 @@ _SHARED_STATS = (
     "compiles",
     "compile_cache_hits",
     "grammar_compile_s",
+    "is_sleeping",
+    "sleep_level",
 )
 
 
@@ -40,7 +43,7 @@ class ReplicatedEngine(Engine):
             raise ValueError("ReplicatedEngine needs at least one engine")
         self.engines = engines
         first = engines[0]
-        self.loaded, self.config, self.tokenizer = first.loaded, first.config, first.tokenizer
+        self.config, self.tokenizer = first.config, first.tokenizer
         self.max_model_len = first.max_model_len
         self.kv_bytes_per_token = first.kv_bytes_per_token
         self.outstanding_tokens = [0] * len(engines)  # per replica, unfinished requests only
@@ -49,6 +52,11 @@ class ReplicatedEngine(Engine):
         self._pool = concurrent.futures.ThreadPoolExecutor(len(engines), "jaxgen-replica")
         self.num_steps = 0
         self.last_batch_size = 0
+
+    @property
+    def loaded(self):
+        """Replica 0's model (its weights as they are now)."""
+        return self.engines[0].loaded
 
     @property
     def batching(self):
@@ -90,6 +98,26 @@ class ReplicatedEngine(Engine):
     def reset_prefix_cache(self) -> None:
         for engine in self.engines:
             engine.reset_prefix_cache()
+
+    # -- weights and sleep mode: every replica alike ----------------------------------------------
+    def update_weights(self, params) -> None:
+        """Every replica runs on ``params``, each placed on its own devices (replica 0 checks
+        them first: a mismatch swaps none)."""
+        require_idle(self, "update_weights")
+        for engine in self.engines:
+            engine.update_weights(params)
+
+    def sleep(self, level: int = 1) -> None:
+        require_idle(self, "sleep")
+        for engine in self.engines:
+            engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        for engine in self.engines:
+            engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engines[0].is_sleeping()
 
     @property
     def requests(self) -> dict:

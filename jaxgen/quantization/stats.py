@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxgen.quantization.quantized_weight import QuantizedWeight
@@ -12,7 +13,8 @@ from jaxgen.quantization.quantized_weight import QuantizedWeight
 
 def weight_stats(loaded) -> dict:
     """``quantization`` (as loaded), ``weight_dtypes`` ({kind or dtype: parameter count}) and
-    ``parameter_bytes`` (every stored leaf: values, scales, minimums, float parameters)."""
+    ``parameter_bytes`` (every stored leaf: values, scales, minimums, float parameters; the
+    same while the weights sleep)."""
     kinds: dict[str, int] = {}
     total = 0
     for _, var in nnx.to_flat_state(loaded.params):
@@ -26,9 +28,14 @@ def weight_stats(loaded) -> dict:
         else:
             name, count = str(value.dtype), math.prod(value.shape)
         kinds[name] = kinds.get(name, 0) + count
-        total += sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(value))
+        total += sum(_nbytes(leaf) for leaf in jax.tree_util.tree_leaves(value))
     return {
         "quantization": getattr(loaded, "quantization", "none"),
         "weight_dtypes": kinds,
         "parameter_bytes": total,
     }
+
+
+def _nbytes(leaf) -> int:
+    """An array's bytes, or a ``jax.ShapeDtypeStruct``'s (a sleeping engine's parameters)."""
+    return math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize

@@ -73,6 +73,11 @@ class StoredJit:
     def __getattr__(self, attribute):
         return getattr(self._jitted, attribute)
 
+    def forget_arguments(self) -> None:
+        """Drops the lists the last calls passed (kept so as not to walk them again), so that
+        their arrays can be freed: an engine's weights, when it sleeps or takes new ones."""
+        self._list_signatures.clear()
+
     def stored(self, *args, **kwargs):
         """The executable a call with these arguments runs from the store (a
         ``jax.stages.Compiled``: its ``memory_analysis`` is the step's own), or None when that

@@ -9,6 +9,7 @@ knows nothing of sequences or requests.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 
 import jax
@@ -127,6 +128,41 @@ class ModelRunner:
     def precompile_page_moves(self) -> None:
         """Compiles every bucket of the host tier's page copies (on the scratch page)."""
         self.kv_cache = self.page_mover.precompile(self.kv_cache)
+
+    # -- weights that change, and sleep mode (``jaxgen.engine.weights``) -------------------------
+    def set_params(self, params) -> None:
+        """Steps run on ``params`` (an ``nnx.State`` laid out as the loaded one) from now on,
+        put in the backend's form again; equal shapes, dtypes and shardings keep every
+        compiled step (the parameters are the step's arguments)."""
+        step_params, head_kernel = self.backend.prepare_params(params, self.config)
+        arrays, flat = FlatParams.flatten(step_params, head_kernel)
+        self.params, self.step_params, self.head_kernel = params, step_params, head_kernel
+        self._param_arrays, self._flat_params = arrays, flat
+        self._free_old_weights()
+
+    def _free_old_weights(self) -> None:
+        """Frees the weights let go of now: the executable store keeps the parameter list a
+        step was last called with (so as not to walk it again), and parts of an old parameter
+        state sit in reference cycles, which only a collection frees."""
+        forget = getattr(self._step, "forget_arguments", None)
+        if forget is not None:
+            forget()
+        gc.collect()
+
+    def release_params(self, abstract) -> None:
+        """Drops the parameters (sleep mode): ``params`` becomes ``abstract`` (their shapes);
+        no step can run until ``set_params``."""
+        self.params, self.step_params, self.head_kernel = abstract, None, None
+        self._param_arrays = []
+        self._free_old_weights()
+
+    def release_pool(self) -> None:
+        """Drops the KV pool (sleep mode) until ``allocate_pool``."""
+        self.kv_cache = None
+
+    def allocate_pool(self) -> None:
+        """A zeroed KV pool of the layout and sharding the steps were compiled for."""
+        self.kv_cache = self._allocate_pool()
 
     def recover(self) -> bool:
         """Makes the runner usable after a step raised. The pool was donated to that step, so

@@ -111,6 +111,12 @@ class Speculator:
         self.rows = 1  # decode rows of the step the last drafts were proposed for
         self.num_proposals = 0  # candidates given a length since costs were measured
 
+    @property
+    def draft_engine(self):
+        """The draft model's engine (method "draft_model"), else None: it sleeps and wakes with
+        the target's."""
+        return getattr(self.proposer, "engine", None)
+
     def propose(
         self, running: list[Sequence], allocator, token_budget: int, max_model_len: int
     ) -> list[Draft]:
