@@ -50,6 +50,11 @@ class EngineStatsCollector:
             ("jaxgen_engine_steps", "Engine steps run.", "steps"),
             ("jaxgen_engine_failed_steps", "Engine steps that raised.", "failed_steps"),
             (
+                "jaxgen_prefix_cache_hit_pages",
+                "Prompt KV pages reused from the prefix cache.",
+                "prefix_cache_hit_pages",
+            ),
+            (
                 "jaxgen_compiles",
                 "XLA compilations in this process (precompiling included); none after ready.",
                 "compiles",
