@@ -52,7 +52,7 @@ class EngineStatsCollector:
             ("jaxgen_engine_failed_steps", "Engine steps that raised.", "failed_steps"),
             (
                 "jaxgen_prefix_cache_hit_pages",
-                "KV pages reused from the prefix cache.",
+                "Prompt KV pages reused from the prefix cache.",
                 "prefix_cache_hit_pages",
             ),
             (

@@ -1,32 +1,46 @@
 """jaxgen replicas on Ray Serve: each replica is jaxgen's own server around its own engine.
 
-Every replica (a Ray actor) loads the model into an ``AsyncLLM`` and serves the same Starlette
-app as ``jaxgen serve`` (TGI and OpenAI routes, ``/health``, ``/metrics``) through
-``serve.ingress``; Ray's HTTP proxy routes requests to replicas (power of two choices on
-ongoing requests) and streams responses through. Each response carries the replica's id in
-``x-jaxgen-replica``, and every metric sample a ``replica`` label. Ray's health check calls
-``check_health``, which fails once the engine has died, so Ray replaces the replica. On
-shutdown Ray stops routing to the replica, waits up to ``graceful_shutdown_timeout_s`` for its
-requests, then runs the app's lifespan shutdown (which drains what is left, up to the server's
-``drain_timeout``) and stops the engine.
+Every replica (a Ray actor) loads the model into an ``AsyncLLM`` and runs the same Starlette app
+as ``jaxgen serve`` (TGI and OpenAI routes, ``/health``, ``/metrics``). How requests reach it is
+``ReplicaOptions.request_router``:
+
+- ``prefix`` (the default): an ingress deployment (``serving.ray_routing``) takes HTTP, reads
+  each body and forwards the request through a ``DeploymentHandle`` to a ``RoutedReplica``'s
+  ``forward``; the engine deployment's request router (``PrefixRouter``) sends it to the replica
+  that holds the longest prefix of its prompt, or by load when that one is overloaded.
+- ``default``: the replicas (``JaxgenReplica``) are the HTTP ingress (``serve.ingress``) and
+  Ray's proxy places requests with Ray's default router (power of two choices on ongoing
+  requests).
+
+Either way each response carries the replica's id in ``x-jaxgen-replica``, and every metric
+sample a ``replica`` label. Ray's health check calls ``check_health``, which fails once the
+engine has died, so Ray replaces the replica. On shutdown Ray stops routing to the replica,
+waits up to ``graceful_shutdown_timeout_s`` for its requests, then runs the app's lifespan
+shutdown (which drains what is left, up to the server's ``drain_timeout``) and stops the engine.
 
 Entry points: ``jaxgen serve --ray --num-replicas N ...`` (:func:`run`), ``serve run
 serving.ray_app:build_app model=...`` and ``serve deploy deploy/ray/serve_config.yaml``
-(:func:`build_app` takes the YAML's ``args``). This is the only module that imports Ray.
+(:func:`build_app` takes the YAML's ``args``). Ray is imported only here and in
+``serving.ray_routing``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 from typing import Any
 
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 
 from serving.app import create_app
 from serving.model_loading import build_llm
+from serving.ray_routing.ingress_deployment import INGRESS_NAME, JaxgenIngress
+from serving.ray_routing.prefix_router import PrefixRouter
+from serving.ray_routing.replica_bridge import ForwardedRequest, serve_forwarded
 from serving.settings.flags import FLAG_SETTINGS, check_engine_knobs
 from serving.settings.resolve import resolve_settings
 
@@ -34,6 +48,7 @@ logger = logging.getLogger("serving")
 
 REPLICA_HEADER = "x-jaxgen-replica"
 DEPLOYMENT_NAME = "jaxgen"
+REQUEST_ROUTERS = ("prefix", "default")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,7 +58,9 @@ class ReplicaOptions:
     ``num_replicas`` is fixed unless ``max_replicas`` is set: then Ray autoscales between
     ``min_replicas`` and ``max_replicas`` to keep ``target_ongoing_requests`` per replica.
     ``tpus`` / ``gpus`` are the accelerators each replica reserves; the engine's
-    ``tensor_parallel_degree`` must fit in them.
+    ``tensor_parallel_degree`` must fit in them. ``request_router`` is ``prefix`` (an ingress
+    of ``ingress_replicas`` replicas in front, and ``PrefixRouter`` with the three ``router_*``
+    settings, which are ``PrefixPolicy``'s) or ``default`` (Ray's own router, no ingress).
     """
 
     num_replicas: int = 1
@@ -56,6 +73,11 @@ class ReplicaOptions:
     gpus: float = 0.0
     graceful_shutdown_timeout_s: float = 30.0
     health_check_period_s: float = 10.0
+    request_router: str = "prefix"
+    ingress_replicas: int = 1
+    router_imbalanced_threshold: float = 8.0
+    router_match_rate_threshold: float = 0.5
+    router_max_chars_per_replica: int = 1 << 20
 
     def __post_init__(self):
         def check(ok: bool, name: str, message: str) -> None:
@@ -70,6 +92,21 @@ class ReplicaOptions:
         check(self.max_ongoing_requests >= 1, "max_ongoing_requests", "must be >= 1")
         check(self.cpus >= 0 and self.tpus >= 0 and self.gpus >= 0, "cpus/tpus/gpus", ">= 0")
         check(self.graceful_shutdown_timeout_s >= 0, "graceful_shutdown_timeout_s", "must be >= 0")
+        check(
+            self.request_router in REQUEST_ROUTERS,
+            "request_router",
+            f"must be one of {', '.join(REQUEST_ROUTERS)}, got {self.request_router!r}",
+        )
+        check(self.ingress_replicas >= 1, "ingress_replicas", "must be >= 1")
+        check(self.router_imbalanced_threshold >= 0, "router_imbalanced_threshold", "must be >= 0")
+        check(
+            0 <= self.router_match_rate_threshold <= 1,
+            "router_match_rate_threshold",
+            "must be between 0 and 1",
+        )
+        check(
+            self.router_max_chars_per_replica >= 1, "router_max_chars_per_replica", "must be >= 1"
+        )
 
     def actor_options(self) -> dict[str, Any]:
         """``ray_actor_options``: CPUs, and the accelerators one replica's engine spans."""
@@ -88,6 +125,15 @@ class ReplicaOptions:
             "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
             "health_check_period_s": self.health_check_period_s,
         }
+        if self.request_router == "prefix":
+            options["request_router_config"] = RequestRouterConfig(
+                request_router_class=PrefixRouter,
+                request_router_kwargs={
+                    "imbalanced_threshold": self.router_imbalanced_threshold,
+                    "match_rate_threshold": self.router_match_rate_threshold,
+                    "max_chars_per_replica": self.router_max_chars_per_replica,
+                },
+            )
         if self.max_replicas is None:
             options["num_replicas"] = self.num_replicas
         else:
@@ -100,6 +146,18 @@ class ReplicaOptions:
                 "target_ongoing_requests": self.target_ongoing_requests,
             }
         return options
+
+    def ingress_options(self) -> dict[str, Any]:
+        """``Deployment.options`` of the ingress (``prefix``): no accelerators, no CPU reserved
+        (it only forwards), room for every engine replica's requests."""
+        most_replicas = self.max_replicas or self.num_replicas
+        return {
+            "num_replicas": self.ingress_replicas,
+            "ray_actor_options": {"num_cpus": 0},
+            "max_ongoing_requests": self.max_ongoing_requests * most_replicas,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "health_check_period_s": self.health_check_period_s,
+        }
 
 
 class ReplicaHeader:
@@ -135,9 +193,9 @@ def server_flags(args: dict[str, Any] | None) -> dict[str, Any]:
     return flags
 
 
-@serve.ingress()
-class JaxgenReplica:
-    """One Ray Serve replica: an ``AsyncLLM`` and jaxgen's app around it."""
+class EngineReplica:
+    """One Ray Serve replica: an ``AsyncLLM`` and jaxgen's app around it (the app's lifespan is
+    run by Ray for ``JaxgenReplica``, by the replica itself for ``RoutedReplica``)."""
 
     async def __init__(self, flags: dict[str, Any]):
         self.replica_id = serve.get_replica_context().replica_tag
@@ -147,10 +205,8 @@ class JaxgenReplica:
         self.server_app = create_app(
             self.llm, self.settings, metric_labels={"replica": self.replica_id}
         )
+        self.asgi_app = ReplicaHeader(self.server_app, self.replica_id)
         logger.info("replica %s ready (%s)", self.replica_id, self.settings.model_name)
-
-    def __serve_build_asgi_app__(self):
-        return ReplicaHeader(self.server_app, self.replica_id)
 
     async def check_health(self) -> None:
         """Ray's health check: raises once the engine cannot serve (Ray then replaces us)."""
@@ -165,6 +221,38 @@ class JaxgenReplica:
             llm.shutdown()
 
 
+@serve.ingress()
+class JaxgenReplica(EngineReplica):
+    """A replica that is the application's HTTP ingress (``default``): Ray's proxy calls it
+    with each request's ASGI scope and runs the app's lifespan."""
+
+    def __serve_build_asgi_app__(self):
+        return self.asgi_app
+
+
+class RoutedReplica(EngineReplica):
+    """A replica behind the ingress (``prefix``): serves the requests it forwards (Ray allows
+    one ``serve.ingress`` deployment per application, so this one runs the app's lifespan)."""
+
+    async def __init__(self, flags: dict[str, Any]):
+        await super().__init__(flags)
+        self.lifespan = contextlib.AsyncExitStack()
+        app = self.server_app
+        await self.lifespan.enter_async_context(app.router.lifespan_context(app))
+
+    async def forward(self, request: ForwardedRequest):
+        """A request the ingress forwarded: the app's ASGI messages, in batches (streamed)."""
+        async for batch in serve_forwarded(self.asgi_app, request):
+            yield batch
+
+    async def __del__(self):
+        """The app's lifespan shutdown (the drain), then the engine stops."""
+        lifespan = getattr(self, "lifespan", None)
+        if lifespan is not None:
+            await lifespan.aclose()
+        super().__del__()
+
+
 def build_deployment(flags: dict[str, Any], options: ReplicaOptions | None = None):
     """The bound Ray Serve application for ``jaxgen serve`` settings and replica options."""
     options = options or ReplicaOptions()
@@ -177,8 +265,15 @@ def build_deployment(flags: dict[str, Any], options: ReplicaOptions | None = Non
             f"tensor_parallel_degree={degree} needs {degree} accelerators per replica; "
             f"the replica options reserve {accelerators}"
         )
-    deployment = serve.deployment(JaxgenReplica, name=DEPLOYMENT_NAME)
-    return deployment.options(**options.deployment_options()).bind(flags)
+    replica = JaxgenReplica if options.request_router == "default" else RoutedReplica
+    deployment = serve.deployment(replica, name=DEPLOYMENT_NAME)
+    engine = deployment.options(**options.deployment_options()).bind(flags)
+    if options.request_router == "default":
+        return engine
+    ingress = serve.deployment(JaxgenIngress, name=INGRESS_NAME)
+    return ingress.options(**options.ingress_options()).bind(
+        engine, settings.max_body_bytes, settings.body_read_timeout
+    )
 
 
 REPLICA_OPTION_KEYS = {field.name for field in dataclasses.fields(ReplicaOptions)}
@@ -194,6 +289,9 @@ def build_app(args: dict[str, Any]):
     types = {field.name: field.type for field in dataclasses.fields(ReplicaOptions)}
     parsed = {}
     for key, value in replica.items():  # ``serve run`` passes strings
+        if types[key] == "str":
+            parsed[key] = str(value)
+            continue
         kind = int if types[key] in ("int", "int | None") else float
         try:
             parsed[key] = None if value is None else kind(value)

@@ -369,14 +369,19 @@ def test_server_reads_the_declared_environment_and_properties(tmp_path):
 
 
 def test_ray_is_imported_only_by_the_ray_app():
-    """Ray Serve is the optional ``ray`` extra: one module imports it, and the server (its
-    command line included, ``--ray`` parsed lazily) starts without it."""
+    """Ray Serve is the optional ``ray`` extra: the Ray app and its two Ray-facing routing
+    modules (the router and the ingress deployment) import it, and the server (its command line
+    included, ``--ray`` parsed lazily) starts without it."""
     importers = sorted(
         str(path.relative_to(ROOT))
         for module, path in first_party_modules().items()
         if any(name.split(".")[0] == "ray" for name, _ in imported_names(module, path))
     )
-    assert importers == ["serving/ray_app.py"]
+    assert importers == [
+        "serving/ray_app.py",
+        "serving/ray_routing/ingress_deployment.py",
+        "serving/ray_routing/prefix_router.py",
+    ]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     code = (
         "import sys, serving.launch.cli, serving.app, serving.pod\n"

@@ -72,6 +72,36 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds Ray waits for a stopping replica's requests (default: --drain-timeout)",
     )
+    add(
+        "--ray-request-router",
+        choices=["prefix", "default"],
+        default="prefix",
+        help="prefix: an ingress forwards each request to the replica whose prefix cache holds "
+        "the longest prefix of its prompt (by load when that one is overloaded); default: Ray's "
+        "own router (power of two choices), the replicas as the HTTP ingress",
+    )
+    add("--ray-ingress-replicas", type=int, default=1, help="ingress replicas (prefix router)")
+    add(
+        "--ray-router-imbalanced-threshold",
+        type=float,
+        default=8.0,
+        help="prefix router: requests in flight beyond the least loaded replica past which the "
+        "replica holding the prefix is passed over",
+    )
+    add(
+        "--ray-router-match-rate-threshold",
+        type=float,
+        default=0.5,
+        help="prefix router: the fraction of a prompt a replica must hold to be favoured (a "
+        "replica that served an earlier turn of the conversation is, whatever the fraction)",
+    )
+    add(
+        "--ray-router-max-chars-per-replica",
+        type=int,
+        default=1 << 20,
+        help="prefix router: characters of prompts remembered per replica (least recently used "
+        "dropped first)",
+    )
 
 
 def run_ray(args: argparse.Namespace) -> int:
@@ -100,6 +130,11 @@ def run_ray(args: argparse.Namespace) -> int:
             if args.graceful_shutdown_timeout is None
             else args.graceful_shutdown_timeout
         ),
+        request_router=args.ray_request_router,
+        ingress_replicas=args.ray_ingress_replicas,
+        router_imbalanced_threshold=args.ray_router_imbalanced_threshold,
+        router_match_rate_threshold=args.ray_router_match_rate_threshold,
+        router_max_chars_per_replica=args.ray_router_max_chars_per_replica,
     )
     flags = {name: getattr(args, name, None) for name in FLAG_SETTINGS}
     flags = {name: value for name, value in flags.items() if value is not None}

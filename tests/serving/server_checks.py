@@ -20,6 +20,7 @@ METRIC_NAMES = [
     "jaxgen_num_preemptions_total",
     "jaxgen_prompt_tokens_total",
     "jaxgen_generation_tokens_total",
+    "jaxgen_prefix_cache_hit_pages_total",
     "jaxgen_request_success_total",
     "jaxgen_time_to_first_token_seconds",
     "jaxgen_time_per_output_token_seconds",

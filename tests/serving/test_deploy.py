@@ -161,8 +161,13 @@ def test_ray_service_deploys_the_serve_config():
     assert workers["maxReplicas"] >= args["max_replicas"]
 
     application = build_app(args)  # as each replica will: settings and options checked
-    options = application._bound_deployment._deployment_config
+    assert args["request_router"] == "prefix"
+    ingress = application._bound_deployment  # the prefix router's HTTP ingress, then the replicas
+    assert ingress.ray_actor_options == {"num_cpus": 0}
+    engine = ingress.init_args[0]._bound_deployment
+    options = engine._deployment_config
+    assert options.request_router_config.request_router_class.endswith("PrefixRouter")
     assert options.autoscaling_config.max_replicas == args["max_replicas"]
     assert options.graceful_shutdown_timeout_s == args["graceful_shutdown_timeout_s"]
-    actor = application._bound_deployment.ray_actor_options
+    actor = engine.ray_actor_options
     assert actor["resources"] == {"TPU": 4} and actor["num_cpus"] == 4

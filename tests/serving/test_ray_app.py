@@ -10,10 +10,15 @@ pytest.importorskip("ray", reason="Ray Serve is the optional 'ray' extra")
 
 from serving import ray_app  # noqa: E402 - after the skip
 from serving.ray_app import ReplicaOptions, build_app, build_deployment  # noqa: E402
+from serving.ray_routing.ingress_deployment import INGRESS_NAME  # noqa: E402
 
 
 def deployment_of(application):
-    return application._bound_deployment
+    """The engine replicas' bound deployment (behind the ingress, for the prefix router)."""
+    root = application._bound_deployment
+    if root.name == INGRESS_NAME:
+        return root.init_args[0]._bound_deployment
+    return root
 
 
 def test_fixed_replicas_and_actor_resources():
@@ -64,7 +69,7 @@ def test_serve_config_args_split_into_options_and_server_settings():
     deployment = deployment_of(application)
     assert deployment._deployment_config.num_replicas == 2
     assert deployment.ray_actor_options == {"num_cpus": 0.5, "resources": {"TPU": 2}}
-    (flags,) = application._bound_deployment.init_args
+    (flags,) = deployment.init_args
     assert flags == {"model": "m", "max_model_len": "256", "tensor_parallel_degree": 2}
     with pytest.raises(ValueError, match="unknown jaxgen serve setting.*num_replica"):
         build_app({"model": "m", "num_replica": 2})
@@ -74,6 +79,52 @@ def test_serve_config_args_split_into_options_and_server_settings():
         build_app({"model": "m", "tensor_parallel_degree": 8, "tpus": 4})
     with pytest.raises(ValueError, match="max_model_len"):
         build_app({"model": "m", "max_model_len": "-3"})
+
+
+def test_the_prefix_router_puts_an_ingress_in_front_of_the_engine_replicas():
+    options = ReplicaOptions(num_replicas=3, max_ongoing_requests=16, ingress_replicas=2)
+    application = build_deployment({"model": "m", "max_body_bytes": 4096}, options)
+    ingress = application._bound_deployment
+    assert ingress.name == INGRESS_NAME
+    assert ingress.ray_actor_options == {"num_cpus": 0}
+    assert ingress._deployment_config.num_replicas == 2
+    assert ingress._deployment_config.max_ongoing_requests == 16 * 3  # every replica's share
+    _, max_body_bytes, body_read_timeout = ingress.init_args
+    assert (max_body_bytes, body_read_timeout) == (4096, 30.0)
+    router = deployment_of(application)._deployment_config.request_router_config
+    assert router.request_router_class == "serving.ray_routing.prefix_router.PrefixRouter"
+    assert router.request_router_kwargs == {
+        "imbalanced_threshold": 8.0,
+        "match_rate_threshold": 0.5,
+        "max_chars_per_replica": 1 << 20,
+    }
+
+
+def test_the_default_router_serves_http_from_the_replicas_themselves():
+    application = build_deployment({"model": "m"}, ReplicaOptions(request_router="default"))
+    engine = application._bound_deployment
+    assert engine.name == ray_app.DEPLOYMENT_NAME
+    assert engine._deployment_config.request_router_config.is_default_request_router()
+    from_args = build_app({"model": "m", "request_router": "default", "ingress_replicas": "1"})
+    assert from_args._bound_deployment.name == ray_app.DEPLOYMENT_NAME
+    tuned = build_app({"model": "m", "router_imbalanced_threshold": "2"})
+    kwargs = deployment_of(tuned)._deployment_config.request_router_config.request_router_kwargs
+    assert kwargs["imbalanced_threshold"] == 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(request_router="round_robin"), "request_router"),
+        (dict(ingress_replicas=0), "ingress_replicas"),
+        (dict(router_imbalanced_threshold=-1), "router_imbalanced_threshold"),
+        (dict(router_match_rate_threshold=2), "router_match_rate_threshold"),
+        (dict(router_max_chars_per_replica=0), "router_max_chars_per_replica"),
+    ],
+)
+def test_bad_router_options_name_the_field(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ReplicaOptions(**kwargs)
 
 
 def test_jaxgen_serve_ray_flags_reach_the_replicas(monkeypatch):
@@ -90,7 +141,16 @@ def test_jaxgen_serve_ray_flags_reach_the_replicas(monkeypatch):
     assert flags == {"model": "m", "max_model_len": 128, "drain_timeout": 12.0}
     assert options.num_replicas == 2 and options.cpus == 0.5
     assert options.graceful_shutdown_timeout_s == 12.0  # the drain timeout, by default
+    assert options.request_router == "prefix"  # by default
     assert kw == {"host": "127.0.0.1", "port": 9000}
+    argv += ["--ray-request-router", "default", "--ray-router-imbalanced-threshold", "3",
+             "--ray-router-match-rate-threshold", "0.5", "--ray-router-max-chars-per-replica",
+             "5000", "--ray-ingress-replicas", "2"]  # fmt: skip
+    assert main(argv) == 0
+    options = calls[-1][1]
+    assert (options.request_router, options.ingress_replicas) == ("default", 2)
+    assert options.router_imbalanced_threshold == 3 and options.router_match_rate_threshold == 0.5
+    assert options.router_max_chars_per_replica == 5000
 
 
 def test_health_check_fails_once_the_engine_is_dead():
