@@ -99,3 +99,8 @@ def test_chunked_prefill_in_batches_equals_alone(tiny_model_dir, backend):
     for size, seed in zip(BATCHES, range(len(BATCHES)), strict=True):
         others = random_prompts(size - 1, seed)
         assert_bitwise(tokens_and_logprobs(llm, others + [TARGET], size - 1), alone)
+
+
+def test_quantised_weights_are_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="batch_invariant.*quantization='none'"):
+        make_llm(tiny_model_dir, "reference", quantization="int8")
