@@ -78,6 +78,7 @@ def select_backend(
     kv_cache_dtype: str = "auto",
     kernel_options: dict | None = None,
     device: DeviceDescription | None = None,
+    batch_invariant: bool = False,
 ) -> KernelBackend:
     """The backend object for ``name`` on ``device`` (or ``platform``; see
     :func:`resolve_backend_name`); ``kv_sharding``: the
@@ -86,7 +87,8 @@ def select_backend(
     8-bit pool): every backend's kernels read it (reference, cpu and pallas-gpu:
     ``QuantizedPages``; pallas-tpu: ``QuantizedKVPool``), under tensor parallelism too.
     ``kernel_options``: the pallas-gpu kernels' tuning arguments (``attention_kernel_options``);
-    a ``ValueError`` for any other backend."""
+    a ``ValueError`` for any other backend. ``batch_invariant``: the reference and cpu backends'
+    batch-invariant step (jaxgen/backends/batch_invariant.py); a ``ValueError`` for the others."""
     validate_kv_cache_dtype(kv_cache_dtype)
     sharded = kv_sharding is not None and len(kv_sharding.device_set) > 1
     if device is None:
@@ -96,6 +98,11 @@ def select_backend(
     if kernel_options and resolved != "pallas-gpu":
         raise ValueError(
             f"attention_kernel_options: only the pallas-gpu backend takes kernel options; "
+            f"attention_backend={name!r} runs {resolved!r}"
+        )
+    if batch_invariant and resolved not in ("reference", "cpu"):
+        raise ValueError(
+            f"batch_invariant: only the reference and cpu backends are batch-invariant; "
             f"attention_backend={name!r} runs {resolved!r}"
         )
     if resolved == "pallas-tpu":
@@ -128,7 +135,7 @@ def select_backend(
             **split,
         )
     backend = {"reference": ReferenceBackend, "cpu": CPUBackend}[resolved]
-    return backend(kv_cache_dtype=kv_cache_dtype, **split)
+    return backend(kv_cache_dtype=kv_cache_dtype, batch_invariant=batch_invariant, **split)
 
 
 def __getattr__(name: str):

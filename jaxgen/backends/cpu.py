@@ -17,6 +17,7 @@ import threading
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxgen.backends.batch_invariant import invariant_attention
 from jaxgen.backends.cpu_kernels import (
     PackedQuantizedWeight,
     PackedWeight,
@@ -88,7 +89,10 @@ class CPUBackend(PairedPoolBackend):
     def prepare_params(self, params, config):
         """Packed ``Linear`` kernels, and a tied embedding packed as the LM head kernel. Under
         tensor parallelism the weights stay as placed (XLA's dot, split as the weights are):
-        the packed panels hold a whole kernel."""
+        the packed panels hold a whole kernel. Under ``batch_invariant`` XLA's dot in fixed row
+        chunks instead (``PairedPoolBackend.invariant_params``)."""
+        if self.batch_invariant:
+            return self.invariant_params(params, config)
         if not matmul_kernel_available() or self.degree > 1:
             return params, None
         if not config.tie_word_embeddings:
@@ -97,6 +101,8 @@ class CPUBackend(PairedPoolBackend):
         return pack_linear_weights(params, table if is_quantized(table) else table.T)
 
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
+        if self.batch_invariant:  # the native kernel's prefill rows split by the step
+            return invariant_attention(q, k_pages, v_pages, md, **opts)
         lengths, block_tables = _kernel_rows(md, q.shape[0])
         return paged_attention_cpu(q, k_pages, v_pages, lengths, block_tables, **opts)
 

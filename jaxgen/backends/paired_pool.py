@@ -11,7 +11,8 @@ from typing import ClassVar
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgen.backends.base import KernelBackend
+from jaxgen.backends.base import KernelBackend, replace_linear_kernels
+from jaxgen.backends.batch_invariant import chunk_kernel, unchunked_kernels
 from jaxgen.layers.attention import AttentionMetadata
 from jaxgen.quantization import kv_cache
 
@@ -42,7 +43,22 @@ class PairedPoolBackend(KernelBackend):
     kv_cache_dtype: str = "auto"
     mesh: Mesh | None = None
     model_axis: str | None = None
+    batch_invariant: bool = False  # EngineConfig.batch_invariant (backends/batch_invariant.py)
     shard_kernels: ClassVar[bool] = False
+
+    def invariant_params(self, params, config):
+        """``prepare_params`` under ``batch_invariant``: every plain ``Linear`` kernel, and a tied
+        embedding as the LM head, in fixed row chunks (``RowChunkedWeight``)."""
+        step_params = replace_linear_kernels(params, chunk_kernel)
+        if names := unchunked_kernels(params):
+            raise ValueError(
+                f"batch_invariant: takes plain float kernels, got {', '.join(names)} (quantised "
+                "weights); load with quantization='none'"
+            )
+        if not config.tie_word_embeddings:
+            return step_params, None
+        table = params["embed_tokens"]["embedding"].get_value()
+        return step_params, chunk_kernel(table.T)
 
     def kv_pool_shapes(self, config, num_pages: int, page_size: int, dtype) -> list:
         shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)

@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxgen.backends.batch_invariant import invariant_attention
 from jaxgen.backends.paired_pool import PairedPoolBackend
 from jaxgen.quantization.kv_cache import QuantizedPages
 from pallas_kernels.ragged_layout import MASK_VALUE, gather_pages, query_blocks
@@ -62,11 +63,23 @@ def _gather(pages, block_tables: jax.Array) -> jax.Array:
 class ReferenceBackend(PairedPoolBackend):
     """Pure XLA: the step's rows cut into query blocks of one sequence each (one row a block
     when the step has no more rows than sequence slots, as decode steps), each block against
-    its sequence's gathered pages."""
+    its sequence's gathered pages. Under ``batch_invariant``: full-width block tables, the
+    kernels in fixed row chunks and every row attending alone (``invariant_attention``)."""
 
     name = "reference"
 
+    @property
+    def full_width_tables(self) -> bool:
+        return self.batch_invariant
+
+    def prepare_params(self, params, config):
+        if self.batch_invariant:
+            return self.invariant_params(params, config)
+        return params, None
+
     def paged_attention(self, q, k_pages, v_pages, md, **opts):
+        if self.batch_invariant:
+            return invariant_attention(q, k_pages, v_pages, md, **opts)
         num_tokens, max_seqs = q.shape[0], md.kv_lens.shape[0]
         block_q = 1 if num_tokens <= max_seqs else QUERY_BLOCK
         num_blocks = (num_tokens + min(max_seqs, num_tokens) * (block_q - 1)) // block_q

@@ -125,6 +125,13 @@ class EngineConfig:
         flag="--no-prefix-caching",
         properties=("option.enable_prefix_caching",),
     )
+    batch_invariant: bool = knob(
+        False,
+        help="a sequence's greedy tokens and logprobs bitwise the same whether it runs alone or "
+        "in any batch, with chunked prefill or a prefix-cache hit: the matmuls in fixed row "
+        "chunks and every row's attention over a fixed key axis (reference and cpu backends, "
+        "float32 / bfloat16 weights; costs speed, docs/api.md)",
+    )
     seed: int = knob(
         0,
         help="base seed for requests that set none (each unseeded row gets a fresh seed per step)",

@@ -55,6 +55,7 @@ def build_engine_parts(
         kv_sharding=kv_sharding,
         kv_cache_dtype=config.kv_cache_dtype,
         kernel_options=config.attention_kernel_options,
+        batch_invariant=config.batch_invariant,
     )
     batching = batching_plan(config, max_model_len)
     batching = dataclasses.replace(
