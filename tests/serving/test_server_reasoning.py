@@ -280,14 +280,9 @@ def test_an_unknown_parser_is_refused_at_start():
 def test_auto_tool_calls_are_read_from_the_answer_only():
     """A call the model writes while thinking is thinking; the answer's call is the call (no
     model: a hand-written output through the chat format, whole and 3 characters at a time)."""
-    import types
-
     from jaxgen.reasoning import ReasoningRequest
-    from jaxgen.sampling_params import SamplingParams
-    from jaxgen.tool_calling import ToolRequest
     from serving.generation import Completion, Delta, GenerationResult
-    from serving.openai.format import ChatFormat
-    from serving.openai.requests import OpenAIRequest
+    from tests.serving.test_server_tool_parsers import chat_format
 
     thought = (
         'maybe <tool_call>{"name": "set_unit", "arguments": {"unit": "fahrenheit"}}</tool_call>'
@@ -295,30 +290,18 @@ def test_auto_tool_calls_are_read_from_the_answer_only():
     call = '<tool_call>\n{"name": "set_unit", "arguments": {"unit": "celsius"}}\n</tool_call>'
     output = f"<think>{thought}</think>\n\n{call}"
 
-    def chat_format(stream: bool) -> ChatFormat:
-        parsed = OpenAIRequest(
-            "tiny",
-            [[1]],
-            ["prompt"],
-            [SamplingParams()],
-            1,
-            stream,
-            False,
-            None,
-            tools=ToolRequest.build(TOOLS, "auto", tool_call_parser="hermes"),
-            reasonings=[ReasoningRequest.build("qwen3", "prompt")],
-        )
-        state = types.SimpleNamespace(token_texts=None)
-        return ChatFormat(state, parsed, request_id="chatcmpl-test", created=0)
+    def formatter_of(stream: bool):
+        reasonings = [ReasoningRequest.build("qwen3", "prompt")]
+        return chat_format("hermes", stream, "auto", TOOLS, reasonings=reasonings)
 
     completion = Completion(index=0, text=output, token_ids=[5], finish_reason="stop")
-    body = chat_format(False).response([GenerationResult([1], [completion])])
+    body = formatter_of(False).response([GenerationResult([1], [completion])])
     message = body["choices"][0]["message"]
     assert message["reasoning_content"] == message["reasoning"] == thought
     assert message["content"] is None and body["choices"][0]["finish_reason"] == "tool_calls"
     [made] = message["tool_calls"]
     assert json.loads(made["function"]["arguments"]) == {"unit": "celsius"}
-    formatter = chat_format(True)
+    formatter = formatter_of(True)
     chunks = []
     for start in range(0, len(output), 3):
         piece = output[start : start + 3]

@@ -51,7 +51,9 @@ OUTPUTS = [
 ]
 
 
-def chat_format(parser: str, stream: bool, choice=None) -> ChatFormat:
+def chat_format(parser: str, stream: bool, choice=None, tools=TOOLS, **fields) -> ChatFormat:
+    """A chat formatter for one prompt with ``tools`` under ``parser`` (``fields``: more of the
+    ``OpenAIRequest``'s, e.g. ``reasonings``)."""
     parsed = OpenAIRequest(
         "tiny",
         [[1]],
@@ -61,7 +63,8 @@ def chat_format(parser: str, stream: bool, choice=None) -> ChatFormat:
         stream,
         False,
         None,
-        tools=ToolRequest.build(TOOLS, choice, tool_call_parser=parser),
+        tools=ToolRequest.build(tools, choice, tool_call_parser=parser),
+        **fields,
     )
     state = types.SimpleNamespace(token_texts=None)
     return ChatFormat(state, parsed, request_id="chatcmpl-test", created=0)
