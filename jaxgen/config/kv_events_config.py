@@ -76,6 +76,12 @@ class KVEventsConfig:
         if not isinstance(self.topic, str):
             refuse("topic", "must be a string")
 
+    @classmethod
+    def records(cls, value) -> bool:
+        """Whether an engine whose ``kv_events_config`` is ``value`` (a dict, or None) has its
+        page allocator record the prefix cache's events."""
+        return value is not None and cls.from_dict(value).enable_kv_cache_events
+
     @property
     def publishes(self) -> bool:
         return self.enable_kv_cache_events and self.publisher == "zmq"

@@ -5,7 +5,6 @@ from jaxgen.config.kv_events_config import KVEventsConfig
 from jaxgen.engine.kv_events.cache_event_stream import (
     CacheEventStream,
     open_cache_event_stream,
-    records_cache_events,
 )
 from jaxgen.engine.kv_events.zmq_publisher import ZmqEventPublisher, encode_batch
 
@@ -15,5 +14,4 @@ __all__ = [
     "ZmqEventPublisher",
     "encode_batch",
     "open_cache_event_stream",
-    "records_cache_events",
 ]

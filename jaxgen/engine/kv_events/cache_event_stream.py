@@ -42,10 +42,3 @@ def open_cache_event_stream(
         config = config.for_replica(data_parallel_rank)
     publisher = ZmqEventPublisher(config, data_parallel_rank) if config.publishes else None
     return CacheEventStream(events, publisher)
-
-
-def records_cache_events(kv_events_config) -> bool:
-    """Whether an engine under ``kv_events_config`` has its allocator record events."""
-    if kv_events_config is None:
-        return False
-    return KVEventsConfig.from_dict(kv_events_config).enable_kv_cache_events

@@ -11,7 +11,7 @@ import os
 import jax
 
 from jaxgen.config.engine_config import EngineConfig
-from jaxgen.engine.kv_events.cache_event_stream import records_cache_events
+from jaxgen.config.kv_events_config import KVEventsConfig
 from jaxgen.engine.scheduling.batching import BatchingPlan
 from jaxgen.engine.scheduling.cache_events import CacheEvents
 from jaxgen.engine.scheduling.contiguous_allocator import ContiguousAllocator
@@ -82,7 +82,7 @@ def plan_kv_pool(
             num_pages,
             page_size,
             enable_prefix_caching=config.enable_prefix_caching,
-            events=CacheEvents() if records_cache_events(config.kv_events_config) else None,
+            events=CacheEvents() if KVEventsConfig.records(config.kv_events_config) else None,
             host=host_tier(config, page_bytes),
         )
     else:
